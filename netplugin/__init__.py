@@ -1,0 +1,10 @@
+"""netplugin: a node agent that manages kubelet exec network plugins.
+
+The library's entry points are :class:`netplugin.manager.Manager`,
+:func:`netplugin.config.load_config` and :class:`netplugin.names.PodRef`; the
+plugin contract is the docstring of :mod:`netplugin.plugin`. Submodules are
+imported on demand so that the CLI stays fast to start.
+"""
+
+__version__ = "0.1.0"
+__all__ = ["__version__"]

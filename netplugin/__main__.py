@@ -1,0 +1,3 @@
+from netplugin.cli import main
+
+main()
