@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Completed", "Runner", "SpawnError", "run"]
+__all__ = ["Background", "Completed", "Runner", "SpawnError", "run", "start"]
 
 _READ_CHUNK = 65536
 # How long to keep reading pipes after the process tree is gone; a detached grandchild
@@ -315,3 +315,50 @@ def run(
     result.stderr_truncated = err.truncated
     result.duration = time.monotonic() - start
     return result
+
+
+class Background:
+    """A long-running helper process (for example a test listener in a pod's netns).
+
+    Its whole process group is killed when the block ends, however it ends.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    def __enter__(self) -> Background:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def read_line(self, timeout: float) -> bytes:
+        """One line of stdout, or b"" if none came within ``timeout`` seconds."""
+        assert self.proc.stdout is not None
+        if not _wait_readable(self.proc.stdout.fileno(), timeout):
+            return b""
+        return self.proc.stdout.readline()
+
+    def stop(self) -> None:
+        if self.proc.returncode is None:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def start(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Background:
+    """Start ``argv`` in its own process group with stdout piped; see :class:`Background`."""
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=None if env is None else dict(env),
+            close_fds=True,
+            start_new_session=True,
+        )
+    except OSError as e:
+        raise SpawnError(argv[0], e) from e
+    return Background(proc)

@@ -106,6 +106,10 @@ NOOP_NAME = "kubernetes.io/no-op"
 _SAFE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _TAIL = 2048
+_OWN_ENV = frozenset({
+    "NETPLUGIN_CONFIG", "NETPLUGIN_OUTPUT", "NETPLUGIN_VERBOSE", "NETPLUGIN_ACTION", "NETPLUGIN_PLUGIN",
+    "NETPLUGIN_POD_NAMESPACE", "NETPLUGIN_POD_NAME", "NETPLUGIN_INFRA_ID", "NETPLUGIN_NETNS",
+})
 
 
 class Action(enum.Enum):
@@ -215,8 +219,11 @@ def base_env(config: Config, parent: Mapping[str, str] | None = None) -> dict[st
     else:
         env = {k: parent[k] for k in _SAFE_ENV if k in parent}
         env.setdefault("PATH", _DEFAULT_PATH)
-    # netplugin's own settings are not the plugin's business, and a stale value could mislead it
-    for k in [k for k in env if k.startswith("NETPLUGIN_")]:
+    # netplugin's own settings and per-call variables from an outer call are not the plugin's
+    # business, and a stale value could mislead it; plugin settings (NETPLUGIN_BRIDGE_*) pass.
+    from .config import ENV_VARS
+
+    for k in [k for k in env if k in ENV_VARS or k in _OWN_ENV]:
         del env[k]
     env.update(config.env)
     env["NETPLUGIN_STATE_DIR"] = config.state_dir

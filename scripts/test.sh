@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One command for a fresh machine (as root): install what the tests need, then run lint, types and tests.
+# Extra arguments go to pytest (for example -k bridge, or -m 'not podman').
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+bash scripts/install-deps.sh --test
+py=${PYTHON:-python3}
+
+echo "== ruff" >&2
+"$py" -m ruff check netplugin tests bench
+echo "== mypy" >&2
+"$py" -m mypy
+echo "== shellcheck" >&2
+mapfile -t shells < <(find exec_plugins scripts tests/plugins -type f -perm -u+x ! -name '*.py')
+shellcheck -S warning "${shells[@]}" scripts/*.sh
+echo "== pytest" >&2
+exec "$py" -m pytest -p no:cacheprovider -q -rs "$@"
