@@ -165,8 +165,7 @@ def run_demo(
     for d in (exec_dir, pods_dir, state_dir, run_dir):
         d.mkdir(mode=0o755)
     if plugin == "bridge":
-        src = find_plugin_source(plugin_source)
-        shutil.copytree(src / "bridge", exec_dir / "bridge")
+        shutil.copytree(find_plugin_source(plugin_source) / "bridge", exec_dir / "bridge")
         for p in (exec_dir / "bridge", exec_dir / "bridge" / "bridge"):
             os.chmod(p, 0o755)
     cfg = load_config(

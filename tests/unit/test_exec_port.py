@@ -38,8 +38,6 @@ class LibDriver:
 class CliDriver:
     """Drives the real ``netplugin`` CLI; errors surface as the documented exit codes."""
 
-    CODES = {3: "PluginNotFound|PluginInvalid"}
-
     def __init__(self, run_cli: Any) -> None:
         self.run = run_cli
 
