@@ -73,8 +73,6 @@ Built-in plugins
 from __future__ import annotations
 
 import enum
-import hashlib
-import ipaddress
 import json
 import os
 import signal as _signal
@@ -201,6 +199,8 @@ def parse_status(stdout: bytes, *, plugin: str, pod: str = "") -> PodNetworkStat
     ip = doc["ip"]
     if not isinstance(ip, str):
         raise bad(f"invalid 'ip' {ip!r}: must be a string")
+    import ipaddress
+
     try:
         addr = ipaddress.ip_address(ip)
     except ValueError:
@@ -282,6 +282,8 @@ class ExecPlugin:
 
     def version(self) -> str:
         """sha256 of the executable's content."""
+        import hashlib  # lazily: the init marker usually matches on version_key() alone
+
         key = self.version_key()
         if self._version is None or self._version[0] != key:
             h = hashlib.sha256()
