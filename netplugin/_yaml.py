@@ -16,7 +16,7 @@ def load_yaml(data: bytes | str) -> Any:
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        return yaml.load(data, Loader=loader)  # noqa: S506 - a safe loader
+        return yaml.load(data, Loader=loader)
     except yaml.YAMLError as e:
         raise ValueError(str(e).replace("\n", " ")) from e
     except (UnicodeDecodeError, RecursionError) as e:

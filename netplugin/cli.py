@@ -45,6 +45,9 @@ EXIT_DAEMON = 6
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 
+#: State.daemon()'s answer when the command must run in this process
+LOCAL: Any = object()
+
 #: error class name -> exit code; subclasses are matched through the MRO
 EXIT_CODES = {
     "PluginTimeout": EXIT_TIMEOUT,
@@ -54,14 +57,16 @@ EXIT_CODES = {
     "PluginNotFound": EXIT_NOT_FOUND,
     "PluginInvalid": EXIT_NOT_FOUND,
     "DaemonUnavailable": EXIT_DAEMON,
+    "InternalError": EXIT_INTERNAL,  # only ever reported by the daemon
     "NetpluginError": EXIT_SYSTEM,
 }
 
 
 def exit_code_for(err: NetpluginError) -> int:
-    for cls in type(err).__mro__:
-        if cls.__name__ in EXIT_CODES:
-            return EXIT_CODES[cls.__name__]
+    # An error the daemon reported in a class unknown here (RemoteError) carries its remote MRO.
+    for name in [*getattr(err, "remote_classes", ()), *(cls.__name__ for cls in type(err).__mro__)]:
+        if name in EXIT_CODES:
+            return EXIT_CODES[name]
     return EXIT_SYSTEM
 
 
@@ -96,6 +101,30 @@ class State:
             self._manager = Manager(self.config)
         return self._manager
 
+    def daemon(self, op: str, **args: Any) -> Any:
+        """The daemon's result for ``op``, or LOCAL when this process must do the work itself.
+
+        ``use_daemon``: never -> LOCAL; auto -> the daemon when its socket answers (and it runs
+        with our settings), else LOCAL; always -> the daemon or DaemonUnavailable (exit 6).
+        Only the thin client is imported on this path: no manager, no plugin machinery.
+        """
+        import os
+
+        cfg = self.config
+        if cfg.use_daemon == "never" or (cfg.use_daemon == "auto" and not os.path.exists(cfg.socket_path)):
+            return LOCAL
+        from .client import request
+        from .errors import DaemonUnavailable
+
+        try:
+            return request(cfg.socket_path, op, config=cfg, **args)
+        except DaemonUnavailable as e:
+            if cfg.use_daemon == "always":
+                raise
+            if self.verbose:
+                click.echo(f"netplugin: {e.message}; working alone", err=True)
+            return LOCAL
+
     def emit(self, data: Any, text: str | None) -> None:
         """Print data: JSON in json mode, else ``text`` (nothing when None)."""
         if self.json:
@@ -115,8 +144,13 @@ pass_state = click.make_pass_decorator(State)
 @click.option("--config", "config_path", metavar="FILE", help="Config file [NETPLUGIN_CONFIG].")
 @click.option("--timeout", metavar="SECONDS", help="Time limit for every action [NETPLUGIN_TIMEOUT].")
 @click.option(
-    "-o", "--output", type=click.Choice(["text", "json"]), default="text", envvar="NETPLUGIN_OUTPUT",
-    show_default=True, help="Output format [NETPLUGIN_OUTPUT].",
+    "-o",
+    "--output",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    envvar="NETPLUGIN_OUTPUT",
+    show_default=True,
+    help="Output format [NETPLUGIN_OUTPUT].",
 )
 @click.option("-v", "--verbose", count=True, envvar="NETPLUGIN_VERBOSE", help="More detail on stderr.")
 @click.version_option(package_name="netplugin", message="netplugin %(version)s")
@@ -144,8 +178,11 @@ def cli(
     if verbose:
         import logging
 
-        logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO, stream=sys.stderr,
-                            format="netplugin: %(levelname)s: %(message)s")
+        logging.basicConfig(
+            level=logging.DEBUG if verbose > 1 else logging.INFO,
+            stream=sys.stderr,
+            format="netplugin: %(levelname)s: %(message)s",
+        )
 
 
 def _pod(namespace: str, pod: str, infra_id: str) -> PodRef:
@@ -171,15 +208,17 @@ def pod_command(fn: Any) -> Any:
 @pass_state
 def plugins(st: State) -> None:
     """List every plugin candidate, valid or not."""
-    cands = st.manager.candidates()
+    cands = st.daemon("plugins")
+    if cands is LOCAL:
+        cands = [c.to_dict() for c in st.manager.candidates()]
     if st.json:
-        st.emit([c.to_dict() for c in cands], None)
+        st.emit(cands, None)
         return
     for c in cands:
-        mark = "ok" if c.valid else "INVALID"
-        line = f"{c.name}\t{mark}\t{c.path}"
-        if c.problem:
-            line += f"\t{c.problem}"
+        mark = "ok" if c["valid"] else "INVALID"
+        line = f"{c['name']}\t{mark}\t{c['path']}"
+        if c["problem"]:
+            line += f"\t{c['problem']}"
         click.echo(line)
 
 
@@ -188,11 +227,13 @@ def plugins(st: State) -> None:
 @pass_state
 def init(st: State, force: bool) -> None:
     """Run the plugin's init (once per boot and plugin version, unless --force)."""
-    ran = st.manager.init(force=force)
-    plugin = st.manager.plugin
-    st.emit({"plugin": plugin.name, "ran": ran}, None)
+    result = st.daemon("init", force=force or None)
+    if result is LOCAL:
+        ran = st.manager.init(force=force)
+        result = {"plugin": st.manager.plugin.name, "ran": ran}
+    st.emit(result, None)
     if st.verbose:
-        click.echo(f"init {'ran' if ran else 'already done'} for {plugin.name}", err=True)
+        click.echo(f"init {'ran' if result['ran'] else 'already done'} for {result['plugin']}", err=True)
 
 
 @cli.command()
@@ -201,8 +242,11 @@ def init(st: State, force: bool) -> None:
 def setup(st: State, namespace: str, pod: str, infra_id: str) -> None:
     """Set up the network of a pod."""
     ref = _pod(namespace, pod, infra_id)
-    status = st.manager.setup(ref)
-    st.emit({"namespace": namespace, "pod": pod, "infra_id": infra_id, "ip": status.ip if status else None}, None)
+    result = st.daemon("setup", namespace=namespace, pod=pod, infra_id=infra_id)
+    if result is LOCAL:
+        status = st.manager.setup(ref)
+        result = {"ip": status.ip if status else None}
+    st.emit({"namespace": namespace, "pod": pod, "infra_id": infra_id, "ip": result["ip"]}, None)
 
 
 @cli.command()
@@ -211,7 +255,8 @@ def setup(st: State, namespace: str, pod: str, infra_id: str) -> None:
 def teardown(st: State, namespace: str, pod: str, infra_id: str) -> None:
     """Tear down the network of a pod (idempotent)."""
     ref = _pod(namespace, pod, infra_id)
-    st.manager.teardown(ref)
+    if st.daemon("teardown", namespace=namespace, pod=pod, infra_id=infra_id) is LOCAL:
+        st.manager.teardown(ref)
     st.emit({"namespace": namespace, "pod": pod, "infra_id": infra_id}, None)
 
 
@@ -221,11 +266,14 @@ def teardown(st: State, namespace: str, pod: str, infra_id: str) -> None:
 def status(st: State, namespace: str, pod: str, infra_id: str) -> None:
     """Print the pod's IP (text) or its PodNetworkStatus (json); nothing if unknown."""
     ref = _pod(namespace, pod, infra_id)
-    result = st.manager.status(ref)
+    result = st.daemon("status", namespace=namespace, pod=pod, infra_id=infra_id)
+    if result is LOCAL:
+        local = st.manager.status(ref)
+        result = local.to_dict() if local is not None else None
     if st.json:
-        st.emit(result.to_dict() if result else None, None)
+        st.emit(result, None)
     elif result is not None:
-        click.echo(result.ip)
+        click.echo(result["ip"])
 
 
 @cli.command()
@@ -256,8 +304,107 @@ def demo(st: State, count: int, native: bool, plugin_source: str | None, subnet:
     if not report.ok:
         from .errors import NetpluginError
 
-        raise NetpluginError("demo failed: " + "; ".join(
-            [f"{a} -> {b} unreachable" for a, b, ok in report.checks if not ok] + report.leftovers))
+        raise NetpluginError(
+            "demo failed: "
+            + "; ".join([f"{a} -> {b} unreachable" for a, b, ok in report.checks if not ok] + report.leftovers)
+        )
+
+
+@cli.command()
+@pass_state
+def pods(st: State) -> None:
+    """List the pods netplugin has recorded, and their state."""
+    remote = st.daemon("pods")
+    if remote is not LOCAL:
+        st.emit(remote["listing"], remote["table"])
+        for c in remote["listing"]["corrupt"]:
+            click.echo(
+                f"netplugin: warning: corrupt pod record {c['path']}: {c['reason']} (`netplugin gc` sets it aside)",
+                err=True,
+            )
+        return
+    from .gc import list_pods
+
+    listing = list_pods(st.config.state_dir, st.config.run_dir)
+    if st.json:
+        st.emit(listing.to_dict(), None)
+    elif listing.rows:
+        click.echo(listing.table())
+    for c in listing.corrupt:
+        click.echo(
+            f"netplugin: warning: corrupt pod record {c.path}: {c.reason} (`netplugin gc` sets it aside)", err=True
+        )
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Only show what would be done.")
+@click.option("--no-host-check", is_flag=True, help="Do not ask the host whether recorded pods still exist.")
+@pass_state
+def gc(st: State, dry_run: bool, no_host_check: bool) -> None:
+    """Tear down recorded pods that are gone or whose setup/teardown was interrupted."""
+    remote = st.daemon("gc", dry_run=dry_run or None, check_host=False if no_host_check else None)
+    if remote is not LOCAL:
+        st.emit(remote["report"], remote["text"])
+        if remote["error"] is not None:
+            from .errors import error_from_dict
+
+            raise error_from_dict(remote["error"], remote["classes"])
+        return
+    from .gc import GcIncomplete, run_gc
+
+    report = run_gc(st.manager, dry_run=dry_run, check_host=not no_host_check)
+    st.emit(report.to_dict(), report.text())
+    if report.failed:
+        raise GcIncomplete(report.failed)
+
+
+@cli.command()
+@click.option(
+    "--socket", "socket_path", metavar="PATH", help="Unix socket to serve [NETPLUGIN_SOCKET; RUN_DIR/netplugin.sock]."
+)
+@click.option(
+    "--metrics-address",
+    metavar="HOST:PORT",
+    help="Prometheus metrics address, port 0 for any, 'none' to disable [NETPLUGIN_METRICS_ADDRESS; 127.0.0.1:9465].",
+)
+@pass_state
+def serve(st: State, socket_path: str | None, metrics_address: str | None) -> None:
+    """Run the daemon in the foreground (systemd: etc/systemd/netplugin.service).
+
+    Other commands use it while its socket answers (see use_daemon). SIGHUP rescans
+    the plugins; SIGTERM finishes the operations in flight, then exits 0.
+    """
+    st.overrides.update(socket=socket_path, metrics_address=metrics_address)
+    from .daemon import serve as run_daemon
+
+    raise click.exceptions.Exit(run_daemon(st.config))
+
+
+@cli.command()
+@click.option("--quick", is_flag=True, help="Smoke-test sizes: a few pods, under a minute.")
+@click.option(
+    "--out", "out_dir", metavar="DIR", help="Write BENCHMARKS.md, results.json and plots/ here (default: the checkout)."
+)
+@click.option("--pods", type=click.IntRange(1, 250), help="Pods in the per-pod figure (default 60).")
+def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
+    """Run the benchmarks (root; a netplugin checkout, pip install .[daemon,bench]); see BENCHMARKS.md."""
+    import importlib.util
+    from pathlib import Path
+
+    from .errors import SystemFailure
+
+    # bench/ is a top-level package of the checkout, beside netplugin/, not part of the installed package.
+    pkg = Path(__file__).resolve().parent.parent / "bench"
+    spec = importlib.util.spec_from_file_location("bench", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
+    if spec is None or spec.loader is None or not (pkg / "__init__.py").is_file():
+        raise SystemFailure("cannot find the benchmark harness", str(pkg), "run netplugin from a checkout")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = module
+    spec.loader.exec_module(module)
+    argv = ["--quick"] if quick else []
+    argv += ["--out", out_dir] if out_dir else []
+    argv += ["--pods", str(pods)] if pods else []
+    raise click.exceptions.Exit(module.main(argv))
 
 
 def _fail(message: str, code: int, st: State | None, data: dict[str, Any] | None = None) -> NoReturn:
@@ -295,14 +442,18 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
         sys.exit(EXIT_OK)
-    except Exception as e:  # noqa: BLE001 - the one place a bug becomes a message, not a traceback
+    except Exception as e:
         st = state()
         if st is not None and st.verbose:
             import traceback
 
             traceback.print_exc()
-        _fail(f"internal error: {type(e).__name__}: {e} (run with -v for details)", EXIT_INTERNAL, st,
-              {"error": "InternalError", "message": str(e), "exit_code": EXIT_INTERNAL})
+        _fail(
+            f"internal error: {type(e).__name__}: {e} (run with -v for details)",
+            EXIT_INTERNAL,
+            st,
+            {"error": "InternalError", "message": str(e), "exit_code": EXIT_INTERNAL},
+        )
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ class Config:
     env: Mapping[str, str] = field(default_factory=dict)
     check_permissions: bool = True
     rollback_on_failure: bool = True
+    record_status: bool = False
     max_output: int = 1 << 20
     host: str = "static"
     pods_dir: str = DEFAULT_PODS_DIR
@@ -225,10 +226,12 @@ def _env(v: Any) -> dict[str, str]:
 
 
 def _address(v: Any) -> str:
+    if v is None or v is False or (isinstance(v, str) and v.lower() in ("", "none", "off")):
+        return "none"  # metrics disabled (YAML reads a bare `off` as False)
     s = _str(v)
     host, sep, port = s.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError("must be HOST:PORT")
+        raise ValueError("must be HOST:PORT, or none to disable")
     return s
 
 
@@ -245,6 +248,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "env": _env,
     "check_permissions": _bool,
     "rollback_on_failure": _bool,
+    "record_status": _bool,
     "max_output": _size,
     "host": _choice(HOST_KINDS),
     "pods_dir": _path,
@@ -267,6 +271,7 @@ ENV_VARS: dict[str, str] = {
     "NETPLUGIN_INHERIT_ENV": "inherit_env",
     "NETPLUGIN_CHECK_PERMISSIONS": "check_permissions",
     "NETPLUGIN_ROLLBACK": "rollback_on_failure",
+    "NETPLUGIN_RECORD_STATUS": "record_status",
     "NETPLUGIN_HOST": "host",
     "NETPLUGIN_PODS_DIR": "pods_dir",
     "NETPLUGIN_KUBECONFIG": "kubeconfig",

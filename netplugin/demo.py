@@ -96,16 +96,21 @@ class DemoReport:
 
 def find_plugin_source(explicit: str | None = None) -> Path:
     """The directory holding the shipped exec plugins (``bridge/bridge`` inside)."""
-    candidates = [Path(explicit)] if explicit else [
-        Path(__file__).resolve().parent.parent / "exec_plugins",
-        Path(sys.prefix) / "share" / "netplugin" / "exec_plugins",
-        Path("/usr/share/netplugin/exec_plugins"),
-    ]
+    candidates = (
+        [Path(explicit)]
+        if explicit
+        else [
+            Path(__file__).resolve().parent.parent / "exec_plugins",
+            Path(sys.prefix) / "share" / "netplugin" / "exec_plugins",
+            Path("/usr/share/netplugin/exec_plugins"),
+        ]
+    )
     for c in candidates:
         if (c / "bridge" / "bridge").is_file():
             return c
     raise SystemFailure(
-        "cannot find the bridge plugin", ", ".join(str(c) for c in candidates),
+        "cannot find the bridge plugin",
+        ", ".join(str(c) for c in candidates),
         "run from a netplugin checkout or pass --plugin-source DIR",
     )
 
@@ -186,9 +191,7 @@ def run_demo(
         base=base,
     )
     manager = Manager(cfg, StaticHost(str(pods_dir)))
-    report = DemoReport(
-        [DemoPod(f"demo-{i}", f"np-demo-{tag}-{i}") for i in range(pods)], bridge, subnet, plugin
-    )
+    report = DemoReport([DemoPod(f"demo-{i}", f"np-demo-{tag}-{i}") for i in range(pods)], bridge, subnet, plugin)
     created_netns: list[str] = []
     set_up: list[DemoPod] = []
     listeners: list[Background] = []
@@ -220,8 +223,7 @@ def run_demo(
         progress("")
 
         for pod in report.pods:
-            bg = start(["ip", "netns", "exec", pod.infra_id, sys.executable, "-c", _LISTENER,
-                        str(DEMO_PORT), pod.name])
+            bg = start(["ip", "netns", "exec", pod.infra_id, sys.executable, "-c", _LISTENER, str(DEMO_PORT), pod.name])
             listeners.append(bg)
             if bg.read_line(10).strip() != b"ready":
                 raise SystemFailure("demo", None, f"the listener in pod {pod.name} did not start")

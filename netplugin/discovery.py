@@ -46,8 +46,10 @@ def permission_problem(path: str, st: os.stat_result, euid: int) -> str | None:
     if st.st_uid not in (0, euid):
         return f"unsafe permissions: {path} is owned by uid {st.st_uid} (must be root or uid {euid})"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        who = "group- and world-" if st.st_mode & stat.S_IWGRP and st.st_mode & stat.S_IWOTH else (
-            "group-" if st.st_mode & stat.S_IWGRP else "world-"
+        who = (
+            "group- and world-"
+            if st.st_mode & stat.S_IWGRP and st.st_mode & stat.S_IWOTH
+            else ("group-" if st.st_mode & stat.S_IWGRP else "world-")
         )
         return f"unsafe permissions: {path} is {who}writable (mode {stat.S_IMODE(st.st_mode):04o})"
     return None

@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "ConfigError",
+    "DaemonUnavailable",
     "DiscoveryError",
     "HostError",
     "InvalidArgument",
@@ -26,8 +27,10 @@ __all__ = [
     "PluginNotFound",
     "PluginOutputError",
     "PluginTimeout",
+    "RemoteError",
     "StateError",
     "SystemFailure",
+    "error_from_dict",
 ]
 
 
@@ -194,3 +197,73 @@ class HostError(NetpluginError):
         super().__init__(message, status=status, url=url)
         self.status = status
         self.url = url
+
+
+# --- the daemon ----------------------------------------------------------------------------------
+
+
+class DaemonUnavailable(NetpluginError):
+    """The daemon did not take the request (absent, not answering, draining, or configured differently).
+
+    The request was not run, so a caller that may work alone can safely do it itself.
+    """
+
+    def __init__(self, socket: str, reason: str) -> None:
+        super().__init__(f"netplugin daemon at {socket} is unavailable: {reason}", socket=socket, reason=reason)
+        self.socket = socket
+        self.reason = reason
+
+
+class RemoteError(NetpluginError):
+    """An error the daemon reported whose class this process does not know.
+
+    ``remote_classes`` is the remote class and its bases, most derived first, so
+    the CLI maps it to the exit code the daemon's own class would have.
+    """
+
+    def __init__(self, message: str, remote_classes: list[str], **details: Any) -> None:
+        super().__init__(message, **details)
+        self.remote_classes = list(remote_classes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        if self.remote_classes:
+            out["error"] = self.remote_classes[0]
+        return out
+
+
+def error_from_dict(data: dict[str, Any], classes: list[str] | None = None) -> NetpluginError:
+    """Rebuild an error from :meth:`NetpluginError.to_dict` (as the daemon sends it).
+
+    A class of this module comes back as itself, with the same message, details and
+    attributes (``to_dict()`` is equal to the original's); any other becomes a
+    :class:`RemoteError` carrying ``classes`` (the remote MRO names) for the exit code.
+    """
+    name = str(data.get("error", "NetpluginError"))
+    message = str(data.get("message", ""))
+    details = {k: v for k, v in data.items() if k not in ("error", "message")}
+    cls = globals().get(name) if name in __all__ else None
+    if not (isinstance(cls, type) and issubclass(cls, NetpluginError)) or cls is RemoteError:
+        return RemoteError(message, classes or [name], **details)
+    # Constructors differ per class and rebuild the message; bypass them and restore the state.
+    err = cls.__new__(cls)
+    NetpluginError.__init__(err, message, **details)
+    for key, value in {**_ABSENT_DETAILS, **details}.items():
+        setattr(err, key, value)
+    if isinstance(err, PluginError):
+        err.stderr_tail = err.details.get("stderr_tail") or ""
+        err.stdout_tail = err.details.get("stdout_tail") or ""
+    if isinstance(err, PluginNotFound):
+        err.problems = err.details.get("problems") or []
+    return err
+
+
+# Attributes whose None value to_dict() leaves out; restored so a rebuilt error has them all.
+_ABSENT_DETAILS: dict[str, Any] = {
+    "path": None,
+    "source": None,
+    "status": None,
+    "url": None,
+    "exit_status": None,
+    "signal": None,
+}

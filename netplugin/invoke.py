@@ -256,6 +256,11 @@ def run(
         return exited
 
     def drain(seconds: float) -> None:
+        # The leader is reaped: its pidfd stays readable for ever and would turn select into a busy loop.
+        try:
+            sel.unregister(pidfd)
+        except (KeyError, ValueError):
+            pass
         end = time.monotonic() + seconds
         while streams and time.monotonic() < end:
             pump(end - time.monotonic())
@@ -358,6 +363,8 @@ def start(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Backg
             env=None if env is None else dict(env),
             close_fds=True,
             start_new_session=True,
+            # Unbuffered: read_line selects on the fd, so no line may hide in a Python-side buffer.
+            bufsize=0,
         )
     except OSError as e:
         raise SpawnError(argv[0], e) from e

@@ -11,7 +11,9 @@ node (CLI, daemon, CNI shim):
   first other action (a marker under the run dir, written under a file lock);
 * two actions on the same pod never overlap; different pods run in parallel
   (one flock'd file per pod under the run dir);
-* a failed setup is followed by a best-effort teardown (``rollback_on_failure``).
+* a failed setup is followed by a best-effort teardown (``rollback_on_failure``);
+* every pod is recorded durably under the state dir before its setup runs, and forgotten only
+  after a teardown succeeded (:mod:`netplugin.state`; ``netplugin gc`` repairs the rest).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .config import Config
 from .discovery import Candidate, scan
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from .invoke import Runner
     from .state import StateStore
 
-__all__ = ["Manager", "boot_id", "make_host"]
+__all__ = ["Manager", "boot_id", "make_host", "pod_lock_path"]
 
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
@@ -52,6 +54,17 @@ def boot_id() -> str:
         import psutil
 
         return f"btime:{int(psutil.boot_time())}"
+
+
+def pod_lock_path(run_dir: str, pod: PodRef) -> str:
+    """The file whose flock serialises every action on one pod (all infra ids of the pod name)."""
+    key = pod.key
+    if len(key) > 200:
+        # namespace (63) + name (253) can exceed a file name's 255 bytes; '~' never occurs in a key
+        import hashlib
+
+        key = f"{key[:160]}~{hashlib.sha256(key.encode()).hexdigest()[:24]}"
+    return os.path.join(run_dir, "locks", key + ".lock")
 
 
 def make_host(config: Config) -> Host:
@@ -75,13 +88,18 @@ class Manager:
         host: Host | None = None,
         *,
         runner: Runner | None = None,
-        state: StateStore | None = None,
+        state: StateStore | Literal[False] | None = None,
         environ: dict[str, str] | None = None,
     ) -> None:
         self.config = config
         self.host = host if host is not None else make_host(config)
         self.runner = runner
-        self.state = state
+        # None: durable pod records under config.state_dir (the default); False: keep no records.
+        if state is None:
+            from .state import StateStore
+
+            state = StateStore.from_config(config)
+        self.state: StateStore | None = state if state is not False else None
         self._env = base_env(config, environ)
         self._plugin: Plugin | None = None
         self._select_lock = threading.Lock()
@@ -141,6 +159,8 @@ class Manager:
             return False  # unreadable or torn marker: run init again, which must be idempotent anyway
         if not isinstance(marker, dict) or marker.get("boot_id") != boot:
             return False
+        if marker.get("settings") != dict(self.config.env):
+            return False  # init prepares for these settings (a bridge name, a subnet): new ones, new init
         key = getattr(plugin, "version_key", None)
         if key is not None and marker.get("version_key") == list(key()):
             return True  # unchanged file: skip hashing it
@@ -164,6 +184,7 @@ class Manager:
                 "boot_id": boot,
                 "version": plugin.version(),
                 "version_key": list(key()) if key is not None else None,
+                "settings": dict(self.config.env),
                 "time": time.time(),
                 "pid": os.getpid(),
             }
@@ -196,7 +217,7 @@ class Manager:
     @contextmanager
     def pod_lock(self, pod: PodRef) -> Iterator[None]:
         """Serialise every action on one pod, across threads and processes."""
-        with flocked(os.path.join(self.config.run_dir, "locks", pod.key + ".lock")):
+        with flocked(pod_lock_path(self.config.run_dir, pod)):
             yield
 
     def setup(self, pod: PodRef) -> PodNetworkStatus | None:
@@ -207,7 +228,7 @@ class Manager:
             pod_obj = self._lookup(pod, Action.SETUP)
             ctx = self._context(Action.SETUP, pod, pod_obj)
             if self.state is not None:
-                self.state.begin(pod, plugin.name, plugin.version(), ctx.netns)
+                self.state.begin(pod, plugin.name, plugin.version(), ctx.netns, pod_obj=pod_obj)
             try:
                 plugin.setup(pod, ctx)
             except NetpluginError as e:
@@ -215,10 +236,11 @@ class Manager:
                 raise
             status = None
             if self.state is not None:
-                try:
-                    status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj))
-                except PluginError:
-                    status = None  # setup succeeded; a status failure must not undo it
+                if self.state.record_status:  # one more exec on the pod-start path, for the record's IP
+                    try:
+                        status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj))
+                    except PluginError:
+                        status = None  # setup succeeded; a status failure must not undo it
                 self.state.complete(pod, status.ip if status else None)
             return status
 
@@ -237,9 +259,20 @@ class Manager:
     def teardown(self, pod: PodRef) -> None:
         """Tear down the pod's network (also when netplugin has no record of it)."""
         plugin = self.plugin
-        self.init()
+        init_error: PluginError | None = None
+        try:
+            self.init()
+        except PluginError as e:
+            # Teardown is best effort: a plugin whose init fails may still free what the pod holds,
+            # and a teardown that can never succeed would be retried by the runtime for ever.
+            init_error = e
         with self.pod_lock(pod):
-            self._teardown_locked(plugin, pod)
+            try:
+                self._teardown_locked(plugin, pod)
+            except NetpluginError as e:
+                if init_error is not None:
+                    e.details["init_error"] = init_error.message
+                raise
 
     def _teardown_locked(self, plugin: Plugin, pod: PodRef) -> None:
         pod_obj = self._lookup(pod, Action.TEARDOWN)
@@ -254,4 +287,7 @@ class Manager:
         self.init()
         with self.pod_lock(pod):
             pod_obj = self._lookup(pod, Action.STATUS)
-            return plugin.status(pod, self._context(Action.STATUS, pod, pod_obj))
+            result = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj))
+            if self.state is not None and result is not None:
+                self.state.observe_ip(pod, result.ip)  # records the IP without an exec at setup
+            return result

@@ -82,9 +82,7 @@ def plugin_name_problem(name: str) -> str | None:
     if len(short) > MAX_LABEL:
         return f"name part must be at most {MAX_LABEL} characters (got {len(short)})"
     if not _QUALIFIED_NAME_PART.match(short):
-        return (
-            "name part must consist of alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
-        )
+        return "name part must consist of alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
     return None
 
 

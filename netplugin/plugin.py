@@ -104,10 +104,19 @@ NOOP_NAME = "kubernetes.io/no-op"
 _SAFE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _TAIL = 2048
-_OWN_ENV = frozenset({
-    "NETPLUGIN_CONFIG", "NETPLUGIN_OUTPUT", "NETPLUGIN_VERBOSE", "NETPLUGIN_ACTION", "NETPLUGIN_PLUGIN",
-    "NETPLUGIN_POD_NAMESPACE", "NETPLUGIN_POD_NAME", "NETPLUGIN_INFRA_ID", "NETPLUGIN_NETNS",
-})
+_OWN_ENV = frozenset(
+    {
+        "NETPLUGIN_CONFIG",
+        "NETPLUGIN_OUTPUT",
+        "NETPLUGIN_VERBOSE",
+        "NETPLUGIN_ACTION",
+        "NETPLUGIN_PLUGIN",
+        "NETPLUGIN_POD_NAMESPACE",
+        "NETPLUGIN_POD_NAME",
+        "NETPLUGIN_INFRA_ID",
+        "NETPLUGIN_NETNS",
+    }
+)
 
 
 class Action(enum.Enum):
@@ -214,11 +223,9 @@ def parse_status(stdout: bytes, *, plugin: str, pod: str = "") -> PodNetworkStat
 def base_env(config: Config, parent: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment common to every call: inherited (or the safe few), the config's env, and ours."""
     parent = os.environ if parent is None else parent
-    if config.inherit_env:
-        env = dict(parent)
-    else:
-        env = {k: parent[k] for k in _SAFE_ENV if k in parent}
-        env.setdefault("PATH", _DEFAULT_PATH)
+    env = dict(parent) if config.inherit_env else {k: parent[k] for k in _SAFE_ENV if k in parent}
+    # Without PATH a bash plugin falls back to bash's built-in default, which includes ".".
+    env.setdefault("PATH", _DEFAULT_PATH)
     # netplugin's own settings and per-call variables from an outer call are not the plugin's
     # business, and a stale value could mislead it; plugin settings (NETPLUGIN_BRIDGE_*) pass.
     from .config import ENV_VARS

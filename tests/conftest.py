@@ -143,7 +143,9 @@ def make_manager(np_dirs: dict[str, str], plugin_dir: PluginDir) -> Iterator[Any
     from netplugin.host import NullHost
     from netplugin.manager import Manager
 
-    def make(plugin: str | None = None, host: Any = None, runner: Any = None, **overrides: Any) -> Manager:
+    def make(
+        plugin: str | None = None, host: Any = None, runner: Any = None, state: Any = None, **overrides: Any
+    ) -> Manager:
         cfg = load_config(
             np_dirs["config"],
             environ={},
@@ -156,6 +158,6 @@ def make_manager(np_dirs: dict[str, str], plugin_dir: PluginDir) -> Iterator[Any
                 **overrides,
             },
         )
-        return Manager(cfg, host if host is not None else NullHost(), runner=runner)
+        return Manager(cfg, host if host is not None else NullHost(), runner=runner, state=state)
 
     yield make

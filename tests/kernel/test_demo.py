@@ -33,7 +33,11 @@ def _demo(*args: str, **kw: object) -> subprocess.Popen[str]:
     env["PYTHONPATH"] = str(REPO)
     return subprocess.Popen(
         [sys.executable, "-m", "netplugin", *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,  # type: ignore[call-overload]
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,  # type: ignore[call-overload]
     )
 
 

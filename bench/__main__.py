@@ -1,0 +1,12 @@
+"""``python -m bench``: see :mod:`bench`."""
+
+from __future__ import annotations
+
+import sys
+
+from . import main
+
+__all__: list[str] = []
+
+if __name__ == "__main__":
+    sys.exit(main())

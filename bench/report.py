@@ -1,0 +1,288 @@
+"""Results, targets, and the BENCHMARKS.md writer."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .contenders import CONTENDERS
+
+__all__ = ["Figure", "Meta", "Row", "Target", "evaluate_targets", "findings", "render", "write_json"]
+
+
+@dataclass
+class Row:
+    """One line of a figure: a contender (``key`` A..E) or a variant of one (``A-par``, ``E-group``)."""
+
+    key: str
+    label: str
+    values: dict[str, float | None]
+    note: str = ""
+
+
+@dataclass
+class Figure:
+    id: str
+    title: str
+    unit: str
+    columns: list[str]
+    rows: list[Row] = field(default_factory=list)
+    #: the value compared with row A's (None: no ratio column)
+    ratio_column: str | None = None
+    notes: list[str] = field(default_factory=list)
+    #: raw samples per row key (for plots and the JSON file)
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    plot: str | None = None
+    #: columns that are plain numbers (ratios), not in ``unit``
+    unitless: list[str] = field(default_factory=list)
+    #: sizes the figure ran with (pods, rounds)
+    params: dict[str, int] = field(default_factory=dict)
+
+    def row(self, key: str) -> Row | None:
+        return next((r for r in self.rows if r.key == key), None)
+
+    def value(self, key: str, column: str) -> float | None:
+        r = self.row(key)
+        return None if r is None else r.values.get(column)
+
+    def ratio(self, key: str) -> float | None:
+        if self.ratio_column is None:
+            return None
+        a = self.value("A", self.ratio_column)
+        v = self.value(key, self.ratio_column)
+        if a is None or v is None or a <= 0:
+            return None
+        return v / a
+
+
+@dataclass
+class Target:
+    id: str
+    text: str
+    measured: str
+    limit: str
+    #: True met, False missed, None not measured (a contender was unavailable)
+    met: bool | None
+    detail: str = ""
+
+
+@dataclass
+class Meta:
+    mode: str
+    started: str
+    duration_s: float
+    machine: dict[str, str]
+    available: dict[str, str]
+    unavailable: dict[str, str]
+    settings: dict[str, Any]
+    problems: list[str] = field(default_factory=list)
+
+
+def _fmt(v: float | None, unit: str = "") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if unit == "MiB":
+        return f"{v:.1f}"
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def _ratio(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _get(figs: dict[str, Figure], fid: str) -> Figure | None:
+    return figs.get(fid)
+
+
+def evaluate_targets(figures: Sequence[Figure]) -> list[Target]:
+    """The issue's targets, each met, missed, or not measured."""
+    figs = {f.id: f for f in figures}
+    out: list[Target] = []
+
+    setup = _get(figs, "setup")
+    for key, limit in (("D", 0.5), ("C", 1.0)):
+        text = f"{key} per-pod setup median ≤ {limit}x A's ADD median"
+        r = setup.ratio(key) if setup else None
+        if r is None:
+            out.append(Target(f"setup-{key}", text, "not measured", f"{limit}x", None,
+                              f"{key} or A unavailable" if setup else "figure not run"))
+            continue
+        assert setup is not None
+        detail = f"{key} {_fmt(setup.value(key, 'median'))} ms vs A {_fmt(setup.value('A', 'median'))} ms"
+        out.append(Target(f"setup-{key}", text, f"{r:.2f}x", f"≤ {limit}x", r <= limit, detail))
+
+    drain = _get(figs, "drain")
+    n = drain.params.get("pods", 100) if drain else 100
+    text = f"{n}-pod drain with D ≤ 0.3x A's {n} sequential DELs"
+    r = drain.ratio("D") if drain else None
+    if drain is not None and r is not None:
+        detail = f"D {_fmt(drain.value('D', 'median'))} ms vs A {_fmt(drain.value('A', 'median'))} ms"
+        out.append(Target("drain-D", text, f"{r:.2f}x", "≤ 0.3x", r <= 0.3, detail))
+    else:
+        out.append(Target("drain-D", text, "not measured", "≤ 0.3x", None, "D or A unavailable"))
+
+    scale = _get(figs, "scale")
+    for key in ("B", "C", "D"):
+        text = f"{key}: per-pod setup with the most pods present ≤ 1.1x that with the fewest"
+        if scale is None or scale.row(key) is None:
+            out.append(Target(f"scale-{key}", text, "not measured", "≤ 1.1x", None, f"{key} unavailable"))
+            continue
+        cols = [c for c in scale.columns if c.startswith("N=")]
+        lo, hi = scale.value(key, cols[0]), scale.value(key, cols[-1])
+        if lo is None or hi is None or lo <= 0:
+            out.append(Target(f"scale-{key}", text, "not measured", "≤ 1.1x", None, "no samples"))
+            continue
+        r = hi / lo
+        detail = f"{cols[-1]}: {_fmt(hi)} ms, {cols[0]}: {_fmt(lo)} ms"
+        e_growth = scale.value("E", "growth")
+        if e_growth is not None:
+            detail += (f"; the floor E grows {e_growth:.2f}x, this row {_fmt(scale.value(key, 'growth beyond E'))} ms "
+                       "more than E")
+        out.append(Target(f"scale-{key}", f"{key}: per-pod setup with {cols[-1][2:]} pods present ≤ 1.1x "
+                          f"that with {cols[0][2:]}", f"{r:.2f}x", "≤ 1.1x", r <= 1.1, detail))
+
+    cold = _get(figs, "coldstart")
+    v = cold.value("B", "median") if cold else None
+    out.append(Target("coldstart", "CLI cold start of a no-op setup ≤ 50 ms (median)",
+                      "not measured" if v is None else f"{_fmt(v)} ms", "≤ 50 ms",
+                      None if v is None else v <= 50.0))
+
+    ov = _get(figs, "overhead")
+    v = ov.value("C", "overhead") if ov else None
+    out.append(Target("overhead", "daemon overhead over a direct plugin exec ≤ 1 ms (median difference)",
+                      "not measured" if v is None else f"{_fmt(v)} ms", "≤ 1 ms",
+                      None if v is None else v <= 1.0))
+    return out
+
+
+def findings(figures: Sequence[Figure]) -> list[str]:
+    """Differences between rows that explain the figures, computed from them (no interpretation added)."""
+    figs = {f.id: f for f in figures}
+    out: list[str] = []
+
+    def v(fid: str, key: str, col: str = "median") -> float | None:
+        f = figs.get(fid)
+        return None if f is None else f.value(key, col)
+
+    a, c, d, e, x = (v("setup", k) for k in "ACDEX")
+    if c is not None and x is not None:
+        out.append(f"Setup: the bash plugin alone (X) takes {_fmt(x)} ms; the daemon around it (C) adds "
+                   f"{_fmt(c - x)} ms." + (f" A's ADD takes {_fmt(a)} ms." if a is not None else ""))
+    if d is not None and e is not None:
+        out.append(f"Setup: the native plugin in the daemon (D) takes {_fmt(d)} ms, {d - e:+.2f} ms from the pyroute2 "
+                   f"floor (E, {_fmt(e)} ms). D does more (IPAM, locks, state records, the request) but sends its "
+                   "pod-side netlink requests without pyroute2's generic machinery, so it can come close to E or "
+                   "under it: E is the floor of the same operations through pyroute2, not of the kernel.")
+    cs, cst, direct = v("overhead", "C"), v("overhead", "C-status"), v("overhead", "direct")
+    if cs is not None and cst is not None and direct is not None:
+        out.append(f"Overhead: a daemon status request (plugin exec'd, no state written) costs {_fmt(cst - direct)} "
+                   f"ms over the direct exec; a setup request {_fmt(cs - direct)} ms. The {_fmt(cs - cst)} ms "
+                   "between them is the setup path's own work (its durable state records and init check).")
+    b, py, pys, bs = v("coldstart", "B"), v("coldstart", "py"), v("coldstart", "py-S"), v("coldstart", "B-S")
+    if b is not None and py is not None:
+        text = (f"Cold start: the interpreter alone (`python -c pass`) takes {_fmt(py)} ms of the CLI's {_fmt(b)} ms, "
+                f"so netplugin's own imports and work are {_fmt(b - py)} ms.")
+        if pys is not None:
+            text += (f" `python -S -c pass` takes {_fmt(pys)} ms: {_fmt(py - pys)} ms are this installation's "
+                     "site start-up (.pth hooks: e.g. an editable install's finder).")
+        if bs is not None:
+            text += f" The CLI on an interpreter started with -S: {_fmt(bs)} ms."
+        out.append(text)
+    scale = figs.get("scale")
+    if scale is not None:
+        growth = [f"{r.key} {_ratio(r.values.get('growth'))}" for r in scale.rows if r.values.get("growth")]
+        if growth:
+            out.append("Scale: setup time at the largest N relative to the smallest: " + ", ".join(growth) + ".")
+    drain = figs.get("drain")
+    if drain is not None:
+        per = [f"{r.key} {_fmt(r.values.get('per pod'))}" for r in drain.rows if r.values.get("per pod") is not None]
+        if per:
+            out.append("Drain, ms per pod: " + ", ".join(per) + ".")
+    return out
+
+
+def _status(t: Target) -> str:
+    return "not measured" if t.met is None else "**met**" if t.met else "**MISSED**"
+
+
+def _figure_md(fig: Figure, plots_rel: str | None) -> list[str]:
+    lines = [f"### {fig.title}", ""]
+    header = ["", "contender", *[f"{c} ({fig.unit})" if fig.unit and c not in fig.unitless else c
+                                 for c in fig.columns]]
+    if fig.ratio_column is not None:
+        header.append(f"{fig.ratio_column} / A")
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join(["---"] * len(header)) + "|")
+    for r in fig.rows:
+        cells = [r.key, r.label + (f" ({r.note})" if r.note else "")]
+        cells += [_ratio(r.values.get(c)) if c in fig.unitless else _fmt(r.values.get(c), fig.unit)
+                  for c in fig.columns]
+        if fig.ratio_column is not None:
+            cells.append(_ratio(fig.ratio(r.key)))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for n in fig.notes:
+        lines.append(f"- {n}")
+    if fig.notes:
+        lines.append("")
+    if fig.plot and plots_rel is not None:
+        lines += [f"![{fig.title}]({plots_rel}/{fig.plot})", ""]
+    return lines
+
+
+def render(meta: Meta, figures: Sequence[Figure], targets: Sequence[Target], plots_rel: str | None) -> str:
+    met = sum(1 for t in targets if t.met is True)
+    missed = sum(1 for t in targets if t.met is False)
+    unmeasured = sum(1 for t in targets if t.met is None)
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `python -m bench` (or `netplugin bench`); do not edit by hand. "
+        f"Run: {meta.started}, {meta.mode} mode, {meta.duration_s:.0f} s. "
+        "All times are wall-clock milliseconds measured by the benchmark process around each call; "
+        "network namespaces are created before timing and never timed. Contenders were interleaved "
+        "(round-robin, the order rotating every round) so that machine drift affects all of them alike.",
+        "",
+        "## Machine",
+        "",
+    ]
+    lines += [f"- {k}: {v}" for k, v in meta.machine.items()]
+    lines += ["", "## Contenders", ""]
+    for key, label in CONTENDERS.items():
+        if key in meta.available:
+            lines.append(f"- **{key}**: {label}. {meta.available[key]}")
+        else:
+            lines.append(f"- **{key}**: {label}. UNAVAILABLE in this run: {meta.unavailable.get(key, 'unknown')}")
+    lines += ["", "## Targets", "",
+              f"{met} met, {missed} missed, {unmeasured} not measured. A missed target is a finding, "
+              "reported as measured.", "",
+              "| target | measured | limit | result | detail |", "|---|---|---|---|---|"]
+    for t in targets:
+        lines.append(f"| {t.text} | {t.measured} | {t.limit} | {_status(t)} | {t.detail} |")
+    found = findings(figures)
+    if found:
+        lines += ["", "## Findings", "", "Computed from the figures below.", ""]
+        lines += [f"- {f}" for f in found]
+    lines += ["", "## Figures", ""]
+    for fig in figures:
+        lines += _figure_md(fig, plots_rel)
+    lines += ["## Settings", ""]
+    lines += [f"- {k}: {v}" for k, v in meta.settings.items()]
+    if meta.problems:
+        lines += ["", "## Problems during the run", ""]
+        lines += [f"- {p}" for p in meta.problems]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, meta: Meta, figures: Sequence[Figure], targets: Sequence[Target]) -> None:
+    doc = {"meta": asdict(meta), "figures": [asdict(f) for f in figures], "targets": [asdict(t) for t in targets]}
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True))

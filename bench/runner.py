@@ -1,0 +1,320 @@
+"""The run: arguments, preflight (root, which contenders exist), the figures in order, the outputs."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import platform
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .contenders import CNI_BRIDGE, CNI_DIR, CONTENDERS, Daemon, RunContext, clean_environ, cli_command, leftovers
+from .figures import Plan, fig_burst, fig_coldstart, fig_drain, fig_overhead, fig_pods, fig_scale
+from .report import Figure, Meta, evaluate_targets, render, write_json
+from .util import REPO, BenchError, Cleanup, NetnsFactory, SubnetPool
+
+__all__ = ["FIGURES", "run"]
+
+FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale")
+CNI_HINT = "install Debian's reference plugins: apt-get install -y containernetworking-plugins (into /usr/lib/cni)"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description="netplugin's benchmarks (run as root).")
+    p.add_argument("--quick", action="store_true", help="smoke-test sizes (a few pods; under a minute)")
+    p.add_argument("--out", metavar="DIR", help="write BENCHMARKS.md, results.json and plots/ here "
+                   "(default: the checkout: BENCHMARKS.md, bench/plots/, bench/out/)")
+    p.add_argument("--pods", type=int, metavar="N", help="pods in the per-pod figure (default 60; quick 3)")
+    p.add_argument("--only", metavar="FIGS", help=f"comma-separated subset of: {', '.join(FIGURES)}")
+    p.add_argument("--contenders", metavar="KEYS", default="ABCDE", help="subset of ABCDE (default: all available)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    return p
+
+
+def _say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _cmd(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (done.stdout or done.stderr).strip().splitlines()[0] if (done.stdout or done.stderr).strip() else "unknown"
+
+
+def _machine() -> dict[str, str]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "unknown"
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 2**20:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    distro = "unknown"
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                distro = line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import version
+
+        pyroute2 = version("pyroute2")
+    except Exception:
+        pyroute2 = "not installed"
+    return {
+        "CPUs": f"{os.cpu_count()} x {cpu}",
+        "memory": mem,
+        "OS": f"{distro}, kernel {platform.release()}",
+        "Python": platform.python_version(),
+        "pyroute2": pyroute2,
+        "iproute2": _cmd(["ip", "-V"]),
+        "containernetworking-plugins": _cmd(["dpkg-query", "-W", "-f", "${Version}", "containernetworking-plugins"]),
+        "bash": _cmd(["bash", "-c", "echo $BASH_VERSION"]),
+    }
+
+
+def _probe_daemon(ctx: RunContext) -> str | None:
+    """None when ``netplugin serve`` starts and answers; else why not."""
+    if importlib.util.find_spec("netplugin.daemon") is None:
+        return "netplugin/daemon.py does not exist yet"
+    d = ctx.workdir / "probe"
+    d.mkdir(mode=0o755)
+    (d / "exec").mkdir(mode=0o755)
+    env = clean_environ()
+    env.update(NETPLUGIN_PLUGIN_DIR=str(d / "exec"), NETPLUGIN_STATE_DIR=str(d / "state"),
+               NETPLUGIN_RUN_DIR=str(d / "run"), NETPLUGIN_HOST="none")
+    if ctx.cli[0] == sys.executable:
+        env["PYTHONPATH"] = str(REPO)
+    daemon = Daemon(env, str(d / "probe.sock"), ctx.cli, d / "daemon.log")
+    try:
+        daemon.start(timeout=20)
+    except BenchError as e:
+        return f"`netplugin serve` did not start: {e}"
+    finally:
+        daemon.stop()
+        shutil.rmtree(d, ignore_errors=True)
+    return None
+
+
+def _availability(ctx: RunContext, wanted: str) -> tuple[dict[str, str], dict[str, str]]:
+    ok: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    if not (os.access(CNI_BRIDGE, os.X_OK) and os.access(f"{CNI_DIR}/host-local", os.X_OK)):
+        missing["A"] = f"{CNI_BRIDGE} or host-local not found: {CNI_HINT}"
+    else:
+        ok["A"] = f"{CNI_BRIDGE} ({_cmd(['dpkg-query', '-W', '-f', '${Version}', 'containernetworking-plugins'])})"
+    done = subprocess.run([*ctx.cli, "--version"], capture_output=True, text=True, env=clean_environ(),
+                          stdin=subprocess.DEVNULL, timeout=60)
+    if done.returncode != 0:
+        missing["B"] = f"`netplugin --version` failed: {done.stderr.strip()[-300:]}"
+    else:
+        ok["B"] = f"{done.stdout.strip()}, started as `{' '.join(ctx.cli)}`"
+    daemon_problem = _probe_daemon(ctx) if "B" in ok else missing["B"]
+    if daemon_problem:
+        missing["C"] = daemon_problem
+    else:
+        ok["C"] = "`netplugin serve`, requests over its unix socket"
+    pyroute2 = importlib.util.find_spec("pyroute2") is not None
+    if daemon_problem:
+        missing["D"] = daemon_problem
+    elif importlib.util.find_spec("netplugin.native") is None:
+        missing["D"] = "netplugin/native.py does not exist yet"
+    elif not pyroute2:
+        missing["D"] = "pyroute2 is not installed (pip install .[daemon])"
+    else:
+        ok["D"] = "`netplugin serve` with plugin netplugin.io/bridge"
+    if pyroute2:
+        ok["E"] = "pyroute2 in the benchmark's own process"
+    else:
+        missing["E"] = "pyroute2 is not installed (pip install .[daemon])"
+    for k in list(ok):
+        if k not in wanted:
+            missing[k] = "left out (--contenders)"
+            del ok[k]
+    return ok, missing
+
+
+def _kill_children() -> None:
+    """Kill what an interrupted figure left running (a CLI and its plugin), daemons apart.
+
+    Daemons lead their own process group and are stopped by their cleanup, gracefully, after
+    the operations they are running; everything else of ours is killed before the netns go.
+    """
+    import psutil
+
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return
+    doomed: list[psutil.Process] = []
+    for c in children:
+        try:
+            if os.getpgid(c.pid) == c.pid:
+                continue
+            doomed += [c, *c.children(recursive=True)]
+        except (psutil.Error, ProcessLookupError):
+            continue
+    for p in doomed:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(doomed, timeout=5)
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench: must run as root (it creates network namespaces, veths and bridges)", file=sys.stderr)
+        return 2
+    for tool in ("ip", "flock", "nsenter"):
+        if shutil.which(tool) is None:
+            print(f"bench: {tool} is not installed (scripts/install-deps.sh installs it)", file=sys.stderr)
+            return 2
+    only = [f.strip() for f in args.only.split(",")] if args.only else list(FIGURES)
+    unknown = [f for f in only if f not in FIGURES]
+    if unknown:
+        print(f"bench: unknown figure(s) {', '.join(unknown)}; known: {', '.join(FIGURES)}", file=sys.stderr)
+        return 2
+    if args.pods is not None and not 1 <= args.pods <= 250:
+        print("bench: --pods must be 1-250 (the per-pod figure uses one /24)", file=sys.stderr)
+        return 2
+    plan = Plan.make(args.quick, args.pods)
+    if args.out:
+        out = Path(args.out).resolve()
+        report_path, plots_dir, json_path = out / "BENCHMARKS.md", out / "plots", out / "results.json"
+    else:
+        report_path, plots_dir = REPO / "BENCHMARKS.md", REPO / "bench" / "plots"
+        json_path = REPO / "bench" / "out" / "results.json"
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    tag = "np" + secrets.token_hex(3)
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    t_start = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix=f"netplugin-bench-{tag}-"))
+    os.chmod(workdir, 0o755)
+    cleanup = Cleanup()
+    netns = NetnsFactory()
+    cli, cli_desc = cli_command()
+    ctx = RunContext(tag, workdir, netns, cleanup, cli=cli, progress=_say)
+    forward = Path("/proc/sys/net/ipv4/ip_forward")
+    saved_forward = forward.read_text().strip() if forward.exists() else None
+    figures: list[Figure] = []
+    problems: list[str] = []
+    durations: dict[str, str] = {}
+    interrupted = False
+    ok: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    try:
+        _say(f"bench {tag}: {'quick' if plan.quick else 'full'} run, scratch dir {workdir}")
+        ok, missing = _availability(ctx, args.contenders.upper())
+        for k, why in missing.items():
+            _say(f"contender {k} unavailable: {why}")
+        keys = [k for k in CONTENDERS if k in ok]
+        pool = SubnetPool()
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("pods", lambda: fig_pods(ctx, plan, keys, pool)),
+            ("burst", lambda: [fig_burst(ctx, plan, keys, pool)]),
+            ("drain", lambda: [fig_drain(ctx, plan, keys, pool)]),
+            ("overhead", lambda: [fig_overhead(ctx, plan, keys, pool)]),
+            ("coldstart", lambda: [fig_coldstart(ctx, plan, keys, pool)]),
+            ("scale", lambda: [f for f in fig_scale(ctx, plan, keys, pool) if f is not None]),
+        ]
+        for name, step in steps:
+            if name not in only:
+                continue
+            _say(f"figure {name}")
+            t0 = time.monotonic()
+            try:
+                figures += step()
+            except BenchError as e:
+                problems.append(f"figure {name} failed: {e}")
+                _say(f"figure {name} FAILED: {e}")
+            durations[name] = f"{time.monotonic() - t0:.1f} s"
+            _say(f"figure {name} done in {durations[name]}")
+    except KeyboardInterrupt:
+        interrupted = True
+        problems.append("interrupted: the report holds the figures completed before")
+        _say("interrupted; cleaning up")
+    finally:
+        _kill_children()
+        problems = ctx.problems + problems + cleanup.run()
+        netns.close()
+        if saved_forward is not None and forward.read_text().strip() != saved_forward:
+            forward.write_text(saved_forward + "\n")
+        left = leftovers(tag)
+        if left:
+            problems.append("left behind: " + ", ".join(left[:20]))
+        shutil.rmtree(workdir, ignore_errors=True)
+        signal.signal(signal.SIGTERM, old_term)
+
+    duration = time.monotonic() - t_start
+    meta = Meta(
+        mode="quick" if plan.quick else "full",
+        started=started,
+        duration_s=duration,
+        machine=_machine(),
+        available=ok,
+        unavailable=missing,
+        settings={
+            "run tag": tag,
+            "netplugin CLI": cli_desc,
+            "sizes": f"per-pod {plan.pods} pods; burst {plan.burst} x {plan.burst_rounds} rounds; "
+                     f"drain {plan.drain} x {plan.drain_rounds} rounds; levels {', '.join(map(str, plan.levels))} "
+                     f"with {plan.level_samples} setups each; cold start {plan.cold_runs} runs; "
+                     f"overhead {plan.overhead_runs} runs",
+            "subnets": "random /24s (figures 1-3, 5, 6) and /21s (scale) inside 10.202.0.0/16",
+            "netplugin settings": "environment variables (no config file), host none (no pod lookup), "
+                                  "use_daemon never for the CLI",
+            "A config": "cniVersion 1.0.0, bridge with isGateway, isDefaultGateway, hairpinMode, ipMasq off, "
+                        "mtu 1500; host-local with the same subnet size as the other contenders",
+            "figure durations": ", ".join(f"{k} {v}" for k, v in durations.items()),
+        },
+        problems=problems,
+    )
+    targets = evaluate_targets(figures)
+    plots_rel: str | None = None
+    if not args.no_plots:
+        from .plots import available, plot_all
+
+        if available():
+            plot_all(figures, plots_dir)
+            plots_rel = os.path.relpath(plots_dir, report_path.parent)
+        else:
+            _say("matplotlib is not installed: no plots (pip install .[bench])")
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(render(meta, figures, targets, plots_rel))
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(json_path, meta, figures, targets)
+    _say(f"wrote {report_path} and {json_path} in {duration:.0f} s")
+    for t in targets:
+        state = "not measured" if t.met is None else "met" if t.met else "MISSED"
+        _say(f"  target {t.id}: {t.measured} (limit {t.limit}): {state}")
+    for p in problems:
+        _say(f"  problem: {p}")
+    if interrupted:
+        return 130
+    return 1 if problems else 0

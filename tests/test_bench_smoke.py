@@ -1,0 +1,124 @@
+"""A quick smoke run of the benchmark harness: it runs end to end, writes its report, leaves nothing.
+
+Benchmarks are not tests; this only proves the harness works (tiny sizes, every contender that
+is available on this machine) so that a full run does not fail an hour in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = [
+    pytest.mark.kernel,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the benchmark creates network namespaces and bridges"),
+]
+
+SECTIONS = [
+    "## Machine",
+    "## Contenders",
+    "## Targets",
+    "## Figures",
+    "### Per-pod setup (",
+    "### Per-pod teardown",
+    "### Burst:",
+    "### Drain:",
+    "### netplugin's overhead",
+    "### CLI cold start",
+    "### Per-pod setup with N pods already present",
+]
+
+
+def _table(md: str, heading: str) -> list[list[str]]:
+    """The rows (cells) of the first table after ``heading``."""
+    part = md.split(heading, 1)[1]
+    rows = []
+    for line in part.splitlines()[2:]:
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if all(c and set(c) <= {"-"} for c in cells):
+            continue  # the |---| line
+        rows.append(cells)
+    return rows[1:]  # without the header
+
+
+def _leftovers(tag: str) -> list[str]:
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    netns = os.listdir("/var/run/netns") if os.path.isdir("/var/run/netns") else []
+    return re.findall(rf"\b{tag}\S*", links) + [n for n in netns if n.startswith(tag)]
+
+
+def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+    env["PYTHONPATH"] = str(REPO)
+    args = [sys.executable, "-m", "bench", "--quick", "--pods", "3", "--out", str(tmp_path)]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        args.append("--no-plots")
+    done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=280,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    md = (tmp_path / "BENCHMARKS.md").read_text()
+    for section in SECTIONS:
+        assert section in md, f"missing {section!r}"
+    results = json.loads((tmp_path / "results.json").read_text())
+    available = results["meta"]["available"]
+    assert "B" in available, results["meta"]["unavailable"]
+
+    # Every target is stated as met, missed or not measured; none is silently dropped.
+    targets = _table(md, "## Targets")
+    assert len(targets) == 8
+    assert all(t[3] in ("**met**", "**MISSED**", "not measured") for t in targets)
+
+    # Each available contender has a per-pod setup and teardown row whose numbers parse and are positive.
+    for heading in ("### Per-pod setup (", "### Per-pod teardown"):
+        rows = {r[0]: r for r in _table(md, heading)}
+        for key in available:
+            median, p90 = float(rows[key][2]), float(rows[key][3])
+            assert 0 < median <= p90 < 60_000
+        if "A" in available:
+            assert rows["A"][-1] == "1.00x"
+            assert all(r[-1].endswith("x") and float(r[-1][:-1]) > 0 for r in rows.values())
+
+    # The JSON holds the raw samples; every value is a finite number.
+    for fig in results["figures"]:
+        for row in fig["rows"]:
+            for v in row["values"].values():
+                assert v is None or math.isfinite(v)
+    by_id = {f["id"]: f for f in results["figures"]}
+    assert len(by_id["setup"]["samples"]["B"]) == 3
+    assert by_id["coldstart"]["rows"][0]["values"]["median"] > 0
+
+    plots = tmp_path / "plots"
+    if "--no-plots" not in args:
+        for name in ("setup.png", "teardown.png", "burst.png", "drain.png", "scale.png", "coldstart.png"):
+            assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert "](plots/setup.png)" in md
+
+    # Nothing of the run is left: no netns, veth or bridge with its tag, no daemon.
+    tag = results["meta"]["settings"]["run tag"]
+    assert re.fullmatch(r"np[0-9a-f]{6}", tag)
+    assert _leftovers(tag) == []
+    import psutil
+
+    scratch = f"netplugin-bench-{tag}-"
+    for proc in psutil.process_iter():
+        try:
+            environ = proc.environ()
+        except psutil.Error:
+            continue
+        assert scratch not in environ.get("NETPLUGIN_RUN_DIR", ""), f"daemon {proc.pid} still running"
