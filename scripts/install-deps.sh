@@ -29,7 +29,7 @@ fi
 py=${PYTHON:-python3}
 extras="daemon"
 [ "$want_test" = 1 ] && extras="daemon,test"
-"$py" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e "$here[$extras]"
+"$py" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e "${here}[${extras}]"
 
 if [ "$want_test" = 1 ]; then
     bash "$here/scripts/podman-setup.sh"
