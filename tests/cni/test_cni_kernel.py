@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nettest import free_third_octet
 
 from netplugin.cni import link_mac
 
-from .test_podman import BRIDGE, _free_third_octet
+from .test_podman import BRIDGE, TEST_RANGE
 
 pytestmark = pytest.mark.kernel
 
@@ -78,7 +79,7 @@ def test_link_mac_reads_inside_the_namespace(netns: Any, tmp_path: Path) -> None
 def test_shim_with_the_bridge_plugin(netns: Any, shim: Any, plugin_dir: Any) -> None:
     tag = netns.tag
     bridge = f"npbr{tag}"
-    subnet = ipaddress.ip_network(f"10.201.{_free_third_octet()}.0/24")
+    subnet = ipaddress.ip_network(f"10.201.{free_third_octet(str(TEST_RANGE))}.0/24")
     plugin_dir.install("bridge", script=BRIDGE)
     shim.conf.update(
         plugin="bridge",

@@ -15,7 +15,6 @@ import functools
 import ipaddress
 import json
 import os
-import random
 import secrets
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from nettest import free_third_octet
 
 REPO = Path(__file__).resolve().parents[2]
 BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"
@@ -63,16 +63,7 @@ def _podman_gate() -> None:
         pytest.skip(reason)
 
 
-def _free_third_octet() -> int:
-    used: set[int] = set()
-    for word in _run(["ip", "-o", "-4", "route", "show"]).stdout.split():
-        try:
-            net = ipaddress.ip_network(word, strict=False)
-        except ValueError:
-            continue
-        if net.version == 4 and net.prefixlen > 16 and net.overlaps(TEST_RANGE):
-            used.add(int(net.network_address) >> 8 & 0xFF)
-    return random.choice(sorted(set(range(256)) - used))
+
 
 
 @dataclass
@@ -86,7 +77,7 @@ class PodmanNet:
     def __post_init__(self) -> None:
         self.network = f"np{self.tag}"
         self.bridge = f"npbr{self.tag}"
-        self.subnet = ipaddress.ip_network(f"10.201.{_free_third_octet()}.0/24")
+        self.subnet = ipaddress.ip_network(f"10.201.{free_third_octet(str(TEST_RANGE))}.0/24")
         root = self.tmp / "podman"
         self.bin = root / "cni-bin"
         self.netd = root / "net.d"

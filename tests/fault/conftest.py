@@ -12,7 +12,6 @@ import functools
 import ipaddress
 import json
 import os
-import random
 import secrets
 import shutil
 import signal
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nettest import free_third_octet, host_veth_name, link_exists
 
 REPO = Path(__file__).resolve().parents[2]
 BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"
@@ -58,29 +58,6 @@ def _kernel_gate(request: pytest.FixtureRequest) -> None:
             pytest.skip(reason)
 
 
-def host_veth_name(infra_id: str) -> str:
-    """The bridge plugin's rule: "np" + the first 12 hex digits of FNV-1a-64(infra id)."""
-    h = 0xCBF29CE484222325
-    for b in infra_id.encode():
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"np{h:016x}"[:14]
-
-
-def link_exists(name: str) -> bool:
-    return os.path.exists(f"/sys/class/net/{name}")
-
-
-def _free_subnet() -> ipaddress.IPv4Network:
-    used: set[int] = set()
-    for word in _run(["ip", "-o", "-4", "route", "show"]).stdout.split():
-        try:
-            net = ipaddress.ip_network(word, strict=False)
-        except ValueError:
-            continue
-        if net.version == 4 and net.prefixlen > 16 and net.overlaps(FAULT_RANGE):
-            used.add(int(net.network_address) >> 8 & 0xFF)
-    third = random.SystemRandom().choice(sorted(set(range(256)) - used))
-    return ipaddress.IPv4Network(f"10.203.{third}.0/24")
 
 
 @dataclass(frozen=True)
@@ -120,7 +97,7 @@ class FaultNet:
 
     def __post_init__(self) -> None:
         self.bridge = f"npf{self.tag}"
-        self.subnet = _free_subnet()
+        self.subnet = ipaddress.IPv4Network(f"10.203.{free_third_octet(str(FAULT_RANGE))}.0/24")
         root = self.tmp / f"fault-{self.tag}"
         self.root = root
         self.exec_dir = root / "exec"

@@ -8,13 +8,10 @@ cannot provide that (not root, no ``ip``, no network namespaces).
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import json
 import os
-import random
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from nettest import free_third_octet, host_veth_name, kernel_unavailable_reason, link_exists
 
 __all__ = [
     "AUDIT",
@@ -79,21 +77,6 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
-@functools.cache
-def kernel_unavailable_reason() -> str | None:
-    """Why kernel tests cannot run here, or None. Probes by really creating a namespace once."""
-    if os.geteuid() != 0:
-        return "kernel tests need root (network namespaces, veths, bridges)"
-    if shutil.which("ip") is None:
-        return "iproute2 `ip` is not installed"
-    probe = f"np-{secrets.token_hex(4)}-probe"
-    r = _run(["ip", "netns", "add", probe])
-    if r.returncode != 0:
-        return f"`ip netns add` does not work here: {r.stderr.strip()}"
-    _run(["ip", "netns", "del", probe])
-    return None
-
-
 @pytest.fixture(autouse=True)
 def _kernel_gate(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("kernel") is not None:
@@ -102,32 +85,6 @@ def _kernel_gate(request: pytest.FixtureRequest) -> None:
             pytest.skip(reason)
 
 
-def host_veth_name(infra_id: str) -> str:
-    """Mirror of the bridge plugin's naming: "np" + first 12 hex digits of FNV-1a-64(infra id)."""
-    h = 0xCBF29CE484222325
-    for b in infra_id.encode():
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"np{h:016x}"[:14]
-
-
-def link_exists(name: str) -> bool:
-    return os.path.exists(f"/sys/class/net/{name}")
-
-
-def _used_test_subnets() -> set[int]:
-    """Third octets of 10.200.X.0/24 already routed on this host (another run's bridge)."""
-    used: set[int] = set()
-    out = _run(["ip", "-o", "-4", "route", "show"]).stdout
-    for word in out.split():
-        try:
-            net = ipaddress.ip_network(word, strict=False)
-        except ValueError:
-            continue
-        if net.version == 4 and net.overlaps(TEST_RANGE):
-            if net.prefixlen <= 16:
-                continue
-            used.add(int(net.network_address) >> 8 & 0xFF)
-    return used
 
 
 @dataclass(frozen=True)
@@ -157,8 +114,7 @@ class BridgeNet:
 
     def __post_init__(self) -> None:
         self.bridge = f"npbr{self.tag}"
-        free = sorted(set(range(256)) - _used_test_subnets())
-        third = random.choice(free)
+        third = free_third_octet(str(TEST_RANGE))
         self.subnet = ipaddress.ip_network(f"10.200.{third}.0/{self.prefixlen}")
         self.gateway = str(self.subnet.network_address + 1)
         self.np_state = self.tmp / f"np-state-{self.tag}"

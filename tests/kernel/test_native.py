@@ -17,7 +17,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from nettest import free_third_octet
 
 from netplugin.errors import PluginFailed
 from netplugin.names import PodRef
@@ -82,16 +82,6 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
-def _used_native_subnets() -> set[int]:
-    used: set[int] = set()
-    for word in _run(["ip", "-o", "-4", "route", "show"]).stdout.split():
-        try:
-            net = ipaddress.ip_network(word, strict=False)
-        except ValueError:
-            continue
-        if net.version == 4 and net.prefixlen > 16 and net.overlaps(NATIVE_RANGE):
-            used.add(int(net.network_address) >> 8 & 0xFF)
-    return used
 
 
 class NativeNet(BridgeNet):
@@ -99,7 +89,7 @@ class NativeNet(BridgeNet):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        third = random.choice(sorted(set(range(256)) - _used_native_subnets()))
+        third = free_third_octet(str(NATIVE_RANGE))
         self.subnet = ipaddress.ip_network(f"10.204.{third}.0/{self.prefixlen}")
         self.gateway = str(self.subnet.network_address + 1)
         self.env["NETPLUGIN_BRIDGE_SUBNET"] = str(self.subnet)

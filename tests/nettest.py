@@ -1,0 +1,62 @@
+"""Helpers shared by every suite that touches the kernel (kernel, fault, cni, bench smoke).
+
+Each suite owns one /16 under 10.200.0.0/13 (see README); ``free_third_octet`` picks a /24 of it
+that no other run on this host is using right now.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import os
+import random
+import secrets
+import shutil
+import subprocess
+
+__all__ = ["free_third_octet", "host_veth_name", "kernel_unavailable_reason", "link_exists", "run"]
+
+
+def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+@functools.cache
+def kernel_unavailable_reason() -> str | None:
+    """Why kernel tests cannot run here, or None. Probes by really creating a namespace once."""
+    if os.geteuid() != 0:
+        return "kernel tests need root (network namespaces, veths, bridges)"
+    if shutil.which("ip") is None:
+        return "iproute2 `ip` is not installed"
+    probe = f"np-{secrets.token_hex(4)}-probe"
+    r = run(["ip", "netns", "add", probe])
+    if r.returncode != 0:
+        return f"`ip netns add` does not work here: {r.stderr.strip()}"
+    run(["ip", "netns", "del", probe])
+    return None
+
+
+def host_veth_name(infra_id: str) -> str:
+    """Mirror of the bridge plugins' rule: "np" + the first 12 hex digits of FNV-1a-64(infra id)."""
+    h = 0xCBF29CE484222325
+    for b in infra_id.encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"np{h:016x}"[:14]
+
+
+def link_exists(name: str) -> bool:
+    return os.path.exists(f"/sys/class/net/{name}")
+
+
+def free_third_octet(suite_range: str) -> int:
+    """A random X such that A.B.X.0/24 of ``suite_range`` (a /16) is not routed on this host."""
+    rng = ipaddress.ip_network(suite_range)
+    used: set[int] = set()
+    for word in run(["ip", "-o", "-4", "route", "show"]).stdout.split():
+        try:
+            net = ipaddress.ip_network(word, strict=False)
+        except ValueError:
+            continue
+        if net.version == 4 and net.prefixlen > 16 and net.overlaps(rng):
+            used.add(int(net.network_address) >> 8 & 0xFF)
+    return random.SystemRandom().choice(sorted(set(range(256)) - used))
