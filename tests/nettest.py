@@ -14,7 +14,9 @@ import secrets
 import shutil
 import subprocess
 
-__all__ = ["free_third_octet", "host_veth_name", "kernel_unavailable_reason", "link_exists", "run"]
+import pytest
+
+__all__ = ["free_third_octet", "host_veth_name", "kernel_gate", "kernel_unavailable_reason", "link_exists", "run"]
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -60,3 +62,11 @@ def free_third_octet(suite_range: str) -> int:
         if net.version == 4 and net.prefixlen > 16 and net.overlaps(rng):
             used.add(int(net.network_address) >> 8 & 0xFF)
     return random.SystemRandom().choice(sorted(set(range(256)) - used))
+
+
+def kernel_gate(request: pytest.FixtureRequest, extra_reason: str | None = None) -> None:
+    """Skip a test marked ``kernel`` when the kernel features (or ``extra_reason``'s need) are missing."""
+    if request.node.get_closest_marker("kernel") is not None:
+        reason = kernel_unavailable_reason() or extra_reason
+        if reason:
+            pytest.skip(reason)

@@ -8,12 +8,10 @@ bridge plugin), and plugin processes of this run's state dir. The subnet is a ra
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nettest import free_third_octet, host_veth_name, link_exists
+from nettest import free_third_octet, host_veth_name, kernel_gate, link_exists
 
 REPO = Path(__file__).resolve().parents[2]
 BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"
@@ -34,28 +32,9 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
-@functools.cache
-def kernel_unavailable_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "fault-injection kernel tests need root (network namespaces, veths, bridges)"
-    if shutil.which("ip") is None:
-        return "iproute2 `ip` is not installed"
-    if not BRIDGE.exists():
-        return f"the bridge plugin {BRIDGE} is missing"
-    probe = f"np-{secrets.token_hex(4)}-probe"
-    r = _run(["ip", "netns", "add", probe])
-    if r.returncode != 0:
-        return f"`ip netns add` does not work here: {r.stderr.strip()}"
-    _run(["ip", "netns", "del", probe])
-    return None
-
-
 @pytest.fixture(autouse=True)
 def _kernel_gate(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("kernel") is not None:
-        reason = kernel_unavailable_reason()
-        if reason:
-            pytest.skip(reason)
+    kernel_gate(request, None if BRIDGE.exists() else f"the bridge plugin {BRIDGE} is missing")
 
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from nettest import free_third_octet, host_veth_name, kernel_unavailable_reason, link_exists
+from nettest import free_third_octet, host_veth_name, kernel_gate, kernel_unavailable_reason, link_exists
 
 __all__ = [
     "AUDIT",
@@ -79,10 +79,7 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(autouse=True)
 def _kernel_gate(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("kernel") is not None:
-        reason = kernel_unavailable_reason()
-        if reason:
-            pytest.skip(reason)
+    kernel_gate(request)
 
 
 
@@ -275,11 +272,11 @@ class BridgeNet:
 
 @pytest.fixture
 def bridge_net_factory(tmp_path: Path) -> Iterator[Callable[..., BridgeNet]]:
-    """Make BridgeNet(s): ``bridge_net_factory(prefixlen=29)``; all are removed at the end."""
+    """Make BridgeNet(s): ``bridge_net_factory(prefixlen=29)`` (``cls=`` for a subclass); all removed at the end."""
     made: list[BridgeNet] = []
 
-    def make(prefixlen: int = 24) -> BridgeNet:
-        net = BridgeNet(tmp_path, prefixlen=prefixlen)
+    def make(prefixlen: int = 24, cls: type[BridgeNet] = BridgeNet) -> BridgeNet:
+        net = cls(tmp_path, prefixlen=prefixlen)
         made.append(net)
         return net
 

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -122,23 +122,13 @@ class NativeNet(BridgeNet):
 
 
 @pytest.fixture
-def native_factory(tmp_path: Path) -> Iterator[Callable[..., NativeNet]]:
-    made: list[NativeNet] = []
-
+def native_factory(bridge_net_factory: Callable[..., BridgeNet]) -> Callable[..., NativeNet]:
     def make(prefixlen: int = 24) -> NativeNet:
-        net = NativeNet(tmp_path, prefixlen=prefixlen)
-        made.append(net)
+        net = bridge_net_factory(prefixlen, cls=NativeNet)
+        assert isinstance(net, NativeNet)
         return net
 
-    yield make
-    errors = []
-    for net in made:
-        try:
-            net.close()
-        except Exception as e:  # keep cleaning the others
-            errors.append(e)
-    if errors:
-        raise errors[0]
+    return make
 
 
 @pytest.fixture

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from netplugin.invoke import Completed, SpawnError
+from netplugin.manager import Manager
+from netplugin.state import StateStore
 
 
 @dataclass
@@ -115,3 +118,35 @@ class Procs:
 @pytest.fixture
 def procs() -> type[Procs]:
     return Procs
+
+
+# --- shared by the state and gc tests: the scriptable plugin "sc" with netns paths in a temp dir ---
+
+
+@pytest.fixture
+def netns_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "netns"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def sc(plugin_dir: Any) -> Any:
+    return plugin_dir.install("sc")
+
+
+@pytest.fixture
+def mgr(make_manager: Any, netns_dir: Path, sc: Any) -> Callable[..., Manager]:
+    """mgr(**config) -> a Manager using plugin "sc" with netns paths under netns_dir."""
+
+    def make(**kw: Any) -> Manager:
+        kw.setdefault("plugin", "sc")
+        m: Manager = make_manager(netns_template=str(netns_dir / "{infra_id}"), **kw)
+        return m
+
+    return make
+
+
+@pytest.fixture
+def store(np_dirs: dict[str, str]) -> StateStore:
+    return StateStore(np_dirs["state_dir"])

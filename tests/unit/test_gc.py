@@ -31,33 +31,6 @@ ARGV = "default web-0 infra0"
 
 
 @pytest.fixture
-def netns_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "netns"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
-def sc(plugin_dir: Any) -> Any:
-    return plugin_dir.install("sc")
-
-
-@pytest.fixture
-def mgr(make_manager: Any, netns_dir: Path, sc: Any) -> Callable[..., Manager]:
-    def make(**kw: Any) -> Manager:
-        kw.setdefault("plugin", "sc")
-        m: Manager = make_manager(netns_template=str(netns_dir / "{infra_id}"), **kw)
-        return m
-
-    return make
-
-
-@pytest.fixture
-def store(np_dirs: dict[str, str]) -> StateStore:
-    return StateStore(np_dirs["state_dir"])
-
-
-@pytest.fixture
 def cli_env_sc(cli_env: dict[str, str], netns_dir: Path, sc: Any) -> dict[str, str]:
     return dict(cli_env, NETPLUGIN_PLUGIN="sc", NETPLUGIN_NETNS_TEMPLATE=str(netns_dir / "{infra_id}"))
 

@@ -37,35 +37,6 @@ exit 0
 
 
 @pytest.fixture
-def netns_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "netns"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
-def sc(plugin_dir: Any) -> Any:
-    return plugin_dir.install("sc")
-
-
-@pytest.fixture
-def mgr(make_manager: Any, netns_dir: Path, sc: Any) -> Callable[..., Manager]:
-    """mgr(**config) -> a Manager using plugin "sc" with netns paths under netns_dir."""
-
-    def make(**kw: Any) -> Manager:
-        kw.setdefault("plugin", "sc")
-        m: Manager = make_manager(netns_template=str(netns_dir / "{infra_id}"), **kw)
-        return m
-
-    return make
-
-
-@pytest.fixture
-def store(np_dirs: dict[str, str]) -> StateStore:
-    return StateStore(np_dirs["state_dir"])
-
-
-@pytest.fixture
 def cli(run_cli: Any, netns_dir: Path, sc: Any) -> Callable[..., Any]:
     def run(*args: str) -> Any:
         return run_cli(*args, env={"NETPLUGIN_PLUGIN": "sc", "NETPLUGIN_NETNS_TEMPLATE": str(netns_dir / "{infra_id}")})
