@@ -495,7 +495,7 @@ def fig_coldstart(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: Subnet
         # The same CLI on an interpreter started with -S: no .pth start-up hooks (an editable install's
         # finder, a machine's own hooks), only the paths; what a plain install costs without them.
         bare = (f"import sys; sys.path[:0] = {[str(REPO), sysconfig.get_paths()['purelib']]!r}; "
-                "from netplugin.cli import main; main()")
+                "from netplugin.frontends.cli import main; main()")
         variants: dict[str, Callable[[int], list[str]]] = {
             "B": lambda i: [*ctx.cli, "setup", "bench", f"p-cold-{i}", f"{ctx.tag}-cold-{i}"],
             "B-S": lambda i: [sys.executable, "-S", "-c", bare, "setup", "bench", f"p-cold-s-{i}",
@@ -570,7 +570,7 @@ def fig_coldstart(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: Subnet
 
 
 def fig_overhead(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool) -> Figure:
-    from netplugin.invoke import run
+    from netplugin.core.invoke import run
 
     runs = plan.overhead_runs
     net = Network(ctx, "6o", pool.take(24))
@@ -619,7 +619,7 @@ def fig_overhead(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetP
                  "ms", ["median", "p90", "overhead"], samples=samples, plot="overhead.png")
     base = statistics.median(samples["direct"])
     labels = {
-        "direct": "the plugin exec'd directly with netplugin.invoke.run",
+        "direct": "the plugin exec'd directly with netplugin.core.invoke.run",
         "C": "daemon round trip (setup request, plugin exec'd by the daemon)",
         "C-health": "daemon round trip of a health request (no plugin, no thread)",
         "C-status": "daemon round trip of a status request (plugin exec'd; status writes no state record)",

@@ -95,7 +95,7 @@ def _machine() -> dict[str, str]:
 
 def _probe_daemon(ctx: RunContext) -> str | None:
     """None when ``netplugin serve`` starts and answers; else why not."""
-    if importlib.util.find_spec("netplugin.daemon") is None:
+    if importlib.util.find_spec("netplugin.frontends.daemon") is None:
         return "netplugin/daemon.py does not exist yet"
     d = ctx.workdir / "probe"
     d.mkdir(mode=0o755)
@@ -137,7 +137,7 @@ def _availability(ctx: RunContext, wanted: str) -> tuple[dict[str, str], dict[st
     pyroute2 = importlib.util.find_spec("pyroute2") is not None
     if daemon_problem:
         missing["D"] = daemon_problem
-    elif importlib.util.find_spec("netplugin.native") is None:
+    elif importlib.util.find_spec("netplugin.plugins.bridge") is None:
         missing["D"] = "netplugin/native.py does not exist yet"
     elif not pyroute2:
         missing["D"] = "pyroute2 is not installed (pip install .[daemon])"

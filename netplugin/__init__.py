@@ -1,8 +1,9 @@
 """netplugin: a node agent that manages kubelet exec network plugins.
 
 The library's entry points are :class:`netplugin.manager.Manager`,
-:func:`netplugin.config.load_config` and :class:`netplugin.names.PodRef`; the
-plugin contract is the docstring of :mod:`netplugin.plugin`. Submodules are
+:func:`netplugin.core.config.load_config` and :class:`netplugin.core.names.PodRef`; the
+plugin contract is the docstring of :mod:`netplugin.core.plugin`. ARCHITECTURE.md maps the
+layers (core, store/hosts/plugins/nodenet, manager, frontends). Submodules are
 imported on demand so that the CLI stays fast to start.
 """
 

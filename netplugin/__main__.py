@@ -1,3 +1,3 @@
-from netplugin.cli import main
+from netplugin.frontends.cli import main
 
 main()

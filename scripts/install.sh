@@ -202,14 +202,14 @@ if [ -n "$lib_dir" ]; then
 fi
 
 # 3. The CNI shim: a small wrapper, because runtimes exec CNI plugins by file name from
-# the CNI bin dir and the shim itself is a Python entry point (netplugin.cni:main).
+# the CNI bin dir and the shim itself is a Python entry point (netplugin.frontends.cni:main).
 ensure_dir "$cni_bin_dir" 0
 wrapper_src=$(mktemp)
 tmp_file=$wrapper_src
 {
     echo '#!/bin/sh'
     echo '# netplugin-cni: installed by netplugin scripts/install.sh. Container runtimes run it as a'
-    echo '# CNI plugin; it starts the CNI shim, netplugin.cni:main. Reinstall rather than edit.'
+    echo '# CNI plugin; it starts the CNI shim, netplugin.frontends.cni:main. Reinstall rather than edit.'
     if [ -n "$lib_dir" ]; then
         echo "PYTHONPATH=$lib_dir"
         echo 'export PYTHONPATH'
@@ -217,7 +217,7 @@ tmp_file=$wrapper_src
     echo '# The runtime picks our working directory: never import from it.'
     echo 'PYTHONSAFEPATH=1'
     echo 'export PYTHONSAFEPATH'
-    echo "exec $python -c 'import sys; from netplugin.cni import main; sys.exit(main())' \"\$@\""
+    echo "exec $python -c 'import sys; from netplugin.frontends.cni import main; sys.exit(main())' \"\$@\""
 } >"$wrapper_src"
 install_file "$wrapper_src" "$cni_bin_dir/netplugin-cni" 0755
 rm -f -- "$wrapper_src"

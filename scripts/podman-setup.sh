@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare this machine to run containers through podman's CNI backend, for the
-# netplugin CNI shim tests (tests/cni, marker "podman") and for trying the shim by hand.
+# netplugin CNI shim tests (tests/frontends/cni, marker "podman") and for trying the shim by hand.
 #
 # Idempotent. Steps:
 #   1. apt-get install podman runc containernetworking-plugins busybox-static (only if missing);

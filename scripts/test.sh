@@ -12,7 +12,7 @@ echo "== ruff" >&2
 echo "== mypy" >&2
 "$py" -m mypy
 echo "== shellcheck" >&2
-mapfile -t shells < <(find exec_plugins scripts tests/plugins -type f -perm -u+x ! -name '*.py')
+mapfile -t shells < <(find exec_plugins scripts tests/testplugins -type f -perm -u+x ! -name '*.py')
 shellcheck -S warning "${shells[@]}"
 echo "== pytest" >&2
 exec "$py" -m pytest -p no:cacheprovider -q -rs "$@"

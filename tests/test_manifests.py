@@ -1,6 +1,6 @@
 """etc/kubernetes/ and scripts/install.sh: the pieces that put netplugin onto a cluster's nodes.
 
-The manifests are checked against each other and against netplugin.config's defaults, so that
+The manifests are checked against each other and against netplugin.core.config's defaults, so that
 renaming a path, a ConfigMap or the ServiceAccount in one place fails here instead of on a node.
 install.sh is run for real, with every target directory under tmp_path.
 """
@@ -326,7 +326,7 @@ def _make_source(tmp_path: Path) -> Path:
     pkg = src / "netplugin"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    # A stand-in shim: shows that the wrapper runs netplugin.cni:main with the runtime's env and argv.
+    # A stand-in shim: shows that the wrapper runs netplugin.frontends.cni:main with the runtime's env and argv.
     (pkg / "cni.py").write_text(
         "import json, os, sys\n"
         "def main():\n"
@@ -374,7 +374,7 @@ def test_install_sloppy_source_is_normalised_and_idempotent(tmp_path: Path) -> N
     assert not [p for p in (tmp_path / "node").rglob("*netplugin-tmp*")]
 
     # netplugin's own discovery accepts what was installed.
-    from netplugin.discovery import scan
+    from netplugin.core.discovery import scan
 
     [cand] = scan(str(exec_dir))
     assert (cand.name, cand.problem) == ("example.org/sloppy", None)
@@ -430,14 +430,14 @@ def test_install_repo_plugins_pass_discovery(tmp_path: Path) -> None:
         NETPLUGIN_CNI_CONF_DIR=str(targets["--cni-conf-dir"]),
     )
     assert out.returncode == 0, out.stderr
-    from netplugin.discovery import scan
+    from netplugin.core.discovery import scan
 
     shipped = sorted(p.name for p in (REPO / "exec_plugins").iterdir() if p.is_dir())
     cands = scan(str(targets["--exec-dir"]))
     assert sorted(os.path.basename(os.path.dirname(c.path)) for c in cands) == shipped
     assert [c.problem for c in cands] == [None] * len(shipped)
     wrapper = (targets["--cni-bin-dir"] / "netplugin-cni").read_text()
-    assert "from netplugin.cni import main" in wrapper
+    assert "from netplugin.frontends.cni import main" in wrapper
     assert "PYTHONPATH" not in wrapper.replace("# ", "")  # no --lib-dir: the node's installed netplugin
 
 

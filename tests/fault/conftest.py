@@ -55,7 +55,7 @@ class FPod:
         return host_veth_name(self.infra_id)
 
     def ref(self) -> Any:
-        from netplugin.names import PodRef
+        from netplugin.core.names import PodRef
 
         return PodRef(self.namespace, self.name, self.infra_id)
 
@@ -130,14 +130,14 @@ class FaultNet:
                               timeout=timeout, stdin=subprocess.DEVNULL)
 
     def manager(self) -> Any:
-        from netplugin.config import load_config
-        from netplugin.host import NullHost
-        from netplugin.manager import Manager
+        from netplugin.core.config import load_config
+        from netplugin.hosts.base import NullHost
+        from netplugin.manager.manager import Manager
 
         return Manager(load_config(str(self.config), environ={}), NullHost())
 
     def store(self) -> Any:
-        from netplugin.state import StateStore
+        from netplugin.store.state import StateStore
 
         return StateStore(str(self.state_dir))
 
@@ -177,7 +177,7 @@ class FaultNet:
         return words[words.index("inet") + 1].split("/")[0] if "inet" in words else None
 
     def plugin_processes(self) -> list[Any]:
-        from netplugin.gc import plugin_processes
+        from netplugin.store.orphans import plugin_processes
 
         return plugin_processes(str(self.state_dir))
 

@@ -20,8 +20,8 @@ from typing import Any
 import psutil
 import pytest
 
-from netplugin.errors import PluginError, PluginFailed, PluginOutputError, PluginTimeout
-from netplugin.gc import run_gc
+from netplugin.core.errors import PluginError, PluginFailed, PluginOutputError, PluginTimeout
+from netplugin.manager.gc import run_gc
 
 from .conftest import BRIDGE, FaultNet, FPod, link_exists
 

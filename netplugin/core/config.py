@@ -1,0 +1,340 @@
+"""Configuration: a YAML file, then environment variables, then command-line flags.
+
+Precedence rises in that order. The file is ``/etc/netplugin/netplugin.yaml``
+unless ``--config`` or ``NETPLUGIN_CONFIG`` names another; a missing *default*
+file is fine (built-in defaults apply), a missing *explicit* file is an error.
+Unknown keys and bad values are :class:`~netplugin.core.errors.ConfigError` naming
+the key and where it came from. ``etc/netplugin.yaml`` is the commented example.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from netplugin.core.errors import ConfigError
+
+__all__ = [
+    "ACTIONS",
+    "DEFAULT_CONFIG",
+    "DEFAULT_PLUGIN_DIR",
+    "DEFAULT_PODS_DIR",
+    "DEFAULT_RUN_DIR",
+    "DEFAULT_SOCKET",
+    "DEFAULT_STATE_DIR",
+    "ENV_VARS",
+    "Config",
+    "load_config",
+]
+
+DEFAULT_PLUGIN_DIR = "/usr/libexec/kubernetes/kubelet-plugins/net/exec"
+DEFAULT_STATE_DIR = "/var/lib/netplugin"
+DEFAULT_RUN_DIR = "/run/netplugin"
+DEFAULT_CONFIG = "/etc/netplugin/netplugin.yaml"
+DEFAULT_SOCKET = DEFAULT_RUN_DIR + "/netplugin.sock"
+DEFAULT_PODS_DIR = "/etc/netplugin/pods"
+DEFAULT_NETNS_TEMPLATE = "/var/run/netns/{infra_id}"
+ACTIONS = ("init", "setup", "teardown", "status")
+DEFAULT_TIMEOUTS = {"init": 10.0, "setup": 30.0, "teardown": 30.0, "status": 10.0}
+HOST_KINDS = ("static", "none", "kube")
+USE_DAEMON = ("auto", "never", "always")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of netplugin, already validated. Build with :func:`load_config`."""
+
+    plugin_dir: str = DEFAULT_PLUGIN_DIR
+    plugin: str | None = None
+    state_dir: str = DEFAULT_STATE_DIR
+    run_dir: str = DEFAULT_RUN_DIR
+    config_path: str | None = None
+    timeout: float | None = None
+    timeouts: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TIMEOUTS))
+    kill_grace: float = 2.0
+    netns_template: str = DEFAULT_NETNS_TEMPLATE
+    inherit_env: bool = True
+    env: Mapping[str, str] = field(default_factory=dict)
+    check_permissions: bool = True
+    rollback_on_failure: bool = True
+    record_status: bool = False
+    max_output: int = 1 << 20
+    host: str = "static"
+    pods_dir: str = DEFAULT_PODS_DIR
+    kubeconfig: str | None = None
+    kube_timeout: float = 5.0
+    socket: str | None = None
+    metrics_address: str = "127.0.0.1:9465"
+    use_daemon: str = "auto"
+
+    def timeout_for(self, action: str) -> float:
+        """The time limit of one action: ``--timeout`` when given, else the per-action setting."""
+        if self.timeout is not None:
+            return self.timeout
+        return float(self.timeouts.get(action, DEFAULT_TIMEOUTS[action]))
+
+    @property
+    def socket_path(self) -> str:
+        return self.socket or os.path.join(self.run_dir, "netplugin.sock")
+
+    def netns_path(self, infra_id: str) -> str:
+        return self.netns_template.format(infra_id=infra_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = dict(v) if isinstance(v, Mapping) else v
+        return out
+
+
+# --- value parsers: each returns the value or raises ValueError with the reason ---------------
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise ValueError("must be a non-empty string")
+    return v
+
+
+def _opt_str(v: Any) -> str | None:
+    if v is None or v == "":
+        return None
+    return _str(v)
+
+
+def _path(v: Any) -> str:
+    s = _str(v)
+    if "\0" in s:
+        raise ValueError("must not contain NUL")
+    return s
+
+
+def _opt_path(v: Any) -> str | None:
+    return None if v is None or v == "" else _path(v)
+
+
+def _seconds(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError("must be a number of seconds")
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ValueError("must be a number of seconds") from None
+    if not math.isfinite(f) or f <= 0:
+        raise ValueError("must be a positive, finite number of seconds")
+    if f > 86400:
+        raise ValueError("must be at most 86400 seconds")
+    return f
+
+
+def _opt_seconds(v: Any) -> float | None:
+    return None if v is None or v == "" else _seconds(v)
+
+
+def _nonneg_seconds(v: Any) -> float:
+    if v == 0 or v == "0":
+        return 0.0
+    return _seconds(v)
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in _TRUE | _FALSE:
+        return v.lower() in _TRUE
+    raise ValueError("must be true or false")
+
+
+def _size(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError("must be a number of bytes")
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        raise ValueError("must be a number of bytes") from None
+    if n < 4096 or n > 1 << 30:
+        raise ValueError("must be between 4096 and 1073741824 bytes")
+    return n
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(v: Any) -> str:
+        if v not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return str(v)
+
+    return parse
+
+
+def _plugin(v: Any) -> str | None:
+    if v is None or v == "":
+        return None
+    from netplugin.core.names import plugin_name_problem
+
+    s = _str(v)
+    problem = plugin_name_problem(s)
+    if problem:
+        raise ValueError(f"is not a valid plugin name: {problem}")
+    return s
+
+
+def _netns_template(v: Any) -> str:
+    s = _path(v)
+    try:
+        s.format(infra_id="x")
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"must be a format string whose only field is {{infra_id}} ({e})") from None
+    return s
+
+
+def _timeouts(v: Any) -> dict[str, float]:
+    if not isinstance(v, Mapping):
+        raise ValueError("must be a mapping of action to seconds")
+    out = dict(DEFAULT_TIMEOUTS)
+    for k, sec in v.items():
+        if k not in ACTIONS:
+            raise ValueError(f"unknown action {k!r} (known: {', '.join(ACTIONS)})")
+        try:
+            out[k] = _seconds(sec)
+        except ValueError as e:
+            raise ValueError(f"{k}: {e}") from None
+    return out
+
+
+def _env(v: Any) -> dict[str, str]:
+    if not isinstance(v, Mapping):
+        raise ValueError("must be a mapping of variable name to string value")
+    out: dict[str, str] = {}
+    for k, val in v.items():
+        if not isinstance(k, str) or not k or "=" in k or "\0" in k:
+            raise ValueError(f"bad variable name {k!r}")
+        if isinstance(val, bool) or not isinstance(val, str | int | float):
+            raise ValueError(f"{k}: value must be a string")
+        sval = str(val)
+        if "\0" in sval:
+            raise ValueError(f"{k}: value must not contain NUL")
+        out[k] = sval
+    return out
+
+
+def _address(v: Any) -> str:
+    if v is None or v is False or (isinstance(v, str) and v.lower() in ("", "none", "off")):
+        return "none"  # metrics disabled (YAML reads a bare `off` as False)
+    s = _str(v)
+    host, sep, port = s.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("must be HOST:PORT, or none to disable")
+    return s
+
+
+_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "plugin_dir": _path,
+    "plugin": _plugin,
+    "state_dir": _path,
+    "run_dir": _path,
+    "timeout": _opt_seconds,
+    "timeouts": _timeouts,
+    "kill_grace": _nonneg_seconds,
+    "netns_template": _netns_template,
+    "inherit_env": _bool,
+    "env": _env,
+    "check_permissions": _bool,
+    "rollback_on_failure": _bool,
+    "record_status": _bool,
+    "max_output": _size,
+    "host": _choice(HOST_KINDS),
+    "pods_dir": _path,
+    "kubeconfig": _opt_path,
+    "kube_timeout": _seconds,
+    "socket": _opt_path,
+    "metrics_address": _address,
+    "use_daemon": _choice(USE_DAEMON),
+}
+
+#: Environment variables and the keys they set. Mappings (timeouts, env) are file-only.
+ENV_VARS: dict[str, str] = {
+    "NETPLUGIN_PLUGIN_DIR": "plugin_dir",
+    "NETPLUGIN_PLUGIN": "plugin",
+    "NETPLUGIN_STATE_DIR": "state_dir",
+    "NETPLUGIN_RUN_DIR": "run_dir",
+    "NETPLUGIN_TIMEOUT": "timeout",
+    "NETPLUGIN_KILL_GRACE": "kill_grace",
+    "NETPLUGIN_NETNS_TEMPLATE": "netns_template",
+    "NETPLUGIN_INHERIT_ENV": "inherit_env",
+    "NETPLUGIN_CHECK_PERMISSIONS": "check_permissions",
+    "NETPLUGIN_ROLLBACK": "rollback_on_failure",
+    "NETPLUGIN_RECORD_STATUS": "record_status",
+    "NETPLUGIN_HOST": "host",
+    "NETPLUGIN_PODS_DIR": "pods_dir",
+    "NETPLUGIN_KUBECONFIG": "kubeconfig",
+    "NETPLUGIN_SOCKET": "socket",
+    "NETPLUGIN_METRICS_ADDRESS": "metrics_address",
+    "NETPLUGIN_USE_DAEMON": "use_daemon",
+}
+
+
+def _apply(values: dict[str, Any], raw: Mapping[str, Any], source: str, key_name: Callable[[str], str]) -> None:
+    for key, value in raw.items():
+        if key not in _PARSERS:
+            raise ConfigError(key_name(key), f"unknown key (known: {', '.join(sorted(_PARSERS))})", source=source)
+        try:
+            values[key] = _PARSERS[key](value)
+        except ValueError as e:
+            raise ConfigError(key_name(key), f"{e} (got {value!r})", source=source) from None
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """Parse a config file into a raw mapping (not yet validated)."""
+    from netplugin.core._yaml import load_yaml
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {path}: {e.strerror or e}", source=path) from e
+    try:
+        doc = load_yaml(data)
+    except ValueError as e:
+        raise ConfigError("config", f"not valid YAML: {e}", source=path) from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError("config", f"must be a mapping at the top level, got {type(doc).__name__}", source=path)
+    # YAML keys may be written with dashes, like the flags.
+    return {str(k).replace("-", "_"): v for k, v in doc.items()}
+
+
+def load_config(
+    path: str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    base: Config | None = None,
+) -> Config:
+    """Build a Config: defaults, then the file, then ``environ`` (NETPLUGIN_*), then ``overrides``.
+
+    ``path`` is an explicit file (must exist); None means NETPLUGIN_CONFIG from ``environ`` or
+    else the default file (may be absent). Overrides with value None are ignored (unset flags).
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    explicit = path or env.get("NETPLUGIN_CONFIG") or None
+    file_path = explicit or DEFAULT_CONFIG
+    if explicit or os.path.exists(file_path):
+        raw = read_config_file(file_path)
+        _apply(values, raw, file_path, lambda k: k)
+        values["config_path"] = file_path
+    env_raw = {key: env[var] for var, key in ENV_VARS.items() if var in env}
+    _apply(values, env_raw, "environment", lambda k: next(v for v, kk in ENV_VARS.items() if kk == k))
+    if overrides:
+        flag_raw = {k: v for k, v in overrides.items() if v is not None}
+        _apply(values, flag_raw, "command line", lambda k: "--" + k.replace("_", "-"))
+    return replace(base or Config(), **values)

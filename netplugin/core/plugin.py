@@ -1,0 +1,374 @@
+"""The network plugin contract, exec plugins, and built-in plugins.
+
+The contract (mirrored for plugin authors in ``exec_plugins/README.md``)
+=======================================================================
+
+A network plugin wires a pod's infra container (its network namespace) to the
+network. netplugin keeps the kubelet exec-plugin contract and adds to it.
+
+Layout and names
+    The exec dir (default ``/usr/libexec/kubernetes/kubelet-plugins/net/exec/``)
+    holds one directory per plugin, ``NAME/``, with the executable ``NAME/NAME``.
+    A vendored name ``vendor.example/NAME`` lives in ``vendor.example~NAME/NAME``:
+    every ``~`` in a directory name stands for ``/``. A name is a Kubernetes
+    qualified name. The executable, its directory and the exec dir must be
+    owned by root (or by the user running netplugin) and must not be group- or
+    world-writable.
+
+Actions and argv (exactly)
+    ``NAME init``
+    ``NAME setup    <namespace> <pod-name> <infra-container-id>``
+    ``NAME teardown <namespace> <pod-name> <infra-container-id>``
+    ``NAME status   <namespace> <pod-name> <infra-container-id>``
+
+    ``init`` runs once before the first other action, per boot and per version
+    (content) of the executable, never twice concurrently. A failed ``setup`` is
+    followed by a best-effort ``teardown`` of the same pod, so ``teardown`` must
+    be idempotent: it must succeed when the pod's resources, or its network
+    namespace, are already gone. Actions on one pod never overlap; actions on
+    different pods run in parallel.
+
+Environment
+    ``NETPLUGIN_ACTION`` (the action), ``NETPLUGIN_PLUGIN`` (the plugin's name),
+    ``NETPLUGIN_STATE_DIR`` (netplugin's state dir); for pod actions also
+    ``NETPLUGIN_POD_NAMESPACE``, ``NETPLUGIN_POD_NAME``, ``NETPLUGIN_INFRA_ID``
+    and ``NETPLUGIN_NETNS`` (the path of the infra container's network
+    namespace, from ``netns_template``, default ``/var/run/netns/{infra_id}``).
+    The rest of netplugin's environment is inherited by default, as the kubelet
+    did (plugins read their settings from it, and need ``PATH``);
+    ``inherit_env: false`` passes only ``PATH``, ``LANG``, ``LC_ALL`` and
+    ``TZ``. The config's ``env:`` mapping is added in both cases.
+
+Standard input
+    For pod actions, the pod object (Kubernetes Pod JSON) when the host knows
+    the pod; otherwise stdin is empty. A plugin need not read it.
+
+Exit status and output
+    Exit status 0 is success; any other status, or death by a signal, is
+    failure. stdout and stderr are captured separately (each bounded, default
+    1 MiB); a failure's error quotes the tail of stderr. A plugin must not
+    leave processes running in its process group: whatever is left when it
+    exits is killed and the action fails (a daemon must detach with ``setsid``).
+    ``status`` prints nothing (success, no information) or one JSON document on
+    stdout::
+
+        {"apiVersion": "v1beta1", "kind": "PodNetworkStatus", "ip": "10.1.2.3"}
+
+    ``kind`` may be absent or ``PodNetworkStatus``; ``apiVersion`` absent or
+    ``v1beta1``; ``ip`` must be an IPv4 or IPv6 address; other keys are
+    ignored. Only stdout is parsed: stderr never breaks status.
+
+Time limits
+    Every action has a time limit (defaults: setup and teardown 30 s, init and
+    status 10 s). At the limit the plugin's whole process tree gets SIGTERM,
+    then after a grace (2 s) SIGKILL; the action fails with a timeout error.
+
+Built-in plugins
+    Plugins written in Python implement :class:`Plugin` and are registered by
+    name with ``netplugin.plugins.register_builtin``; they are found before the
+    exec dir.
+    ``kubernetes.io/no-op`` (selected when no name is given) succeeds at
+    everything and reports no status.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import signal as _signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from netplugin.core.errors import PluginFailed, PluginOutputError, PluginTimeout
+from netplugin.core.names import PodRef
+
+if TYPE_CHECKING:
+    from netplugin.core.config import Config
+    from netplugin.core.invoke import Completed, Runner
+
+__all__ = [
+    "NOOP_NAME",
+    "Action",
+    "CallContext",
+    "ExecPlugin",
+    "Plugin",
+    "PluginFactory",
+    "PodNetworkStatus",
+    "parse_status",
+]
+
+NOOP_NAME = "kubernetes.io/no-op"
+_SAFE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_TAIL = 2048
+_OWN_ENV = frozenset(
+    {
+        "NETPLUGIN_CONFIG",
+        "NETPLUGIN_OUTPUT",
+        "NETPLUGIN_VERBOSE",
+        "NETPLUGIN_ACTION",
+        "NETPLUGIN_PLUGIN",
+        "NETPLUGIN_POD_NAMESPACE",
+        "NETPLUGIN_POD_NAME",
+        "NETPLUGIN_INFRA_ID",
+        "NETPLUGIN_NETNS",
+    }
+)
+
+
+class Action(enum.Enum):
+    INIT = "init"
+    SETUP = "setup"
+    TEARDOWN = "teardown"
+    STATUS = "status"
+
+
+@dataclass(frozen=True, slots=True)
+class PodNetworkStatus:
+    """What ``status`` reports: the pod's IP address."""
+
+    ip: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"apiVersion": "v1beta1", "kind": "PodNetworkStatus", "ip": self.ip}
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Everything a plugin gets for one call besides the pod triple."""
+
+    netns: str = ""
+    pod: Mapping[str, Any] | None = None
+    timeout: float = 30.0
+    #: the environment an exec plugin would get, minus the per-call NETPLUGIN_* variables;
+    #: built-in plugins read their settings (for example NETPLUGIN_BRIDGE_SUBNET) from here
+    env: Mapping[str, str] = field(default_factory=dict)
+    state_dir: str = ""
+    kill_grace: float = 2.0
+    max_output: int = 1 << 20
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    """A network plugin. Methods raise :class:`~netplugin.core.errors.PluginError` subclasses on failure."""
+
+    name: str
+
+    def version(self) -> str:
+        """Identifies the plugin's code; ``init`` runs again when it changes."""
+        ...
+
+    def init(self, ctx: CallContext) -> None: ...
+
+    def setup(self, pod: PodRef, ctx: CallContext) -> None: ...
+
+    def teardown(self, pod: PodRef, ctx: CallContext) -> None: ...
+
+    def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None: ...
+
+
+# --- status parsing --------------------------------------------------------------------------------
+
+
+def parse_status(stdout: bytes, *, plugin: str, pod: str = "") -> PodNetworkStatus | None:
+    """Parse a ``status`` action's stdout. Empty output means "no information" (None).
+
+    Raises :class:`PluginOutputError` naming the offending value.
+    """
+    text_bytes = stdout.strip()
+    if not text_bytes:
+        return None
+
+    def bad(msg: str) -> PluginOutputError:
+        where = f" for pod {pod}" if pod else ""
+        return PluginOutputError(
+            f"network plugin {plugin!r} status{where}: {msg}",
+            plugin=plugin,
+            action="status",
+            stdout_tail=text_bytes[-_TAIL:].decode("utf-8", "replace"),
+        )
+
+    try:
+        doc = json.loads(text_bytes)
+    except (ValueError, RecursionError) as e:
+        raise bad(f"output is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise bad(f"output must be a JSON object, got {type(doc).__name__}")
+    kind = doc.get("kind", "")
+    if kind not in ("", "PodNetworkStatus"):
+        raise bad(f"invalid 'kind' {kind!r} (expected 'PodNetworkStatus')")
+    version = doc.get("apiVersion", "")
+    if version not in ("", "v1beta1"):
+        raise bad(f"unknown 'apiVersion' {version!r} (expected 'v1beta1')")
+    if "ip" not in doc:
+        raise bad("no 'ip' in status")
+    ip = doc["ip"]
+    if not isinstance(ip, str):
+        raise bad(f"invalid 'ip' {ip!r}: must be a string")
+    import ipaddress
+
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        raise bad(f"invalid 'ip' {ip!r}: not an IPv4 or IPv6 address") from None
+    return PodNetworkStatus(ip=str(addr))
+
+
+# --- environment -------------------------------------------------------------------------------------
+
+
+def base_env(config: Config, parent: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment common to every call: inherited (or the safe few), the config's env, and ours."""
+    parent = os.environ if parent is None else parent
+    env = dict(parent) if config.inherit_env else {k: parent[k] for k in _SAFE_ENV if k in parent}
+    # Without PATH a bash plugin falls back to bash's built-in default, which includes ".".
+    env.setdefault("PATH", _DEFAULT_PATH)
+    # netplugin's own settings and per-call variables from an outer call are not the plugin's
+    # business, and a stale value could mislead it; plugin settings (NETPLUGIN_BRIDGE_*) pass.
+    from netplugin.core.config import ENV_VARS
+
+    for k in [k for k in env if k in ENV_VARS or k in _OWN_ENV]:
+        del env[k]
+    env.update(config.env)
+    env["NETPLUGIN_STATE_DIR"] = config.state_dir
+    return env
+
+
+def call_env(ctx: CallContext, plugin: str, action: Action, pod: PodRef | None) -> dict[str, str]:
+    env = dict(ctx.env)
+    env["NETPLUGIN_ACTION"] = action.value
+    env["NETPLUGIN_PLUGIN"] = plugin
+    if pod is not None:
+        env["NETPLUGIN_POD_NAMESPACE"] = pod.namespace
+        env["NETPLUGIN_POD_NAME"] = pod.name
+        env["NETPLUGIN_INFRA_ID"] = pod.infra_id
+        env["NETPLUGIN_NETNS"] = ctx.netns
+    return env
+
+
+# --- exec plugins ------------------------------------------------------------------------------------
+
+
+def _tail(data: bytes) -> str:
+    return data[-_TAIL:].decode("utf-8", "replace").strip()
+
+
+def _describe_exit(done: Completed) -> str:
+    if done.signal is not None:
+        try:
+            name = _signal.Signals(done.signal).name
+        except ValueError:
+            name = str(done.signal)
+        return f"killed by signal {name}"
+    return f"exit status {done.returncode}"
+
+
+class ExecPlugin:
+    """A plugin that is an executable, run once per action."""
+
+    def __init__(self, name: str, path: str, runner: Runner | None = None) -> None:
+        self.name = name
+        self.path = path
+        if runner is None:
+            from netplugin.core.invoke import run
+
+            runner = run
+        self._runner: Runner = runner
+        self._version: tuple[tuple[int, ...], str] | None = None
+
+    def __repr__(self) -> str:
+        return f"ExecPlugin({self.name!r}, {self.path!r})"
+
+    def version_key(self) -> tuple[int, ...]:
+        """A cheap identity of the executable's current content (any write changes ctime)."""
+        st = os.stat(self.path)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def version(self) -> str:
+        """sha256 of the executable's content."""
+        import hashlib  # lazily: the init marker usually matches on version_key() alone
+
+        key = self.version_key()
+        if self._version is None or self._version[0] != key:
+            h = hashlib.sha256()
+            with open(self.path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            self._version = (key, "sha256:" + h.hexdigest())
+        return self._version[1]
+
+    def _run(self, action: Action, pod: PodRef | None, ctx: CallContext) -> Completed:
+        from netplugin.core.invoke import SpawnError
+
+        argv = [self.path, action.value]
+        if pod is not None:
+            argv += [pod.namespace, pod.name, pod.infra_id]
+        stdin = json.dumps(ctx.pod, separators=(",", ":")).encode() if ctx.pod is not None else None
+        try:
+            done = self._runner(
+                argv,
+                env=call_env(ctx, self.name, action, pod),
+                stdin=stdin,
+                timeout=ctx.timeout,
+                max_output=ctx.max_output,
+                kill_grace=ctx.kill_grace,
+            )
+        except SpawnError as e:
+            raise PluginFailed(
+                f"network plugin {self.name!r} {action.value} failed: {e}",
+                plugin=self.name,
+                action=action.value,
+                path=self.path,
+            ) from e
+        context: dict[str, Any] = {
+            "plugin": self.name,
+            "action": action.value,
+            "stderr_tail": _tail(done.stderr),
+            "stdout_tail": _tail(done.stdout),
+        }
+        if pod is not None:
+            context["pod"] = str(pod)
+        if done.timed_out:
+            raise PluginTimeout(timeout=ctx.timeout, **context)
+        if done.returncode != 0:
+            raise PluginFailed(
+                f"network plugin {self.name!r} {action.value} failed: {_describe_exit(done)}",
+                exit_status=done.returncode if done.signal is None else None,
+                signal=done.signal,
+                **context,
+            )
+        if done.leftover:
+            raise PluginFailed(
+                f"network plugin {self.name!r} {action.value} left {done.leftover} process(es) running "
+                "after it exited (they were killed)",
+                exit_status=0,
+                **context,
+            )
+        return done
+
+    def init(self, ctx: CallContext) -> None:
+        self._run(Action.INIT, None, ctx)
+
+    def setup(self, pod: PodRef, ctx: CallContext) -> None:
+        self._run(Action.SETUP, pod, ctx)
+
+    def teardown(self, pod: PodRef, ctx: CallContext) -> None:
+        self._run(Action.TEARDOWN, pod, ctx)
+
+    def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
+        done = self._run(Action.STATUS, pod, ctx)
+        if done.stdout_truncated:
+            raise PluginOutputError(
+                f"network plugin {self.name!r} status for pod {pod}: output larger than {ctx.max_output} bytes",
+                plugin=self.name,
+                action="status",
+            )
+        return parse_status(done.stdout, plugin=self.name, pod=str(pod))
+
+
+# --- built-in plugins ----------------------------------------------------------------------------------
+
+
+PluginFactory = Callable[["Config"], Plugin]

@@ -1,0 +1,39 @@
+"""Process identity: this boot's id and a process's start time.
+
+A pid alone is reused; (pid, start time, boot id) names one process for ever. Both the store
+(record owners) and the manager (init markers) need these, so they live here, below both.
+"""
+
+from __future__ import annotations
+
+__all__ = ["boot_id", "proc_start"]
+
+_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str:
+    """This boot's id (init markers from an earlier boot do not count)."""
+    try:
+        with open(_BOOT_ID_PATH) as f:
+            return f.read().strip()
+    except OSError:
+        # No procfs (unusual): fall back to the boot time, which also changes per boot.
+        import psutil
+
+        return f"btime:{int(psutil.boot_time())}"
+
+
+def proc_start(pid: int) -> int | None:
+    """A live process's start time (clock ticks since boot), or None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
+        return None
+    try:
+        return int(fields[19])  # field 22 of proc(5): starttime
+    except ValueError:
+        return None

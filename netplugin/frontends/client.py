@@ -1,0 +1,202 @@
+"""The thin client of the netplugin daemon (``netplugin serve``).
+
+It is on the CLI's cold path, so it uses the standard library's ``_socket`` and
+``json`` only: no asyncio, no prometheus_client, no psutil, nothing that
+imports the manager or the plugin machinery.
+
+Protocol (one unix stream socket, newline-delimited JSON, any number of
+requests per connection, answered in order)::
+
+    -> {"v": 1, "op": "setup", "namespace": "default", "pod": "web-0", "infra_id": "abc", "config": {...}}
+    <- {"ok": true, "result": {"ip": "10.1.2.3"}}
+    <- {"ok": false, "error": {"error": "PluginTimeout", "message": "...", ...}, "classes": [...]}
+
+``op`` is one of setup, teardown, status (pod triple required), init (``force``),
+plugins, pods, gc (``dry_run``), health. ``error`` is
+:meth:`~netplugin.core.errors.NetpluginError.to_dict` and ``classes`` the remote
+class and its bases, so :func:`request` re-raises the very same error (same
+class, message, details and so the same exit code) as the local run would.
+
+``config`` is the caller's :func:`fingerprint`: the daemon refuses, with
+:class:`~netplugin.core.errors.DaemonUnavailable`, a request made under different
+settings (another plugin, dirs or timeouts), because it would not do what the
+caller asked. :class:`~netplugin.core.errors.DaemonUnavailable` always means "not
+run", so a caller may then do the work itself; a connection lost after the
+request was sent is a :class:`~netplugin.core.errors.SystemFailure` instead (the
+operation may have run).
+"""
+
+from __future__ import annotations
+
+# The C module: ``socket`` adds enum wrappers and ``selectors`` this client does not use, and
+# importing them costs more (a few ms) than everything else here.
+import _socket as socket
+import json
+import os
+import struct
+from typing import TYPE_CHECKING, Any
+
+from netplugin.core.errors import DaemonUnavailable, SystemFailure, error_from_dict
+
+if TYPE_CHECKING:
+    from netplugin.core.config import Config
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "MAX_MESSAGE",
+    "OPS",
+    "POD_OPS",
+    "PROTOCOL_VERSION",
+    "Connection",
+    "fingerprint",
+    "request",
+    "response_timeout",
+]
+
+PROTOCOL_VERSION = 1
+POD_OPS = ("setup", "teardown", "status")
+OPS = (*POD_OPS, "init", "plugins", "pods", "gc", "health")
+#: connecting to a live unix socket is immediate; this bounds a daemon whose backlog is full
+CONNECT_TIMEOUT = 2.0
+#: the longest line either side accepts (a plugins or pods listing is far smaller)
+MAX_MESSAGE = 16 << 20
+
+# Settings that do not change what an operation does, so caller and daemon may differ in them.
+_NOT_BEHAVIOUR = frozenset({"config_path", "socket", "metrics_address", "use_daemon", "timeout", "timeouts"})
+
+
+def fingerprint(config: Config) -> dict[str, Any]:
+    """The settings that decide what an operation does, in JSON form (compared by the daemon)."""
+    out: dict[str, Any] = {k: v for k, v in config.to_dict().items() if k not in _NOT_BEHAVIOUR}
+    out["plugin"] = config.plugin or "kubernetes.io/no-op"
+    # --timeout overrides the per-action limits: compare what each action really gets.
+    out["timeouts"] = {a: config.timeout_for(a) for a in ("init", "setup", "teardown", "status")}
+    normal: dict[str, Any] = json.loads(json.dumps(out, sort_keys=True, default=str))
+    return normal
+
+
+def response_timeout(config: Config, op: str) -> float | None:
+    """How long to wait for the daemon's answer: past every time limit the operation may hit.
+
+    A pod action may wait for the pod's lock (held by an action bounded by the same limits)
+    and for init; gc and pods have no fixed bound, so they wait as long as it takes.
+    """
+    if op in ("gc", "pods"):
+        return None
+    grace = 2 * config.kill_grace + 5.0
+    if op == "init":
+        return 2 * (config.timeout_for("init") + grace)
+    if op in POD_OPS:
+        return config.timeout_for("init") + 2 * (config.timeout_for(op) + grace) + 5.0
+    return 30.0
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+class Connection:
+    """One connection to the daemon, for one or more requests in turn. Not thread-safe."""
+
+    def __init__(self, path: str, *, connect_timeout: float = CONNECT_TIMEOUT) -> None:
+        self.path = path
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(connect_timeout)
+        try:
+            sock.connect(path)
+            uid = _peer_uid(sock)
+        except (OSError, ValueError) as e:  # ValueError: a path too long for AF_UNIX
+            sock.close()
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise DaemonUnavailable(path, reason) from e
+        if uid not in (0, os.geteuid()):
+            sock.close()
+            raise DaemonUnavailable(path, f"the socket is served by uid {uid}, not by root")
+        self._sock = sock
+        self._buf = bytearray()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def call(self, op: str, *, timeout: float | None = None, **args: Any) -> Any:
+        """Send one request and return its ``result``; re-raises the daemon's error as itself."""
+        body = {"v": PROTOCOL_VERSION, "op": op, **{k: v for k, v in args.items() if v is not None}}
+        line = json.dumps(body, separators=(",", ":")).encode() + b"\n"
+        try:
+            self._sock.settimeout(timeout)
+            self._sock.sendall(line)
+        except OSError as e:
+            # The daemon acts on whole lines only, and it closes connections only when idle.
+            raise DaemonUnavailable(self.path, f"cannot send the request: {e.strerror or e}") from e
+        answer = self._read_line(op, timeout)
+        try:
+            response = json.loads(answer)
+        except ValueError as e:
+            raise SystemFailure("bad answer from the daemon at", self.path, f"not JSON: {e}") from None
+        if not isinstance(response, dict) or not isinstance(response.get("ok"), bool):
+            raise SystemFailure("bad answer from the daemon at", self.path, "not a response object")
+        if response["ok"]:
+            return response.get("result")
+        err = response.get("error")
+        if not isinstance(err, dict):
+            raise SystemFailure("bad answer from the daemon at", self.path, "error without details")
+        classes = response.get("classes")
+        raise error_from_dict(err, [str(c) for c in classes] if isinstance(classes, list) else None)
+
+    def _read_line(self, op: str, timeout: float | None) -> bytes:
+        while True:
+            end = self._buf.find(b"\n")
+            if end >= 0:
+                line = bytes(self._buf[:end])
+                del self._buf[: end + 1]
+                return line
+            if len(self._buf) > MAX_MESSAGE:
+                raise SystemFailure("bad answer from the daemon at", self.path, "answer too long")
+            try:
+                chunk = self._sock.recv(1 << 16)
+            except TimeoutError:
+                raise SystemFailure(
+                    f"no answer to {op} from the daemon at",
+                    self.path,
+                    f"nothing after {timeout:g}s; the operation may still be running",
+                ) from None
+            except OSError as e:
+                chunk = b""
+                why = e.strerror or str(e)
+            else:
+                why = "it closed the connection"
+            if not chunk:
+                raise SystemFailure(
+                    f"lost the daemon while it ran {op}:",
+                    self.path,
+                    f"{why} before answering; the operation may or may not have run",
+                )
+            self._buf += chunk
+
+
+def request(
+    path: str,
+    op: str,
+    *,
+    config: Config | None = None,
+    timeout: float | None = None,
+    **args: Any,
+) -> Any:
+    """One request on a fresh connection. With ``config``, the daemon checks it runs the same settings.
+
+    Raises :class:`DaemonUnavailable` when the request was not run (nobody answers on ``path``,
+    the daemon is draining, or its settings differ); otherwise the operation's own error.
+    """
+    if config is not None:
+        args["config"] = fingerprint(config)
+        if timeout is None:
+            timeout = response_timeout(config, op)
+    with Connection(path) as conn:
+        return conn.call(op, timeout=timeout, **args)

@@ -1,0 +1,140 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from netplugin.core.config import Config
+from netplugin.core.names import PodRef
+from netplugin.frontends.cni.protocol import DEFAULT_NAMESPACE, E_ENV, NO_NETNS, CniError, CniRequest
+
+__all__ = ["build_config", "derived_pod_name", "pod_ref_for"]
+
+#: top-level network-config keys and the netplugin config key each sets
+_TOP_KEYS = {"plugin": "plugin", "pluginDir": "plugin_dir", "stateDir": "state_dir", "runDir": "run_dir"}
+
+
+def _flag_to_cni(where: dict[str, str]) -> Callable[[str], str]:
+    def name(flag: str) -> str:
+        key = flag[2:].replace("-", "_") if flag.startswith("--") else flag
+        return where.get(key, flag)
+
+    return name
+
+
+def _check_env_map(value: Any, key: str) -> dict[str, str]:
+    from netplugin.core.errors import ConfigError
+
+    if not isinstance(value, dict):
+        raise ConfigError(key, "must be an object of variable name to string value", source="CNI network config")
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if not k or "=" in k or "\0" in k:
+            raise ConfigError(f"{key}.{k}", "bad variable name", source="CNI network config")
+        if isinstance(v, bool) or not isinstance(v, str | int | float):
+            raise ConfigError(f"{key}.{k}", f"value must be a string (got {v!r})", source="CNI network config")
+        if "\0" in str(v):
+            raise ConfigError(f"{key}.{k}", "value must not contain NUL", source="CNI network config")
+        out[k] = str(v)
+    return out
+
+
+def build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
+    """The netplugin Config for this call. Raises ConfigError naming the CNI key."""
+    from netplugin.core.config import load_config
+    from netplugin.core.errors import ConfigError
+
+    conf = req.conf
+    src = "CNI network config"
+    overrides: dict[str, Any] = {}
+    where: dict[str, str] = {}  # netplugin key -> the CNI key that set it (for error messages)
+    nested = conf.get("netplugin")
+    if nested is not None:
+        if not isinstance(nested, dict):
+            raise ConfigError("netplugin", "must be an object of netplugin config keys", source=src)
+        for k, v in nested.items():
+            key = str(k).replace("-", "_")
+            overrides[key] = v
+            where[key] = f"netplugin.{k}"
+    for cni_key, key in _TOP_KEYS.items():
+        if cni_key in conf:
+            overrides[key] = conf[cni_key]
+            where[key] = cni_key
+    path = conf.get("configFile")
+    if path is not None and (not isinstance(path, str) or not path):
+        raise ConfigError("configFile", "must be a non-empty path", source=src)
+    top_env = _check_env_map(conf["env"], "env") if "env" in conf else {}
+    default_ns = conf.get("defaultNamespace", DEFAULT_NAMESPACE)
+    if "defaultNamespace" in conf:
+        from netplugin.core.errors import InvalidArgument
+        from netplugin.core.names import validate_namespace
+
+        if not isinstance(default_ns, str):
+            raise ConfigError("defaultNamespace", f"must be a string (got {default_ns!r})", source=src)
+        try:
+            validate_namespace(default_ns)
+        except InvalidArgument as e:
+            raise ConfigError("defaultNamespace", f"{e.reason} (got {default_ns!r})", source=src) from None
+    log_file = conf.get("logFile")
+    if log_file is not None and (not isinstance(log_file, str) or not log_file):
+        raise ConfigError("logFile", "must be a non-empty path", source=src)
+    if "netns_template" in overrides:
+        raise ConfigError(where["netns_template"], "is set per call from CNI_NETNS by the CNI shim", source=src)
+    # The netns is the runtime's, not a template: escape braces so format() leaves the path alone.
+    netns = req.netns or NO_NETNS
+    overrides["netns_template"] = netns.replace("{", "{{").replace("}", "}}")
+    try:
+        cfg = load_config(path, environ=environ, overrides=overrides)
+    except ConfigError as e:
+        if e.source == "command line":
+            raise ConfigError(_flag_to_cni(where)(e.key), e.reason, source=src) from None
+        if path and e.key == "config" and e.source == path:
+            raise ConfigError("configFile", e.reason, source=src) from None
+        raise
+    env = dict(cfg.env)
+    env.update(top_env)
+    if req.ifname:
+        env["NETPLUGIN_IFNAME"] = req.ifname
+        env["NETPLUGIN_BRIDGE_IFNAME"] = req.ifname
+    return replace(cfg, env=env)
+
+
+def pod_ref_for(req: CniRequest) -> PodRef:
+    """(namespace, name, infra id) of the call; see "Pod identity" in the module docstring."""
+    from netplugin.core.errors import InvalidArgument
+    from netplugin.core.names import PodRef, validate_namespace, validate_pod_name
+
+    args = req.args
+    k8s_ns = args.get("K8S_POD_NAMESPACE")
+    k8s_name = args.get("K8S_POD_NAME")
+    try:
+        namespace = validate_namespace(k8s_ns) if k8s_ns else req.conf.get("defaultNamespace", DEFAULT_NAMESPACE)
+        if k8s_ns and k8s_name is not None:
+            name = validate_pod_name(k8s_name)
+        elif k8s_name and _is_pod_name(k8s_name):
+            name = k8s_name
+        else:
+            name = derived_pod_name(req.container_id)
+    except InvalidArgument as e:
+        which = "K8S_POD_NAMESPACE" if e.field == "namespace" else "K8S_POD_NAME"
+        raise CniError(E_ENV, f"invalid CNI_ARGS {which} {e.value!r}: {e.reason}") from None
+    return PodRef(namespace, name, req.container_id)
+
+
+def _is_pod_name(value: str) -> bool:
+    from netplugin.core.errors import InvalidArgument
+    from netplugin.core.names import validate_pod_name
+
+    try:
+        validate_pod_name(value)
+    except InvalidArgument:
+        return False
+    return True
+
+
+def derived_pod_name(container_id: str) -> str:
+    """``cni-`` + the first 12 alphanumerics of the container id, lowercased."""
+    alnum = "".join(c for c in container_id.lower() if c.isascii() and c.isalnum())
+    return "cni-" + (alnum[:12] or "0")

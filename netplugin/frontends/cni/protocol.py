@@ -1,0 +1,242 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from netplugin.core.errors import NetpluginError
+
+__all__ = [
+    "COMMANDS",
+    "DEFAULT_NAMESPACE",
+    "E_CONFIG",
+    "E_DECODE",
+    "E_ENV",
+    "E_INTERNAL",
+    "E_IO",
+    "E_TRY_AGAIN",
+    "E_UNAVAILABLE",
+    "E_UNKNOWN_CONTAINER",
+    "E_VERSION",
+    "LATEST",
+    "NO_NETNS",
+    "SUPPORTED_VERSIONS",
+    "CniError",
+    "CniRequest",
+    "error_for",
+    "parse_cni_args",
+    "parse_request",
+]
+
+SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+
+LATEST = SUPPORTED_VERSIONS[-1]
+
+
+COMMANDS = ("ADD", "DEL", "CHECK", "VERSION", "STATUS", "GC")
+
+
+#: NETPLUGIN_NETNS when the runtime gives no netns: ENOTDIR for any open, so it never exists.
+NO_NETNS = "/dev/null/no-netns"
+
+
+DEFAULT_NAMESPACE = "default"
+
+
+# CNI error codes (spec "Error", plus libcni's 999)
+E_VERSION = 1
+
+
+E_UNKNOWN_CONTAINER = 3
+
+
+E_ENV = 4
+
+
+E_IO = 5
+
+
+E_DECODE = 6
+
+
+E_CONFIG = 7
+
+
+E_TRY_AGAIN = 11
+
+
+E_UNAVAILABLE = 50
+
+
+E_INTERNAL = 999
+
+
+_IFNAME_BAD = re.compile(r"[/:\s]")
+
+
+_NETWORK_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*\Z")
+
+
+class CniError(Exception):
+    """An error the shim reports to the runtime as CNI error JSON."""
+
+    def __init__(self, code: int, msg: str, details: str = "") -> None:
+        super().__init__(msg)
+        self.code = code
+        self.msg = msg
+        self.details = details
+
+    def to_dict(self, cni_version: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"cniVersion": cni_version, "code": self.code, "msg": self.msg}
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+@dataclass
+class CniRequest:
+    """One invocation: the ``CNI_*`` variables and the parsed network config."""
+
+    command: str
+    container_id: str = ""
+    netns: str = ""
+    ifname: str = ""
+    args: dict[str, str] = field(default_factory=dict)
+    path: str = ""
+    conf: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cni_version(self) -> str:
+        v = self.conf.get("cniVersion")
+        return v if isinstance(v, str) and v in SUPPORTED_VERSIONS else LATEST
+
+
+def parse_cni_args(raw: str) -> dict[str, str]:
+    """``K=V;K=V`` -> dict. Empty pieces are ignored; a piece without ``=`` is error 4."""
+    out: dict[str, str] = {}
+    for piece in raw.split(";"):
+        if not piece:
+            continue
+        key, sep, value = piece.partition("=")
+        if not sep or not key:
+            raise CniError(E_ENV, f"invalid CNI_ARGS {raw!r}: {piece!r} is not KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _ifname_problem(name: str) -> str | None:
+    if not name:
+        return "must not be empty"
+    if len(name) > 15:
+        return "must be at most 15 characters"
+    if name in (".", ".."):
+        return "must not be '.' or '..'"
+    if _IFNAME_BAD.search(name):
+        return "must not contain '/', ':' or whitespace"
+    return None
+
+
+def parse_request(environ: Mapping[str, str], stdin: bytes) -> CniRequest:
+    """Read and check what the runtime gave us. Raises :class:`CniError` (codes 1, 4, 6, 7)."""
+    command = environ.get("CNI_COMMAND", "")
+    if command not in COMMANDS:
+        if not command:
+            raise CniError(E_ENV, "CNI_COMMAND is not set", f"expected one of {', '.join(COMMANDS)}")
+        raise CniError(E_ENV, f"unknown CNI_COMMAND {command!r}", f"expected one of {', '.join(COMMANDS)}")
+    req = CniRequest(command=command)
+    text = stdin.strip()
+    if text or command != "VERSION":
+        try:
+            conf = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise CniError(E_DECODE, f"network config on stdin is not JSON: {e}") from None
+        if not isinstance(conf, dict):
+            raise CniError(E_DECODE, f"network config must be a JSON object, got {type(conf).__name__}")
+        req.conf = conf
+    version = req.conf.get("cniVersion")
+    if command == "VERSION":
+        return req
+    if version is None:
+        raise CniError(E_VERSION, "network config has no cniVersion", f"supported: {', '.join(SUPPORTED_VERSIONS)}")
+    if version not in SUPPORTED_VERSIONS:
+        raise CniError(
+            E_VERSION, f"incompatible CNI version {version!r}", f"supported: {', '.join(SUPPORTED_VERSIONS)}"
+        )
+    name = req.conf.get("name")
+    if name is not None and (not isinstance(name, str) or not _NETWORK_NAME.match(name)):
+        raise CniError(E_CONFIG, f"invalid network name {name!r}", "must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+    if command in ("STATUS", "GC"):
+        req.netns = environ.get("CNI_NETNS", "")
+        req.path = environ.get("CNI_PATH", "")
+        req.args = parse_cni_args(environ.get("CNI_ARGS", ""))
+        return req
+    # ADD, DEL, CHECK
+    from netplugin.core.errors import InvalidArgument
+    from netplugin.core.names import validate_infra_id
+
+    req.container_id = environ.get("CNI_CONTAINERID", "")
+    try:
+        validate_infra_id(req.container_id)
+    except InvalidArgument as e:
+        raise CniError(E_ENV, f"invalid CNI_CONTAINERID {req.container_id!r}: {e.reason}") from None
+    req.ifname = environ.get("CNI_IFNAME", "")
+    problem = _ifname_problem(req.ifname)
+    if problem:
+        raise CniError(E_ENV, f"invalid CNI_IFNAME {req.ifname!r}: {problem}")
+    req.netns = environ.get("CNI_NETNS", "")
+    if command != "DEL":
+        if not req.netns:
+            raise CniError(E_ENV, f"CNI_NETNS is required for {command}")
+        if not os.path.exists(req.netns):
+            raise CniError(E_ENV, f"CNI_NETNS {req.netns!r} does not exist")
+    req.args = parse_cni_args(environ.get("CNI_ARGS", ""))
+    req.path = environ.get("CNI_PATH", "")
+    return req
+
+
+def error_for(err: NetpluginError, command: str) -> CniError:
+    """The CNI error for a netplugin error (see the table in the module docstring)."""
+    from netplugin.core.errors import (
+        ConfigError,
+        DiscoveryError,
+        HostError,
+        InvalidArgument,
+        PluginError,
+        PluginInvalid,
+        PluginNotFound,
+        PluginTimeout,
+        StateError,
+        SystemFailure,
+    )
+
+    details = ""
+    if isinstance(err, PluginError):
+        # The message already quotes the stderr tail; details carry it verbatim for tooling.
+        details = err.stderr_tail or err.stdout_tail
+        if "rollback_error" in err.details:
+            details += f"\nrollback (teardown) also failed: {err.details['rollback_error']}"
+    elif err.details:
+        details = json.dumps(err.details, default=str, sort_keys=True)
+    if command == "STATUS":
+        return CniError(E_UNAVAILABLE, err.message, details)
+    if isinstance(err, PluginTimeout):
+        code = E_TRY_AGAIN
+    elif isinstance(err, PluginError):
+        code = E_INTERNAL
+    elif isinstance(err, ConfigError | PluginNotFound | PluginInvalid):
+        code = E_CONFIG
+    elif isinstance(err, InvalidArgument):
+        code = E_CONFIG if err.field == "plugin name" else E_ENV
+    elif isinstance(err, HostError):
+        code = E_TRY_AGAIN
+    elif isinstance(err, DiscoveryError | SystemFailure | StateError):
+        code = E_IO
+    else:
+        code = E_INTERNAL
+    return CniError(code, err.message, details)

@@ -1,0 +1,129 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["link_mac", "make_result", "prev_ips"]
+
+
+def _address(ip: str, env: Mapping[str, str]) -> tuple[str, str | None]:
+    """(CIDR, gateway or None) for a reported address, using the bridge settings when they fit."""
+    addr = ipaddress.ip_address(ip)
+    subnet_text = env.get("NETPLUGIN_BRIDGE_SUBNET", "")
+    if subnet_text:
+        try:
+            net = ipaddress.ip_network(subnet_text, strict=False)
+        except ValueError:
+            net = None
+        if net is not None and net.version == addr.version and addr in net:
+            gw_text = env.get("NETPLUGIN_BRIDGE_GATEWAY", "")
+            gateway: str | None = None
+            try:
+                gw = ipaddress.ip_address(gw_text) if gw_text else net.network_address + 1
+                gateway = str(gw) if gw in net and gw != addr else None
+            except ValueError:
+                gateway = None
+            return f"{addr}/{net.prefixlen}", gateway
+    return f"{addr}/{addr.max_prefixlen}", None
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+_SIOCGIFHWADDR = 0x8927
+
+
+def link_mac(netns: str, ifname: str) -> str | None:
+    """The MAC address of ``ifname`` inside the netns at ``netns``, or None if it cannot be read.
+
+    A helper thread enters the netns (setns changes only the calling thread) and asks the kernel
+    with SIOCGIFHWADDR on a socket created there; no process is started. /sys cannot be used:
+    it shows the netns of whoever mounted it.
+    """
+    found: list[str] = []
+
+    def look() -> None:
+        import fcntl
+        import socket
+        import struct
+
+        try:
+            fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            if hasattr(os, "setns"):  # Python 3.12+
+                os.setns(fd, _CLONE_NEWNET)
+            else:
+                import ctypes
+
+                if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+                    return
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                ifreq = fcntl.ioctl(sock.fileno(), _SIOCGIFHWADDR, struct.pack("256s", ifname.encode()))
+        except OSError:
+            return
+        found.append(":".join(f"{b:02x}" for b in ifreq[18:24]))
+
+    import threading
+
+    worker = threading.Thread(target=look, name="netplugin-cni-mac", daemon=True)
+    worker.start()
+    worker.join(5.0)
+    return found[0] if found else None
+
+
+def make_result(
+    cni_version: str,
+    ifname: str,
+    netns: str,
+    ip: str | None,
+    env: Mapping[str, str],
+    prev: Mapping[str, Any] | None = None,
+    mac: str | None = None,
+) -> dict[str, Any]:
+    """The ADD result in ``cni_version``'s format; ``prev`` (a prevResult) is extended, not replaced."""
+    interfaces = [dict(i) for i in (prev or {}).get("interfaces") or [] if isinstance(i, dict)]
+    ips = [dict(i) for i in (prev or {}).get("ips") or [] if isinstance(i, dict)]
+    index = len(interfaces)
+    iface: dict[str, Any] = {"name": ifname}
+    if mac:
+        iface["mac"] = mac
+    if netns:
+        iface["sandbox"] = netns
+    interfaces.append(iface)
+    if ip is not None:
+        cidr, gateway = _address(ip, env)
+        entry: dict[str, Any] = {"address": cidr, "interface": index}
+        if gateway:
+            entry["gateway"] = gateway
+        if not cni_version.startswith("1."):
+            entry["version"] = "6" if ":" in ip else "4"
+        ips.append(entry)
+    result: dict[str, Any] = {"cniVersion": cni_version, "interfaces": interfaces, "ips": ips}
+    for key in ("routes", "dns"):
+        if prev and prev.get(key):
+            result[key] = prev[key]
+    return result
+
+
+def prev_ips(prev: Any) -> set[str]:
+    out: set[str] = set()
+    if not isinstance(prev, dict):
+        return out
+    for entry in prev.get("ips") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("address"), str):
+            try:
+                out.add(str(ipaddress.ip_interface(entry["address"]).ip))
+            except ValueError:
+                continue
+    return out

@@ -1,0 +1,407 @@
+"""``netplugin-cni``: a CNI plugin (spec 1.1) that drives netplugin's exec plugins.
+
+A container runtime (kubelet's CRI runtime, podman's CNI backend, cnitool)
+runs this executable with ``CNI_*`` variables and the network config on stdin.
+The shim maps each CNI operation onto the :class:`~netplugin.manager.Manager`,
+so CNI pods get the same guarantees as netplugin's own (init once, per-pod
+locks across processes, time limits, rollback of a failed setup).
+
+Operations
+    ``ADD``     setup, then status; prints a CNI result (see "Result" below).
+    ``DEL``     teardown. Idempotent: it succeeds when the pod's resources or its
+                network namespace are gone, and when ``CNI_NETNS`` is empty.
+    ``CHECK``   status; fails when the plugin reports no address (code 3) or an
+                address that is not in ``prevResult`` (code 999).
+    ``VERSION`` ``{"cniVersion", "supportedVersions"}``.
+    ``STATUS``  exit 0 when the plugin can be selected and initialised, else code 50.
+    ``GC``      tears down every attachment this network recorded (ADD records
+                ``<stateDir>/cni/<network>/<containerID>:<ifname>.json`` before setup,
+                a successful DEL removes it) that is not in ``cni.dev/valid-attachments``;
+                continues past errors and reports all of them. Pods that netplugin's
+                CLI or daemon set up in the same state dir are never touched.
+
+Network config (stdin), besides the CNI keys
+    ``plugin``           netplugin plugin name (e.g. ``"bridge"``)
+    ``pluginDir``        exec dir; ``stateDir``, ``runDir`` as netplugin's
+    ``configFile``       a netplugin YAML file to load (must exist); without it the
+                         default ``/etc/netplugin/netplugin.yaml`` is read if present
+                         (or the file named by ``NETPLUGIN_CONFIG``)
+    ``netplugin``        an object of any netplugin config keys (``timeouts``, ``host``, ...)
+    ``env``              variables added to the exec plugin's environment, on top of the
+                         config's ``env:`` (e.g. ``{"NETPLUGIN_BRIDGE_SUBNET": "10.201.3.0/24"}``)
+    ``defaultNamespace`` the pod namespace when ``CNI_ARGS`` has none (default ``"default"``)
+    ``logFile``          append one JSON line per call (command, container, outcome, time)
+    Precedence, rising: defaults < config file < ``NETPLUGIN_*`` environment < ``netplugin``
+    object < the top-level keys above. A bad value is error code 7 naming the key.
+
+Pod identity
+    The infra id is ``CNI_CONTAINERID``; the namespace and name come from
+    ``CNI_ARGS`` ``K8S_POD_NAMESPACE`` / ``K8S_POD_NAME`` (Kubernetes runtimes send
+    both; invalid values are error code 4). Runtimes that send no namespace
+    (podman sends ``IgnoreUnknown=1;K8S_POD_NAME=<container name>`` only) get
+    ``defaultNamespace``; their name is used when it is a valid DNS-1123
+    subdomain, else (podman allows ``_`` and capitals) the name is
+    ``cni-`` + the first 12 alphanumerics of the container id, lowercased.
+    The derivation depends only on the call's inputs; ``DEL`` uses the identity that ``ADD``
+    recorded for the attachment (see GC) when there is one, so a renamed container is
+    still torn down as the pod it was set up as.
+
+Network namespace and interface
+    ``NETPLUGIN_NETNS`` is ``CNI_NETNS`` (the config's ``netns_template`` is replaced by
+    that literal path for the call). When ``CNI_NETNS`` is empty (allowed for DEL and
+    GC) it is ``/dev/null/no-netns``, a path that can never exist, so a plugin's
+    "netns gone" branch runs. ``CNI_IFNAME`` is given to the plugin as
+    ``NETPLUGIN_IFNAME`` and ``NETPLUGIN_BRIDGE_IFNAME``; the ``CNI_*`` variables
+    themselves are inherited as well (unless ``inherit_env`` is false).
+
+Result
+    ``interfaces: [{name: CNI_IFNAME, mac, sandbox: CNI_NETNS}]``, ``ips: [{address,
+    interface: 0, gateway?}]``. The MAC is read from the netns after setup (podman
+    refuses a container interface without one); it is left out when the
+    interface does not exist or cannot be read. A status reports only an address, so the prefix
+    length comes from ``NETPLUGIN_BRIDGE_SUBNET`` in the plugin environment when the
+    address is inside it (and the gateway from ``NETPLUGIN_BRIDGE_GATEWAY``, or the
+    subnet's first host); otherwise the address is a host route, ``/32`` or ``/128``.
+    A plugin that reports no address yields ``ips: []``. The result is in the config's
+    ``cniVersion`` (0.3.x and 0.4.0 results carry ``ips[].version``). A ``prevResult``
+    (chaining) is passed through with ours appended.
+
+Errors
+    The CNI error JSON ``{cniVersion, code, msg, details}`` on stdout and exit 1:
+
+    ====  =================================================================
+    1     ``cniVersion`` not supported
+    3     CHECK: the plugin reports no address for the container
+    4     a ``CNI_*`` variable is missing or invalid (command, container id,
+          ifname, netns, ``CNI_ARGS``)
+    5     I/O: the exec dir, a lock, state or a host lookup failed
+    6     stdin is not a JSON object
+    7     invalid network or netplugin config (names the key); the plugin is
+          not found or not usable; CHECK without ``prevResult``
+    11    try again later: the plugin timed out (its process tree was killed)
+    50    STATUS: the plugin cannot be selected or initialised
+    999   the plugin failed (details: its stderr tail), or an internal error
+    ====  =================================================================
+
+    No traceback ever reaches the runtime: anything unexpected is code 999.
+
+Installing
+    The runtime finds the plugin by its ``type`` in its CNI bin dirs (``CNI_PATH``;
+    podman: ``cni_plugin_dirs``, on Debian ``/usr/lib/cni``; containerd: ``/opt/cni/bin``),
+    so link the console script there, e.g.
+    ``ln -s "$(command -v netplugin-cni)" /opt/cni/bin/netplugin-cni``, and install a
+    conflist like ``etc/cni/10-netplugin.conflist`` in ``/etc/cni/net.d``. Use
+    ``"cniVersion": "1.0.0"`` with podman 4.x: its libcni cannot read 1.1.0 results,
+    and it never sends STATUS, GC or CHECK. ``scripts/podman-setup.sh`` prepares
+    podman's CNI backend for trying this.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from netplugin.frontends.cni.attachments import (
+    Attachment,
+    attachment_path,
+    forget_attachment,
+    list_attachments,
+    record_attachment,
+    valid_attachments,
+)
+from netplugin.frontends.cni.netconf import build_config, pod_ref_for
+from netplugin.frontends.cni.protocol import (
+    E_CONFIG,
+    E_INTERNAL,
+    E_IO,
+    E_UNAVAILABLE,
+    E_UNKNOWN_CONTAINER,
+    LATEST,
+    NO_NETNS,
+    SUPPORTED_VERSIONS,
+    CniError,
+    CniRequest,
+    error_for,
+    parse_request,
+)
+from netplugin.frontends.cni.result import link_mac, make_result, prev_ips
+
+if TYPE_CHECKING:
+    from netplugin.core.config import Config
+    from netplugin.core.plugin import PodNetworkStatus
+    from netplugin.manager.manager import Manager
+
+__all__ = [
+    "NO_NETNS",
+    "SUPPORTED_VERSIONS",
+    "Attachment",
+    "CniError",
+    "CniRequest",
+    "build_config",
+    "error_for",
+    "link_mac",
+    "list_attachments",
+    "main",
+    "make_result",
+    "parse_request",
+    "pod_ref_for",
+    "run",
+]
+
+
+# --- parsing -------------------------------------------------------------------------------------------
+
+
+# --- config ---------------------------------------------------------------------------------------------
+
+
+# --- results --------------------------------------------------------------------------------------------
+
+
+# --- errors ---------------------------------------------------------------------------------------------
+
+
+# --- operations -----------------------------------------------------------------------------------------
+
+
+def _manager(cfg: Config, environ: Mapping[str, str]) -> Manager:
+    from netplugin.manager.manager import Manager
+
+    return Manager(cfg, environ=dict(environ))
+
+
+def _version(req: CniRequest) -> dict[str, Any]:
+    asked = req.conf.get("cniVersion")
+    version = asked if isinstance(asked, str) and asked in SUPPORTED_VERSIONS else LATEST
+    return {"cniVersion": version, "supportedVersions": list(SUPPORTED_VERSIONS)}
+
+
+def _network(req: CniRequest) -> str | None:
+    name = req.conf.get("name")
+    return name if isinstance(name, str) and name else None
+
+
+def _add(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> dict[str, Any]:
+    pod = pod_ref_for(req)
+    m = _manager(cfg, environ)
+    network = _network(req)
+    if network:
+        att = Attachment(req.container_id, req.ifname, req.netns, pod.namespace, pod.name)
+        record_attachment(cfg, network, att)
+    # A failed setup is rolled back by the manager; a failed status after a good setup is left
+    # for the DEL that the runtime must send after any failed ADD.
+    status = m.setup(pod) or m.status(pod)
+    prev = req.conf.get("prevResult")
+    return make_result(
+        req.cni_version,
+        req.ifname,
+        req.netns,
+        status.ip if status else None,
+        cfg.env,
+        prev if isinstance(prev, dict) else None,
+        # podman rejects a container interface without a MAC ("invalid MAC address")
+        mac=link_mac(req.netns, req.ifname),
+    )
+
+
+def _recorded_attachment(cfg: Config, network: str, container_id: str, ifname: str) -> Attachment | None:
+    from netplugin.core.errors import InvalidArgument
+
+    path = attachment_path(cfg.state_dir, network, container_id, ifname)
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+        att = Attachment(container_id, ifname, str(doc.get("netns", "")), doc["namespace"], doc["name"])
+        _ = att.pod
+    except (OSError, ValueError, KeyError, TypeError, InvalidArgument):
+        return None  # no (usable) record: the pod is named from this call's arguments
+    return att
+
+
+def _del(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
+    network = _network(req)
+    recorded = _recorded_attachment(cfg, network, req.container_id, req.ifname) if network else None
+    # The identity ADD used, even if the arguments changed since (podman rename, say), so the
+    # teardown takes the same pod lock and removes the same pod record.
+    pod = recorded.pod if recorded is not None else pod_ref_for(req)
+    _manager(cfg, environ).teardown(pod)
+    if network:
+        forget_attachment(cfg, network, req.container_id, req.ifname)
+
+
+def _check(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
+    prev = req.conf.get("prevResult")
+    if not isinstance(prev, dict):
+        raise CniError(E_CONFIG, "CHECK needs prevResult in the network config")
+    pod = pod_ref_for(req)
+    status: PodNetworkStatus | None = _manager(cfg, environ).status(pod)
+    if status is None:
+        raise CniError(
+            E_UNKNOWN_CONTAINER,
+            f"network plugin reports no address for container {req.container_id} (pod {pod})",
+        )
+    expected = prev_ips(prev)
+    if status.ip not in expected:
+        raise CniError(
+            E_INTERNAL,
+            f"pod {pod} has address {status.ip}, but prevResult has {', '.join(sorted(expected)) or 'none'}",
+        )
+
+
+def _status(cfg: Config, environ: Mapping[str, str]) -> None:
+    m = _manager(cfg, environ)
+    _ = m.plugin
+    m.init()
+
+
+# --- the attachment index: which pods this network set up -------------------------------------------
+#
+# The state dir's pod records (netplugin.store.state) do not say which CNI network, if any, made a pod,
+# and the CLI and daemon may share the state dir: GC must only touch its own network's pods. So
+# ADD records the attachment in <stateDir>/cni/<network>/<containerID>:<ifname>.json before the
+# setup runs (an ADD that never returns is still found), and a successful DEL removes it.
+# ':' occurs in neither a container id nor an interface name, so the file names are unambiguous.
+
+
+def _gc(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
+    from netplugin.core.errors import NetpluginError
+
+    valid = valid_attachments(req.conf)
+    network = req.conf.get("name")
+    if not isinstance(network, str) or not network:
+        raise CniError(E_CONFIG, "GC needs the network name in the network config")
+    attachments, failures = list_attachments(cfg.state_dir, network)
+    for att in attachments:
+        if (att.container_id, att.ifname) in valid or (att.container_id, "") in valid:
+            continue
+        # Tear down in the netns recorded at ADD (usually gone by now; the plugin copes).
+        netns = att.netns or NO_NETNS
+        sub = replace(cfg, netns_template=netns.replace("{", "{{").replace("}", "}}"))
+        try:
+            _manager(sub, environ).teardown(att.pod)
+            forget_attachment(cfg, network, att.container_id, att.ifname)
+        except NetpluginError as e:
+            failures.append(f"{att.pod} (container {att.container_id}, {att.ifname}): {e.message}")
+    if failures:
+        raise CniError(E_INTERNAL, f"GC: {len(failures)} problem(s); the rest was collected", "; ".join(failures))
+
+
+def run(environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict[str, Any] | None]:
+    """One CNI call: (exit status, JSON document to print or None). Never raises."""
+    req: CniRequest | None = None
+    try:
+        req = parse_request(environ, stdin)
+        return 0, _dispatch(req, environ)
+    except CniError as e:
+        return 1, e.to_dict(req.cni_version if req else _version_of(stdin))
+    except Exception as e:  # the runtime must get CNI JSON, never a traceback
+        from netplugin.core.errors import NetpluginError
+
+        version = req.cni_version if req else LATEST
+        if isinstance(e, NetpluginError):
+            return 1, error_for(e, req.command if req else "").to_dict(version)
+        return 1, CniError(E_INTERNAL, f"internal error: {type(e).__name__}: {e}").to_dict(version)
+
+
+def _version_of(stdin: bytes) -> str:
+    try:
+        v = json.loads(stdin).get("cniVersion")
+    except (ValueError, AttributeError, RecursionError):
+        return LATEST
+    return v if isinstance(v, str) and v in SUPPORTED_VERSIONS else LATEST
+
+
+def _dispatch(req: CniRequest, environ: Mapping[str, str]) -> dict[str, Any] | None:
+    if req.command == "VERSION":
+        return _version(req)
+    from netplugin.core.errors import NetpluginError
+
+    try:
+        cfg = build_config(req, environ)
+    except NetpluginError as e:
+        if req.command == "STATUS":
+            raise CniError(E_UNAVAILABLE, e.message) from None
+        raise
+    if req.command == "ADD":
+        return _add(req, cfg, environ)
+    if req.command == "DEL":
+        _del(req, cfg, environ)
+    elif req.command == "CHECK":
+        _check(req, cfg, environ)
+    elif req.command == "STATUS":
+        _status(cfg, environ)
+    else:
+        _gc(req, cfg, environ)
+    return None
+
+
+def _log(path: str, entry: Mapping[str, Any]) -> None:
+    line = json.dumps(entry, separators=(",", ":"), default=str) + "\n"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # a log that cannot be written must not fail the network operation
+
+
+def _log_path(stdin: bytes) -> str | None:
+    try:
+        conf = json.loads(stdin)
+    except (ValueError, RecursionError):
+        return None
+    path = conf.get("logFile") if isinstance(conf, dict) else None
+    return path if isinstance(path, str) and path else None
+
+
+def _emit(doc: Mapping[str, Any] | None) -> None:
+    if doc is not None:
+        sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: Iterable[str] | None = None) -> NoReturn:
+    """Entry point of ``netplugin-cni``: CNI_* from the environment, the config on stdin."""
+    del argv  # CNI passes everything in the environment and on stdin
+    start = time.monotonic()
+    doc: dict[str, Any] | None
+    try:
+        stdin = sys.stdin.buffer.read()
+    except Exception as e:
+        stdin = b""
+        code, doc = 1, CniError(E_IO, f"cannot read stdin: {e}").to_dict(LATEST)
+    else:
+        code, doc = run(os.environ, stdin)
+    try:
+        _emit(doc)
+    except Exception:  # stdout closed: nothing left to tell the runtime
+        code = code or 1
+    log = _log_path(stdin) if stdin else None
+    if log:
+        env = os.environ
+        _log(
+            log,
+            {
+                "time": time.time(),
+                "command": env.get("CNI_COMMAND", ""),
+                "containerID": env.get("CNI_CONTAINERID", ""),
+                "ifname": env.get("CNI_IFNAME", ""),
+                "netns": env.get("CNI_NETNS", ""),
+                "args": env.get("CNI_ARGS", ""),
+                "pid": os.getpid(),
+                "ms": round((time.monotonic() - start) * 1000, 1),
+                "result": doc if code else "ok",
+            },
+        )
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

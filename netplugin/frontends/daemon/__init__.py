@@ -1,0 +1,1 @@
+"""``netplugin serve``: the long-running node daemon (socket server, metrics, systemd integration)."""

@@ -1,0 +1,98 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from netplugin.core.errors import SystemFailure
+
+__all__ = ["BUCKETS", "OPERATION_TYPES", "Metrics"]
+
+#: protocol op -> the kubelet's ``operation_type`` label
+OPERATION_TYPES = {"setup": "set_up_pod", "teardown": "tear_down_pod", "status": "get_pod_network_status"}
+
+
+# Buckets of the kubelet's histogram (prometheus' defaults) plus the default time limits.
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """The daemon's Prometheus metrics, on a registry of their own."""
+
+    def __init__(self) -> None:
+        import prometheus_client
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        # *_created samples double every counter's series for no use here.
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry: CollectorRegistry = CollectorRegistry()
+        prometheus_client.ProcessCollector(registry=self.registry)
+        self.duration = Histogram(
+            "network_plugin_operations_duration_seconds",
+            "Latency in seconds of network plugin operations, including the wait for the pod's lock.",
+            ["operation_type"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "network_plugin_operations_errors",
+            "Network plugin operations that failed.",
+            ["operation_type"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "network_plugin_operations_in_flight",
+            "Network plugin operations running now (including those waiting for the pod's lock).",
+            ["operation_type"],
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "netplugin_daemon_requests",
+            "Requests answered by the netplugin daemon, by op and outcome (ok or the error class).",
+            ["op", "outcome"],
+            registry=self.registry,
+        )
+        for otype in OPERATION_TYPES.values():
+            # Present from the start, so a dashboard sees zeros rather than nothing.
+            self.duration.labels(otype)
+            self.errors.labels(otype)
+            self.in_flight.labels(otype)
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def serve(self, address: str) -> str:
+        """Serve ``/metrics`` on ``HOST:PORT`` (port 0: any free port); returns the bound address."""
+        from prometheus_client import start_http_server
+
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        try:
+            self._server, self._thread = start_http_server(int(port), addr=host, registry=self.registry)
+        except OSError as e:
+            raise SystemFailure("cannot serve metrics on", address, e.strerror or str(e)) from e
+        bound_host, bound_port = self._server.server_address[:2]
+        return f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def timed(self, op: str, fn: Callable[[], Any]) -> Any:
+        """Run a pod operation, recording its duration, failure and presence (kubelet semantics)."""
+        otype = OPERATION_TYPES[op]
+        gauge = self.in_flight.labels(otype)
+        gauge.inc()
+        start = time.monotonic()
+        try:
+            return fn()
+        except BaseException:
+            self.errors.labels(otype).inc()
+            raise
+        finally:
+            self.duration.labels(otype).observe(time.monotonic() - start)
+            gauge.dec()

@@ -1,0 +1,426 @@
+"""``netplugin serve``: the long-running node daemon.
+
+One process keeps the manager (selected plugin, init marker, host, state store,
+and for native plugins their warm libraries) and answers the thin client of
+:mod:`netplugin.frontends.client` on a unix socket; see that module for the protocol.
+
+* **Start.** Takes ``<socket>.lock`` (one daemon per socket), runs the plugin's
+  init once (a failure is logged, not fatal: the next operation retries it, and
+  SIGHUP rescans once the plugin is installed), starts the metrics server, then
+  binds the socket: created under a 0177 umask (mode 0600 from the first
+  instant) beside its final path and renamed over it, so a stale socket left by
+  a killed daemon is replaced atomically, and only after it proved dead (it does
+  not answer). Then it tells systemd ``READY=1`` (``Type=notify``).
+* **Operations** run in a thread pool, so different pods proceed in parallel;
+  actions on one pod serialise on the manager's per-pod flock, which the CLI
+  and the CNI shim take too, so daemon and direct callers never overlap.
+* **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``), named
+  as the kubelet's: histogram ``network_plugin_operations_duration_seconds``,
+  counter ``network_plugin_operations_errors_total`` and gauge
+  ``network_plugin_operations_in_flight``, each labelled ``operation_type``
+  (``set_up_pod``, ``tear_down_pod``, ``get_pod_network_status``). As in the
+  kubelet, the time includes waiting for the pod's lock. Also
+  ``netplugin_daemon_requests_total{op,outcome}``.
+* **SIGHUP** rescans the exec dir, selects the plugin again and runs its init if
+  its version changed. **SIGTERM** (or SIGINT) stops accepting, removes the
+  socket (new callers then work alone), answers requests already read, waits
+  for operations in flight (each is bounded by its time limit) and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from netplugin import __version__
+from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
+from netplugin.core.names import PodRef
+from netplugin.frontends.client import MAX_MESSAGE, OPS, POD_OPS, PROTOCOL_VERSION, fingerprint
+from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if
+from netplugin.frontends.daemon.metrics import Metrics
+from netplugin.frontends.daemon.systemd import sd_notify
+
+if TYPE_CHECKING:
+    from netplugin.core.config import Config
+    from netplugin.manager.manager import Manager
+
+__all__ = ["Daemon", "Metrics", "bind_socket", "error_classes", "sd_notify", "serve"]
+
+log = logging.getLogger("netplugin.daemon")
+
+# Plugins are mostly waited on (subprocesses), so threads are cheap; this bounds a burst.
+MAX_WORKERS = 64
+
+
+# --- systemd ---------------------------------------------------------------------------------------
+
+
+# --- metrics ---------------------------------------------------------------------------------------
+
+
+# --- the socket ------------------------------------------------------------------------------------
+
+
+# --- the daemon ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Stats:
+    started: float
+    requests: int = 0
+    busy: int = 0
+    reloads: int = 0
+
+
+class Daemon:
+    """The request handler and the server around it. ``run()`` serves until SIGTERM."""
+
+    def __init__(
+        self,
+        config: Config,
+        manager: Manager,
+        *,
+        notify_socket: str | None = None,
+    ) -> None:
+        self.config = config
+        self.manager = manager
+        self.socket_path = config.socket_path
+        self.notify_socket = notify_socket
+        self.fingerprint = fingerprint(config)
+        self.metrics = Metrics()
+        self.metrics_address: str | None = None
+        self.stats = _Stats(started=time.monotonic())
+        self._plugin: str | None = None
+        self._plugin_problem: str | None = None
+        self._reload_lock = threading.RLock()
+        self._stopping = False
+        self._idle = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._conns: set[asyncio.Task[None]] = set()
+        #: set when SIGTERM's drain gave up on operations still running in worker threads
+        self.abandoned = False
+
+    # --- operations (worker threads) --------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Select the plugin and run its init if needed; failures are logged, not raised."""
+        with self._reload_lock:
+            try:
+                plugin = self.manager.plugin
+                self._plugin = plugin.name
+                ran = self.manager.init()
+            except NetpluginError as e:
+                self._plugin_problem = e.message
+                log.error("plugin not ready (operations will retry): %s", e.message)
+                return
+            self._plugin_problem = None
+            log.info("plugin %s ready (%s)", plugin.name, "init ran" if ran else "init already done this boot")
+
+    def reload(self) -> None:
+        """SIGHUP: rescan the exec dir, select the plugin again, run init if its version changed."""
+        with self._reload_lock:
+            log.info("rescanning plugins")
+            try:
+                self.manager.rescan()
+            except NetpluginError as e:
+                self._plugin, self._plugin_problem = None, e.message
+                log.error("rescan: %s", e.message)
+            else:
+                self.prepare()
+            self.stats.reloads += 1
+
+    def dispatch(self, req: dict[str, Any]) -> Any:
+        """Run one request (in a worker thread); returns the result or raises NetpluginError."""
+        op = req["op"]
+        if op in POD_OPS:
+            pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
+            result = self.metrics.timed(op, lambda: self._pod_op(op, pod))
+            self._plugin_ok()
+            return result
+        if op == "init":
+            ran = self.manager.init(force=bool(req.get("force")))
+            self._plugin_ok()
+            return {"plugin": self.manager.plugin.name, "ran": ran}
+        if op == "plugins":
+            return [c.to_dict() for c in self.manager.candidates()]
+        if op == "pods":
+            return self._pods(req)
+        if op == "gc":
+            return self._gc(req)
+        raise InvalidArgument("op", op, f"must be one of {', '.join(OPS)}")
+
+    def _pod_op(self, op: str, pod: PodRef) -> Any:
+        m = self.manager
+        if op == "setup":
+            status = m.setup(pod)
+            return {"ip": status.ip if status else None}
+        if op == "teardown":
+            m.teardown(pod)
+            return None
+        result = m.status(pod)
+        return result.to_dict() if result is not None else None
+
+    def _plugin_ok(self) -> None:
+        """An action succeeded, so the plugin is usable (a problem logged at start or reload is over)."""
+        if self._plugin_problem is not None:
+            self._plugin, self._plugin_problem = self.manager.plugin.name, None
+
+    def _pods(self, req: dict[str, Any]) -> dict[str, Any]:
+        from netplugin.store.listing import list_pods
+
+        listing = list_pods(self.config.state_dir, self.config.run_dir)
+        # The table is rendered here so the CLI prints exactly what it prints when it runs alone.
+        return {"listing": listing.to_dict(), "table": listing.table() if listing.rows else None}
+
+    def _gc(self, req: dict[str, Any]) -> dict[str, Any]:
+        from netplugin.manager.gc import GcIncomplete, run_gc
+
+        report = run_gc(self.manager, dry_run=bool(req.get("dry_run")), check_host=req.get("check_host") is not False)
+        out: dict[str, Any] = {"report": report.to_dict(), "text": report.text(), "error": None, "classes": None}
+        if report.failed:
+            # Not raised: the caller prints the report first, then fails, as a local gc does.
+            err = GcIncomplete(report.failed)
+            out["error"], out["classes"] = err.to_dict(), error_classes(type(err))
+        return out
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "version": __version__,
+            "plugin": self._plugin,
+            "plugin_problem": self._plugin_problem,
+            "uptime_seconds": round(time.monotonic() - self.stats.started, 3),
+            "requests": self.stats.requests,
+            "in_flight": self.stats.busy - 1,  # not counting this request
+            "reloads": self.stats.reloads,
+            "socket": self.socket_path,
+            "metrics_address": self.metrics_address,
+            "config": self.fingerprint,
+        }
+
+    def check(self, req: Any) -> dict[str, Any]:
+        """Validate a request's envelope (op, version, the caller's settings)."""
+        if not isinstance(req, dict):
+            raise InvalidArgument("request", type(req).__name__, "must be a JSON object")
+        if req.get("v", PROTOCOL_VERSION) != PROTOCOL_VERSION:
+            raise InvalidArgument("protocol version", req.get("v"), f"this daemon speaks {PROTOCOL_VERSION}")
+        op = req.get("op")
+        if op not in OPS:
+            raise InvalidArgument("op", op, f"must be one of {', '.join(OPS)}")
+        theirs = req.get("config")
+        if theirs is not None and theirs != self.fingerprint:
+            differ = sorted(
+                k
+                for k in set(self.fingerprint) | set(theirs if isinstance(theirs, dict) else {})
+                if not isinstance(theirs, dict) or theirs.get(k) != self.fingerprint.get(k)
+            )
+            raise DaemonUnavailable(self.socket_path, f"it runs with different settings ({', '.join(differ)})")
+        return req
+
+    # --- the server (event loop) -----------------------------------------------------------------
+
+    async def _answer(self, line: bytes) -> dict[str, Any]:
+        op = "?"
+        req: Any = None
+        try:
+            try:
+                req = json.loads(line)
+            except ValueError as e:  # also bad UTF-8
+                raise InvalidArgument("request", line[:80].decode("utf-8", "replace"), f"not JSON: {e}") from None
+            req = self.check(req)
+            op = req["op"]
+            if self._stopping:
+                raise DaemonUnavailable(self.socket_path, "it is shutting down")
+            if op == "health":
+                result = self.health()
+            else:
+                start = time.monotonic()
+                result = await asyncio.to_thread(self.dispatch, req)
+                log.debug("%s %s: ok in %.3fs", op, _pod_text(req), time.monotonic() - start)
+            self.metrics.requests.labels(op, "ok").inc()
+            return {"ok": True, "result": result}
+        except NetpluginError as e:
+            self.metrics.requests.labels(op, type(e).__name__).inc()
+            log.warning("%s %s: %s", op, _pod_text(req), e.message)
+            return {"ok": False, "error": e.to_dict(), "classes": error_classes(type(e))}
+        except Exception as e:
+            # A bug: keep serving, and tell the caller exactly what happened.
+            log.exception("internal error in %s", op)
+            self.metrics.requests.labels(op, "InternalError").inc()
+            return {
+                "ok": False,
+                "error": {"error": "InternalError", "message": f"{type(e).__name__}: {e}"},
+                "classes": ["InternalError"],
+            }
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        try:
+            sock = writer.get_extra_info("socket")
+            pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if uid not in (0, os.geteuid()):
+                log.warning("refused a connection from uid %d (pid %d)", uid, pid)
+                return
+            while True:
+                try:
+                    line = await reader.readuntil(b"\n")
+                except asyncio.IncompleteReadError:
+                    return  # the caller is done (or gave up mid-line: nothing to run)
+                except asyncio.LimitOverrunError:
+                    log.warning("request too long from pid %d; closing", pid)
+                    return
+                self._busy(+1)
+                try:
+                    self.stats.requests += 1
+                    response = await self._answer(line)
+                    writer.write(json.dumps(response, separators=(",", ":"), default=str).encode() + b"\n")
+                    await writer.drain()
+                finally:
+                    self._busy(-1)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self._conns.discard(task)
+            writer.close()
+
+    def _busy(self, delta: int) -> None:
+        self.stats.busy += delta
+        if self.stats.busy == 0:
+            self._idle.set()
+        else:
+            self._idle.clear()
+
+    def drain_bound(self) -> float:
+        """How long SIGTERM waits: past the time limits of an init and two queued actions on one pod."""
+        c = self.config
+        longest = max(c.timeout_for(a) for a in POD_OPS)
+        return c.timeout_for("init") + 2 * (longest + 2 * c.kill_grace) + 5.0
+
+    def _on_stop(self, signame: str) -> None:
+        if self._stop.is_set():
+            log.info("%s again: still draining %d request(s)", signame, self.stats.busy)
+            return
+        log.info("%s: draining %d request(s)", signame, self.stats.busy)
+        self._stop.set()
+
+    def _on_hup(self) -> None:
+        def reload() -> None:
+            try:
+                self.reload()
+            except Exception:
+                log.exception("reload failed")
+
+        asyncio.get_running_loop().run_in_executor(None, reload)
+
+    async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; returns the exit status."""
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="netplugin-op"))
+        self._idle.set()
+        lock_fd = lock_daemon(self.socket_path + ".lock")
+        inode: int | None = None
+        server: asyncio.AbstractServer | None = None
+        try:
+            # Before the (possibly slow) init: SIGHUP's default action would kill us, and SIGTERM
+            # meanwhile should still end in an orderly exit.
+            for sig, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")):
+                loop.add_signal_handler(sig, self._on_stop, name)
+            loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+            await asyncio.to_thread(self.prepare)
+            if self.config.metrics_address != "none":
+                self.metrics_address = self.metrics.serve(self.config.metrics_address)
+            sock = bind_socket(self.socket_path)
+            inode = os.lstat(self.socket_path).st_ino  # the file's, not the socket's (fstat): we hold the lock
+            server = await asyncio.start_unix_server(self._connection, sock=sock, limit=MAX_MESSAGE)
+            log.info(
+                "serving on %s (pid %d), metrics on %s",
+                self.socket_path,
+                os.getpid(),
+                f"http://{self.metrics_address}/metrics" if self.metrics_address else "none",
+            )
+            sd_notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on {self.socket_path}", self.notify_socket)
+
+            await self._stop.wait()
+
+            self._stopping = True
+            sd_notify("STOPPING=1", self.notify_socket)
+            server.close()
+            unlink_if(self.socket_path, inode)  # from now on new callers work alone
+            try:
+                await asyncio.wait_for(self._idle.wait(), self.drain_bound())
+            except TimeoutError:
+                log.error("requests still running after %.0fs; exiting without them", self.drain_bound())
+                self.abandoned = True
+                return 1
+            for task in list(self._conns):
+                task.cancel()  # idle connections: nothing in flight
+            log.info("drained; exiting")
+            return 0
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+            if server is not None:
+                server.close()
+            if inode is not None:
+                unlink_if(self.socket_path, inode)
+            self.metrics.close()
+            os.close(lock_fd)
+
+
+def _text(req: dict[str, Any], key: str) -> str:
+    value = req.get(key)
+    if not isinstance(value, str):
+        raise InvalidArgument(key.replace("_", " "), value, "must be a string")
+    return value
+
+
+def _pod_text(req: Any) -> str:
+    if isinstance(req, dict) and req.get("op") in POD_OPS:
+        return f"{req.get('namespace')}/{req.get('pod')} ({req.get('infra_id')})"
+    return ""
+
+
+def error_classes(cls: type) -> list[str]:
+    """An error class and its bases up to NetpluginError, by name (the wire's ``classes``)."""
+    names = []
+    for c in cls.__mro__:
+        names.append(c.__name__)
+        if c is NetpluginError:
+            break
+    return names
+
+
+def serve(config: Config, *, environ: dict[str, str] | None = None) -> int:
+    """Run the daemon in this process until SIGTERM; returns the exit status.
+
+    ``NOTIFY_SOCKET`` is taken out of the environment first: plugins must not talk to systemd
+    in the daemon's name.
+    """
+    env = os.environ if environ is None else environ
+    notify = env.pop("NOTIFY_SOCKET", None)
+    from netplugin.manager.manager import Manager
+
+    manager = Manager(config)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="netplugin: %(levelname)s: %(message)s")
+    daemon = Daemon(config, manager, notify_socket=notify)
+    with asyncio.Runner() as runner:
+        status = runner.run(daemon.run())
+        if daemon.abandoned:
+            # Closing the runner would wait for the stuck worker threads; their plugins live in
+            # their own sessions and are systemd's to kill (KillMode=mixed).
+            logging.shutdown()
+            os._exit(status)
+    return status

@@ -1,0 +1,30 @@
+"""Hosts: where pods (and, for plugins that want one, a kube client) come from.
+
+* :mod:`.base`   the :class:`Host` protocol, :class:`NullHost`, :class:`FakeHost` (tests);
+* :mod:`.static` pod manifests in a directory, for nodes without an API server;
+* :mod:`.kube`   a real API server (settings from :mod:`.kubeconfig`), imported only when chosen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from netplugin.hosts.base import FakeHost, Host, NullHost
+from netplugin.hosts.static import StaticHost
+
+if TYPE_CHECKING:
+    from netplugin.core.config import Config
+
+__all__ = ["FakeHost", "Host", "NullHost", "StaticHost", "make_host"]
+
+
+def make_host(config: Config) -> Host:
+    """The Host the config asks for."""
+    if config.host == "none":
+        return NullHost()
+    if config.host == "kube":
+        from netplugin.hosts.kube import KubeHost
+
+        host: Host = KubeHost(kubeconfig=config.kubeconfig, timeout=config.kube_timeout)
+        return host
+    return StaticHost(config.pods_dir)

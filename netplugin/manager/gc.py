@@ -1,0 +1,366 @@
+"""Garbage collection: reconcile pod records with reality, and the record listing.
+
+``netplugin gc`` repairs what a crash, a kill or a failed action left behind:
+
+* a record whose setup or teardown was interrupted (it is not ``ready`` and nobody holds the
+  pod's lock) is torn down, then removed;
+* a ``ready`` record whose network namespace is gone (it existed at setup) is torn down;
+* a ``ready`` record of a pod the host knew at setup and now says no longer exists, or that was
+  re-created (its uid changed), is torn down (without the new pod's object on stdin); a pod the
+  host did not know at setup is never judged by the host, and hosts that cannot know (no host, a
+  static host without its pod directory) are not asked;
+* plugin processes whose netplugin died (they run in their own session, so they survive it)
+  are allowed to finish, up to their action's time limit, then killed;
+* corrupt record files are set aside in ``pods/corrupt/``; temp files of dead writers removed.
+
+Teardown is best effort and idempotent: a teardown that fails keeps the record (gc retries it
+next time) and makes gc's exit status non-zero. Every pod is handled under its pod lock, so gc
+never overlaps a setup or teardown of the same pod; each decision is re-checked under the lock.
+``dry_run`` only reports what would be done.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from netplugin.core.errors import HostError, NetpluginError, PluginFailed, StateError
+from netplugin.core.names import PodRef
+from netplugin.core.plugin import NOOP_NAME, Action
+from netplugin.hosts.base import NullHost
+from netplugin.hosts.static import StaticHost
+from netplugin.store.listing import pod_busy
+from netplugin.store.orphans import POD_ACTIONS, plugin_processes, settle
+from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, PodRecord
+from netplugin.store.state import StateStore
+
+if TYPE_CHECKING:
+    from netplugin.core.plugin import Plugin
+    from netplugin.hosts.base import Host
+    from netplugin.manager.manager import Manager
+
+__all__ = [
+    "GcAction",
+    "GcIncomplete",
+    "GcReport",
+    "host_is_authoritative",
+    "plugin_processes",
+    "pod_busy",
+    "run_gc",
+    "settle",
+]
+
+
+class GcIncomplete(PluginFailed):
+    """gc could not tear down every pod it should have; their records are kept for the next run."""
+
+    def __init__(self, failed: list[GcAction]) -> None:
+        what = "; ".join(f"{a.target}: {a.error}" for a in failed[:5])
+        more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+        super().__init__(
+            f"gc: {len(failed)} pod(s) could not be torn down; their records are kept: {what}{more}",
+            plugin="",
+            action="teardown",
+        )
+        self.failed = failed
+
+
+# --- plugin processes left by a dead netplugin ---------------------------------------------------------
+
+
+# --- deciding --------------------------------------------------------------------------------------------
+
+
+def host_is_authoritative(host: Host) -> bool:
+    """Whether "the host does not know this pod" means the pod is gone.
+
+    A host may say so with an ``authoritative`` attribute. Otherwise: NullHost knows no pods at all,
+    and a StaticHost whose directory does not exist is not in use; every other host is trusted.
+    """
+    flag = getattr(host, "authoritative", None)
+    if isinstance(flag, bool):
+        return flag
+    if isinstance(host, NullHost):
+        return False
+    if isinstance(host, StaticHost):
+        return os.path.isdir(host.directory)
+    return True
+
+
+def _reason(rec: PodRecord, host: Host | None, notes: list[str]) -> str | None:
+    """Why the record's pod should be torn down, or None to keep it."""
+    if rec.state == SETTING_UP:
+        return "its setup was interrupted"
+    if rec.state == TEARING_DOWN:
+        return "its teardown was interrupted"
+    if rec.netns_existed and not os.path.lexists(rec.netns):
+        return f"its network namespace {rec.netns} is gone"
+    if host is not None and rec.host_known:
+        try:
+            obj = host.get_pod_by_name(rec.ref.namespace, rec.ref.name)
+        except HostError as e:
+            notes.append(f"host lookup of {rec.ref} failed, kept: {e.message}")
+            return None
+        if obj is None:
+            return "the host says the pod no longer exists"
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        if rec.uid and isinstance(uid, str) and uid and uid != rec.uid:
+            return f"the pod was re-created (uid {rec.uid} is now {uid})"
+    return None
+
+
+# --- reporting -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GcAction:
+    """One thing gc did (or, in a dry run, would do)."""
+
+    kind: str  # "teardown" | "set-aside" | "settle" | "remove-temp" | "skip"
+    target: str
+    reason: str
+    outcome: str  # "done" | "planned" | "failed" | "skipped"
+    error: str | None = None
+    pod: PodRef | None = None
+    pids: list[int] = field(default_factory=list)
+    moved_to: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "action": self.kind,
+            "target": self.target,
+            "reason": self.reason,
+            "outcome": self.outcome,
+        }
+        if self.pod is not None:
+            out.update(namespace=self.pod.namespace, name=self.pod.name, infra_id=self.pod.infra_id)
+        if self.error is not None:
+            out["error"] = self.error
+        if self.pids:
+            out["pids"] = self.pids
+        if self.moved_to:
+            out["moved_to"] = self.moved_to
+        return out
+
+    def describe(self) -> str:
+        planned = self.outcome == "planned"
+        if self.kind == "teardown":
+            if self.outcome == "failed":
+                return f"FAILED to tear down {self.target} ({self.reason}): {self.error}; record kept"
+            verb = "would tear down" if planned else "tore down"
+            extra = f"; waited for {len(self.pids)} orphaned plugin process(es)" if self.pids else ""
+            return f"{verb} {self.target}: {self.reason}{extra}"
+        if self.kind == "set-aside":
+            if planned:
+                return f"would set aside corrupt record {self.target}: {self.reason}"
+            return f"set aside corrupt record {self.target} as {self.moved_to}: {self.reason}"
+        if self.kind == "settle":
+            pids = ", ".join(map(str, self.pids))
+            verb = "would stop" if planned else "stopped"
+            return f"{verb} orphaned plugin process(es) {pids} of {self.target}: {self.reason}"
+        if self.kind == "remove-temp":
+            verb = "would remove" if planned else "removed"
+            return f"{verb} {self.target}: {self.reason}"
+        if self.outcome == "failed":
+            return f"FAILED: {self.target}: {self.reason}: {self.error}"
+        return f"skipped {self.target}: {self.reason}"
+
+
+@dataclass
+class GcReport:
+    dry_run: bool
+    checked: int = 0
+    actions: list[GcAction] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[GcAction]:
+        return [a for a in self.actions if a.outcome == "failed"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "checked": self.checked,
+            "actions": [a.to_dict() for a in self.actions],
+            "notes": self.notes,
+            "failed": len(self.failed),
+        }
+
+    def text(self) -> str:
+        lines = [a.describe() for a in self.actions]
+        lines += [f"note: {n}" for n in self.notes]
+        torn = sum(1 for a in self.actions if a.kind == "teardown" and a.outcome in ("done", "planned"))
+        if not self.actions:
+            lines.append(f"gc: nothing to do ({self.checked} record(s) checked)")
+        else:
+            verb = "would tear down" if self.dry_run else "tore down"
+            lines.append(
+                f"gc: {self.checked} record(s) checked; {verb} {torn}; {len(self.failed)} failed"
+                + ("; dry run, nothing changed" if self.dry_run else "")
+            )
+        return "\n".join(lines)
+
+
+# --- locks ---------------------------------------------------------------------------------------------
+
+
+# --- gc ------------------------------------------------------------------------------------------------
+
+
+def _store(manager: Manager) -> StateStore:
+    return manager.state if manager.state is not None else StateStore.from_config(manager.config)
+
+
+def _describe(ref: PodRef) -> str:
+    return f"{ref} (infra {ref.infra_id})"
+
+
+class _Plugins:
+    """Plugins by recorded name: the configured one (initialised once) or any other still installed."""
+
+    def __init__(self, manager: Manager) -> None:
+        self.manager = manager
+        self._cache: dict[str, Plugin] = {}
+        self._errors: dict[str, NetpluginError] = {}
+
+    def get(self, name: str) -> Plugin:
+        if name in self._errors:
+            raise self._errors[name]
+        if name not in self._cache:
+            try:
+                if name == (self.manager.config.plugin or NOOP_NAME):
+                    self.manager.init()  # as Manager.teardown does, before the pod lock
+                    self._cache[name] = self.manager.plugin
+                else:
+                    # The plugin that set the pod up owns its resources, even after a config change.
+                    self._cache[name] = self.manager.select(name)
+            except NetpluginError as e:
+                self._errors[name] = e
+                raise
+        return self._cache[name]
+
+
+def _pod_object(manager: Manager, rec: PodRecord) -> dict[str, Any] | None:
+    """The pod object for the plugin's stdin: only if it is still the pod that was set up."""
+    try:
+        obj = manager.host.get_pod_by_name(rec.ref.namespace, rec.ref.name)
+    except HostError:
+        return None
+    if obj is None or not rec.host_known:
+        return None
+    meta = obj.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, dict) else None
+    return obj if not rec.uid or uid == rec.uid else None
+
+
+def _teardown(
+    manager: Manager, store: StateStore, rec: PodRecord, host: Host | None, plugins: _Plugins, report: GcReport
+) -> None:
+    ref = rec.ref
+    with manager.pod_lock(ref):
+        try:
+            current = store.get(ref)
+        except StateError as e:
+            moved = store.set_aside(e.path, e.reason)
+            report.actions.append(GcAction("set-aside", e.path, e.reason, "done", moved_to=moved))
+            return
+        if current is None:
+            return  # torn down by someone else meanwhile
+        reason = _reason(current, host, [])  # host trouble was noted by the pre-check
+        if reason is None:
+            return  # e.g. the setup we waited for completed
+        action = GcAction("teardown", _describe(ref), reason, "done", pod=ref)
+        try:
+            plugin = plugins.get(current.plugin)
+            pod_obj = _pod_object(manager, current)
+            action.pids = store.mark_teardown(ref)
+            plugin.teardown(ref, manager._context(Action.TEARDOWN, ref, pod_obj))
+            store.remove(ref)
+        except NetpluginError as e:
+            action.outcome = "failed"
+            action.error = e.message
+        report.actions.append(action)
+
+
+def _pending_orphans(manager: Manager, state_dir: str, handled: set[PodRef]) -> dict[PodRef, list[int]]:
+    out: dict[PodRef, list[int]] = {}
+    for p in plugin_processes(state_dir):
+        ref = p.ref
+        if p.action in POD_ACTIONS and ref is not None and ref not in handled:
+            out.setdefault(ref, []).append(p.pid)
+    return out
+
+
+def _iter_records(records: list[PodRecord]) -> Iterator[PodRecord]:
+    # Interrupted actions first: they are the likeliest to hold resources nobody else tracks.
+    order = {SETTING_UP: 0, TEARING_DOWN: 1, READY: 2}
+    yield from sorted(records, key=lambda r: (order.get(r.state, 3), r.path))
+
+
+def run_gc(manager: Manager, *, dry_run: bool = False, check_host: bool = True) -> GcReport:
+    """Reconcile the records of ``manager``'s state dir with reality; see the module doc."""
+    store = _store(manager)
+    scan = store.scan()
+    report = GcReport(dry_run=dry_run, checked=len(scan.records))
+    host = manager.host if check_host and host_is_authoritative(manager.host) else None
+
+    for c in scan.corrupt:
+        if dry_run:
+            report.actions.append(GcAction("set-aside", c.path, c.reason, "planned"))
+            continue
+        try:
+            moved = store.set_aside(c.path, c.reason)
+            report.actions.append(GcAction("set-aside", c.path, c.reason, "done", moved_to=moved))
+        except NetpluginError as e:
+            report.actions.append(GcAction("set-aside", c.path, c.reason, "failed", error=e.message))
+
+    for tmp in scan.stale_temps:
+        reason = "temporary file of an interrupted write"
+        if dry_run:
+            report.actions.append(GcAction("remove-temp", tmp, reason, "planned"))
+        else:
+            try:
+                if store.remove_temp(tmp):
+                    report.actions.append(GcAction("remove-temp", tmp, reason, "done"))
+            except NetpluginError as e:
+                report.actions.append(GcAction("remove-temp", tmp, reason, "failed", error=e.message))
+
+    plugins = _Plugins(manager)
+    handled: set[PodRef] = set()
+    for rec in _iter_records(scan.records):
+        if dry_run:
+            busy = rec.state != READY and pod_busy(manager.config.run_dir, rec.ref)
+            why = None if busy else _reason(rec, host, report.notes)
+            if busy:
+                report.actions.append(
+                    GcAction("skip", _describe(rec.ref), "an action on it is in progress", "skipped", pod=rec.ref)
+                )
+            elif why is not None:
+                report.actions.append(GcAction("teardown", _describe(rec.ref), why, "planned", pod=rec.ref))
+            continue
+        if _reason(rec, host, report.notes) is None:
+            continue  # cheap pre-check without the lock; re-checked under it
+        handled.add(rec.ref)
+        _teardown(manager, store, rec, host, plugins, report)
+
+    # Orphaned plugin processes of pods gc did not tear down (no record, or a ready one).
+    orphans = _pending_orphans(manager, store.state_dir, handled)
+    for ref, pids in sorted(orphans.items(), key=lambda kv: str(kv[0])):
+        why = "their netplugin is gone"
+        if dry_run:
+            if not pod_busy(manager.config.run_dir, ref):
+                report.actions.append(GcAction("settle", _describe(ref), why, "planned", pod=ref, pids=pids))
+            continue
+        with manager.pod_lock(ref):
+            # Under the lock no live action runs for this pod: whatever is left is orphaned.
+            procs = plugin_processes(store.state_dir, pod=ref)
+            if procs:
+                got = settle(procs, timeout_for=manager.config.timeout_for, kill_grace=manager.config.kill_grace)
+                report.actions.append(GcAction("settle", _describe(ref), why, "done", pod=ref, pids=got))
+    return report
+
+
+# --- listing ---------------------------------------------------------------------------------------------

@@ -1,0 +1,258 @@
+"""The plugin manager: selection, init-once, per-pod serialisation, rollback.
+
+Policy lives here; mechanism (processes, files, locks) lives in ``invoke``,
+``discovery`` and ``locks``. Guarantees, across every netplugin process on the
+node (CLI, daemon, CNI shim):
+
+* the plugin is selected by name: built-ins first, then the exec dir; no name
+  selects ``kubernetes.io/no-op``; a missing or invalid plugin is an error that
+  lists every problem found while looking;
+* ``init`` runs exactly once per boot and per version of the plugin before its
+  first other action (a marker under the run dir, written under a file lock);
+* two actions on the same pod never overlap; different pods run in parallel
+  (one flock'd file per pod under the run dir);
+* a failed setup is followed by a best-effort teardown (``rollback_on_failure``);
+* every pod is recorded durably under the state dir before its setup runs, and forgotten only
+  after a teardown succeeded (:mod:`netplugin.store.state`; ``netplugin gc`` repairs the rest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+from netplugin.core.config import Config
+from netplugin.core.discovery import Candidate, scan
+from netplugin.core.errors import HostError, NetpluginError, PluginError, PluginInvalid, PluginNotFound
+from netplugin.core.names import PodRef, escape_plugin_name, validate_plugin_name
+from netplugin.core.plugin import NOOP_NAME, Action, CallContext, ExecPlugin, Plugin, PodNetworkStatus, base_env
+from netplugin.core.procs import boot_id
+from netplugin.hosts import Host, make_host
+from netplugin.plugins import BUILTINS
+from netplugin.store.fsutil import atomic_write
+from netplugin.store.locks import ensure_dir, flocked, pod_lock_path
+
+if TYPE_CHECKING:
+    from netplugin.core.invoke import Runner
+    from netplugin.store.state import StateStore
+
+__all__ = ["Manager"]
+
+
+class Manager:
+    """Runs plugin actions with netplugin's guarantees. Thread-safe."""
+
+    def __init__(
+        self,
+        config: Config,
+        host: Host | None = None,
+        *,
+        runner: Runner | None = None,
+        state: StateStore | Literal[False] | None = None,
+        environ: dict[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.host = host if host is not None else make_host(config)
+        self.runner = runner
+        # None: durable pod records under config.state_dir (the default); False: keep no records.
+        if state is None:
+            from netplugin.store.state import StateStore
+
+            state = StateStore.from_config(config)
+        self.state: StateStore | None = state if state is not False else None
+        self._env = base_env(config, environ)
+        self._plugin: Plugin | None = None
+        self._select_lock = threading.Lock()
+
+    # --- selection ------------------------------------------------------------------------------
+
+    def candidates(self) -> list[Candidate]:
+        """Built-in plugins, then every exec-dir candidate (valid or not)."""
+        out = [Candidate(name, "(built-in)", builtin=True) for name in sorted(BUILTINS)]
+        out += scan(self.config.plugin_dir, check_permissions=self.config.check_permissions, reserved=BUILTINS)
+        return out
+
+    def select(self, name: str | None) -> Plugin:
+        """The plugin called ``name`` (None or "" selects the no-op plugin)."""
+        name = name or NOOP_NAME
+        validate_plugin_name(name)
+        if name in BUILTINS:
+            return BUILTINS[name](self.config)
+        found = scan(self.config.plugin_dir, check_permissions=self.config.check_permissions, reserved=BUILTINS)
+        for cand in found:
+            if cand.name == name:
+                if cand.problem:
+                    raise PluginInvalid(name, cand.problem, path=cand.path)
+                return ExecPlugin(name, cand.path, runner=self.runner)
+        raise PluginNotFound(
+            name,
+            available=sorted([*BUILTINS, *(c.name for c in found if c.valid)]),
+            problems=[f"{c.name}: {c.problem}" for c in found if c.problem],
+        )
+
+    @property
+    def plugin(self) -> Plugin:
+        """The configured plugin, selected once per Manager."""
+        with self._select_lock:
+            if self._plugin is None:
+                self._plugin = self.select(self.config.plugin)
+            return self._plugin
+
+    def rescan(self) -> Plugin:
+        """Forget the selected plugin and select again (the daemon does this on SIGHUP)."""
+        with self._select_lock:
+            self._plugin = None
+        return self.plugin
+
+    # --- init once --------------------------------------------------------------------------------
+
+    def _marker_path(self, plugin: Plugin) -> str:
+        return os.path.join(self.config.run_dir, "init", escape_plugin_name(plugin.name) + ".json")
+
+    def _marker_ok(self, path: str, boot: str, plugin: Plugin) -> bool:
+        try:
+            with open(path, "rb") as f:
+                marker = json.loads(f.read())
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError):
+            return False  # unreadable or torn marker: run init again, which must be idempotent anyway
+        if not isinstance(marker, dict) or marker.get("boot_id") != boot:
+            return False
+        if marker.get("settings") != dict(self.config.env):
+            return False  # init prepares for these settings (a bridge name, a subnet): new ones, new init
+        key = getattr(plugin, "version_key", None)
+        if key is not None and marker.get("version_key") == list(key()):
+            return True  # unchanged file: skip hashing it
+        return bool(marker.get("version") == plugin.version())
+
+    def init(self, *, force: bool = False) -> bool:
+        """Run the plugin's init unless it already ran this boot for this version. True if it ran."""
+        plugin = self.plugin
+        path = self._marker_path(plugin)
+        boot = boot_id()
+        if not force and self._marker_ok(path, boot, plugin):
+            return False
+        ensure_dir(os.path.dirname(path))
+        with flocked(path[: -len(".json")] + ".lock"):
+            if not force and self._marker_ok(path, boot, plugin):
+                return False  # another process ran it while we waited
+            plugin.init(self._context(Action.INIT, None))
+            key = getattr(plugin, "version_key", None)
+            marker: dict[str, Any] = {
+                "plugin": plugin.name,
+                "boot_id": boot,
+                "version": plugin.version(),
+                "version_key": list(key()) if key is not None else None,
+                "settings": dict(self.config.env),
+                "time": time.time(),
+                "pid": os.getpid(),
+            }
+            atomic_write(path, json.dumps(marker).encode(), mode=0o644)
+        return True
+
+    # --- pod actions ------------------------------------------------------------------------------------
+
+    def _context(self, action: Action, pod: PodRef | None, pod_obj: dict[str, Any] | None = None) -> CallContext:
+        c = self.config
+        return CallContext(
+            netns=c.netns_path(pod.infra_id) if pod is not None else "",
+            pod=pod_obj,
+            timeout=c.timeout_for(action.value),
+            env=self._env,
+            state_dir=c.state_dir,
+            kill_grace=c.kill_grace,
+            max_output=c.max_output,
+        )
+
+    def _lookup(self, pod: PodRef, action: Action) -> dict[str, Any] | None:
+        try:
+            return self.host.get_pod_by_name(pod.namespace, pod.name)
+        except HostError:
+            if action is Action.SETUP:
+                raise
+            # Teardown and status must work while the API is away: the plugin owns its resources.
+            return None
+
+    @contextmanager
+    def pod_lock(self, pod: PodRef) -> Iterator[None]:
+        """Serialise every action on one pod, across threads and processes."""
+        with flocked(pod_lock_path(self.config.run_dir, pod)):
+            yield
+
+    def setup(self, pod: PodRef) -> PodNetworkStatus | None:
+        """Set up the pod's network. Returns its status when the state store wants it recorded."""
+        plugin = self.plugin
+        self.init()
+        with self.pod_lock(pod):
+            pod_obj = self._lookup(pod, Action.SETUP)
+            ctx = self._context(Action.SETUP, pod, pod_obj)
+            if self.state is not None:
+                self.state.begin(pod, plugin.name, plugin.version(), ctx.netns, pod_obj=pod_obj)
+            try:
+                plugin.setup(pod, ctx)
+            except NetpluginError as e:
+                self._rollback(plugin, pod, pod_obj, e)
+                raise
+            status = None
+            if self.state is not None:
+                if self.state.record_status:  # one more exec on the pod-start path, for the record's IP
+                    try:
+                        status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj))
+                    except PluginError:
+                        status = None  # setup succeeded; a status failure must not undo it
+                self.state.complete(pod, status.ip if status else None)
+            return status
+
+    def _rollback(self, plugin: Plugin, pod: PodRef, pod_obj: dict[str, Any] | None, err: NetpluginError) -> None:
+        if not self.config.rollback_on_failure:
+            return
+        try:
+            plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj))
+        except NetpluginError as te:
+            err.details["rollback_error"] = te.message
+            return
+        err.details["rolled_back"] = True
+        if self.state is not None:
+            self.state.remove(pod)
+
+    def teardown(self, pod: PodRef) -> None:
+        """Tear down the pod's network (also when netplugin has no record of it)."""
+        plugin = self.plugin
+        init_error: PluginError | None = None
+        try:
+            self.init()
+        except PluginError as e:
+            # Teardown is best effort: a plugin whose init fails may still free what the pod holds,
+            # and a teardown that can never succeed would be retried by the runtime for ever.
+            init_error = e
+        with self.pod_lock(pod):
+            try:
+                self._teardown_locked(plugin, pod)
+            except NetpluginError as e:
+                if init_error is not None:
+                    e.details["init_error"] = init_error.message
+                raise
+
+    def _teardown_locked(self, plugin: Plugin, pod: PodRef) -> None:
+        pod_obj = self._lookup(pod, Action.TEARDOWN)
+        if self.state is not None:
+            self.state.mark_teardown(pod)
+        plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj))
+        if self.state is not None:
+            self.state.remove(pod)
+
+    def status(self, pod: PodRef) -> PodNetworkStatus | None:
+        plugin = self.plugin
+        self.init()
+        with self.pod_lock(pod):
+            pod_obj = self._lookup(pod, Action.STATUS)
+            result = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj))
+            if self.state is not None and result is not None:
+                self.state.observe_ip(pod, result.ip)  # records the IP without an exec at setup
+            return result

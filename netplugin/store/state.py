@@ -1,0 +1,380 @@
+"""Durable pod records: what netplugin set up, written so that a crash loses nothing.
+
+One human-readable JSON file per pod sandbox, ``<state_dir>/pods/<namespace>_<name>_<infra-id>.json``
+(long keys are shortened with a hash; ``~`` marks those, and never occurs in a plain key). The
+infra id is part of the key, so a pod re-created with a new sandbox gets a new record and the old
+sandbox's record stays until its own teardown (or ``netplugin gc``) removes it.
+
+Life of a record, every write atomic and durable (temp file, fsync, rename, fsync of the dir):
+
+* ``begin``        before the plugin's setup runs: state ``setting-up`` (the intent);
+* ``complete``     after setup succeeded: state ``ready``, with the IP from ``status`` if any;
+* ``mark_teardown`` before the plugin's teardown runs: state ``tearing-down``;
+* ``remove``       after teardown (or a rollback) succeeded: the file is gone.
+
+Every transition happens under the pod's lock, so a record that is not ``ready`` while nobody
+holds the lock belongs to an action that was interrupted (crash, kill, failed rollback):
+``netplugin gc`` tears such pods down. Each record names its *owner*, the process that last
+acted on it (pid, start time, boot id); when the owner is dead, plugin processes it started
+may still run (they live in their own session): :meth:`StateStore.begin` and
+:meth:`StateStore.mark_teardown` let them finish, or stop them at their deadline, before a new
+action on the pod starts, so an orphaned setup cannot race the teardown that follows it.
+
+A file that cannot be parsed (truncated JSON, wrong types, unknown version, a name that does not
+match its content) is a :class:`~netplugin.core.errors.StateError` naming the path. Listing reports
+such files and goes on; :meth:`StateStore.set_aside` moves one to ``pods/corrupt/`` with a
+``.reason`` file beside it. A corrupt file never makes every command fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import logging
+import os
+import stat
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from netplugin.core.errors import StateError
+from netplugin.core.names import PodRef
+from netplugin.core.procs import proc_start
+from netplugin.store.fsutil import atomic_write
+from netplugin.store.records import (
+    MAX_RECORD,
+    READY,
+    RECORD_SUFFIX,
+    SETTING_UP,
+    TEARING_DOWN,
+    Owner,
+    PodRecord,
+    now_iso,
+    parse_record,
+    record_filename,
+)
+
+__all__ = [
+    "READY",
+    "SETTING_UP",
+    "TEARING_DOWN",
+    "CorruptFile",
+    "Owner",
+    "PodRecord",
+    "Scan",
+    "StateStore",
+    "parse_record",
+    "record_filename",
+]
+
+log = logging.getLogger("netplugin.state")
+
+
+_TMP_MARK = RECORD_SUFFIX + ".tmp."  # fsutil.atomic_write names its temp files "<path>.tmp.<pid>.<tid>"
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+def _read(path: str) -> bytes:
+    """The bytes of a record file; FileNotFoundError when absent, StateError when it is not a file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StateError(path, "is a symbolic link, not a pod record") from None
+        raise StateError(path, f"cannot read: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StateError(path, "not a regular file")
+        chunks = []
+        size = 0
+        while size <= MAX_RECORD:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        raise StateError(path, f"cannot read: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
+
+
+# --- the store -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CorruptFile:
+    """A file in the records dir that is not a valid record, and why."""
+
+    path: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
+
+
+@dataclass
+class Scan:
+    """Everything found in the records dir."""
+
+    records: list[PodRecord] = field(default_factory=list)
+    corrupt: list[CorruptFile] = field(default_factory=list)
+    #: temp files of atomic writes whose writer is dead
+    stale_temps: list[str] = field(default_factory=list)
+
+
+def _temp_writer_pid(name: str) -> int | None:
+    rest = name.rsplit(_TMP_MARK, 1)[-1]
+    pid = rest.split(".", 1)[0]
+    return int(pid) if pid.isdigit() else None
+
+
+class StateStore:
+    """Pod records under ``<state_dir>/pods``. Thread-safe; callers hold the pod's lock for writes."""
+
+    def __init__(
+        self,
+        state_dir: str,
+        *,
+        record_status: bool = False,
+        timeout_for: Callable[[str], float] | None = None,
+        kill_grace: float = 2.0,
+        durable: bool = True,
+    ) -> None:
+        self.state_dir = state_dir
+        self.dir = os.path.join(state_dir, "pods")
+        self.corrupt_dir = os.path.join(self.dir, "corrupt")
+        #: run the plugin's status right after setup to record the IP (one more exec on the pod-start
+        #: path); off by default: the IP is recorded when status is first asked (the kubelet asks
+        #: right after setup), see :meth:`observe_ip`
+        self.record_status = record_status
+        self.durable = durable
+        self._timeout_for = timeout_for or (lambda action: 30.0)
+        self._kill_grace = kill_grace
+        self._pending: dict[str, PodRecord] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, config: Any) -> StateStore:
+        """The store a Config asks for (``record_status`` is read when the config has it)."""
+        return cls(
+            config.state_dir,
+            record_status=config.record_status,
+            timeout_for=config.timeout_for,
+            kill_grace=config.kill_grace,
+        )
+
+    def path_for(self, ref: PodRef) -> str:
+        return os.path.join(self.dir, record_filename(ref))
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def load(self, path: str) -> PodRecord:
+        """Parse the record at ``path``; StateError if it is corrupt, FileNotFoundError if absent."""
+        return parse_record(_read(path), path)
+
+    def get(self, ref: PodRef) -> PodRecord | None:
+        """The pod's record, None when there is none. Raises StateError when it is corrupt."""
+        try:
+            return self.load(self.path_for(ref))
+        except FileNotFoundError:
+            return None
+
+    def scan(self) -> Scan:
+        """Every record, corrupt file and stale temp file; a missing dir is empty. Sorted by file name."""
+        out = Scan()
+        try:
+            with os.scandir(self.dir) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except FileNotFoundError:
+            return out
+        except OSError as e:
+            raise StateError(self.dir, f"cannot list: {e.strerror or e}") from e
+        for entry in entries:
+            if entry.name == "corrupt" and entry.is_dir(follow_symlinks=False):
+                continue
+            if _TMP_MARK in entry.name:
+                pid = _temp_writer_pid(entry.name)
+                if pid is None or proc_start(pid) is None:
+                    out.stale_temps.append(entry.path)
+                continue
+            if not entry.name.endswith(RECORD_SUFFIX):
+                out.corrupt.append(CorruptFile(entry.path, "not a pod record (name does not end in .json)"))
+                continue
+            try:
+                out.records.append(self.load(entry.path))
+            except FileNotFoundError:
+                continue  # removed while we listed
+            except StateError as e:
+                out.corrupt.append(CorruptFile(entry.path, e.reason))
+        return out
+
+    # --- repair -----------------------------------------------------------------------------------
+
+    def set_aside(self, path: str, reason: str) -> str:
+        """Move a corrupt file to ``pods/corrupt/`` (with ``<name>.reason``); returns its new path."""
+        from netplugin.store.locks import ensure_dir
+
+        ensure_dir(self.corrupt_dir, 0o755)
+        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        base = os.path.join(self.corrupt_dir, f"{os.path.basename(path)}.{stamp}")
+        dest = base
+        n = 0
+        while os.path.lexists(dest):
+            n += 1
+            dest = f"{base}.{n}"
+        try:
+            os.rename(path, dest)
+        except FileNotFoundError:
+            return ""  # someone else moved or removed it
+        except OSError as e:
+            raise StateError(path, f"cannot move aside to {dest}: {e.strerror or e}") from e
+        note = f"{path}: {reason}\nset aside at {now_iso()} by pid {os.getpid()}\n"
+        atomic_write(dest + ".reason", note.encode(), mode=0o644, durable=self.durable)
+        self._sync_dir(self.dir)
+        log.info("corrupt pod record %s set aside as %s: %s", path, dest, reason)
+        return dest
+
+    def remove_temp(self, path: str) -> bool:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise StateError(path, f"cannot remove: {e.strerror or e}") from e
+        return True
+
+    # --- the Manager's hooks (called with the pod's lock held) --------------------------------------
+
+    def _existing(self, ref: PodRef) -> PodRecord | None:
+        """The current record; a corrupt one is set aside (and counts as none)."""
+        try:
+            return self.get(ref)
+        except StateError as e:
+            if os.path.lexists(e.path):
+                dest = self.set_aside(e.path, e.reason)
+                log.warning("corrupt pod record %s: %s (set aside as %s)", e.path, e.reason, dest)
+            return None
+
+    def _write(self, rec: PodRecord) -> PodRecord:
+        from netplugin.store.locks import ensure_dir
+
+        if not os.path.isdir(self.dir):
+            ensure_dir(self.dir, 0o755)
+        path = self.path_for(rec.ref)
+        try:
+            atomic_write(path, rec.encode(), mode=0o644, durable=self.durable)
+        except Exception as e:
+            reason = getattr(e, "reason", None) or str(e)
+            raise StateError(path, f"cannot write: {reason}") from e
+        return replace(rec, path=path)
+
+    def _settle_orphans(self, rec: PodRecord | None) -> list[int]:
+        """Let plugin processes of a dead owner finish (or stop them at their deadline)."""
+        if rec is None or rec.settled or rec.owner.alive():
+            return []
+        from netplugin.store.orphans import plugin_processes, settle
+
+        procs = plugin_processes(self.state_dir, pod=rec.ref)
+        return settle(procs, timeout_for=self._timeout_for, kill_grace=self._kill_grace) if procs else []
+
+    def begin(
+        self,
+        pod: PodRef,
+        plugin_name: str,
+        version: str,
+        netns: str,
+        *,
+        pod_obj: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record the intent to set ``pod`` up, before the plugin runs."""
+        existing = self._existing(pod)
+        self._settle_orphans(existing)
+        now = now_iso()
+        uid = None
+        meta = pod_obj.get("metadata") if pod_obj is not None else None
+        if isinstance(meta, Mapping) and isinstance(meta.get("uid"), str) and meta["uid"]:
+            uid = meta["uid"]
+        rec = PodRecord(
+            ref=pod,
+            plugin=plugin_name,
+            plugin_version=version,
+            netns=netns,
+            netns_existed=bool(netns) and os.path.exists(netns),
+            host_known=pod_obj is not None,
+            state=SETTING_UP,
+            ip=existing.ip if existing is not None else None,
+            uid=uid,
+            created=existing.created if existing is not None else now,
+            updated=now,
+            ready_at=None,
+            owner=Owner.me(),
+        )
+        rec = self._write(rec)
+        with self._lock:
+            self._pending[record_filename(pod)] = rec
+
+    def complete(self, pod: PodRef, ip: str | None) -> None:
+        """Record that setup succeeded (with the pod's IP when known)."""
+        key = record_filename(pod)
+        with self._lock:
+            rec = self._pending.pop(key, None)
+        if rec is None:
+            rec = self.get(pod)
+            if rec is None:
+                raise StateError(self.path_for(pod), "the setup record disappeared before setup completed")
+        now = now_iso()
+        self._write(replace(rec, state=READY, ip=ip, updated=now, ready_at=now, owner=Owner.me()))
+
+    def mark_teardown(self, pod: PodRef) -> list[int]:
+        """Record that teardown is starting. No record: nothing to mark. Returns orphans it waited for."""
+        existing = self._existing(pod)
+        if existing is None:
+            return []
+        orphans = self._settle_orphans(existing)
+        self._write(replace(existing, state=TEARING_DOWN, updated=now_iso(), owner=Owner.me()))
+        return orphans
+
+    def observe_ip(self, pod: PodRef, ip: str) -> None:
+        """Record the IP a ``status`` reported, if the ready record lacks it or has another.
+
+        Costs a read per status call and a write only when the IP changes; a failure to write is
+        logged, never raised (status is a read for its caller).
+        """
+        try:
+            rec = self.get(pod)
+            if rec is not None and rec.state == READY and rec.ip != ip:
+                self._write(replace(rec, ip=ip, updated=now_iso()))
+        except StateError as e:
+            log.warning("cannot record the IP of %s: %s", pod, e.message)
+
+    def remove(self, pod: PodRef) -> None:
+        """Forget the pod (after its teardown or rollback succeeded)."""
+        with self._lock:
+            self._pending.pop(record_filename(pod), None)
+        path = self.path_for(pod)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise StateError(path, f"cannot remove: {e.strerror or e}") from e
+        self._sync_dir(self.dir)
+
+    def _sync_dir(self, path: str) -> None:
+        if not self.durable:
+            return
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)

@@ -1,0 +1,180 @@
+"""Fixtures for the daemon tests: a real ``netplugin serve`` process per test, and CLI drivers.
+
+The daemon is ready when it tells systemd so: the fixture listens on its own NOTIFY_SOCKET, which
+also proves the sd_notify support. Processes the plugin gets carry ``NP_TEST_ORIGIN``: ``daemon``
+when the daemon ran them, ``cli`` when a CLI process did, so a test can tell who did the work.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netplugin.frontends.client import request
+
+GATE = Path(__file__).resolve().parents[2] / "testplugins" / "gate"
+READY_WITHIN = 60.0  # a bound for a hung start, not a performance expectation
+
+
+class Daemon:
+    """A running ``python -m netplugin serve``."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], socket_path: str, log: Path, notify: socket.socket) -> None:
+        self.proc = proc
+        self.socket = socket_path
+        self.log = log
+        self.notify = notify
+        self.notes: list[str] = []
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_note(self, prefix: str, within: float = READY_WITHIN) -> str:
+        """Wait for an sd_notify message starting with ``prefix`` (READY=1, STOPPING=1)."""
+        end = time.monotonic() + within
+        while time.monotonic() < end:
+            for note in self.notes:
+                if note.startswith(prefix):
+                    return note
+            if self.proc.poll() is not None and not select.select([self.notify], [], [], 0)[0]:
+                raise AssertionError(f"daemon exited ({self.proc.returncode}) before {prefix}:\n{self.output()}")
+            if select.select([self.notify], [], [], 0.2)[0]:
+                self.notes.append(self.notify.recv(4096).decode())
+        raise AssertionError(f"no {prefix} from the daemon within {within}s:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def call(self, op: str, **args: Any) -> Any:
+        return request(self.socket, op, timeout=60, **args)
+
+    def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.call("health")
+        return result
+
+    def metrics(self) -> str:
+        address = self.health()["metrics_address"]
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
+            body: bytes = resp.read()
+        return body.decode()
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, within: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(within)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def wait_for(predicate: Any, what: str, within: float = 60.0) -> None:
+    """Poll ``predicate`` until it is true; fail (after a bound, not a timing claim) if it never is."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def daemon_env(cli_env: dict[str, str]) -> dict[str, str]:
+    """The daemon's environment: the CLI's test dirs, and the origin marker ``daemon``."""
+    env = dict(cli_env)
+    env.pop("NETPLUGIN_USE_DAEMON", None)
+    env["NP_TEST_ORIGIN"] = "daemon"
+    return env
+
+
+@pytest.fixture
+def start_daemon(daemon_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
+    """start_daemon(*args, env={...}, ready=True) -> Daemon; every daemon is stopped at the end."""
+    started: list[Daemon] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> Daemon:
+        n = len(started)
+        notify_path = str(tmp_path / f"notify{n}")
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(notify_path)
+        full = dict(daemon_env)
+        full.update(env or {})
+        full["NOTIFY_SOCKET"] = notify_path
+        log = tmp_path / f"daemon{n}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "netplugin", "-v", "serve", "--metrics-address", "127.0.0.1:0", *args],
+                env=full,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        sock = os.path.join(full["NETPLUGIN_RUN_DIR"], "netplugin.sock")
+        d = Daemon(proc, full.get("NETPLUGIN_SOCKET", sock), log, notify)
+        started.append(d)
+        if ready:
+            d.wait_note("READY=1")
+        return d
+
+    yield start
+    for d in started:
+        try:
+            d.stop(within=30)
+        except subprocess.TimeoutExpired:
+            d.kill()
+        d.notify.close()
+
+
+@pytest.fixture
+def cli(run_cli: Any) -> Any:
+    """cli(*args, mode="auto", env=...) runs the real CLI with ``use_daemon`` = mode, origin ``cli``."""
+
+    def run(
+        *args: str, mode: str = "auto", env: dict[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        full = {"NETPLUGIN_USE_DAEMON": mode, "NP_TEST_ORIGIN": "cli", **(env or {})}
+        result: subprocess.CompletedProcess[str] = run_cli(*args, env=full, timeout=timeout)
+        return result
+
+    return run
+
+
+@pytest.fixture
+def cli_popen(cli_env: dict[str, str]) -> Iterator[Any]:
+    """cli_popen(*args, mode="auto") starts the CLI in the background; all are reaped at the end."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, mode: str = "auto") -> subprocess.Popen[str]:
+        env = {**cli_env, "NETPLUGIN_USE_DAEMON": mode, "NP_TEST_ORIGIN": "cli"}
+        p = subprocess.Popen(
+            [sys.executable, "-m", "netplugin", *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()

@@ -1,0 +1,193 @@
+"""netplugin.hosts: where pod objects come from (StaticHost manifests, FakeHost, NullHost)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netplugin.core.config import Config
+from netplugin.core.errors import HostError
+from netplugin.hosts import make_host
+from netplugin.hosts.base import FakeHost, Host, NullHost
+from netplugin.hosts.static import StaticHost, load_manifest
+
+WEB_YAML = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-0
+  namespace: shop
+  labels: {app: web}
+spec:
+  containers: [{name: web, image: nginx}]
+"""
+
+DB_JSON = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db-0", "namespace": "shop"}})
+
+
+@pytest.fixture
+def pods(tmp_path: Path) -> Path:
+    d = tmp_path / "pods"
+    d.mkdir()
+    return d
+
+
+@pytest.mark.parametrize(
+    ("filename", "content", "ns", "name"),
+    [
+        ("web.yaml", WEB_YAML, "shop", "web-0"),
+        ("web.yml", WEB_YAML, "shop", "web-0"),
+        ("db.json", DB_JSON, "shop", "db-0"),
+        ("plain.yaml", "kind: Pod\nmetadata: {name: plain}\n", "default", "plain"),  # namespace defaults
+        ("nokind.yaml", "metadata: {name: nokind, namespace: x}\n", "x", "nokind"),  # kind defaults to Pod
+    ],
+)
+def test_static_host_finds_pods_by_namespace_and_name(pods: Path, filename: str, content: str, ns: str,
+                                                      name: str) -> None:
+    (pods / filename).write_text(content)
+    host = StaticHost(str(pods))
+    pod = host.get_pod_by_name(ns, name)
+    assert pod is not None
+    assert pod["metadata"]["name"] == name
+    assert pod["metadata"]["namespace"] == ns
+
+
+def test_static_host_matches_both_namespace_and_name(pods: Path) -> None:
+    (pods / "web.yaml").write_text(WEB_YAML)
+    (pods / "db.json").write_text(DB_JSON)
+    host = StaticHost(str(pods))
+    assert host.get_pod_by_name("shop", "web-0")["metadata"]["labels"] == {"app": "web"}  # type: ignore[index]
+    assert host.get_pod_by_name("shop", "db-0")["metadata"]["name"] == "db-0"  # type: ignore[index]
+    assert host.get_pod_by_name("default", "web-0") is None
+    assert host.get_pod_by_name("shop", "web-1") is None
+
+
+def test_static_host_ignores_files_without_a_manifest_suffix(pods: Path) -> None:
+    (pods / "web.yaml.bak").write_text("not: [yaml")
+    (pods / "notes.txt").write_text(WEB_YAML)
+    assert StaticHost(str(pods)).get_pod_by_name("shop", "web-0") is None
+
+
+def test_unreadable_manifest_is_said_rather_than_skipped(pods: Path) -> None:
+    (pods / "sub.yaml").mkdir()
+    with pytest.raises(HostError) as info:
+        StaticHost(str(pods)).get_pod_by_name("shop", "web-0")
+    assert str(pods / "sub.yaml") in info.value.message
+
+
+def test_static_host_reads_changes_without_restart(pods: Path) -> None:
+    host = StaticHost(str(pods))
+    assert host.get_pod_by_name("shop", "web-0") is None
+    (pods / "web.yaml").write_text(WEB_YAML)
+    assert host.get_pod_by_name("shop", "web-0") is not None
+
+
+def test_missing_dir_knows_no_pods(tmp_path: Path) -> None:
+    host = StaticHost(str(tmp_path / "missing"))
+    assert host.get_pod_by_name("default", "web-0") is None
+    assert host.list_pods() == []
+    assert host.kube_client() is None
+
+
+def test_unreadable_dir_is_a_host_error(tmp_path: Path) -> None:
+    f = tmp_path / "a-file"
+    f.write_text("")
+    with pytest.raises(HostError) as info:
+        StaticHost(str(f)).get_pod_by_name("default", "web-0")
+    assert str(f) in info.value.message
+
+
+def test_broken_manifest_of_another_pod_does_not_hide_a_good_one(pods: Path) -> None:
+    (pods / "a-broken.yaml").write_text("metadata: {name: [unclosed\n")
+    (pods / "web.yaml").write_text(WEB_YAML)
+    (pods / "z-broken.json").write_text("{")
+    pod = StaticHost(str(pods)).get_pod_by_name("shop", "web-0")
+    assert pod is not None and pod["metadata"]["name"] == "web-0"
+
+
+def test_broken_manifest_and_pod_not_found_is_a_host_error_naming_the_file(pods: Path) -> None:
+    broken = pods / "broken.yaml"
+    broken.write_text("metadata: {name: [unclosed\n")
+    (pods / "web.yaml").write_text(WEB_YAML)
+    with pytest.raises(HostError) as info:
+        StaticHost(str(pods)).get_pod_by_name("shop", "other")
+    assert str(broken) in info.value.message
+    assert "shop/other not found" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("filename", "content", "words"),
+    [
+        ("bad.yaml", "metadata: {name: [x\n", "is not valid YAML"),
+        ("bad.json", "{'single': 'quotes'}", "is not valid JSON"),
+        ("list.yaml", "- a\n", "expected a Pod object, got list"),
+        ("empty.yaml", "", "expected a Pod object, got NoneType"),
+        ("svc.yaml", "kind: Service\nmetadata: {name: s}\n", "kind must be 'Pod', got 'Service'"),
+        ("noname.yaml", "kind: Pod\nmetadata: {namespace: x}\n", "metadata.name is missing"),
+        ("numname.yaml", "kind: Pod\nmetadata: {name: 3}\n", "metadata.name is missing or not a string"),
+        ("nometa.yaml", "kind: Pod\n", "metadata.name is missing"),
+        ("badns.yaml", "kind: Pod\nmetadata: {name: a, namespace: ''}\n", "metadata.namespace must be"),
+        ("unsafe.yaml", "kind: !!python/object/apply:os.system ['true']\n", "is not valid YAML"),
+    ],
+)
+def test_load_manifest_errors_name_the_file(pods: Path, filename: str, content: str, words: str) -> None:
+    p = pods / filename
+    p.write_text(content)
+    with pytest.raises(HostError) as info:
+        load_manifest(str(p))
+    assert str(p) in info.value.message
+    assert words in info.value.message
+
+
+def test_load_manifest_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(HostError, match="cannot read pod manifest"):
+        load_manifest(str(tmp_path / "gone.yaml"))
+
+
+def test_list_pods(pods: Path) -> None:
+    (pods / "web.yaml").write_text(WEB_YAML)
+    (pods / "db.json").write_text(DB_JSON)
+    assert sorted(p["metadata"]["name"] for p in StaticHost(str(pods)).list_pods()) == ["db-0", "web-0"]
+
+
+# --- FakeHost and NullHost ----------------------------------------------------------------------------------
+
+
+def test_fake_host_returns_pods_and_records_lookups() -> None:
+    pod = {"kind": "Pod", "metadata": {"namespace": "shop", "name": "web-0"}}
+    client = object()
+    host = FakeHost({("shop", "web-0"): pod}, client=client)
+    host.add({"kind": "Pod", "metadata": {"name": "plain"}})
+    assert host.get_pod_by_name("shop", "web-0") is pod
+    assert host.get_pod_by_name("default", "plain") is not None
+    assert host.get_pod_by_name("shop", "nope") is None
+    assert host.lookups == [("shop", "web-0"), ("default", "plain"), ("shop", "nope")]
+    assert host.kube_client() is client
+
+
+def test_null_host_knows_nothing() -> None:
+    host = NullHost()
+    assert host.get_pod_by_name("default", "web-0") is None
+    assert host.kube_client() is None
+
+
+@pytest.mark.parametrize("host", [NullHost(), FakeHost(), StaticHost("/nonexistent")], ids=lambda h: type(h).__name__)
+def test_hosts_satisfy_the_protocol(host: Any) -> None:
+    assert isinstance(host, Host)
+
+
+@pytest.mark.parametrize(("kind", "cls"), [("none", NullHost), ("static", StaticHost)])
+def test_make_host(kind: str, cls: type, tmp_path: Path) -> None:
+    host = make_host(Config(host=kind, pods_dir=str(tmp_path)))
+    assert type(host) is cls
+    if isinstance(host, StaticHost):
+        assert host.directory == str(tmp_path)
+
+
+def test_make_host_kube() -> None:
+    host = make_host(Config(host="kube", kubeconfig="/nonexistent/kubeconfig"))
+    assert type(host).__name__ == "KubeHost"
+    assert isinstance(host, Host)
