@@ -20,6 +20,7 @@ from netplugin.core.errors import ConfigError
 __all__ = [
     "ACTIONS",
     "DEFAULT_CONFIG",
+    "DEFAULT_NODES_DIR",
     "DEFAULT_PLUGIN_DIR",
     "DEFAULT_PODS_DIR",
     "DEFAULT_RUN_DIR",
@@ -36,6 +37,7 @@ DEFAULT_RUN_DIR = "/run/netplugin"
 DEFAULT_CONFIG = "/etc/netplugin/netplugin.yaml"
 DEFAULT_SOCKET = DEFAULT_RUN_DIR + "/netplugin.sock"
 DEFAULT_PODS_DIR = "/etc/netplugin/pods"
+DEFAULT_NODES_DIR = "/etc/netplugin/nodes"
 DEFAULT_NETNS_TEMPLATE = "/var/run/netns/{infra_id}"
 ACTIONS = ("init", "setup", "teardown", "status")
 DEFAULT_TIMEOUTS = {"init": 10.0, "setup": 30.0, "teardown": 30.0, "status": 10.0}
@@ -69,6 +71,15 @@ class Config:
     socket: str | None = None
     metrics_address: str = "127.0.0.1:9465"
     use_daemon: str = "auto"
+    # --- the node and its cluster (issue 11) ---
+    #: this node's name; None: $NODE_NAME, else the hostname (see netplugin.core.node.node_name)
+    node_name: str | None = None
+    #: Node manifests for the static host (clusters without an API server)
+    nodes_dir: str = DEFAULT_NODES_DIR
+    #: the daemon keeps routes to the other nodes' pod CIDRs (host-gw)
+    node_routes: bool = True
+    #: how often the daemon re-checks those routes even when no Node changed
+    node_resync: float = 30.0
 
     def timeout_for(self, action: str) -> float:
         """The time limit of one action: ``--timeout`` when given, else the per-action setting."""
@@ -225,6 +236,17 @@ def _env(v: Any) -> dict[str, str]:
     return out
 
 
+def _node_name(v: Any) -> str | None:
+    if v is None or v == "":
+        return None
+    from netplugin.core.names import node_name_problem
+
+    problem = node_name_problem(_str(v))
+    if problem:
+        raise ValueError(f"must be a node name: {problem}")
+    return str(v)
+
+
 def _address(v: Any) -> str:
     if v is None or v is False or (isinstance(v, str) and v.lower() in ("", "none", "off")):
         return "none"  # metrics disabled (YAML reads a bare `off` as False)
@@ -257,6 +279,10 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "socket": _opt_path,
     "metrics_address": _address,
     "use_daemon": _choice(USE_DAEMON),
+    "node_name": _node_name,
+    "nodes_dir": _path,
+    "node_routes": _bool,
+    "node_resync": _seconds,
 }
 
 #: Environment variables and the keys they set. Mappings (timeouts, env) are file-only.
@@ -278,6 +304,9 @@ ENV_VARS: dict[str, str] = {
     "NETPLUGIN_SOCKET": "socket",
     "NETPLUGIN_METRICS_ADDRESS": "metrics_address",
     "NETPLUGIN_USE_DAEMON": "use_daemon",
+    # NODE_NAME (the Downward API's usual name) is read where the name is resolved, not here:
+    # it is not netplugin's variable, and the node name from the config file must win over it.
+    "NETPLUGIN_NODES_DIR": "nodes_dir",
 }
 
 

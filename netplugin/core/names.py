@@ -22,6 +22,7 @@ from netplugin.core.errors import InvalidArgument
 __all__ = [
     "PodRef",
     "escape_plugin_name",
+    "node_name_problem",
     "plugin_dir_and_exe",
     "unescape_plugin_name",
     "validate_infra_id",
@@ -106,6 +107,11 @@ def unescape_plugin_name(dirname: str) -> str:
 def plugin_dir_and_exe(name: str) -> tuple[str, str]:
     """(directory name, executable name) for a plugin name."""
     return escape_plugin_name(name), name.rsplit("/", 1)[-1]
+
+
+def node_name_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a Kubernetes node name (a DNS-1123 subdomain), or None."""
+    return _dns1123_subdomain_problem(value)
 
 
 def validate_namespace(value: str) -> str:

@@ -1,20 +1,35 @@
 """What a plugin may know about the node it runs on: name, pod CIDRs, internal addresses.
 
-Hosts produce :class:`NodeInfo`; the manager passes it to every plugin call (as the documented
-``NETPLUGIN_NODE_*`` variables, see :meth:`NodeInfo.env`); the daemon's node-level networking
-consumes lists of them (one per node of the cluster).
+Hosts produce :class:`NodeInfo` (from Kubernetes Node objects: :meth:`NodeInfo.from_node`); the
+manager passes this node's to every plugin call (as the documented ``NETPLUGIN_NODE_*``
+variables, see :meth:`NodeInfo.env`, and as ``CallContext.node``); the daemon's node-level
+networking consumes lists of them (one per node of the cluster).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["NodeInfo"]
+from netplugin.core.errors import HostError
+
+__all__ = ["NODE_ENV_VARS", "NodeInfo", "node_name"]
+
+#: The variables every plugin call gets (each an empty string when the host does not know it).
+NODE_ENV_VARS = ("NETPLUGIN_NODE_NAME", "NETPLUGIN_NODE_POD_CIDRS", "NETPLUGIN_NODE_INTERNAL_IPS")
 
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
-    """One node: its name, ``spec.podCIDRs`` (at most one per family) and InternalIP addresses."""
+    """One node: its name, ``spec.podCIDRs`` (at most one per family) and InternalIP addresses.
+
+    Both tuples are normalised (``10.1.2.0/24``, ``fd00:1::/64``, ``fd00::1``) and keep the
+    order of the Node object: ``spec.podCIDRs`` order, ``status.addresses`` order.
+    """
 
     name: str
     pod_cidrs: tuple[str, ...] = ()
@@ -27,3 +42,72 @@ class NodeInfo:
             "NETPLUGIN_NODE_POD_CIDRS": ",".join(self.pod_cidrs),
             "NETPLUGIN_NODE_INTERNAL_IPS": ",".join(self.internal_ips),
         }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "pod_cidrs": list(self.pod_cidrs), "internal_ips": list(self.internal_ips)}
+
+    def internal_ip(self, version: int) -> str | None:
+        """The first InternalIP of IP ``version`` (4 or 6), or None."""
+        return next((ip for ip in self.internal_ips if ipaddress.ip_address(ip).version == version), None)
+
+    @classmethod
+    def from_node(cls, obj: Mapping[str, Any], *, where: str = "Node") -> NodeInfo:
+        """Parse a Kubernetes Node object. Raises HostError naming the field and the reason.
+
+        ``spec.podCIDRs`` wins over the older single ``spec.podCIDR``; a second CIDR of one
+        family is ignored (the API server refuses such nodes; we do not trust one that slipped
+        through). Addresses other than ``InternalIP`` are ignored.
+        """
+        meta = obj.get("metadata")
+        if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta["name"]:
+            raise HostError(f"{where}: metadata.name is missing or not a string")
+        where = f"{where} {meta['name']}"
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        if not isinstance(spec, Mapping) or not isinstance(status, Mapping):
+            raise HostError(f"{where}: spec and status must be objects")
+        raw = spec.get("podCIDRs")
+        if raw is None:
+            raw = [spec["podCIDR"]] if spec.get("podCIDR") else []
+        if not isinstance(raw, list):
+            raise HostError(f"{where}: spec.podCIDRs must be a list")
+        cidrs: list[str] = []
+        for i, text in enumerate(raw):
+            try:
+                net = ipaddress.ip_network(text) if isinstance(text, str) else None
+            except ValueError as e:
+                raise HostError(f"{where}: spec.podCIDRs[{i}] {text!r} is not a network: {e}") from None
+            if net is None:
+                raise HostError(f"{where}: spec.podCIDRs[{i}] must be a string")
+            if all(ipaddress.ip_network(c).version != net.version for c in cidrs):
+                cidrs.append(str(net))
+        addresses = status.get("addresses") or []
+        if not isinstance(addresses, list):
+            raise HostError(f"{where}: status.addresses must be a list")
+        ips: list[str] = []
+        for i, entry in enumerate(addresses):
+            if not isinstance(entry, Mapping) or entry.get("type") != "InternalIP":
+                continue
+            try:
+                ip = str(ipaddress.ip_address(str(entry.get("address"))))
+            except ValueError:
+                raise HostError(
+                    f"{where}: status.addresses[{i}] {entry.get('address')!r} is not an IP address"
+                ) from None
+            if ip not in ips:
+                ips.append(ip)
+        return cls(meta["name"], tuple(cidrs), tuple(ips))
+
+
+def node_name(configured: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """This node's name: the config's ``node_name``, else ``$NODE_NAME``, else the hostname.
+
+    ``NODE_NAME`` is what a DaemonSet usually sets from the Downward API (``spec.nodeName``).
+    The hostname is lower-cased, as the kubelet does when it registers the node.
+    """
+    env = os.environ if environ is None else environ
+    if configured:
+        return configured
+    if env.get("NODE_NAME", "").strip():
+        return env["NODE_NAME"].strip()
+    return socket.gethostname().strip().lower()

@@ -39,6 +39,18 @@ Environment
     ``inherit_env: false`` passes only ``PATH``, ``LANG``, ``LC_ALL`` and
     ``TZ``. The config's ``env:`` mapping is added in both cases.
 
+    Every action (``init`` too) also gets the node it runs on, from the host
+    (a Kubernetes Node object, or a file of the static host):
+    ``NETPLUGIN_NODE_NAME`` (the node's name), ``NETPLUGIN_NODE_POD_CIDRS``
+    (its ``spec.podCIDRs``, comma-separated, in that order, at most one per
+    family: ``10.244.1.0/24,fd00:10:244:1::/64``) and
+    ``NETPLUGIN_NODE_INTERNAL_IPS`` (its ``InternalIP`` addresses,
+    comma-separated, in ``status.addresses`` order). The three are always set;
+    a value the host does not know (no Node object, no pod CIDR assigned yet) is
+    the empty string. Built-in plugins get the same variables in
+    ``CallContext.env`` and the parsed node as ``CallContext.node``.
+    ``init`` runs again when they change.
+
 Standard input
     For pod actions, the pod object (Kubernetes Pod JSON) when the host knows
     the pod; otherwise stdin is empty. A plugin need not read it.
@@ -83,6 +95,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from netplugin.core.errors import PluginFailed, PluginOutputError, PluginTimeout
 from netplugin.core.names import PodRef
+from netplugin.core.node import NodeInfo
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -114,6 +127,10 @@ _OWN_ENV = frozenset(
         "NETPLUGIN_POD_NAME",
         "NETPLUGIN_INFRA_ID",
         "NETPLUGIN_NETNS",
+        # set from the host at every call; an outer value must never leak in
+        "NETPLUGIN_NODE_NAME",
+        "NETPLUGIN_NODE_POD_CIDRS",
+        "NETPLUGIN_NODE_INTERNAL_IPS",
     }
 )
 
@@ -148,6 +165,8 @@ class CallContext:
     state_dir: str = ""
     kill_grace: float = 2.0
     max_output: int = 1 << 20
+    #: the node this call runs on (its NETPLUGIN_NODE_* variables are in ``env`` too)
+    node: NodeInfo | None = None
 
 
 @runtime_checkable

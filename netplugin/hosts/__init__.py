@@ -21,10 +21,10 @@ __all__ = ["FakeHost", "Host", "NullHost", "StaticHost", "make_host"]
 def make_host(config: Config) -> Host:
     """The Host the config asks for."""
     if config.host == "none":
-        return NullHost()
+        return NullHost(config.node_name)
     if config.host == "kube":
         from netplugin.hosts.kube import KubeHost
 
-        host: Host = KubeHost(kubeconfig=config.kubeconfig, timeout=config.kube_timeout)
+        host: Host = KubeHost(kubeconfig=config.kubeconfig, timeout=config.kube_timeout, node_name=config.node_name)
         return host
-    return StaticHost(config.pods_dir)
+    return StaticHost(config.pods_dir, nodes_dir=config.nodes_dir, node_name=config.node_name)

@@ -11,12 +11,17 @@ Hosts here:
   directory; the embedded default that needs no cluster (used by the demo).
 * ``netplugin.hosts.kube.KubeHost`` — a real API server (lives in its own module so
   that its imports stay off the CLI's cold path).
+
+Every host also knows the node netplugin runs on (:meth:`Host.node_info`, handed to
+plugins) and the nodes of its cluster (:meth:`Host.list_nodes`, which the daemon routes to).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
+
+from netplugin.core.node import NodeInfo, node_name
 
 __all__ = ["FakeHost", "Host", "NullHost", "Pod"]
 
@@ -38,9 +43,28 @@ class Host(Protocol):
         """A Kubernetes client for plugins that want one, or None."""
         ...
 
+    @property
+    def node_name(self) -> str:
+        """This node's name (known even when nothing else about the node is)."""
+        ...
+
+    def node_info(self) -> NodeInfo:
+        """This node: its pod CIDRs and InternalIPs, or just its name when the host has no record of it.
+
+        Raises :class:`~netplugin.core.errors.HostError` when the host cannot answer at all.
+        """
+        ...
+
+    def list_nodes(self) -> list[NodeInfo]:
+        """Every node of the cluster (this one included), sorted by name. HostError as above."""
+        ...
+
 
 class NullHost:
-    """Knows no pods and has no client (the kubelet's ``NewFakeHost(nil)``)."""
+    """Knows no pods and has no client (the kubelet's ``NewFakeHost(nil)``); knows this node by name only."""
+
+    def __init__(self, node_name: str | None = None) -> None:
+        self._node_name = node_name
 
     def get_pod_by_name(self, namespace: str, name: str) -> Pod | None:
         return None
@@ -48,14 +72,33 @@ class NullHost:
     def kube_client(self) -> Any | None:
         return None
 
+    @property
+    def node_name(self) -> str:
+        return node_name(self._node_name)
+
+    def node_info(self) -> NodeInfo:
+        return NodeInfo(self.node_name)
+
+    def list_nodes(self) -> list[NodeInfo]:
+        return []
+
 
 class FakeHost:
     """Pods from a dict keyed by ``(namespace, name)``; records every lookup."""
 
-    def __init__(self, pods: Mapping[tuple[str, str], Pod] | None = None, client: Any | None = None) -> None:
+    def __init__(
+        self,
+        pods: Mapping[tuple[str, str], Pod] | None = None,
+        client: Any | None = None,
+        *,
+        nodes: Iterable[NodeInfo] = (),
+        node_name: str = "fake-node",
+    ) -> None:
         self.pods: dict[tuple[str, str], Pod] = dict(pods or {})
         self.client = client
         self.lookups: list[tuple[str, str]] = []
+        self.nodes: dict[str, NodeInfo] = {n.name: n for n in nodes}
+        self._node_name = node_name
 
     def add(self, pod: Pod) -> None:
         meta = pod.get("metadata") or {}
@@ -67,3 +110,13 @@ class FakeHost:
 
     def kube_client(self) -> Any | None:
         return self.client
+
+    @property
+    def node_name(self) -> str:
+        return self._node_name
+
+    def node_info(self) -> NodeInfo:
+        return self.nodes.get(self._node_name) or NodeInfo(self._node_name)
+
+    def list_nodes(self) -> list[NodeInfo]:
+        return [self.nodes[k] for k in sorted(self.nodes)]

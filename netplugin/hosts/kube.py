@@ -38,83 +38,35 @@ import base64
 import http.client
 import json
 import logging
-import os
-import shutil
 import ssl
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError
-from netplugin.hosts.kubeconfig import DEFAULT_SERVICE_ACCOUNT_DIR, KubeSettings, resolve_settings
+from netplugin.core.node import NodeInfo, node_name
+from netplugin.hosts.kubeconfig import DEFAULT_SERVICE_ACCOUNT_DIR, KubeSettings, resolve_settings, ssl_context
+
+if TYPE_CHECKING:
+    from netplugin.hosts.watch import ClusterCache, WatchStream
 
 __all__ = ["DEFAULT_TIMEOUT", "KubeHost"]
 
 DEFAULT_TIMEOUT = 5.0
 #: etcd refuses objects over 1.5 MiB, so a larger answer is not a Pod: stop reading it.
 MAX_BODY = 8 << 20
+#: one page of a LIST (the informers ask for pages of LIST_PAGE objects)
+MAX_LIST_BODY = 64 << 20
 USER_AGENT = "netplugin/0.1.0 (kube)"
 
 log = logging.getLogger(__name__)
 
 Pod = dict[str, Any]
-
-
-# --- settings: kubeconfig ------------------------------------------------------------------------
-
-
-# --- settings: in-cluster service account --------------------------------------------------------
-
-
-# --- TLS -----------------------------------------------------------------------------------------
-
-
-def _ssl_context(s: KubeSettings) -> ssl.SSLContext:
-    try:
-        if s.insecure:
-            ctx = ssl.create_default_context()
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        else:
-            ctx = ssl.create_default_context(
-                cafile=s.ca_file, cadata=s.ca_data.decode("ascii", "replace") if s.ca_data else None
-            )
-        if s.has_client_cert:
-            _load_client_cert(ctx, s)
-    except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
-        raise HostError(f"{s.source}: cannot set up TLS: {e}") from e
-    return ctx
-
-
-def _load_client_cert(ctx: ssl.SSLContext, s: KubeSettings) -> None:
-    """load_cert_chain() only takes file names: put -data fields in a private dir just long enough to load."""
-    tmp: str | None = None
-    try:
-        cert, key = s.client_cert_file, s.client_key_file
-        if s.client_cert_data or s.client_key_data:
-            tmp = tempfile.mkdtemp(prefix="netplugin-kube-")  # mode 0700: the key never is world-readable
-            if s.client_cert_data:
-                cert = os.path.join(tmp, "client.crt")
-                _write_private(cert, s.client_cert_data)
-            if s.client_key_data:
-                key = os.path.join(tmp, "client.key")
-                _write_private(key, s.client_key_data)
-        assert cert is not None and key is not None  # guaranteed by load_kubeconfig
-        ctx.load_cert_chain(cert, key)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_private(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -149,6 +101,7 @@ class KubeHost:
         service_account_dir: str = DEFAULT_SERVICE_ACCOUNT_DIR,
         proxies: Mapping[str, str] | None = None,
         settings: KubeSettings | None = None,
+        node_name: str | None = None,
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
@@ -166,6 +119,11 @@ class KubeHost:
         self._client: Any | None = None
         # The daemon calls from several threads; settings, opener and client are built once.
         self._lock = threading.Lock()
+        self._node_name = node_name
+        #: requests sent, by (verb, resource): the daemon exports them, the benchmark counts them
+        self.requests: Counter[tuple[str, str]] = Counter()
+        #: the daemon's list+watch caches (see start_watching); None on the CLI path
+        self.cache: ClusterCache | None = None
 
     @classmethod
     def from_config(cls, config: Any, **kwargs: Any) -> KubeHost:
@@ -205,7 +163,7 @@ class KubeHost:
                         _NoRedirect(),
                     ]
                     if s.server.startswith("https:"):
-                        handlers.append(urllib.request.HTTPSHandler(context=_ssl_context(s)))
+                        handlers.append(urllib.request.HTTPSHandler(context=ssl_context(s)))
                     self._opener = urllib.request.build_opener(*handlers)
         return self._opener
 
@@ -231,7 +189,7 @@ class KubeHost:
     def _timed_out(self, where: str, url: str) -> HostError:
         return HostError(f"{where}: timed out after {self.timeout:g}s", url=url)
 
-    def _get(self, url: str, where: str) -> tuple[int, str, bytes, str | None]:
+    def _get(self, url: str, where: str, max_body: int | None = None) -> tuple[int, str, bytes, str | None]:
         """GET url -> (status, reason, body, Location). Transport failures are HostErrors."""
         s = self.settings
         request = urllib.request.Request(url, headers=self._headers(s), method="GET")
@@ -247,7 +205,7 @@ class KubeHost:
                 status = int(response.status)
                 reason = str(getattr(response, "reason", "") or http.client.responses.get(status, ""))
                 location = response.headers.get("Location") if response.headers else None
-                body = _read_body(response, deadline)
+                body = _read_body(response, deadline, max_body)
                 if body is None:
                     raise self._timed_out(where, url)
         except HostError:
@@ -278,7 +236,16 @@ class KubeHost:
     # -- the Host protocol --
 
     def get_pod_by_name(self, namespace: str, name: str) -> Pod | None:
-        """The Pod as a dict; None when the API says it does not exist (see the module docstring)."""
+        """The Pod as a dict; None when the API says it does not exist (see the module docstring).
+
+        A daemon that watches (:meth:`start_watching`) answers from its cache when the pod is
+        there, with no request; a pod not (yet) in the cache is fetched.
+        """
+        cache = self.cache
+        if cache is not None:
+            cached = cache.pod(namespace, name)
+            if cached is not None:
+                return cached
         try:
             pod = self._fetch_pod(namespace, name)
         except HostError as e:
@@ -291,13 +258,19 @@ class KubeHost:
         return pod
 
     def _fetch_pod(self, namespace: str, name: str) -> Pod | None:
-        s = self.settings
         # Names are validated upstream, but a URL is built here: escape anyway ("/" or "?" must not reroute).
         path = "/api/v1/namespaces/{}/pods/{}".format(
             urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")
         )
+        return self._fetch_object("Pod", path, namespace, name)
+
+    def _fetch_object(self, kind: str, path: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """GET one object: the object, None on 404 with a Status, HostError otherwise."""
+        s = self.settings
         url = s.server + path
-        where = f"cannot get pod {namespace}/{name} from {url}"
+        what = f"pod {namespace}/{name}" if kind == "Pod" else f"{kind.lower()} {name}"
+        where = f"cannot get {what} from {url}"
+        self.requests[("get", kind.lower() + "s")] += 1
         status, reason, body, location = self._get(url, where)
         doc = _json(body)
         if status == 200:
@@ -307,21 +280,40 @@ class KubeHost:
                     status=status,
                     url=url,
                 )
-            kind = doc.get("kind")
             meta = doc.get("metadata")
-            if kind != "Pod" or not isinstance(meta, dict):
-                raise HostError(f"{where}: answered 200 with kind {kind!r}, not a Pod", status=status, url=url)
-            if meta.get("name") != name or meta.get("namespace", namespace) != namespace:
+            if doc.get("kind") != kind or not isinstance(meta, dict):
                 raise HostError(
-                    f"{where}: answered with pod {meta.get('namespace')}/{meta.get('name')}, not the one asked for",
-                    status=status,
-                    url=url,
+                    f"{where}: answered 200 with kind {doc.get('kind')!r}, not a {kind}", status=status, url=url
+                )
+            if meta.get("name") != name or (namespace is not None and meta.get("namespace", namespace) != namespace):
+                got = f"{meta.get('namespace')}/{meta.get('name')}" if namespace is not None else meta.get("name")
+                raise HostError(
+                    f"{where}: answered with {kind.lower()} {got}, not the one asked for", status=status, url=url
                 )
             return doc
+        self._raise_status(where, url, status, reason, body, location, allow_404=True, verb="get", kind=kind)
+        return None
+
+    def _raise_status(
+        self,
+        where: str,
+        url: str,
+        status: int,
+        reason: str,
+        body: bytes,
+        location: str | None,
+        *,
+        allow_404: bool,
+        verb: str,
+        kind: str,
+    ) -> None:
+        """Turn a non-200 answer into a HostError (a 404 with a Status returns when ``allow_404``)."""
+        s = self.settings
+        doc = _json(body)
         is_status = isinstance(doc, dict) and doc.get("kind") == "Status"
-        if status == 404:
+        if status == 404 and allow_404:
             if is_status:
-                return None
+                return
             # A real API server always answers 404 with a Status; anything else is a wrong server address.
             raise HostError(
                 f"{where}: HTTP 404 without a Kubernetes Status body "
@@ -339,8 +331,101 @@ class KubeHost:
         elif status == 401:
             msg += f" (check the credentials of {s.source})"
         elif status == 403:
-            msg += " (the account needs get on pods: see etc/kubernetes/rbac.yaml)"
+            msg += f" (the account needs {verb} on {kind.lower()}s: see etc/kubernetes/rbac.yaml)"
         raise HostError(msg, status=status, url=url)
+
+    # -- nodes --
+
+    @property
+    def node_name(self) -> str:
+        return node_name(self._node_name)
+
+    def node_info(self) -> NodeInfo:
+        """This node from its Node object (the daemon's cache, else a GET); name only when it has none."""
+        me = self.node_name
+        cache = self.cache
+        if cache is not None and cache.nodes.synced.is_set():
+            obj = cache.nodes.get(("", me))
+        else:
+            obj = self._fetch_object("Node", "/api/v1/nodes/" + urllib.parse.quote(me, safe=""), None, me)
+        return NodeInfo.from_node(obj) if obj is not None else NodeInfo(me)
+
+    def list_nodes(self) -> list[NodeInfo]:
+        """Every node (the daemon's cache, else a LIST). A Node that does not parse is logged and left out."""
+        cache = self.cache
+        if cache is not None and cache.nodes.synced.is_set():
+            objs = cache.nodes.items()
+        else:
+            objs = self.list_collection("/api/v1/nodes", {}).get("items") or []
+        out = []
+        for obj in objs:
+            try:
+                out.append(NodeInfo.from_node(obj))
+            except HostError as e:
+                log.warning("ignoring a node: %s", e.message)
+        return sorted(out, key=lambda n: n.name)
+
+    # -- list and watch (the daemon's caches; see netplugin.hosts.watch) --
+
+    def list_collection(self, path: str, query: Mapping[str, str]) -> dict[str, Any]:
+        """GET a collection (one page of it); the List object. HostError with ``status`` otherwise."""
+        url = self.settings.server + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        resource = path.rsplit("/", 1)[-1]
+        where = f"cannot list {resource} from {url}"
+        self.requests[("list", resource)] += 1
+        status, reason, body, location = self._get(url, where, max_body=MAX_LIST_BODY)
+        doc = _json(body)
+        if status != 200:
+            self._raise_status(where, url, status, reason, body, location, allow_404=False, verb="list", kind=resource)
+        if not isinstance(doc, dict) or not str(doc.get("kind", "")).endswith("List"):
+            raise HostError(f"{where}: answered 200 with something that is not a List: {_snippet(body)}", url=url)
+        return doc
+
+    def watch_collection(self, path: str, query: Mapping[str, str], timeout: float) -> WatchStream:
+        """Open a watch of a collection (``query`` has ``watch=1``); HostError with ``status`` if not 200."""
+        from netplugin.hosts.watch import WatchStream, keepalive
+
+        s = self.settings
+        url = s.server + path + "?" + urllib.parse.urlencode(query)
+        resource = path.rsplit("/", 1)[-1]
+        where = f"cannot watch {resource} at {url}"
+        self.requests[("watch", resource)] += 1
+        request = urllib.request.Request(url, headers=self._headers(s), method="GET")
+        try:
+            # The socket timeout bounds each read; the server ends the stream after ``timeout``
+            # and sends bookmarks meanwhile, so a longer silence means a dead connection.
+            response: Any = self._get_opener(s).open(request, timeout=timeout + 60)
+        except urllib.error.HTTPError as e:
+            with e:
+                body = _read_body(e, time.monotonic() + self.timeout) or b""
+            self._raise_status(
+                where, url, e.code, str(e.reason), body, None, allow_404=False, verb="watch", kind=resource
+            )
+            raise AssertionError("unreachable") from None
+        except urllib.error.URLError as e:
+            raise self._transport_error(e.reason, where, url) from e
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise self._transport_error(e, where, url) from e
+        sock = keepalive(response)
+        return WatchStream(response, sock)
+
+    def start_watching(self, on_nodes_change: Callable[[], None] | None = None) -> ClusterCache:
+        """Start the daemon's caches: every Node, and this node's Pods (``spec.nodeName=<node>``).
+
+        From then on node and pod lookups answer from them once they are synced.
+        ``on_nodes_change`` is called (on the watch thread) whenever a Node changed.
+        """
+        from netplugin.hosts.watch import ClusterCache
+
+        if self.cache is None:
+            self.cache = ClusterCache(self, self.node_name, on_nodes_change)
+            self.cache.start()
+        return self.cache
+
+    def stop_watching(self) -> None:
+        cache, self.cache = self.cache, None
+        if cache is not None:
+            cache.stop()
 
     def kube_client(self) -> Any | None:
         """A lightkube ``Client`` with the same settings, built on first use.
@@ -359,58 +444,16 @@ class KubeHost:
     def _build_client(self) -> Any:
         if self._client is not None:
             return self._client
-        s = self.settings
-        try:
-            import httpx2
-            from lightkube import Client
-            from lightkube.config.kubeconfig import KubeConfig
-            from lightkube.config.models import Cluster, User
-        except ImportError as e:
-            raise HostError(
-                f"a Kubernetes client needs lightkube, which is not importable ({e}); "
-                "install netplugin[daemon] (lightkube>=1.0,<2)"
-            ) from e
+        from netplugin.hosts.kubeclient import lightkube_client
 
-        def b64(data: bytes | None) -> str | None:
-            return base64.b64encode(data).decode("ascii") if data else None
-
-        cluster = Cluster(
-            server=s.server,
-            certificate_auth=s.ca_file,
-            certificate_auth_data=b64(s.ca_data),
-            insecure=s.insecure,
-        )
-        # lightkube asserts a user exists even for anonymous access, hence User() rather than None.
-        user = User(
-            token=s.token,
-            token_file=s.token_file,
-            username=s.username,
-            password=s.password,
-            client_cert=s.client_cert_file,
-            client_key=s.client_key_file,
-            client_cert_data=b64(s.client_cert_data),
-            client_key_data=b64(s.client_key_data),
-        )
-        config = KubeConfig.from_one(cluster=cluster, user=user, namespace=s.namespace)
-        proxy = s.proxy_url
-        if proxy is None and self.proxies:
-            proxy = self.proxies.get("https") or self.proxies.get("http")
-        try:
-            client = Client(
-                config=config,
-                timeout=httpx2.Timeout(self.timeout),
-                trust_env=self.proxies is None,
-                proxy=proxy,
-            )
-        except Exception as e:  # lightkube raises assorted types (ConfigError, KeyError, ssl errors)
-            raise HostError(f"{s.source}: cannot build a lightkube client: {type(e).__name__}: {e}") from e
+        client = lightkube_client(self.settings, self.timeout, self.proxies)
         with self._lock:
             if self._client is None:
                 self._client = client
         return self._client
 
 
-def _read_body(response: Any, deadline: float) -> bytes | None:
+def _read_body(response: Any, deadline: float, limit: int | None = None) -> bytes | None:
     """Read at most MAX_BODY bytes; None when the overall deadline passes.
 
     The socket timeout bounds each read only; a server trickling bytes would
@@ -428,8 +471,9 @@ def _read_body(response: Any, deadline: float) -> bytes | None:
             return b"".join(chunks)
         chunks.append(chunk)
         total += len(chunk)
-        if total > MAX_BODY:
-            raise ValueError(f"response larger than {MAX_BODY} bytes")
+        limit = MAX_BODY if limit is None else limit
+        if total > limit:
+            raise ValueError(f"response larger than {limit} bytes")
 
 
 def _json(body: bytes) -> Any:

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
+import ssl
+import tempfile
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +35,7 @@ __all__ = [
     "load_kubeconfig",
     "load_service_account",
     "resolve_settings",
+    "ssl_context",
 ]
 
 
@@ -315,3 +319,50 @@ def resolve_settings(
         "no Kubernetes API configuration: set the kubeconfig option or KUBECONFIG, "
         f"run in a pod with a service account, or create {default}"
     )
+
+
+# --- TLS -----------------------------------------------------------------------------------------
+
+
+def ssl_context(s: KubeSettings) -> ssl.SSLContext:
+    """The TLS context the settings ask for (CA, client certificate, or no verification)."""
+    try:
+        if s.insecure:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        else:
+            ctx = ssl.create_default_context(
+                cafile=s.ca_file, cadata=s.ca_data.decode("ascii", "replace") if s.ca_data else None
+            )
+        if s.has_client_cert:
+            _load_client_cert(ctx, s)
+    except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+        raise HostError(f"{s.source}: cannot set up TLS: {e}") from e
+    return ctx
+
+
+def _load_client_cert(ctx: ssl.SSLContext, s: KubeSettings) -> None:
+    """load_cert_chain() only takes file names: put -data fields in a private dir just long enough to load."""
+    tmp: str | None = None
+    try:
+        cert, key = s.client_cert_file, s.client_key_file
+        if s.client_cert_data or s.client_key_data:
+            tmp = tempfile.mkdtemp(prefix="netplugin-kube-")  # mode 0700: the key never is world-readable
+            if s.client_cert_data:
+                cert = os.path.join(tmp, "client.crt")
+                _write_private(cert, s.client_cert_data)
+            if s.client_key_data:
+                key = os.path.join(tmp, "client.key")
+                _write_private(key, s.client_key_data)
+        assert cert is not None and key is not None  # guaranteed by load_kubeconfig
+        ctx.load_cert_chain(cert, key)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_private(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

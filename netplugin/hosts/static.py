@@ -1,4 +1,14 @@
-"""StaticHost: pods described by manifest files, for nodes without an API server (and the demo)."""
+"""StaticHost: pods and nodes described by manifest files, for clusters without an API server (and the demo).
+
+Pods are Pod manifests in ``pods_dir``; nodes are Node manifests in ``nodes_dir`` (the same
+shape as the API's: ``metadata.name``, ``spec.podCIDRs``, ``status.addresses`` with
+``InternalIP`` entries), one per file, for example::
+
+    kind: Node
+    metadata: {name: node-2}
+    spec: {podCIDRs: [10.244.2.0/24, "fd00:10:244:2::/64"]}
+    status: {addresses: [{type: InternalIP, address: 192.168.1.12}]}
+"""
 
 from __future__ import annotations
 
@@ -7,18 +17,20 @@ import os
 from typing import Any
 
 from netplugin.core.errors import HostError
+from netplugin.core.node import NodeInfo, node_name
 from netplugin.hosts.base import Pod
 
 __all__ = ["StaticHost", "load_manifest"]
 
 
-def load_manifest(path: str) -> Pod:
-    """Read one pod manifest (YAML or JSON). Raises HostError naming the file and the reason."""
+def load_manifest(path: str, kind: str = "Pod") -> Pod:
+    """Read one manifest of ``kind`` (YAML or JSON). Raises HostError naming the file and the reason."""
+    what = kind.lower()
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as e:
-        raise HostError(f"cannot read pod manifest {path}: {e.strerror or e}") from e
+        raise HostError(f"cannot read {what} manifest {path}: {e.strerror or e}") from e
     try:
         if path.endswith(".json"):
             doc = json.loads(raw)
@@ -27,19 +39,21 @@ def load_manifest(path: str) -> Pod:
 
             doc = load_yaml(raw)
     except ValueError as e:
-        raise HostError(f"pod manifest {path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: {e}") from e
+        syntax = "JSON" if path.endswith(".json") else "YAML"
+        raise HostError(f"{what} manifest {path} is not valid {syntax}: {e}") from e
     if not isinstance(doc, dict):
-        raise HostError(f"pod manifest {path}: expected a Pod object, got {type(doc).__name__}")
-    kind = doc.get("kind", "Pod")
-    if kind != "Pod":
-        raise HostError(f"pod manifest {path}: kind must be 'Pod', got {kind!r}")
+        raise HostError(f"{what} manifest {path}: expected a {kind} object, got {type(doc).__name__}")
+    found = doc.get("kind", kind)
+    if found != kind:
+        raise HostError(f"{what} manifest {path}: kind must be {kind!r}, got {found!r}")
     meta = doc.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
-        raise HostError(f"pod manifest {path}: metadata.name is missing or not a string")
-    ns = meta.get("namespace", "default")
-    if not isinstance(ns, str) or not ns:
-        raise HostError(f"pod manifest {path}: metadata.namespace must be a non-empty string")
-    meta.setdefault("namespace", "default")
+        raise HostError(f"{what} manifest {path}: metadata.name is missing or not a string")
+    if kind == "Pod":
+        ns = meta.get("namespace", "default")
+        if not isinstance(ns, str) or not ns:
+            raise HostError(f"pod manifest {path}: metadata.namespace must be a non-empty string")
+        meta.setdefault("namespace", "default")
     return doc
 
 
@@ -54,17 +68,20 @@ class StaticHost:
 
     SUFFIXES = (".yaml", ".yml", ".json")
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, nodes_dir: str | None = None, node_name: str | None = None) -> None:
         self.directory = directory
+        self.nodes_dir = nodes_dir
+        self._node_name = node_name
 
-    def _files(self) -> list[str]:
+    def _files(self, directory: str | None = None, what: str = "pod") -> list[str]:
+        directory = self.directory if directory is None else directory
         try:
-            names = sorted(os.listdir(self.directory))
+            names = sorted(os.listdir(directory))
         except FileNotFoundError:
             return []
         except OSError as e:
-            raise HostError(f"cannot read pod manifest dir {self.directory}: {e.strerror or e}") from e
-        return [os.path.join(self.directory, n) for n in names if n.endswith(self.SUFFIXES)]
+            raise HostError(f"cannot read {what} manifest dir {directory}: {e.strerror or e}") from e
+        return [os.path.join(directory, n) for n in names if n.endswith(self.SUFFIXES)]
 
     def get_pod_by_name(self, namespace: str, name: str) -> Pod | None:
         errors: list[HostError] = []
@@ -90,3 +107,32 @@ class StaticHost:
 
     def kube_client(self) -> Any | None:
         return None
+
+    # --- nodes ---
+
+    @property
+    def node_name(self) -> str:
+        return node_name(self._node_name)
+
+    def list_nodes(self) -> list[NodeInfo]:
+        """Every Node manifest in ``nodes_dir`` (none when it is unset or missing).
+
+        Unlike pods, one broken node file fails the whole list: the daemon routes from it, and a
+        node silently missing would lose its routes.
+        """
+        if not self.nodes_dir:
+            return []
+        nodes: dict[str, NodeInfo] = {}
+        for path in self._files(self.nodes_dir, "node"):
+            info = NodeInfo.from_node(load_manifest(path, "Node"), where=f"node manifest {path}:")
+            if info.name in nodes:
+                raise HostError(f"node manifest {path}: node {info.name!r} is described twice in {self.nodes_dir}")
+            nodes[info.name] = info
+        return [nodes[k] for k in sorted(nodes)]
+
+    def node_info(self) -> NodeInfo:
+        me = self.node_name
+        for info in self.list_nodes():
+            if info.name == me:
+                return info
+        return NodeInfo(me)

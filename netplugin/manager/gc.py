@@ -232,7 +232,8 @@ class _Plugins:
         if name not in self._cache:
             try:
                 if name == (self.manager.config.plugin or NOOP_NAME):
-                    self.manager.init()  # as Manager.teardown does, before the pod lock
+                    # as Manager.teardown does, before the pod lock
+                    self.manager.init(node=self.manager.node(strict=False))
                     self._cache[name] = self.manager.plugin
                 else:
                     # The plugin that set the pod up owns its resources, even after a config change.
@@ -277,7 +278,7 @@ def _teardown(
             plugin = plugins.get(current.plugin)
             pod_obj = _pod_object(manager, current)
             action.pids = store.mark_teardown(ref)
-            plugin.teardown(ref, manager._context(Action.TEARDOWN, ref, pod_obj))
+            plugin.teardown(ref, manager._context(Action.TEARDOWN, ref, pod_obj, node=manager.node(strict=False)))
             store.remove(ref)
         except NetpluginError as e:
             action.outcome = "failed"

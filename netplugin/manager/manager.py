@@ -30,6 +30,7 @@ from netplugin.core.config import Config
 from netplugin.core.discovery import Candidate, scan
 from netplugin.core.errors import HostError, NetpluginError, PluginError, PluginInvalid, PluginNotFound
 from netplugin.core.names import PodRef, escape_plugin_name, validate_plugin_name
+from netplugin.core.node import NodeInfo, node_name
 from netplugin.core.plugin import NOOP_NAME, Action, CallContext, ExecPlugin, Plugin, PodNetworkStatus, base_env
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
@@ -114,7 +115,11 @@ class Manager:
     def _marker_path(self, plugin: Plugin) -> str:
         return os.path.join(self.config.run_dir, "init", escape_plugin_name(plugin.name) + ".json")
 
-    def _marker_ok(self, path: str, boot: str, plugin: Plugin) -> bool:
+    def _settings(self, node: NodeInfo) -> dict[str, str]:
+        """What init prepares for: the config's env and the node (its pod CIDRs may set a bridge's address)."""
+        return {**self.config.env, **node.env()}
+
+    def _marker_ok(self, path: str, boot: str, plugin: Plugin, node: NodeInfo) -> bool:
         try:
             with open(path, "rb") as f:
                 marker = json.loads(f.read())
@@ -124,50 +129,81 @@ class Manager:
             return False  # unreadable or torn marker: run init again, which must be idempotent anyway
         if not isinstance(marker, dict) or marker.get("boot_id") != boot:
             return False
-        if marker.get("settings") != dict(self.config.env):
+        if marker.get("settings") != self._settings(node):
             return False  # init prepares for these settings (a bridge name, a subnet): new ones, new init
         key = getattr(plugin, "version_key", None)
         if key is not None and marker.get("version_key") == list(key()):
             return True  # unchanged file: skip hashing it
         return bool(marker.get("version") == plugin.version())
 
-    def init(self, *, force: bool = False) -> bool:
-        """Run the plugin's init unless it already ran this boot for this version. True if it ran."""
+    def init(self, *, force: bool = False, node: NodeInfo | None = None) -> bool:
+        """Run the plugin's init unless it already ran this boot for this version. True if it ran.
+
+        ``node`` is this node as the caller already looked it up (else it is looked up here).
+        """
         plugin = self.plugin
         path = self._marker_path(plugin)
         boot = boot_id()
-        if not force and self._marker_ok(path, boot, plugin):
+        node = node if node is not None else self.node()
+        if not force and self._marker_ok(path, boot, plugin, node):
             return False
         ensure_dir(os.path.dirname(path))
         with flocked(path[: -len(".json")] + ".lock"):
-            if not force and self._marker_ok(path, boot, plugin):
+            if not force and self._marker_ok(path, boot, plugin, node):
                 return False  # another process ran it while we waited
-            plugin.init(self._context(Action.INIT, None))
+            plugin.init(self._context(Action.INIT, None, node=node))
             key = getattr(plugin, "version_key", None)
             marker: dict[str, Any] = {
                 "plugin": plugin.name,
                 "boot_id": boot,
                 "version": plugin.version(),
                 "version_key": list(key()) if key is not None else None,
-                "settings": dict(self.config.env),
+                "settings": self._settings(node),
                 "time": time.time(),
                 "pid": os.getpid(),
             }
             atomic_write(path, json.dumps(marker).encode(), mode=0o644)
         return True
 
+    # --- the node -------------------------------------------------------------------------------------
+
+    def node(self, *, strict: bool = True) -> NodeInfo:
+        """This node, as the host knows it (name, pod CIDRs, InternalIPs).
+
+        ``strict=False`` (teardown, status: they must work while the API is away) turns a
+        host that cannot answer into a node known by name only.
+        """
+        lookup = getattr(self.host, "node_info", None)
+        if lookup is None:  # a Host written before hosts knew nodes
+            return NodeInfo(node_name(self.config.node_name))
+        try:
+            info: NodeInfo = lookup()
+        except HostError:
+            if strict:
+                raise
+            return NodeInfo(getattr(self.host, "node_name", None) or node_name(self.config.node_name))
+        return info
+
     # --- pod actions ------------------------------------------------------------------------------------
 
-    def _context(self, action: Action, pod: PodRef | None, pod_obj: dict[str, Any] | None = None) -> CallContext:
+    def _context(
+        self,
+        action: Action,
+        pod: PodRef | None,
+        pod_obj: dict[str, Any] | None = None,
+        *,
+        node: NodeInfo,
+    ) -> CallContext:
         c = self.config
         return CallContext(
             netns=c.netns_path(pod.infra_id) if pod is not None else "",
             pod=pod_obj,
             timeout=c.timeout_for(action.value),
-            env=self._env,
+            env={**self._env, **node.env()},
             state_dir=c.state_dir,
             kill_grace=c.kill_grace,
             max_output=c.max_output,
+            node=node,
         )
 
     def _lookup(self, pod: PodRef, action: Action) -> dict[str, Any] | None:
@@ -188,32 +224,35 @@ class Manager:
     def setup(self, pod: PodRef) -> PodNetworkStatus | None:
         """Set up the pod's network. Returns its status when the state store wants it recorded."""
         plugin = self.plugin
-        self.init()
+        node = self.node()
+        self.init(node=node)
         with self.pod_lock(pod):
             pod_obj = self._lookup(pod, Action.SETUP)
-            ctx = self._context(Action.SETUP, pod, pod_obj)
+            ctx = self._context(Action.SETUP, pod, pod_obj, node=node)
             if self.state is not None:
                 self.state.begin(pod, plugin.name, plugin.version(), ctx.netns, pod_obj=pod_obj)
             try:
                 plugin.setup(pod, ctx)
             except NetpluginError as e:
-                self._rollback(plugin, pod, pod_obj, e)
+                self._rollback(plugin, pod, pod_obj, e, node)
                 raise
             status = None
             if self.state is not None:
                 if self.state.record_status:  # one more exec on the pod-start path, for the record's IP
                     try:
-                        status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj))
+                        status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, node=node))
                     except PluginError:
                         status = None  # setup succeeded; a status failure must not undo it
                 self.state.complete(pod, status.ip if status else None)
             return status
 
-    def _rollback(self, plugin: Plugin, pod: PodRef, pod_obj: dict[str, Any] | None, err: NetpluginError) -> None:
+    def _rollback(
+        self, plugin: Plugin, pod: PodRef, pod_obj: dict[str, Any] | None, err: NetpluginError, node: NodeInfo
+    ) -> None:
         if not self.config.rollback_on_failure:
             return
         try:
-            plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj))
+            plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj, node=node))
         except NetpluginError as te:
             err.details["rollback_error"] = te.message
             return
@@ -224,35 +263,37 @@ class Manager:
     def teardown(self, pod: PodRef) -> None:
         """Tear down the pod's network (also when netplugin has no record of it)."""
         plugin = self.plugin
+        node = self.node(strict=False)
         init_error: PluginError | None = None
         try:
-            self.init()
+            self.init(node=node)
         except PluginError as e:
             # Teardown is best effort: a plugin whose init fails may still free what the pod holds,
             # and a teardown that can never succeed would be retried by the runtime for ever.
             init_error = e
         with self.pod_lock(pod):
             try:
-                self._teardown_locked(plugin, pod)
+                self._teardown_locked(plugin, pod, node)
             except NetpluginError as e:
                 if init_error is not None:
                     e.details["init_error"] = init_error.message
                 raise
 
-    def _teardown_locked(self, plugin: Plugin, pod: PodRef) -> None:
+    def _teardown_locked(self, plugin: Plugin, pod: PodRef, node: NodeInfo) -> None:
         pod_obj = self._lookup(pod, Action.TEARDOWN)
         if self.state is not None:
             self.state.mark_teardown(pod)
-        plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj))
+        plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj, node=node))
         if self.state is not None:
             self.state.remove(pod)
 
     def status(self, pod: PodRef) -> PodNetworkStatus | None:
         plugin = self.plugin
-        self.init()
+        node = self.node(strict=False)
+        self.init(node=node)
         with self.pod_lock(pod):
             pod_obj = self._lookup(pod, Action.STATUS)
-            result = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj))
+            result = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, node=node))
             if self.state is not None and result is not None:
                 self.state.observe_ip(pod, result.ip)  # records the IP without an exec at setup
             return result

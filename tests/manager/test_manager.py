@@ -438,8 +438,9 @@ def test_call_environment_from_the_config(plugin_dir: Any, make_manager: Any, fa
     plugin_dir.install("p")
     m = make_manager(plugin="p", runner=fake_runner, netns_template="/run/netns/np-{infra_id}",
                      env={"NETPLUGIN_BRIDGE_SUBNET": "10.203.4.0/24"}, inherit_env=False)
-    parent = {"PATH": "/only/this", "SECRET": "x", "NETPLUGIN_PLUGIN_DIR": "/stale", "NETPLUGIN_ACTION": "init"}
-    m = Manager(m.config, NullHost(), runner=fake_runner, environ=parent)
+    parent = {"PATH": "/only/this", "SECRET": "x", "NETPLUGIN_PLUGIN_DIR": "/stale", "NETPLUGIN_ACTION": "init",
+              "NETPLUGIN_NODE_POD_CIDRS": "10.9.9.0/24"}
+    m = Manager(m.config, NullHost("node-a"), runner=fake_runner, environ=parent)
     m.setup(POD)
     assert fake_runner.actions() == ["init", "setup"]
     setup_env = fake_runner.last("setup").env
@@ -453,9 +454,14 @@ def test_call_environment_from_the_config(plugin_dir: Any, make_manager: Any, fa
         "NETPLUGIN_POD_NAME": "web-0",
         "NETPLUGIN_INFRA_ID": "abc123",
         "NETPLUGIN_NETNS": "/run/netns/np-abc123",
+        # the node, always (a host that knows nothing more of it gives its name only)
+        "NETPLUGIN_NODE_NAME": "node-a",
+        "NETPLUGIN_NODE_POD_CIDRS": "",
+        "NETPLUGIN_NODE_INTERNAL_IPS": "",
     }
     init_env = fake_runner.last("init").env
     assert init_env["NETPLUGIN_ACTION"] == "init"
+    assert init_env["NETPLUGIN_NODE_NAME"] == "node-a"
     assert "NETPLUGIN_NETNS" not in init_env and "NETPLUGIN_POD_NAME" not in init_env
 
 

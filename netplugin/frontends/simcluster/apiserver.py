@@ -1,0 +1,480 @@
+"""A small Kubernetes API server for Nodes and Pods: the real REST shapes, in one process.
+
+No kube-apiserver can be installed on the machines netplugin is tested on, so the simulated
+cluster (tests, benchmarks, ``netplugin demo --nodes``) talks to this instead. It speaks the
+parts of the API that netplugin uses, with their real shapes and semantics:
+
+* ``GET /api/v1/nodes/{name}``, ``GET /api/v1/namespaces/{ns}/pods/{name}``: the object, or
+  404 with a ``Status``;
+* ``GET /api/v1/nodes``, ``/api/v1/pods``, ``/api/v1/namespaces/{ns}/pods``: a ``NodeList`` /
+  ``PodList`` whose ``metadata.resourceVersion`` is the store's revision (items without
+  ``kind``/``apiVersion``, as the real server sends them);
+* the same with ``watch=1``: a chunked stream of ``{"type": ..., "object": ...}`` lines,
+  ``ADDED``/``MODIFIED``/``DELETED`` after ``resourceVersion`` (all objects as ``ADDED`` first
+  when it is absent or ``"0"``), ``BOOKMARK`` events when ``allowWatchBookmarks=true``, the end
+  of the stream after ``timeoutSeconds``; a ``resourceVersion`` older than the retained history
+  answers ``ERROR`` with a 410 ``Expired`` ``Status`` (or, when asked by a test, HTTP 410);
+* ``fieldSelector`` (``spec.nodeName``, ``metadata.name``, ``metadata.namespace``,
+  ``status.phase`` for pods; ``metadata.name`` for nodes) with ``=``, ``==``, ``!=``; an object
+  leaving a watch's selector is sent as ``DELETED``, one entering it as ``ADDED``.
+
+Objects are changed in-process (:meth:`ApiServer.apply`, :meth:`ApiServer.delete`); tests can
+break watch streams, expire history and count requests.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import json
+import socket
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["ApiServer", "Event", "make_node", "make_pod"]
+
+Obj = dict[str, Any]
+
+_KINDS = {"nodes": "Node", "pods": "Pod"}
+_FIELDS: dict[str, dict[str, Callable[[Obj], str]]] = {
+    "pods": {
+        "metadata.name": lambda o: o["metadata"]["name"],
+        "metadata.namespace": lambda o: o["metadata"].get("namespace", ""),
+        "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName", ""),
+        "status.phase": lambda o: (o.get("status") or {}).get("phase", ""),
+    },
+    "nodes": {"metadata.name": lambda o: o["metadata"]["name"]},
+}
+
+
+def _resource(kind: object) -> str:
+    for resource, k in _KINDS.items():
+        if k == kind:
+            return resource
+    raise ValueError(f"kind must be Node or Pod, got {kind!r}")
+
+
+def make_node(name: str, pod_cidrs: list[str], internal_ips: list[str]) -> Obj:
+    """A Node as the API holds it (``spec.podCIDR`` is the first of ``spec.podCIDRs``)."""
+    spec: Obj = {"podCIDR": pod_cidrs[0], "podCIDRs": list(pod_cidrs)} if pod_cidrs else {}
+    addresses = [{"type": "InternalIP", "address": a} for a in internal_ips]
+    addresses.append({"type": "Hostname", "address": name})
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": spec,
+        "status": {"addresses": addresses},
+    }
+
+
+def make_pod(namespace: str, name: str, node: str, labels: dict[str, str] | None = None) -> Obj:
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
+        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "busybox"}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+@dataclass
+class Event:
+    rv: int
+    resource: str
+    type: str  # ADDED, MODIFIED, DELETED
+    obj: Obj
+    old: Obj | None = None
+
+
+class BadRequest(Exception):
+    pass
+
+
+@dataclass
+class _Selector:
+    terms: list[tuple[str, str, bool]] = field(default_factory=list)  # (field, value, equal)
+
+    @classmethod
+    def parse(cls, resource: str, text: str) -> _Selector:
+        sel = cls()
+        for term in filter(None, (t.strip() for t in text.split(","))):
+            if "!=" in term:
+                key, value, eq = *term.split("!=", 1), False
+            elif "==" in term:
+                key, value, eq = *term.split("==", 1), True
+            elif "=" in term:
+                key, value, eq = *term.split("=", 1), True
+            else:
+                raise BadRequest(f"invalid selector: '{text}'; can't understand '{term}'")
+            key = key.strip()
+            if key not in _FIELDS[resource]:
+                raise BadRequest(f"field label not supported: {key}")
+            sel.terms.append((key, value.strip(), eq))
+        return sel
+
+    def matches(self, resource: str, obj: Obj) -> bool:
+        return all((_FIELDS[resource][k](obj) == v) == eq for k, v, eq in self.terms)
+
+
+def _status(code: int, reason: str, message: str, details: Obj | None = None) -> Obj:
+    doc: Obj = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        doc["details"] = details
+    return doc
+
+
+class ApiServer:
+    """The server; ``url`` once started. Thread-safe: tests mutate while daemons watch."""
+
+    def __init__(
+        self,
+        *,
+        sock: socket.socket | None = None,
+        bookmark_interval: float = 1.0,
+        history: int = 10_000,
+    ) -> None:
+        self.bookmark_interval = bookmark_interval
+        self.history = history
+        self._cond = threading.Condition()
+        self._objects: dict[str, dict[tuple[str, str], Obj]] = {r: {} for r in _KINDS}
+        self._events: list[Event] = []
+        self._rv = 100  # as a real server, revisions do not start at 1
+        self._oldest = self._rv  # a watch from below this has lost history: 410
+        self._generation = 0  # bumped by break_watches(): streams opened before end abruptly
+        self._http410_next = 0
+        self._watching = 0  # watch streams open now
+        self.requests: list[tuple[str, str, str]] = []  # (verb, resource, query) of every request
+        self._closed = False
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                owner._handle(self)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        if sock is None:
+            self._httpd = Server(("127.0.0.1", 0), Handler)
+        else:
+            self._httpd = Server(sock.getsockname()[:2], Handler, bind_and_activate=False)
+            self._httpd.socket.close()
+            self._httpd.socket = sock
+            self._httpd.address_family = sock.family
+            sock.listen(128)
+        host, port = self._httpd.socket.getsockname()[:2]
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="fake-apiserver", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    # --- the store ---------------------------------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> int:
+        with self._cond:
+            return self._rv
+
+    def apply(self, obj: Obj) -> Obj:
+        """Create or replace ``obj`` (a Node or a Pod); returns the stored copy with its new revision."""
+        resource = _resource(obj.get("kind"))
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if resource == "pods":
+            meta.setdefault("namespace", "default")
+        key = (meta.get("namespace", "") if resource == "pods" else "", meta["name"])
+        with self._cond:
+            old = self._objects[resource].get(key)
+            self._rv += 1
+            meta["resourceVersion"] = str(self._rv)
+            if old is None:
+                meta["uid"] = str(uuid.uuid4())
+                meta["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            else:
+                meta["uid"] = old["metadata"]["uid"]
+                meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+            self._objects[resource][key] = obj
+            self._record(Event(self._rv, resource, "ADDED" if old is None else "MODIFIED", obj, old))
+            return copy.deepcopy(obj)
+
+    def objects(self, kind: str) -> list[Obj]:
+        """Copies of every stored ``kind`` (Node or Pod) object."""
+        resource = _resource(kind)
+        with self._cond:
+            return [copy.deepcopy(o) for _, o in sorted(self._objects[resource].items())]
+
+    def delete(self, kind: str, name: str, namespace: str = "default") -> bool:
+        resource = _resource(kind)
+        key = (namespace if resource == "pods" else "", name)
+        with self._cond:
+            old = self._objects[resource].pop(key, None)
+            if old is None:
+                return False
+            self._rv += 1
+            gone = copy.deepcopy(old)
+            gone["metadata"]["resourceVersion"] = str(self._rv)
+            self._record(Event(self._rv, resource, "DELETED", gone, old))
+            return True
+
+    def _record(self, ev: Event) -> None:
+        self._events.append(ev)
+        if len(self._events) > self.history:
+            dropped = self._events[: len(self._events) - self.history]
+            del self._events[: len(dropped)]
+            self._oldest = dropped[-1].rv
+        self._cond.notify_all()
+
+    # --- faults for tests -------------------------------------------------------------------------------
+
+    def expire_history(self) -> None:
+        """Forget every event so far (etcd compaction): a watch from an older revision gets 410."""
+        with self._cond:
+            self._events.clear()
+            self._oldest = self._rv
+            self._cond.notify_all()
+
+    def break_watches(self) -> None:
+        """End every open watch stream abruptly (no terminating chunk), as a dropped connection does."""
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
+    def answer_next_watches_410(self, count: int = 1) -> None:
+        """The next ``count`` watch requests get HTTP 410 with a Status (instead of an ERROR event)."""
+        with self._cond:
+            self._http410_next += count
+
+    def wait_watching(self, count: int, timeout: float = 5.0) -> bool:
+        """Wait until at least ``count`` watch streams are open (True) or ``timeout`` passes."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._watching >= count, timeout)
+
+    def count(self, verb: str | None = None, resource: str | None = None) -> int:
+        with self._cond:
+            return sum(
+                1 for v, r, _ in self.requests if (verb is None or v == verb) and (resource is None or r == resource)
+            )
+
+    # --- HTTP ------------------------------------------------------------------------------------------
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        parts = urllib.parse.urlsplit(h.path)
+        query = {k: v[-1] for k, v in urllib.parse.parse_qs(parts.query, keep_blank_values=True).items()}
+        segs = [urllib.parse.unquote(s) for s in parts.path.strip("/").split("/")]
+        namespace: str | None = None
+        name: str | None = None
+        if segs[:2] != ["api", "v1"]:
+            return self._send(h, 404, _status(404, "NotFound", "the server could not find the requested resource"))
+        rest = segs[2:]
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+        if not rest or rest[0] not in _KINDS or len(rest) > 2 or (rest[0] == "nodes" and namespace is not None):
+            return self._send(h, 404, _status(404, "NotFound", "the server could not find the requested resource"))
+        resource = rest[0]
+        if len(rest) == 2:
+            name = rest[1]
+        watch = query.get("watch", "") in ("1", "true")
+        verb = "watch" if watch else ("get" if name else "list")
+        with self._cond:
+            self.requests.append((verb, resource, parts.query))
+        try:
+            if name is not None:
+                if resource == "pods" and namespace is None:
+                    return self._send(
+                        h, 404, _status(404, "NotFound", "the server could not find the requested resource")
+                    )
+                return self._get(h, resource, namespace or "", name)
+            sel = _Selector.parse(resource, query.get("fieldSelector", ""))
+            if namespace is not None:
+                sel.terms.append(("metadata.namespace", namespace, True))
+            if watch:
+                return self._watch(h, resource, sel, query)
+            return self._list(h, resource, sel)
+        except BadRequest as e:
+            return self._send(h, 400, _status(400, "BadRequest", str(e)))
+
+    def _send(self, h: BaseHTTPRequestHandler, code: int, doc: Obj) -> None:
+        body = json.dumps(doc).encode()
+        h.send_response(code)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def _get(self, h: BaseHTTPRequestHandler, resource: str, namespace: str, name: str) -> None:
+        with self._cond:
+            obj = copy.deepcopy(self._objects[resource].get((namespace, name)))
+        if obj is None:
+            what = "pods" if resource == "pods" else "nodes"
+            return self._send(
+                h, 404, _status(404, "NotFound", f'{what} "{name}" not found', {"name": name, "kind": what})
+            )
+        self._send(h, 200, obj)
+
+    def _list(self, h: BaseHTTPRequestHandler, resource: str, sel: _Selector) -> None:
+        with self._cond:
+            items = [copy.deepcopy(o) for _, o in sorted(self._objects[resource].items()) if sel.matches(resource, o)]
+            rv = self._rv
+        for item in items:
+            item.pop("kind", None)
+            item.pop("apiVersion", None)
+        self._send(
+            h,
+            200,
+            {
+                "kind": _KINDS[resource] + "List",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": str(rv)},
+                "items": items,
+            },
+        )
+
+    def _watch(self, h: BaseHTTPRequestHandler, resource: str, sel: _Selector, query: dict[str, str]) -> None:
+        rv_text = query.get("resourceVersion", "")
+        bookmarks = query.get("allowWatchBookmarks", "") in ("1", "true")
+        try:
+            timeout = float(query.get("timeoutSeconds", "1800"))
+        except ValueError:
+            raise BadRequest(f"invalid timeoutSeconds {query.get('timeoutSeconds')!r}") from None
+        try:
+            since = int(rv_text) if rv_text not in ("", "0") else None
+        except ValueError:
+            raise BadRequest(f"invalid resourceVersion {rv_text!r}") from None
+        with self._cond:
+            if self._http410_next:
+                self._http410_next -= 1
+                return self._send(
+                    h, 410, _status(410, "Expired", f"too old resource version: {rv_text} ({self._oldest})")
+                )
+            generation = self._generation
+            initial: list[Obj] = []
+            if since is None:
+                since = self._rv
+                initial = [
+                    copy.deepcopy(o) for _, o in sorted(self._objects[resource].items()) if sel.matches(resource, o)
+                ]
+            expired = since < self._oldest
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        with self._cond:
+            self._watching += 1
+            self._cond.notify_all()
+        try:
+            if expired:
+                self._chunk(
+                    h,
+                    {
+                        "type": "ERROR",
+                        "object": _status(410, "Expired", f"too old resource version: {since} ({self._oldest})"),
+                    },
+                )
+                return self._end(h)
+            for obj in initial:
+                self._chunk(h, {"type": "ADDED", "object": obj})
+            for item in self._stream(resource, sel, since, generation, timeout, bookmarks):
+                if item is None:
+                    return  # broken on purpose: no terminating chunk, the connection just closes
+                self._chunk(h, item)
+            self._end(h)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            h.close_connection = True
+            with self._cond:
+                self._watching -= 1
+                self._cond.notify_all()
+
+    def _stream(
+        self, resource: str, sel: _Selector, since: int, generation: int, timeout: float, bookmarks: bool
+    ) -> Iterator[Obj | None]:
+        deadline = time.monotonic() + timeout
+        next_bookmark = time.monotonic() + self.bookmark_interval
+        sent = since
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed or self._generation != generation:
+                        yield None
+                        return
+                    pending = self._events[bisect.bisect_right(self._events, sent, key=lambda e: e.rv) :]
+                    now = time.monotonic()
+                    if pending or now >= deadline or (bookmarks and now >= next_bookmark):
+                        break
+                    self._cond.wait(min(deadline, next_bookmark if bookmarks else deadline) - now)
+                rv = self._rv
+            for ev in pending:
+                sent = ev.rv
+                out = self._translate(ev, sel)
+                if out is not None:
+                    yield out
+            now = time.monotonic()
+            if bookmarks and now >= next_bookmark:
+                next_bookmark = now + self.bookmark_interval
+                # Every revision up to rv has been seen (sent, or filtered out): say so.
+                sent = max(sent, rv)
+                yield {
+                    "type": "BOOKMARK",
+                    "object": {
+                        "kind": _KINDS[resource],
+                        "apiVersion": "v1",
+                        "metadata": {"resourceVersion": str(sent)},
+                    },
+                }
+            if now >= deadline:
+                return
+
+    @staticmethod
+    def _translate(ev: Event, sel: _Selector) -> Obj | None:
+        new_in = sel.matches(ev.resource, ev.obj)
+        old_in = ev.old is not None and sel.matches(ev.resource, ev.old)
+        if ev.type == "DELETED":
+            return {"type": "DELETED", "object": ev.obj} if old_in else None
+        if ev.type == "ADDED":
+            return {"type": "ADDED", "object": ev.obj} if new_in else None
+        if new_in and old_in:
+            return {"type": "MODIFIED", "object": ev.obj}
+        if new_in:
+            return {"type": "ADDED", "object": ev.obj}
+        if old_in:
+            return {"type": "DELETED", "object": ev.obj}
+        return None
+
+    @staticmethod
+    def _chunk(h: BaseHTTPRequestHandler, doc: Obj) -> None:
+        data = json.dumps(doc).encode() + b"\n"
+        h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        h.wfile.flush()
+
+    @staticmethod
+    def _end(h: BaseHTTPRequestHandler) -> None:
+        h.wfile.write(b"0\r\n\r\n")
+        h.wfile.flush()

@@ -1,0 +1,223 @@
+"""Routes between nodes (host-gw): each other node's pod CIDRs via its InternalIP.
+
+As flannel's host-gw backend does, a node reaches the pods of another node by a plain
+kernel route, ``<their pod CIDR> via <their InternalIP>``, one per family, which works when
+the nodes share an L2 segment (the next hop must be directly reachable). :class:`RouteTable`
+computes the routes a list of :class:`~netplugin.core.nodes.NodeInfo` asks for and makes the
+kernel's main table match them, with pyroute2 (the daemon calls it; nothing on a per-pod path).
+
+Ownership: every route netplugin makes carries the routing protocol number
+:data:`RTPROT_NETPLUGIN` (``ip route show proto 78``). Routes with another protocol are never
+changed or removed; a route of someone else to the same destination is reported as a conflict
+rather than replaced. :meth:`RouteTable.flush` removes exactly ours.
+
+Nodes that cannot be routed are reported, not silently skipped: each
+:class:`RouteProblem` names the node, the CIDR and why (no InternalIP of that family, next
+hop not on a directly connected network, overlap with this node's own pod CIDR, a CIDR
+claimed by two nodes, a foreign route in the way, a netlink error).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from netplugin.core.node import NodeInfo
+
+__all__ = ["RTPROT_NETPLUGIN", "Route", "RouteProblem", "RouteReport", "RouteTable"]
+
+#: The routing protocol number marking netplugin's routes (unassigned in iproute2's rt_protos).
+RTPROT_NETPLUGIN = 78
+_MAIN_TABLE = 254
+_RTN_LOCAL = 2
+_FAMILIES = {4: socket.AF_INET, 6: socket.AF_INET6}
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True, order=True)
+class Route:
+    """One route this node should have: ``dst via gateway dev oif``."""
+
+    dst: str
+    gateway: str
+    oif: int
+    node: str
+
+
+@dataclass(frozen=True, order=True)
+class RouteProblem:
+    """Why the pod CIDR ``cidr`` of ``node`` has no route."""
+
+    node: str
+    cidr: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"node {self.node} pod CIDR {self.cidr}: {self.reason}"
+
+
+@dataclass
+class RouteReport:
+    """What one reconciliation did, and what it could not do."""
+
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    routes: list[Route] = field(default_factory=list)  # every route of ours now in place
+    problems: list[RouteProblem] = field(default_factory=list)
+
+    @property
+    def touched(self) -> bool:
+        return bool(self.added or self.changed or self.removed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "routes": [{"dst": r.dst, "via": r.gateway, "node": r.node} for r in self.routes],
+            "problems": [{"node": p.node, "cidr": p.cidr, "reason": p.reason} for p in self.problems],
+        }
+
+
+class RouteTable:
+    """This node's routes to the other nodes' pod CIDRs. Thread-safe (one netlink socket, locked)."""
+
+    def __init__(self, self_name: str, *, proto: int = RTPROT_NETPLUGIN, table: int = _MAIN_TABLE) -> None:
+        self.self_name = self_name
+        self.proto = proto
+        self.table = table
+        self._ipr: Any = None
+        self._lock = threading.Lock()
+
+    def _nl(self) -> Any:
+        if self._ipr is None:
+            from pyroute2 import IPRoute
+
+            self._ipr = IPRoute()
+        return self._ipr
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ipr is not None:
+                self._ipr.close()
+                self._ipr = None
+
+    # --- the kernel's view ------------------------------------------------------------------------
+
+    def _dump(self) -> tuple[dict[str, tuple[str | None, int | None]], set[str]]:
+        """(our routes: dst -> (gateway, oif), destinations of other protocols' routes) in our table."""
+        ours: dict[str, tuple[str | None, int | None]] = {}
+        foreign: set[str] = set()
+        for family in _FAMILIES.values():
+            for r in self._nl().route("dump", family=family):
+                if (r.get_attr("RTA_TABLE") or r["table"]) != self.table or r["type"] != 1:  # RTN_UNICAST
+                    continue
+                dst_addr = r.get_attr("RTA_DST")
+                if dst_addr is None:
+                    continue  # a default route is never ours and never in our way
+                dst = str(ipaddress.ip_network(f"{dst_addr}/{r['dst_len']}", strict=False))
+                if r["proto"] == self.proto:
+                    ours[dst] = (r.get_attr("RTA_GATEWAY"), r.get_attr("RTA_OIF"))
+                else:
+                    foreign.add(dst)
+        return ours, foreign
+
+    def _next_hop(self, gateway: str) -> tuple[int | None, str]:
+        """(the interface to reach ``gateway`` directly, "") or (None, why it cannot be a next hop)."""
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        try:
+            answer = self._nl().route("get", dst=gateway)
+        except NetlinkError as e:
+            return None, f"InternalIP {gateway} is unreachable ({e.args[1] if len(e.args) > 1 else e})"
+        r = next(iter(answer))
+        if r["type"] == _RTN_LOCAL:
+            return None, f"InternalIP {gateway} is an address of this node"
+        via = r.get_attr("RTA_GATEWAY")
+        if via:
+            return (
+                None,
+                f"InternalIP {gateway} is not on a directly connected network (the kernel reaches it via {via})",
+            )
+        return r.get_attr("RTA_OIF"), ""
+
+    # --- what the nodes ask for ------------------------------------------------------------------
+
+    def desired(self, nodes: Iterable[NodeInfo]) -> tuple[list[Route], list[RouteProblem]]:
+        """The routes ``nodes`` ask for (sorted by destination), and the CIDRs that cannot be routed."""
+        nodes = sorted(nodes, key=lambda n: n.name)
+        own: list[Network] = [ipaddress.ip_network(c) for n in nodes if n.name == self.self_name for c in n.pod_cidrs]
+        claimed: dict[str, str] = {}
+        routes: list[Route] = []
+        problems: list[RouteProblem] = []
+        for node in nodes:
+            if node.name == self.self_name:
+                continue
+            for cidr in node.pod_cidrs:
+                net = ipaddress.ip_network(cidr)
+                gateway = node.internal_ip(net.version)
+                reason = ""
+                if gateway is None:
+                    reason = f"the node has no IPv{net.version} InternalIP"
+                elif any(net.overlaps(m) for m in own if m.version == net.version):
+                    reason = "overlaps this node's own pod CIDR"
+                elif str(net) in claimed:
+                    reason = f"also the pod CIDR of node {claimed[str(net)]}"
+                if reason:
+                    problems.append(RouteProblem(node.name, str(net), reason))
+                    continue
+                assert gateway is not None
+                claimed[str(net)] = node.name
+                oif, why = self._next_hop(gateway)
+                if oif is None:
+                    problems.append(RouteProblem(node.name, str(net), why))
+                    continue
+                routes.append(Route(str(net), gateway, oif, node.name))
+        return sorted(routes), problems
+
+    def reconcile(self, nodes: Iterable[NodeInfo]) -> RouteReport:
+        """Make our routes exactly those ``nodes`` ask for; other routes are left alone."""
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        report = RouteReport()
+        with self._lock:
+            want, report.problems = self.desired(nodes)
+            ours, foreign = self._dump()
+            wanted = {r.dst for r in want}
+            for dst, (gateway, oif) in sorted(ours.items()):
+                if dst in wanted:
+                    continue
+                try:
+                    self._nl().route("del", dst=dst, gateway=gateway, oif=oif, table=self.table, proto=self.proto)
+                except NetlinkError as e:
+                    if e.code != 3:  # ESRCH: gone already
+                        raise
+                report.removed.append(dst)
+            for r in want:
+                current = ours.get(r.dst)
+                if current == (r.gateway, r.oif):
+                    report.routes.append(r)
+                    continue
+                if current is None and r.dst in foreign:
+                    report.problems.append(
+                        RouteProblem(r.node, r.dst, "a route to it that netplugin did not make exists")
+                    )
+                    continue
+                try:
+                    self._nl().route(
+                        "replace", dst=r.dst, gateway=r.gateway, oif=r.oif, table=self.table, proto=self.proto
+                    )
+                except NetlinkError as e:
+                    report.problems.append(RouteProblem(r.node, r.dst, f"the kernel refused the route: {e}"))
+                    continue
+                (report.changed if current else report.added).append(r.dst)
+                report.routes.append(r)
+        report.problems.sort()
+        return report
+
+    def flush(self) -> list[str]:
+        """Remove every route of ours (a node leaving netplugin's care); returns their destinations."""
+        return self.reconcile([]).removed
