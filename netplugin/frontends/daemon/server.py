@@ -21,6 +21,11 @@ and for native plugins their warm libraries) and answers the thin client of
   (``set_up_pod``, ``tear_down_pod``, ``get_pod_network_status``). As in the
   kubelet, the time includes waiting for the pod's lock. Also
   ``netplugin_daemon_requests_total{op,outcome}``.
+* **Nodes** (:mod:`netplugin.frontends.daemon.nodes`): with ``host: kube`` the
+  daemon lists and watches every Node and this node's Pods, so pod and node
+  lookups are answered from memory; it keeps routes to the other nodes' pod
+  CIDRs (``node_routes``) and reports what it cannot route, in its health
+  answer (``node``) and as ``netplugin_node_*`` and ``netplugin_kube_*`` metrics.
 * **SIGHUP** rescans the exec dir, selects the plugin again and runs its init if
   its version changed. **SIGTERM** (or SIGINT) stops accepting, removes the
   socket (new callers then work alone), answers requests already read, waits
@@ -48,6 +53,7 @@ from netplugin.core.names import PodRef
 from netplugin.frontends.client import MAX_MESSAGE, OPS, POD_OPS, PROTOCOL_VERSION, fingerprint
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if
 from netplugin.frontends.daemon.metrics import Metrics
+from netplugin.frontends.daemon.nodes import NodeKeeper
 from netplugin.frontends.daemon.systemd import sd_notify
 
 if TYPE_CHECKING:
@@ -99,6 +105,8 @@ class Daemon:
         self.fingerprint = fingerprint(config)
         self.metrics = Metrics()
         self.metrics_address: str | None = None
+        self.nodes = NodeKeeper(config, manager.host)
+        self.nodes.register(self.metrics.registry)
         self.stats = _Stats(started=time.monotonic())
         self._plugin: str | None = None
         self._plugin_problem: str | None = None
@@ -206,6 +214,7 @@ class Daemon:
             "socket": self.socket_path,
             "metrics_address": self.metrics_address,
             "config": self.fingerprint,
+            "node": self.nodes.status(),
         }
 
     def check(self, req: Any) -> dict[str, Any]:
@@ -338,6 +347,8 @@ class Daemon:
             for sig, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")):
                 loop.add_signal_handler(sig, self._on_stop, name)
             loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+            # First the caches (a plugin's init may need this node's pod CIDRs), then the plugin.
+            self.nodes.start()
             await asyncio.to_thread(self.prepare)
             if self.config.metrics_address != "none":
                 self.metrics_address = self.metrics.serve(self.config.metrics_address)
@@ -375,6 +386,7 @@ class Daemon:
                 server.close()
             if inode is not None:
                 unlink_if(self.socket_path, inode)
+            self.nodes.stop()
             self.metrics.close()
             os.close(lock_fd)
 

@@ -1,0 +1,236 @@
+"""The daemon's node-level work: watch the cluster's nodes, keep the routes to them.
+
+:class:`NodeKeeper` runs beside the socket server:
+
+* with a host that watches (``host: kube``) it starts the host's list+watch caches (every
+  Node, and the Pods bound to this node, so that pod lookups need no request), and acts on
+  every Node change; with a host that does not (``host: static``) it re-reads the host's
+  nodes every 2 seconds and acts when they changed;
+* it keeps this node's routes to every other node's pod CIDRs (``node_routes``, on by
+  default: :class:`netplugin.nodenet.routes.RouteTable`), and re-checks them every
+  ``node_resync`` seconds even when nothing changed (a route someone deleted comes back);
+* it never acts on a view it has not fully read (a daemon that just started, or whose API
+  server is away, keeps the routes it has rather than removing them), and an empty view
+  (no cluster described at all) leaves the routing table alone;
+* what cannot be routed (a node without an InternalIP of the family, or not on a directly
+  connected network) is logged when it appears and when it is resolved, counted in
+  ``netplugin_node_route_problems`` and listed in the daemon's health (``netplugin daemon``).
+
+The routes stay when the daemon stops: a restart (an upgrade) must not cut pods off from
+the other nodes. A node leaving the cluster loses its routes on every other node.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from netplugin.core.errors import HostError
+from netplugin.core.node import NodeInfo
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
+
+    from netplugin.core.config import Config
+    from netplugin.hosts import Host
+    from netplugin.nodenet.routes import RouteReport, RouteTable
+
+__all__ = ["STATIC_POLL", "NodeKeeper"]
+
+log = logging.getLogger("netplugin.nodes")
+
+#: how often nodes are re-read from a host that cannot watch (files are cheap to read)
+STATIC_POLL = 2.0
+
+
+class NodeKeeper:
+    """Watches the nodes and keeps the routes; thread-safe status for health and metrics."""
+
+    def __init__(self, config: Config, host: Host, *, routes: RouteTable | None = None) -> None:
+        self.config = config
+        self.host = host
+        self.routes = routes
+        if routes is None and config.node_routes:
+            from netplugin.nodenet.routes import RouteTable
+
+            self.routes = RouteTable(host.node_name)
+        self.watching = hasattr(host, "start_watching")
+        self.nodes: list[NodeInfo] | None = None
+        self.report: RouteReport | None = None
+        self.error: str | None = None
+        self.syncs = 0
+        self.last_sync: float | None = None
+        self.sync_seconds = 0.0
+        self._kick = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # --- life cycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.watching:
+            self.host.start_watching(self.kick)  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._loop, name="netplugin-nodes", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kick.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        if self.watching:
+            self.host.stop_watching()  # type: ignore[attr-defined]
+        if self.routes is not None:
+            self.routes.close()
+
+    def kick(self) -> None:
+        """Something changed: look again now (called on watch threads)."""
+        self._kick.set()
+
+    def _synced(self) -> bool:
+        cache = getattr(self.host, "cache", None)
+        return cache is not None and bool(cache.nodes.synced.is_set())
+
+    def _loop(self) -> None:
+        poll = self.config.node_resync if self.watching else min(self.config.node_resync, STATIC_POLL)
+        last_full = 0.0
+        while not self._stop.is_set():
+            if self.watching and not self._synced():
+                self._kick.wait(0.2)  # until the first LIST is in: never act on an empty view
+                continue
+            due = time.monotonic() - last_full >= self.config.node_resync
+            kicked = self._kick.is_set()
+            self._kick.clear()
+            if self.sync(force=kicked or due):
+                last_full = time.monotonic()
+            self._kick.wait(poll)
+
+    # --- one pass ----------------------------------------------------------------------------------
+
+    def sync(self, *, force: bool = True) -> bool:
+        """Read the nodes and reconcile the routes (unless nothing changed and not ``force``). True if it ran."""
+        start = time.monotonic()
+        try:
+            nodes = self.host.list_nodes()
+        except HostError as e:
+            if self.error != e.message:
+                log.error("cannot read the cluster's nodes (routes left as they are): %s", e.message)
+            self.error = e.message
+            return False
+        if not force and nodes == self.nodes:
+            return False
+        if not nodes and not self.nodes:
+            # No cluster at all (a static host without node files): nothing to route, and no
+            # reason to touch the routing table.
+            self.nodes = nodes
+            return True
+        report = None
+        error = None
+        if self.routes is not None:
+            try:
+                report = self.routes.reconcile(nodes)
+            except Exception as e:  # netlink errors: report them, keep the daemon serving pods
+                error = f"cannot reconcile routes: {type(e).__name__}: {e}"
+                log.error("%s", error)
+        with self._lock:
+            previous = self.report
+            self.nodes, self.report, self.error = nodes, report or previous, error
+            self.syncs += 1
+            self.last_sync = time.time()
+            self.sync_seconds = time.monotonic() - start
+        if report is not None:
+            self._log_changes(report, previous)
+        return True
+
+    def _log_changes(self, report: RouteReport, previous: RouteReport | None) -> None:
+        for verb, dsts in (("added", report.added), ("changed", report.changed), ("removed", report.removed)):
+            if dsts:
+                log.info("routes %s: %s", verb, ", ".join(dsts))
+        before = set(previous.problems) if previous is not None else set()
+        for p in sorted(set(report.problems) - before):
+            log.warning("no route to %s", p)
+        for p in sorted(before - set(report.problems)):
+            log.info("resolved: %s", p)
+
+    # --- reporting ---------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The node block of the daemon's health answer."""
+        with self._lock:
+            me = next((n for n in self.nodes or [] if n.name == self.host.node_name), None)
+            out: dict[str, Any] = {
+                **(me or NodeInfo(self.host.node_name)).to_dict(),
+                "nodes": None if self.nodes is None else len(self.nodes),
+                "routes_enabled": self.routes is not None,
+                "syncs": self.syncs,
+                "last_sync": self.last_sync,
+                "error": self.error,
+            }
+            if self.report is not None:
+                out.update(self.report.to_dict())
+        cache = getattr(self.host, "cache", None)
+        if cache is not None:
+            out["watch"] = cache.status()
+        return out
+
+    def register(self, registry: CollectorRegistry) -> None:
+        """Export the node metrics on the daemon's registry (read at each scrape)."""
+        registry.register(_Collector(self))
+
+
+class _Collector:
+    """Prometheus collector over the keeper's state, the host's request counts and its watches."""
+
+    def __init__(self, keeper: NodeKeeper) -> None:
+        self.keeper = keeper
+
+    def describe(self) -> list[Metric]:
+        return []  # collected lazily; describing nothing keeps registration cheap
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        k = self.keeper
+        with k._lock:
+            report, nodes, syncs = k.report, k.nodes, k.syncs
+        routes = GaugeMetricFamily(
+            "netplugin_node_routes", "Routes to other nodes' pod CIDRs in place, by IP family.", labels=["family"]
+        )
+        for family in ("4", "6"):
+            count = sum(1 for r in report.routes if (":" in r.dst) == (family == "6")) if report else 0
+            routes.add_metric([family], count)
+        yield routes
+        problems = GaugeMetricFamily(
+            "netplugin_node_route_problems",
+            "Pod CIDRs of other nodes that cannot be routed (see the daemon's health for why).",
+        )
+        problems.add_metric([], len(report.problems) if report else 0)
+        yield problems
+        yield GaugeMetricFamily("netplugin_nodes", "Nodes in the cluster, as last read.", value=len(nodes or []))
+        yield CounterMetricFamily("netplugin_node_syncs", "Passes over the nodes (route reconciliations).", value=syncs)
+        counts = getattr(k.host, "requests", None)
+        if counts is not None:
+            req = CounterMetricFamily(
+                "netplugin_kube_requests",
+                "Requests to the Kubernetes API, by verb and resource.",
+                labels=["verb", "resource"],
+            )
+            for (verb, resource), n in sorted(dict(counts).items()):
+                req.add_metric([verb, resource], n)
+            yield req
+        cache = getattr(k.host, "cache", None)
+        if cache is not None:
+            watch = CounterMetricFamily(
+                "netplugin_kube_watch_events",
+                "What the list+watch caches did: lists, watches, relists after 410 Gone, failures, events, bookmarks.",
+                labels=["resource", "kind"],
+            )
+            for resource, st in cache.status().items():
+                for kind in ("lists", "watches", "relists", "failures", "events", "bookmarks"):
+                    watch.add_metric([resource, kind], st[kind])
+            yield watch
