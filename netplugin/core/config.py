@@ -63,6 +63,8 @@ class Config:
     check_permissions: bool = True
     rollback_on_failure: bool = True
     record_status: bool = False
+    #: the cluster's pod CIDRs (all nodes'): pod traffic to anywhere else is masqueraded (egress)
+    cluster_cidrs: tuple[str, ...] = ()
     max_output: int = 1 << 20
     host: str = "static"
     pods_dir: str = DEFAULT_PODS_DIR
@@ -206,6 +208,26 @@ def _netns_template(v: Any) -> str:
     return s
 
 
+def _cidrs(v: Any) -> tuple[str, ...]:
+    """A YAML list or a comma-separated string of networks, each given exactly (no host bits)."""
+    import ipaddress
+
+    if v is None:
+        return ()
+    items = (v.split(",") if v.strip() else []) if isinstance(v, str) else v
+    if not isinstance(items, list | tuple):
+        raise ValueError("must be a list of networks like 10.244.0.0/16, or a comma-separated string")
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str) or not item.strip():
+            raise ValueError(f"{item!r} is not a network in CIDR form")
+        try:
+            out.append(str(ipaddress.ip_network(item.strip(), strict=True)))
+        except ValueError as e:
+            raise ValueError(f"{item.strip()!r} is not a network in CIDR form ({e})") from None
+    return tuple(out)
+
+
 def _timeouts(v: Any) -> dict[str, float]:
     if not isinstance(v, Mapping):
         raise ValueError("must be a mapping of action to seconds")
@@ -271,6 +293,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "check_permissions": _bool,
     "rollback_on_failure": _bool,
     "record_status": _bool,
+    "cluster_cidrs": _cidrs,
     "max_output": _size,
     "host": _choice(HOST_KINDS),
     "pods_dir": _path,
@@ -298,6 +321,7 @@ ENV_VARS: dict[str, str] = {
     "NETPLUGIN_CHECK_PERMISSIONS": "check_permissions",
     "NETPLUGIN_ROLLBACK": "rollback_on_failure",
     "NETPLUGIN_RECORD_STATUS": "record_status",
+    "NETPLUGIN_CLUSTER_CIDRS": "cluster_cidrs",
     "NETPLUGIN_HOST": "host",
     "NETPLUGIN_PODS_DIR": "pods_dir",
     "NETPLUGIN_KUBECONFIG": "kubeconfig",

@@ -68,7 +68,12 @@ Exit status and output
 
     ``kind`` may be absent or ``PodNetworkStatus``; ``apiVersion`` absent or
     ``v1beta1``; ``ip`` must be an IPv4 or IPv6 address; other keys are
-    ignored. Only stdout is parsed: stderr never breaks status.
+    ignored. Only stdout is parsed: stderr never breaks status. A dual-stack
+    pod reports every address in ``ips`` (Kubernetes' ``podIPs``): at most one
+    per family, the primary first, and ``ip`` (which may then be left out)
+    equal to the first::
+
+        {"kind": "PodNetworkStatus", "ip": "10.1.2.3", "ips": ["10.1.2.3", "fd00::3"]}
 
 Time limits
     Every action has a time limit (defaults: setup and teardown 30 s, init and
@@ -144,12 +149,22 @@ class Action(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class PodNetworkStatus:
-    """What ``status`` reports: the pod's IP address."""
+    """What ``status`` reports: the pod's IP address, and with dual stack one per family."""
 
     ip: str
+    #: every address, ``ip`` first, at most one per family (Kubernetes' podIPs); () means ``(ip,)``
+    ips: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, str]:
-        return {"apiVersion": "v1beta1", "kind": "PodNetworkStatus", "ip": self.ip}
+    def __post_init__(self) -> None:
+        if not self.ips:
+            object.__setattr__(self, "ips", (self.ip,))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The status document; ``ips`` only when there is more than the one address ``ip``."""
+        out: dict[str, Any] = {"apiVersion": "v1beta1", "kind": "PodNetworkStatus", "ip": self.ip}
+        if len(self.ips) > 1:
+            out["ips"] = list(self.ips)
+        return out
 
 
 @dataclass(frozen=True)
@@ -221,18 +236,40 @@ def parse_status(stdout: bytes, *, plugin: str, pod: str = "") -> PodNetworkStat
     version = doc.get("apiVersion", "")
     if version not in ("", "v1beta1"):
         raise bad(f"unknown 'apiVersion' {version!r} (expected 'v1beta1')")
+    ips = _status_ips(doc.get("ips"), bad)
     if "ip" not in doc:
-        raise bad("no 'ip' in status")
-    ip = doc["ip"]
-    if not isinstance(ip, str):
-        raise bad(f"invalid 'ip' {ip!r}: must be a string")
+        if not ips:
+            raise bad("no 'ip' in status")
+        return PodNetworkStatus(ip=ips[0], ips=ips)
+    ip = _status_ip(doc["ip"], "'ip'", bad)
+    if ips and ips[0] != ip:
+        raise bad(f"invalid 'ip' {doc['ip']!r}: must be the first of 'ips' {list(ips)!r}")
+    return PodNetworkStatus(ip=ip, ips=ips)
+
+
+def _status_ip(value: Any, what: str, bad: Callable[[str], PluginOutputError]) -> str:
+    """One address of a status document, in canonical form."""
+    if not isinstance(value, str):
+        raise bad(f"invalid {what} {value!r}: must be a string")
     import ipaddress
 
     try:
-        addr = ipaddress.ip_address(ip)
+        return str(ipaddress.ip_address(value))
     except ValueError:
-        raise bad(f"invalid 'ip' {ip!r}: not an IPv4 or IPv6 address") from None
-    return PodNetworkStatus(ip=str(addr))
+        raise bad(f"invalid {what} {value!r}: not an IPv4 or IPv6 address") from None
+
+
+def _status_ips(value: Any, bad: Callable[[str], PluginOutputError]) -> tuple[str, ...]:
+    """The optional ``ips`` list: addresses, at most one per family."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise bad(f"invalid 'ips' {value!r}: must be a list of addresses")
+    out = tuple(_status_ip(v, "address in 'ips'", bad) for v in value)
+    families = [":" in ip for ip in out]
+    if len(set(families)) != len(families):
+        raise bad(f"invalid 'ips' {value!r}: at most one IPv4 and one IPv6 address")
+    return out
 
 
 # --- environment -------------------------------------------------------------------------------------

@@ -395,3 +395,42 @@ def test_config_is_frozen_and_serialisable() -> None:
     assert d["env"] == {"A": "1"}
     assert d["timeouts"] == DEFAULT_TIMEOUTS
     assert set(d) == {f.name for f in dataclasses.fields(Config)}
+
+
+# --- cluster_cidrs (egress, issue 11) -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("[10.244.0.0/16, 'fd00:10:244::/48']", ("10.244.0.0/16", "fd00:10:244::/48")),
+        ("'10.244.0.0/16, FD00:10:244::/48'", ("10.244.0.0/16", "fd00:10:244::/48")),
+        ("''", ()),
+        ("[]", ()),
+    ],
+)
+def test_cluster_cidrs_good(cfg_file: Any, value: str, expected: tuple[str, ...]) -> None:
+    assert load_config(cfg_file(f"cluster_cidrs: {value}\n"), environ={}).cluster_cidrs == expected
+
+
+def test_cluster_cidrs_from_the_environment(no_default_file: str) -> None:
+    cfg = load_config(environ={"NETPLUGIN_CLUSTER_CIDRS": "10.244.0.0/16,fd00:10:244::/48"})
+    assert cfg.cluster_cidrs == ("10.244.0.0/16", "fd00:10:244::/48")
+    assert load_config(environ={}).cluster_cidrs == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("[10.244.0.1/16]", "'10.244.0.1/16' is not a network in CIDR form (10.244.0.1/16 has host bits set)"),
+        ("'10.244.0.0/16,'", "'' is not a network in CIDR form"),
+        ("{a: 1}", "must be a list of networks"),
+        ("[10.244.0.0/16, 7]", "7 is not a network in CIDR form"),
+    ],
+)
+def test_cluster_cidrs_bad(cfg_file: Any, value: str, words: str) -> None:
+    path = cfg_file(f"cluster_cidrs: {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert (info.value.key, info.value.source) == ("cluster_cidrs", path)
+    assert words in info.value.reason

@@ -450,3 +450,47 @@ def test_register_builtin_refuses_bad_names(name: str) -> None:
     with pytest.raises(InvalidArgument):
         register_builtin(name, lambda config: NoopPlugin())
     assert name not in BUILTINS
+
+
+# --- dual stack: the 'ips' list (issue 11) --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stdout", "ip", "ips"),
+    [
+        pytest.param(b'{"ip":"10.1.2.3","ips":["10.1.2.3","FD00::3"]}', "10.1.2.3", ("10.1.2.3", "fd00::3"), id="both"),
+        pytest.param(b'{"ips":["fd00::3","10.1.2.3"]}', "fd00::3", ("fd00::3", "10.1.2.3"), id="ips-only-v6-first"),
+        pytest.param(b'{"ip":"10.1.2.3","ips":[]}', "10.1.2.3", ("10.1.2.3",), id="empty-ips"),
+        pytest.param(b'{"ip":"10.1.2.3"}', "10.1.2.3", ("10.1.2.3",), id="no-ips"),
+    ],
+)
+def test_parse_status_ips(stdout: bytes, ip: str, ips: tuple[str, ...]) -> None:
+    got = parse_status(stdout, plugin="p")
+    assert got is not None and (got.ip, got.ips) == (ip, ips)
+
+
+@pytest.mark.parametrize(
+    ("stdout", "words"),
+    [
+        pytest.param(b'{"ip":"10.1.2.3","ips":"10.1.2.3"}', "invalid 'ips' '10.1.2.3': must be a list", id="not-list"),
+        pytest.param(b'{"ips":["10.1.2.3",7]}', "invalid address in 'ips' 7: must be a string", id="number"),
+        pytest.param(b'{"ips":["10.1.2.x"]}', "invalid address in 'ips' '10.1.2.x': not an IPv4", id="bad"),
+        pytest.param(b'{"ips":["10.1.2.3","10.1.2.4"]}', "at most one IPv4 and one IPv6 address", id="two-v4"),
+        pytest.param(b'{"ip":"10.1.2.4","ips":["10.1.2.3","fd00::3"]}', "must be the first of", id="not-first"),
+        pytest.param(b'{"ips":[]}', "no 'ip'", id="empty"),
+    ],
+)
+def test_parse_status_rejects_bad_ips(stdout: bytes, words: str) -> None:
+    with pytest.raises(PluginOutputError) as info:
+        parse_status(stdout, plugin="p", pod="default/web-0")
+    assert words in info.value.message
+
+
+def test_pod_network_status_ips() -> None:
+    single = PodNetworkStatus("10.1.2.3")
+    assert single.ips == ("10.1.2.3",) and single == PodNetworkStatus("10.1.2.3", ("10.1.2.3",))
+    dual = PodNetworkStatus("10.1.2.3", ("10.1.2.3", "fd00::3"))
+    assert dual.to_dict() == {
+        "apiVersion": "v1beta1", "kind": "PodNetworkStatus", "ip": "10.1.2.3", "ips": ["10.1.2.3", "fd00::3"],
+    }
+    assert parse_status(json.dumps(dual.to_dict()).encode(), plugin="p") == dual
