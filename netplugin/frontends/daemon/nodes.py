@@ -12,12 +12,16 @@
 * it never acts on a view it has not fully read (a daemon that just started, or whose API
   server is away, keeps the routes it has rather than removing them), and an empty view
   (no cluster described at all) leaves the routing table alone;
+* with ``cluster_cidrs`` set it keeps the egress masquerade (:mod:`netplugin.nodenet.egress`)
+  for this node's pod CIDRs;
+* when this node's own Node is deleted (the node leaves the cluster) it removes its routes
+  and its egress table, and keeps them removed until the Node comes back;
 * what cannot be routed (a node without an InternalIP of the family, or not on a directly
   connected network) is logged when it appears and when it is resolved, counted in
   ``netplugin_node_route_problems`` and listed in the daemon's health (``netplugin daemon``).
 
-The routes stay when the daemon stops: a restart (an upgrade) must not cut pods off from
-the other nodes. A node leaving the cluster loses its routes on every other node.
+Routes and egress rules stay when the daemon stops: a restart (an upgrade) must not cut pods
+off from the other nodes. A node leaving the cluster loses its routes on every other node.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from netplugin.core.errors import HostError
+from netplugin.core.errors import HostError, NetpluginError
 from netplugin.core.node import NodeInfo
 
 if TYPE_CHECKING:
@@ -37,6 +41,7 @@ if TYPE_CHECKING:
 
     from netplugin.core.config import Config
     from netplugin.hosts import Host
+    from netplugin.nodenet.egress import Egress, EgressRules
     from netplugin.nodenet.routes import RouteReport, RouteTable
 
 __all__ = ["STATIC_POLL", "NodeKeeper"]
@@ -50,7 +55,9 @@ STATIC_POLL = 2.0
 class NodeKeeper:
     """Watches the nodes and keeps the routes; thread-safe status for health and metrics."""
 
-    def __init__(self, config: Config, host: Host, *, routes: RouteTable | None = None) -> None:
+    def __init__(
+        self, config: Config, host: Host, *, routes: RouteTable | None = None, egress: Egress | None = None
+    ) -> None:
         self.config = config
         self.host = host
         self.routes = routes
@@ -58,6 +65,15 @@ class NodeKeeper:
             from netplugin.nodenet.routes import RouteTable
 
             self.routes = RouteTable(host.node_name)
+        self.egress = egress
+        if egress is None and config.cluster_cidrs:
+            from netplugin.nodenet.egress import Egress
+
+            self.egress = Egress()
+        self.egress_rules: EgressRules | None = None
+        #: this node was in the cluster (its Node seen) / has left it (its Node deleted since)
+        self.member = False
+        self.departed = False
         self.watching = hasattr(host, "start_watching")
         self.nodes: list[NodeInfo] | None = None
         self.report: RouteReport | None = None
@@ -113,7 +129,7 @@ class NodeKeeper:
     # --- one pass ----------------------------------------------------------------------------------
 
     def sync(self, *, force: bool = True) -> bool:
-        """Read the nodes and reconcile the routes (unless nothing changed and not ``force``). True if it ran."""
+        """Read the nodes, reconcile routes and egress (unless nothing changed and not ``force``). True if it ran."""
         start = time.monotonic()
         try:
             nodes = self.host.list_nodes()
@@ -124,28 +140,58 @@ class NodeKeeper:
             return False
         if not force and nodes == self.nodes:
             return False
-        if not nodes and not self.nodes:
-            # No cluster at all (a static host without node files): nothing to route, and no
-            # reason to touch the routing table.
-            self.nodes = nodes
-            return True
-        report = None
-        error = None
-        if self.routes is not None:
-            try:
-                report = self.routes.reconcile(nodes)
-            except Exception as e:  # netlink errors: report them, keep the daemon serving pods
-                error = f"cannot reconcile routes: {type(e).__name__}: {e}"
-                log.error("%s", error)
+        me = next((n for n in nodes if n.name == self.host.node_name), None)
+        if me is not None:
+            self.departed = False
+        elif self.member:
+            log.warning(
+                "node %s left the cluster (its Node is gone): removing its routes and egress rules", self.host.node_name
+            )
+            self.departed = True
+        self.member = me is not None
+        errors: list[str] = []
+        report = self._routes(nodes, errors)
+        self._egress(me, errors)
         with self._lock:
             previous = self.report
-            self.nodes, self.report, self.error = nodes, report or previous, error
+            self.nodes, self.report = nodes, report or previous
+            self.error = "; ".join(errors) or None
             self.syncs += 1
             self.last_sync = time.time()
             self.sync_seconds = time.monotonic() - start
         if report is not None:
             self._log_changes(report, previous)
         return True
+
+    def _routes(self, nodes: list[NodeInfo], errors: list[str]) -> RouteReport | None:
+        if self.routes is None or (not nodes and not self.nodes):
+            # No cluster at all (a static host without node files): nothing to route, and no
+            # reason to touch the routing table.
+            return None
+        try:
+            return self.routes.reconcile([] if self.departed else nodes)
+        except Exception as e:  # netlink errors: report them, keep the daemon serving pods
+            errors.append(f"cannot reconcile routes: {type(e).__name__}: {e}")
+            log.error("%s", errors[-1])
+            return None
+
+    def _egress(self, me: NodeInfo | None, errors: list[str]) -> None:
+        if self.egress is None:
+            return
+        try:
+            if self.departed:
+                self.egress.remove()
+                self.egress_rules = None
+                return
+            pod_cidrs = me.pod_cidrs if me is not None else ()
+            rules = self.egress.ensure(self.config.cluster_cidrs, pod_cidrs)
+        except NetpluginError as e:
+            errors.append(e.message)
+            log.error("egress: %s", e.message)
+            return
+        if rules != self.egress_rules:
+            log.info("egress: masquerading pod traffic leaving %s", ", ".join(self.config.cluster_cidrs))
+        self.egress_rules = rules
 
     def _log_changes(self, report: RouteReport, previous: RouteReport | None) -> None:
         for verb, dsts in (("added", report.added), ("changed", report.changed), ("removed", report.removed)):
@@ -167,6 +213,10 @@ class NodeKeeper:
                 **(me or NodeInfo(self.host.node_name)).to_dict(),
                 "nodes": None if self.nodes is None else len(self.nodes),
                 "routes_enabled": self.routes is not None,
+                "egress": None
+                if self.egress is None
+                else {"table": self.egress.table, "applied": self.egress_rules is not None},
+                "departed": self.departed,
                 "syncs": self.syncs,
                 "last_sync": self.last_sync,
                 "error": self.error,
