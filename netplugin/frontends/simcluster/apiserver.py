@@ -433,6 +433,8 @@ class ApiServer:
                 rv = self._rv
             for ev in pending:
                 sent = ev.rv
+                if ev.resource != resource:
+                    continue
                 out = self._translate(ev, sel)
                 if out is not None:
                     yield out

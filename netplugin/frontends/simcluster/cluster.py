@@ -4,7 +4,7 @@ Layout (every name carries the run's random tag, so runs never meet)::
 
     netns np<tag>u   "the underlay": bridge br0 10.206.0.1/24 fd6e:7031:1a00::1/64,
                      the test API server listening there, and an address "outside the
-                     cluster" (10.206.1.1, fd6e:7031:1a00:1::1) on a dummy link
+                     cluster" (10.206.1.1, fd6e:7031:1a00:1::1) on its lo
     netns np<tag>n1  node-1: eth0 10.206.0.11 fd6e:7031:1a00::11 (a veth to br0),
                      default routes via the underlay, forwarding on, its own
                      ``netplugin serve`` (host: kube, node_name: node-1)
@@ -113,6 +113,7 @@ class SimCluster:
         plugin_source: Path | None = None,
         tag: str | None = None,
         extra_config: dict[str, Any] | None = None,
+        node_subnets: bool = True,
         bookmark_interval: float = 1.0,
         progress: Callable[[str], None] = lambda _msg: None,
     ) -> None:
@@ -120,6 +121,8 @@ class SimCluster:
         self.plugin = plugin
         self.plugin_source = plugin_source
         self.extra_config = dict(extra_config or {})
+        #: the bridge plugin takes its subnets from the Node (``subnet: node``); False: the IPv4 CIDR, written out
+        self.node_subnets = node_subnets
         self.progress = progress
         self.underlay = f"np{self.tag}u"
         self.nodes: dict[str, SimNode] = {}
@@ -164,10 +167,10 @@ class SimCluster:
         ip("-n", u, "link", "set", "br0", "up")
         ip("-n", u, "addr", "add", f"{UNDERLAY_V4.network_address + 1}/{UNDERLAY_V4.prefixlen}", "dev", "br0")
         ip("-n", u, "addr", "add", f"{UNDERLAY_V6.network_address + 1}/{UNDERLAY_V6.prefixlen}", "dev", "br0")
-        ip("-n", u, "link", "add", "ext0", "type", "dummy")
-        ip("-n", u, "link", "set", "ext0", "up")
-        ip("-n", u, "addr", "add", f"{OUTSIDE_V4}/32", "dev", "ext0")
-        ip("-n", u, "addr", "add", f"{OUTSIDE_V6}/128", "dev", "ext0")
+        # "Outside the cluster": addresses of the underlay namespace itself (on lo: no dummy
+        # link needed), reached by the nodes through their default routes.
+        ip("-n", u, "addr", "add", f"{OUTSIDE_V4}/32", "dev", "lo")
+        ip("-n", u, "addr", "add", f"{OUTSIDE_V6}/128", "dev", "lo")
         sock = socket_in_netns(u, socket.AF_INET, (str(UNDERLAY_V4.network_address + 1), 0))
         self.api = ApiServer(sock=sock, bookmark_interval=self._bookmark_interval)
         self.progress(f"underlay {u}: API server at {self.api.url}")
@@ -253,9 +256,11 @@ class SimCluster:
             "kubeconfig": str(node.root / "kubeconfig"),
             "node_name": node.name,
             "metrics_address": "127.0.0.1:0",
+            "cluster_cidrs": list(CLUSTER_CIDRS),
+            "node_resync": 5,
             "env": {
                 "NETPLUGIN_BRIDGE_NAME": "cbr0",
-                "NETPLUGIN_BRIDGE_SUBNET": "node",
+                "NETPLUGIN_BRIDGE_SUBNET": "node" if self.node_subnets else node.pod_cidrs[0],
                 "NETPLUGIN_BRIDGE_STATE_DIR": str(node.root / "state" / "bridge"),
             },
         }
