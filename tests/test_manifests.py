@@ -158,14 +158,16 @@ def test_names_agree(pod_spec: dict[str, Any]) -> None:
     assert "netplugin.yaml" in cm["data"]
 
 
-def test_rbac_is_exactly_read_pods() -> None:
+def test_rbac_is_exactly_read_pods_and_nodes() -> None:
+    # What the code uses: GET pod (every host), GET node (CLI path), LIST+WATCH pods with a
+    # spec.nodeName field selector and LIST+WATCH nodes (the daemon's caches). Nothing more.
     role = _one("ClusterRole")
-    assert len(role["rules"]) == 1
-    [rule] = role["rules"]
-    assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames, no nonResourceURLs
-    assert rule["apiGroups"] == [""]
-    assert rule["resources"] == ["pods"]
-    assert sorted(rule["verbs"]) == ["get", "list", "watch"]
+    assert len(role["rules"]) == 2
+    for rule, resource in zip(role["rules"], ["pods", "nodes"], strict=True):
+        assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames, no nonResourceURLs
+        assert rule["apiGroups"] == [""]
+        assert rule["resources"] == [resource]
+        assert sorted(rule["verbs"]) == ["get", "list", "watch"]
     assert "aggregationRule" not in role
 
 

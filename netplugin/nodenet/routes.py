@@ -85,10 +85,14 @@ class RouteReport:
 class RouteTable:
     """This node's routes to the other nodes' pod CIDRs. Thread-safe (one netlink socket, locked)."""
 
-    def __init__(self, self_name: str, *, proto: int = RTPROT_NETPLUGIN, table: int = _MAIN_TABLE) -> None:
+    def __init__(
+        self, self_name: str, *, proto: int = RTPROT_NETPLUGIN, table: int = _MAIN_TABLE, netns: str | None = None
+    ) -> None:
         self.self_name = self_name
         self.proto = proto
         self.table = table
+        #: a named network namespace to work in (tests); None: the daemon's own
+        self.netns = netns
         self._ipr: Any = None
         self._lock = threading.Lock()
 
@@ -96,7 +100,7 @@ class RouteTable:
         if self._ipr is None:
             from pyroute2 import IPRoute
 
-            self._ipr = IPRoute()
+            self._ipr = IPRoute(netns=self.netns) if self.netns else IPRoute()
         return self._ipr
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ parts of the API that netplugin uses, with their real shapes and semantics:
   404 with a ``Status``;
 * ``GET /api/v1/nodes``, ``/api/v1/pods``, ``/api/v1/namespaces/{ns}/pods``: a ``NodeList`` /
   ``PodList`` whose ``metadata.resourceVersion`` is the store's revision (items without
-  ``kind``/``apiVersion``, as the real server sends them);
+  ``kind``/``apiVersion``, as the real server sends them), paged with ``limit``/``continue``;
 * the same with ``watch=1``: a chunked stream of ``{"type": ..., "object": ...}`` lines,
   ``ADDED``/``MODIFIED``/``DELETED`` after ``resourceVersion`` (all objects as ``ADDED`` first
   when it is absent or ``"0"``), ``BOOKMARK`` events when ``allowWatchBookmarks=true``, the end
@@ -24,6 +24,7 @@ break watch streams, expire history and count requests.
 
 from __future__ import annotations
 
+import base64
 import bisect
 import copy
 import json
@@ -158,6 +159,7 @@ class ApiServer:
         self._generation = 0  # bumped by break_watches(): streams opened before end abruptly
         self._http410_next = 0
         self._watching = 0  # watch streams open now
+        self.forbidden: set[str] = set()  # resources every request for is refused (403), as RBAC would
         self.requests: list[tuple[str, str, str]] = []  # (verb, resource, query) of every request
         self._closed = False
         owner = self
@@ -185,7 +187,9 @@ class ApiServer:
             sock.listen(128)
         host, port = self._httpd.socket.getsockname()[:2]
         self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="fake-apiserver", daemon=True)
+        self._thread = threading.Thread(
+            target=lambda: self._httpd.serve_forever(poll_interval=0.05), name="fake-apiserver", daemon=True
+        )
         self._thread.start()
 
     def close(self) -> None:
@@ -304,6 +308,10 @@ class ApiServer:
         verb = "watch" if watch else ("get" if name else "list")
         with self._cond:
             self.requests.append((verb, resource, parts.query))
+        if resource in self.forbidden:
+            user = "system:serviceaccount:kube-system:netplugin"
+            message = f'{resource} is forbidden: User "{user}" cannot {verb} resource "{resource}"'
+            return self._send(h, 403, _status(403, "Forbidden", message))
         try:
             if name is not None:
                 if resource == "pods" and namespace is None:
@@ -316,7 +324,7 @@ class ApiServer:
                 sel.terms.append(("metadata.namespace", namespace, True))
             if watch:
                 return self._watch(h, resource, sel, query)
-            return self._list(h, resource, sel)
+            return self._list(h, resource, sel, query)
         except BadRequest as e:
             return self._send(h, 400, _status(400, "BadRequest", str(e)))
 
@@ -338,23 +346,53 @@ class ApiServer:
             )
         self._send(h, 200, obj)
 
-    def _list(self, h: BaseHTTPRequestHandler, resource: str, sel: _Selector) -> None:
+    def _list(self, h: BaseHTTPRequestHandler, resource: str, sel: _Selector, query: dict[str, str]) -> None:
+        """A List; with ``limit``, one page and a ``continue`` token (pages follow the key order).
+
+        Unlike etcd, later pages are read from the current objects, not a snapshot at the first
+        page's revision; the token still expires (410) when that revision left the history.
+        """
+        try:
+            limit = int(query.get("limit") or 0)
+        except ValueError:
+            raise BadRequest(f"invalid limit {query.get('limit')!r}") from None
+        after: tuple[str, str] | None = None
         with self._cond:
-            items = [copy.deepcopy(o) for _, o in sorted(self._objects[resource].items()) if sel.matches(resource, o)]
             rv = self._rv
+            if query.get("continue"):
+                try:
+                    token = json.loads(base64.urlsafe_b64decode(query["continue"]))
+                    rv, after = int(token["rv"]), (str(token["ns"]), str(token["name"]))
+                except (ValueError, KeyError, TypeError):
+                    raise BadRequest("continue key is not valid") from None
+                if rv < self._oldest:
+                    return self._send(
+                        h,
+                        410,
+                        _status(
+                            410,
+                            "Expired",
+                            "The provided continue parameter is too old to display a consistent list result.",
+                        ),
+                    )
+            keys = [
+                k
+                for k, o in sorted(self._objects[resource].items())
+                if sel.matches(resource, o) and (after is None or k > after)
+            ]
+            more = bool(limit) and len(keys) > limit
+            keys = keys[:limit] if limit else keys
+            items = [copy.deepcopy(self._objects[resource][k]) for k in keys]
         for item in items:
             item.pop("kind", None)
             item.pop("apiVersion", None)
-        self._send(
-            h,
-            200,
-            {
-                "kind": _KINDS[resource] + "List",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": str(rv)},
-                "items": items,
-            },
-        )
+        meta: Obj = {"resourceVersion": str(rv)}
+        if more:
+            last = keys[-1]
+            meta["continue"] = base64.urlsafe_b64encode(
+                json.dumps({"rv": rv, "ns": last[0], "name": last[1]}).encode()
+            ).decode()
+        self._send(h, 200, {"kind": _KINDS[resource] + "List", "apiVersion": "v1", "metadata": meta, "items": items})
 
     def _watch(self, h: BaseHTTPRequestHandler, resource: str, sel: _Selector, query: dict[str, str]) -> None:
         rv_text = query.get("resourceVersion", "")
