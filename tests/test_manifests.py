@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from netplugin import config as npconfig
+from netplugin.core import config as npconfig
 
 REPO = Path(__file__).resolve().parent.parent
 KUBE_DIR = REPO / "etc" / "kubernetes"
