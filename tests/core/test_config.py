@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -434,3 +435,16 @@ def test_cluster_cidrs_bad(cfg_file: Any, value: str, words: str) -> None:
         load_config(path, environ={})
     assert (info.value.key, info.value.source) == ("cluster_cidrs", path)
     assert words in info.value.reason
+
+
+def test_node_settings(tmp_path: Any) -> None:
+    cfg_file = tmp_path / "n.yaml"
+    cfg_file.write_text("node_name: worker-1.example\nnode_routes: false\nnode_resync: 5\n")
+    cfg = load_config(str(cfg_file), environ={"NETPLUGIN_NODES_DIR": "/srv/nodes", "NODE_NAME": "ignored-here"})
+    got = (cfg.node_name, cfg.node_routes, cfg.node_resync, cfg.nodes_dir)
+    assert got == ("worker-1.example", False, 5.0, "/srv/nodes")
+    assert load_config(os.devnull, environ={}).node_name is None  # resolved later: NODE_NAME, then the hostname
+    cfg_file.write_text("node_name: Worker_1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(cfg_file), environ={})
+    assert "node_name" in str(info.value) and "DNS-1123" in str(info.value)

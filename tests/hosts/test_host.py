@@ -191,3 +191,77 @@ def test_make_host_kube() -> None:
     host = make_host(Config(host="kube", kubeconfig="/nonexistent/kubeconfig"))
     assert type(host).__name__ == "KubeHost"
     assert isinstance(host, Host)
+
+
+# --- nodes (issue 11): this node and the cluster's, from each kind of host ---------------------------
+
+NODE2_YAML = """\
+kind: Node
+metadata: {name: node-2}
+spec: {podCIDRs: [10.206.130.0/24, "fd6e:7031:1a00:8002::/64"]}
+status:
+  addresses:
+    - {type: Hostname, address: node-2}
+    - {type: InternalIP, address: 10.206.0.12}
+"""
+
+
+def test_static_host_nodes_from_files(tmp_path: Path) -> None:
+    from netplugin.core.node import NodeInfo
+
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    (nodes / "node-2.yaml").write_text(NODE2_YAML)
+    (nodes / "node-1.json").write_text(
+        json.dumps({"kind": "Node", "metadata": {"name": "node-1"}, "spec": {"podCIDR": "10.206.129.0/24"}})
+    )
+    (nodes / "README").write_text("not a manifest")
+    host = StaticHost(str(tmp_path / "pods"), nodes_dir=str(nodes), node_name="node-1")
+    assert host.list_nodes() == [
+        NodeInfo("node-1", ("10.206.129.0/24",)),
+        NodeInfo("node-2", ("10.206.130.0/24", "fd6e:7031:1a00:8002::/64"), ("10.206.0.12",)),
+    ]
+    assert host.node_info() == NodeInfo("node-1", ("10.206.129.0/24",))
+    assert StaticHost(str(tmp_path), nodes_dir=str(nodes), node_name="node-9").node_info() == NodeInfo("node-9")
+    assert StaticHost(str(tmp_path), nodes_dir=str(tmp_path / "absent")).list_nodes() == []
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("kind: Pod\nmetadata: {name: x}\n", ["node manifest", "kind must be 'Node'"]),
+        ("kind: Node\nmetadata: {name: x}\nspec: {podCIDRs: [10.0.0.1/8]}\n", ["spec.podCIDRs[0]", "not a network"]),
+        ("kind: Node\nmetadata: [\n", ["node manifest", "not valid YAML"]),
+    ],
+)
+def test_static_host_broken_node_file_is_an_error(tmp_path: Path, text: str, words: list[str]) -> None:
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(HostError) as info:
+        StaticHost(str(tmp_path), nodes_dir=str(tmp_path)).list_nodes()
+    for w in [*words, str(tmp_path / "bad.yaml")]:
+        assert w in info.value.message
+
+
+def test_static_host_same_node_twice_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(NODE2_YAML)
+    (tmp_path / "b.yaml").write_text(NODE2_YAML)
+    with pytest.raises(HostError, match="node 'node-2' is described twice"):
+        StaticHost(str(tmp_path), nodes_dir=str(tmp_path)).list_nodes()
+
+
+def test_null_and_fake_hosts_know_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    from netplugin.core.node import NodeInfo
+
+    monkeypatch.setenv("NODE_NAME", "from-env")
+    assert NullHost().node_info() == NodeInfo("from-env") and NullHost().list_nodes() == []
+    assert NullHost("cfg").node_name == "cfg"
+    me = NodeInfo("fake-node", ("10.206.129.0/24",), ("10.206.0.11",))
+    fake = FakeHost(nodes=[NodeInfo("b"), me])
+    assert fake.node_info() == me and [n.name for n in fake.list_nodes()] == ["b", "fake-node"]
+    assert isinstance(fake, Host)
+
+
+def test_make_host_passes_the_node_settings(tmp_path: Path) -> None:
+    host = make_host(Config(host="static", pods_dir=str(tmp_path), nodes_dir=str(tmp_path), node_name="n7"))
+    assert isinstance(host, StaticHost) and host.nodes_dir == str(tmp_path) and host.node_name == "n7"
+    assert make_host(Config(host="none", node_name="n8")).node_name == "n8"
