@@ -3,16 +3,23 @@
 The same network and the same files as the bash plugin ``exec_plugins/bridge/bridge``: one
 Linux bridge with the gateway address; per pod a veth pair whose host end (named
 :func:`host_veth_name` of the infra id) is a bridge port with hairpin on and whose pod end
-(``eth0``) is created directly inside the pod's network namespace, with an address from
-:mod:`netplugin.plugins.ipam` and a default route via the gateway. Settings, their validation and
+(``eth0``) is created directly inside the pod's network namespace, with an address of each
+configured family (IPv4, IPv6 or both) from :mod:`netplugin.plugins.podipam` and a default
+route per family via the gateway. Settings, their validation and
 messages, the state dir layout and the veth names are identical, so a node can switch
 between the two plugins (or run both: they share the IPAM lock) without losing a pod.
 
 Settings, rising precedence: built-in defaults < ``bridge.conf`` of the bash plugin when it
 is installed as ``<plugin_dir>/bridge/`` < the file named by ``NETPLUGIN_BRIDGE_CONF`` <
 ``NETPLUGIN_BRIDGE_*`` in the call's environment (an empty value means unset). Keys: NAME
-(cbr0), SUBNET (10.244.0.0/24), GATEWAY (first host), MTU (1500), STATE_DIR
-(``$NETPLUGIN_STATE_DIR/bridge``), IFNAME (eth0), IP_FORWARD (true).
+(cbr0), SUBNET (10.244.0.0/24; an IPv4 and an IPv6 network separated by a comma for dual
+stack, or ``node`` for the node's pod CIDRs from NETPLUGIN_NODE_POD_CIDRS), GATEWAY (first host
+of each subnet), MTU (1500), STATE_DIR (``$NETPLUGIN_STATE_DIR/bridge``), IFNAME (eth0),
+IP_FORWARD (true).
+
+IPv6 addresses (the bridge's and the pods') are added without duplicate address detection
+(``nodad``), and the bridge's own link-local address skips it too, so a pod is reachable over
+IPv6 as soon as setup returns rather than after DAD's second or two.
 
 This module is imported only when the plugin is selected. Choices, from measurements
 (``tests/plugins/test_bridge.py::test_measure_per_pod_costs`` prints the current numbers):
@@ -55,9 +62,9 @@ from netplugin.core.errors import NetpluginError, PluginError, PluginFailed, Plu
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext, PodNetworkStatus
 from netplugin.plugins.bridge_settings import SETTING_KEYS, BridgeError, BridgeSettings, host_veth_name, load_settings
-from netplugin.plugins.ipam import IPAM
 from netplugin.plugins.netlink import IFF_UP, KernelError, RawNetlink, drop_root_netlink, netns_netlink, root_netlink
 from netplugin.plugins.netns import netns_socket
+from netplugin.plugins.podipam import PodIPAM
 from netplugin.plugins.reaper import LinkReaper
 
 if TYPE_CHECKING:
@@ -144,11 +151,20 @@ def _configure_bridge(s: BridgeSettings, step: _Step) -> int:
             if link.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) != "bridge":
                 raise BridgeError(f"{s.name} exists but is not a bridge")
             index = int(link["index"])
-            step.what = f"configure bridge {s.name} ({s.gateway}/{s.subnet.prefixlen}, mtu {s.mtu})"
+            if s.subnet_of(6) is not None:
+                # The bridge's link-local address is the source of the neighbour solicitations
+                # for packets the node forwards to pods; none is sent while DAD runs on it.
+                step.what = f"disable duplicate address detection on {s.name}"
+                with open(f"/proc/sys/net/ipv6/conf/{s.name}/accept_dad", "w") as f:
+                    f.write("0\n")
+            gws = " and ".join(f"{g}/{n.prefixlen}" for g, n in zip(s.gateways, s.subnets, strict=True))
+            step.what = f"configure bridge {s.name} ({gws}, mtu {s.mtu})"
             # Pinning the current MAC stops the kernel from taking the lowest port MAC as pods join,
             # which would invalidate the pods' ARP entries for the gateway.
             ipr.link("set", index=index, address=link.get("IFLA_ADDRESS"), mtu=s.mtu)
-            ipr.addr("replace", index=index, address=str(s.gateway), prefixlen=s.subnet.prefixlen)
+            for gw, net in zip(s.gateways, s.subnets, strict=True):
+                flags = _IFA_F_NODAD if net.version == 6 else 0
+                ipr.addr("replace", index=index, address=str(gw), prefixlen=net.prefixlen, flags=flags)
             ipr.link("set", index=index, state="up")
             return index
     except NetlinkError as e:
@@ -157,13 +173,18 @@ def _configure_bridge(s: BridgeSettings, step: _Step) -> int:
 
 # --- the plugin ----------------------------------------------------------------------------------------
 
+_IFA_F_NODAD = 0x02
+#: the modules whose code makes the plugin: a change to any of them runs init again
+_CODE = ("bridge.py", "bridge_settings.py", "ipam.py", "ipam_files.py", "podipam.py", "netlink.py", "netns.py")
+_FORWARDING = {4: "/proc/sys/net/ipv4/ip_forward", 6: "/proc/sys/net/ipv6/conf/all/forwarding"}
+
 
 def _code_version() -> str:
     import hashlib
 
     h = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("native.py", "ipam.py"):
+    for name in _CODE:
         with open(os.path.join(here, name), "rb") as f:
             h.update(f.read())
     return "builtin:netplugin.io/bridge:sha256:" + h.hexdigest()[:16]
@@ -199,7 +220,7 @@ class NativeBridgePlugin:
         self.reaper = LinkReaper()
         self._version: str | None = None
         self._settings_cache: tuple[tuple[Any, ...], BridgeSettings] | None = None
-        self._ipams: dict[tuple[str, str, str], IPAM] = {}
+        self._ipams: dict[tuple[str, str, str], PodIPAM] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -232,6 +253,7 @@ class NativeBridgePlugin:
         key: tuple[Any, ...] = (
             state_dir,
             *(env.get("NETPLUGIN_BRIDGE_" + k) for k in SETTING_KEYS),
+            env.get("NETPLUGIN_NODE_POD_CIDRS"),  # SUBNET=node reads it
             *(_file_key(p) for p in files),
         )
         cached = self._settings_cache
@@ -244,12 +266,13 @@ class NativeBridgePlugin:
         self._settings_cache = (key, settings)
         return settings
 
-    def ipam(self, s: BridgeSettings) -> IPAM:
-        key = (s.ipam_dir, str(s.subnet), str(s.gateway))
+    def ipam(self, s: BridgeSettings) -> PodIPAM:
+        key = (s.ipam_dir, ",".join(map(str, s.subnets)), ",".join(map(str, s.gateways)))
         with self._lock:
             ipam = self._ipams.get(key)
             if ipam is None:
-                ipam = self._ipams[key] = IPAM(s.ipam_dir, s.subnet, str(s.gateway), lock_timeout=20.0)
+                gws = [str(g) for g in s.gateways]
+                ipam = self._ipams[key] = PodIPAM(s.ipam_dir, s.subnets, gws, lock_timeout=20.0)
             return ipam
 
     # --- errors ------------------------------------------------------------------------------------
@@ -283,7 +306,7 @@ class NativeBridgePlugin:
     # --- init ----------------------------------------------------------------------------------------
 
     def init(self, ctx: CallContext) -> None:
-        """Bridge up with the gateway address (MAC pinned), IPv4 forwarding on, IPAM dir checked."""
+        """Bridge up with the gateway addresses (MAC pinned), forwarding on, IPAM dirs checked."""
         with self._action("init", None, ctx.timeout) as step:
             step.what = "read the settings"
             self._init(self.settings(ctx.env, ctx.state_dir), step)
@@ -292,8 +315,7 @@ class NativeBridgePlugin:
         """IPAM check, bridge, forwarding; returns the bridge's ifindex. Idempotent."""
         # First: a changed subnet must fail before the bridge gets a second gateway address.
         step.what = f"check IPAM directory {s.ipam_dir}"
-        with self.ipam(s).locked():
-            pass
+        self.ipam(s).check()
         if _in_event_loop():
             # pyroute2's sync API runs its own event loop and cannot inside a running one
             # (svinota/pyroute2#1342): called from a coroutine, do the netlink part in a thread.
@@ -303,9 +325,9 @@ class NativeBridgePlugin:
                 index = ex.submit(_configure_bridge, s, step).result()
         else:
             index = _configure_bridge(s, step)
-        if s.ip_forward:
-            step.what = "enable IPv4 forwarding"
-            with open("/proc/sys/net/ipv4/ip_forward", "r+") as f:
+        for net in s.subnets if s.ip_forward else ():
+            step.what = f"enable IPv{net.version} forwarding"
+            with open(_FORWARDING[net.version], "r+") as f:
                 if f.read().strip() != "1":
                     f.seek(0)
                     f.write("1\n")
@@ -334,8 +356,8 @@ class NativeBridgePlugin:
         if bridge is None:
             bridge = self._init(s, step)  # like the bash plugin: missing or down -> init
         ipam = self.ipam(s)
-        step.what = f"allocate an address in {s.subnet}"
-        alloc, new_allocation = ipam.claim(pod.infra_id, pod.namespace, pod.name, timeout=ctx.timeout)
+        step.what = "allocate an address in " + " and ".join(map(str, s.subnets))
+        allocs, new_allocation = ipam.claim(pod.infra_id, pod.namespace, pod.name, timeout=ctx.timeout)
         host = host_veth_name(pod.infra_id)
         created: int | None = None
         try:
@@ -370,8 +392,10 @@ class NativeBridgePlugin:
                     index, peer = created, found[0]
                 step.what = f"enable hairpin on {host}"
                 _set_hairpin(host, index)
-                step.what = f"configure {s.ifname} in {ctx.netns} ({alloc.cidr} via {s.gateway})"
-                ns.configure_pod(peer, alloc.ip, alloc.prefixlen, str(s.gateway))
+                gws = [str(g) for g in s.gateways]  # the IPAM's families are in the settings' order
+                what = ", ".join(f"{a.cidr} via {gw}" for a, gw in zip(allocs, gws, strict=True))
+                step.what = f"configure {s.ifname} in {ctx.netns} ({what})"
+                ns.configure_pod(peer, [(a.ip, a.prefixlen, gw) for a, gw in zip(allocs, gws, strict=True)])
         except BaseException:
             # Undo only what this call did: a repeated setup must not break the running pod.
             if created is not None:
@@ -381,7 +405,7 @@ class NativeBridgePlugin:
                     pass
             if new_allocation:
                 try:
-                    ipam.release(pod.infra_id, timeout=ctx.timeout)
+                    ipam.release(pod.infra_id, new_allocation, timeout=ctx.timeout)
                 except Exception:
                     pass
             raise
@@ -389,7 +413,7 @@ class NativeBridgePlugin:
     # --- teardown ----------------------------------------------------------------------------------
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None:
-        """Delete the host veth (and so the pair), then release the address. Idempotent.
+        """Delete the host veth (and so the pair), then release the addresses. Idempotent.
 
         Works whether or not the netns, the veth or the address still exist. Returns once the
         link is gone (concurrent teardowns share one kernel deletion, see :class:`LinkReaper`).
@@ -405,13 +429,14 @@ class NativeBridgePlugin:
             if index is not None:
                 self.reaper.delete(host, index, ctx.timeout)
             # Only now: the address must not be handed out while the old pod still has it.
-            step.what = f"release the address of {pod.infra_id}"
+            step.what = f"release the addresses of {pod.infra_id}"
             self.ipam(s).release(pod.infra_id, timeout=ctx.timeout)
 
     # --- status ----------------------------------------------------------------------------------------
 
     def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
-        """The IPv4 address of the pod's interface, or None when the netns or interface is gone."""
+        """The pod interface's addresses (one per family, the primary first), or None when the netns
+        or interface is gone."""
         with self._action("status", pod, ctx.timeout) as step:
             step.what = "read the settings"
             s = self.settings(ctx.env, ctx.state_dir)
@@ -422,5 +447,7 @@ class NativeBridgePlugin:
                 return None
             with ns:
                 found = ns.link(s.ifname)
-                ip = ns.ipv4_address(found[0]) if found is not None else None
-            return PodNetworkStatus(ip=ip) if ip else None
+                addrs = ns.addresses(found[0]) if found is not None else {}
+            order = [n.version for n in s.subnets] + [4, 6]
+            ips = tuple(dict.fromkeys(addrs[v] for v in order if v in addrs))
+            return PodNetworkStatus(ip=ips[0], ips=ips) if ips else None

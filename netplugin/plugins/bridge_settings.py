@@ -2,6 +2,11 @@
 
 Parsed and validated exactly like the bash plugin ``exec_plugins/bridge/bridge`` does, with the
 same messages, so the two plugins are interchangeable on a node.
+
+SUBNET is one network or an IPv4 and an IPv6 network separated by a comma (dual stack; the
+first is the primary family, as in Kubernetes' ``podCIDRs``), or ``node``: the node's pod CIDRs
+from NETPLUGIN_NODE_POD_CIDRS, which netplugin passes to every call. GATEWAY is empty (the
+first address of each subnet) or a comma list of at most one address per family.
 """
 
 from __future__ import annotations
@@ -14,7 +19,16 @@ from dataclasses import dataclass
 
 from netplugin.core.errors import NetpluginError
 
-__all__ = ["SETTING_KEYS", "BridgeError", "BridgeSettings", "SettingsError", "host_veth_name", "load_settings"]
+__all__ = [
+    "SETTING_KEYS",
+    "BridgeError",
+    "BridgeSettings",
+    "SettingsError",
+    "host_veth_name",
+    "load_settings",
+    "parse_gateways",
+    "parse_subnets",
+]
 
 
 SETTING_KEYS = ("NAME", "SUBNET", "GATEWAY", "MTU", "STATE_DIR", "IFNAME", "IP_FORWARD")
@@ -39,13 +53,19 @@ class SettingsError(BridgeError):
     """A bridge setting is invalid; the message names the variable (or file and line)."""
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
 @dataclass(frozen=True, slots=True)
 class BridgeSettings:
     """Validated settings; build with :func:`load_settings` (``load_settings({})`` are the defaults)."""
 
     name: str
-    subnet: ipaddress.IPv4Network
-    gateway: ipaddress.IPv4Address
+    #: one network per family, the primary family first
+    subnets: tuple[Network, ...]
+    #: the bridge's address in each of ``subnets`` (same order)
+    gateways: tuple[Address, ...]
     mtu: int
     state_dir: str
     ifname: str
@@ -55,12 +75,25 @@ class BridgeSettings:
     def ipam_dir(self) -> str:
         return os.path.join(self.state_dir, self.name)
 
+    @property
+    def subnet(self) -> Network:
+        """The primary family's subnet."""
+        return self.subnets[0]
+
+    @property
+    def gateway(self) -> Address:
+        """The primary family's gateway."""
+        return self.gateways[0]
+
+    def subnet_of(self, version: int) -> Network | None:
+        return next((n for n in self.subnets if n.version == version), None)
+
     def to_env(self) -> dict[str, str]:
         """The settings as the bash plugin's ``config`` action prints them."""
         return {
             "NETPLUGIN_BRIDGE_NAME": self.name,
-            "NETPLUGIN_BRIDGE_SUBNET": str(self.subnet),
-            "NETPLUGIN_BRIDGE_GATEWAY": str(self.gateway),
+            "NETPLUGIN_BRIDGE_SUBNET": ",".join(str(n) for n in self.subnets),
+            "NETPLUGIN_BRIDGE_GATEWAY": ",".join(str(g) for g in self.gateways),
             "NETPLUGIN_BRIDGE_MTU": str(self.mtu),
             "NETPLUGIN_BRIDGE_STATE_DIR": self.state_dir,
             "NETPLUGIN_BRIDGE_IFNAME": self.ifname,
@@ -95,11 +128,99 @@ def _read_conf_file(path: str, into: dict[str, str]) -> None:
         into[short] = value
 
 
-def _parse_ip(value: str) -> ipaddress.IPv4Address | None:
+# --- subnets and gateways (the bash plugin's parse_subnets / parse_gateways) ------------------------
+
+_EXAMPLES = {4: "an IPv4 network like 10.244.0.0/24", 6: "an IPv6 network like fd00:10:244:1::/64"}
+#: prefix lengths a bridge subnet may have: a gateway and at least one pod must fit
+PREFIX_RANGE = {4: (8, 30), 6: (48, 126)}
+_PLEN_DIGITS = {4: 2, 6: 3}
+
+
+def _parse_addr(text: str, version: int) -> Address | None:
+    """An address as the bash plugin reads it: dotted quad; or hex groups, no zone, no IPv4 tail."""
     try:
-        return ipaddress.IPv4Address(value)
+        if version == 4:
+            return ipaddress.IPv4Address(text)
+        if "." in text or "%" in text:
+            return None
+        return ipaddress.IPv6Address(text)
     except ValueError:
         return None
+
+
+def _one_subnet(entry: str, version: int) -> tuple[Network | None, str]:
+    """The network, or None and the reason (the bash plugin's add_subnet4/add_subnet6)."""
+    addr_text, sep, plen_text = entry.partition("/")
+    addr = _parse_addr(addr_text, version) if sep else None
+    if addr is None or not re.fullmatch(f"[0-9]{{1,{_PLEN_DIGITS[version]}}}", plen_text):
+        return None, f"expected {_EXAMPLES[version]}"
+    prefix = int(plen_text, 10)
+    low, high = PREFIX_RANGE[version]
+    if not low <= prefix <= high:
+        return None, f"prefix length must be {low}-{high} (a gateway and at least one pod)"
+    net = ipaddress.ip_network(f"{addr}/{prefix}", strict=False)
+    if net.network_address != addr:
+        return None, f"host bits are set (did you mean {net}?)"
+    return net, ""
+
+
+def parse_subnets(value: str, what: str, note: str = "") -> tuple[Network, ...]:
+    """A comma list of at most one IPv4 and one IPv6 network; messages name ``what``."""
+    if not value:
+        raise SettingsError(
+            f"invalid {what} ''{note}: expected a network like 10.244.0.0/24, "
+            "or an IPv4 and an IPv6 network separated by a comma"
+        )
+    head = f"invalid {what} '{value}'{note}: "
+    if value.startswith(",") or value.endswith(",") or ",," in value:
+        raise SettingsError(head + "empty entry")
+    label = "," in value
+    out: list[Network] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        version = 6 if ":" in entry else 4 if "." in entry else 0
+        if not version:
+            raise SettingsError(
+                head + (f"{entry}: " if label else "") + f"expected {_EXAMPLES[4]} or {_EXAMPLES[6]}"
+            )
+        if any(n.version == version for n in out):
+            raise SettingsError(head + f"more than one IPv{version} network (at most one per family)")
+        net, reason = _one_subnet(entry, version)
+        if net is None:
+            raise SettingsError(head + (f"{entry}: " if label else "") + reason)
+        out.append(net)
+    return tuple(out)
+
+
+def parse_gateways(value: str, subnets: Sequence[Network]) -> tuple[Address, ...]:
+    """The gateway of each subnet (same order): from ``value`` (a comma list) or the first host."""
+    head = f"invalid NETPLUGIN_BRIDGE_GATEWAY '{value}': "
+    if value.startswith(",") or value.endswith(",") or ",," in value:
+        raise SettingsError(head + "empty entry")
+    listed = ",".join(str(n) for n in subnets)
+    given: dict[int, Address] = {}
+    for raw in value.split(",") if value else []:
+        entry = raw.strip()
+        gw = _parse_addr(entry, 4) or _parse_addr(entry, 6)
+        if gw is None:
+            raise SettingsError(head + "expected an IPv4 or IPv6 address")
+        if gw.version in given:
+            raise SettingsError(head + f"more than one IPv{gw.version} address")
+        net = next((n for n in subnets if n.version == gw.version), None)
+        if net is None:
+            raise SettingsError(head + f"{entry}: there is no IPv{gw.version} subnet ({listed})")
+        first, last = _host_range(net)
+        # IPv6: any address of the subnet but the subnet-router anycast address (the first).
+        if gw not in net or gw == net.network_address or (net.version == 4 and not first <= int(gw) <= last):
+            raise SettingsError(head + f"not a host address of {net}")
+        given[gw.version] = gw
+    return tuple(given.get(n.version) or n.network_address + 1 for n in subnets)
+
+
+def _host_range(net: Network) -> tuple[int, int]:
+    if net.version == 4:
+        return int(net.network_address) + 1, int(net.broadcast_address) - 1
+    return int(net.network_address) + 1, int(net.broadcast_address)
 
 
 def load_settings(env: Mapping[str, str], conf_files: Sequence[str] = ()) -> BridgeSettings:
@@ -130,28 +251,22 @@ def load_settings(env: Mapping[str, str], conf_files: Sequence[str] = ()) -> Bri
         if not _IFNAME.match(raw[key]):
             raise bad(key, "1-15 characters of letters, digits, '_', '.', '-'")
 
-    addr_text, sep, plen_text = raw["SUBNET"].partition("/")
-    addr = _parse_ip(addr_text)
-    if not sep or addr is None or not re.fullmatch(r"[0-9]{1,2}", plen_text):
-        raise bad("SUBNET", "expected an IPv4 network like 10.244.0.0/24")
-    prefix = int(plen_text, 10)
-    if not 8 <= prefix <= 30:
-        raise bad("SUBNET", "prefix length must be 8-30 (a gateway and at least one pod)")
-    subnet = ipaddress.IPv4Network(f"{addr}/{prefix}", strict=False)
-    if subnet.network_address != addr:
-        raise bad("SUBNET", f"host bits are set (did you mean {subnet}?)")
-
-    if raw["GATEWAY"]:
-        gw = _parse_ip(raw["GATEWAY"])
-        if gw is None:
-            raise bad("GATEWAY", "expected an IPv4 address")
-        if gw not in subnet or gw in (subnet.network_address, subnet.broadcast_address):
-            raise bad("GATEWAY", f"not a host address of {raw['SUBNET']}")
+    if raw["SUBNET"] == "node":
+        cidrs = env.get("NETPLUGIN_NODE_POD_CIDRS", "")
+        if not cidrs:
+            raise SettingsError(
+                "NETPLUGIN_BRIDGE_SUBNET is 'node' but NETPLUGIN_NODE_POD_CIDRS is not set: the node has no pod "
+                "CIDRs (spec.podCIDRs) or netplugin does not know the node"
+            )
+        subnets = parse_subnets(cidrs, "NETPLUGIN_NODE_POD_CIDRS", " (from NETPLUGIN_BRIDGE_SUBNET=node)")
     else:
-        gw = subnet.network_address + 1
+        subnets = parse_subnets(raw["SUBNET"], "NETPLUGIN_BRIDGE_SUBNET")
+    gateways = parse_gateways(raw["GATEWAY"], subnets)
 
     if not re.fullmatch(r"[0-9]{1,5}", raw["MTU"]) or not 68 <= int(raw["MTU"], 10) <= 65535:
         raise bad("MTU", "expected an integer 68-65535")
+    if any(n.version == 6 for n in subnets) and int(raw["MTU"], 10) < 1280:
+        raise bad("MTU", "IPv6 needs at least 1280")
 
     state_dir = raw["STATE_DIR"]
     if not state_dir.startswith("/"):
@@ -166,8 +281,8 @@ def load_settings(env: Mapping[str, str], conf_files: Sequence[str] = ()) -> Bri
 
     return BridgeSettings(
         name=raw["NAME"],
-        subnet=subnet,
-        gateway=gw,
+        subnets=subnets,
+        gateways=gateways,
         mtu=int(raw["MTU"], 10),
         state_dir=state_dir,
         ifname=raw["IFNAME"],

@@ -106,6 +106,7 @@ _VETH_INFO_PEER = 1
 
 
 _IFA_ADDRESS = 1
+_IFA_F_NODAD = 0x02
 
 
 _IFA_LOCAL = 2
@@ -118,6 +119,7 @@ _RTA_GATEWAY = 5
 
 
 _RT_TABLE_MAIN = 254
+_RT_SCOPE_UNIVERSE = 0
 
 
 _RTPROT_BOOT = 3  # what `ip route` uses: routes look the same whichever bridge plugin made them
@@ -309,52 +311,70 @@ class RawNetlink:
         )
         self.request(_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(index) + _attr(_IFLA_LINKINFO, slave), "set hairpin")
 
-    def configure_pod(self, index: int, ip: str, prefixlen: int, gateway: str) -> None:
-        """lo up; ``ip addr replace IP/PREFIXLEN``; link up; ``ip route replace default via GW``.
+    def configure_pod(self, index: int, addrs: Sequence[tuple[str, int, str]]) -> None:
+        """lo up; per ``(ip, prefixlen, gateway)``: ``ip addr replace IP/PREFIXLEN`` (IPv6: ``nodad``);
+        link up; per family ``ip route replace default via GATEWAY``.
 
-        One sendmsg: the kernel runs the requests in order and acks each one.
+        One sendmsg: the kernel runs the requests in order and acks each one. IPv6 addresses skip
+        duplicate address detection, so they are usable as soon as this returns (the IPAM made
+        them unique); otherwise they would be "tentative" for a second or two.
         """
-        addr = socket.inet_aton(ip)
         replace = _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_REPLACE
-        steps = [
+        steps: list[tuple[str, tuple[int, int, bytes]]] = [
             ("set lo up", (_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(1, IFF_UP, IFF_UP))),  # lo is ifindex 1
-            (
-                f"add address {ip}/{prefixlen}",
-                (
-                    _RTM_NEWADDR,
-                    replace,
-                    _IFADDR.pack(socket.AF_INET, prefixlen, 0, 0, index)
-                    + _attr(_IFA_LOCAL, addr)
-                    + _attr(_IFA_ADDRESS, addr),
-                ),
-            ),
-            ("set link up", (_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(index, IFF_UP, IFF_UP))),
-            (
-                f"add default route via {gateway}",
-                (
-                    _RTM_NEWROUTE,
-                    replace,
-                    _RTMSG.pack(socket.AF_INET, 0, 0, 0, _RT_TABLE_MAIN, _RTPROT_BOOT, 0, _RTN_UNICAST, 0)
-                    + _attr(_RTA_GATEWAY, socket.inet_aton(gateway))
-                    + _u32_attr(_RTA_OIF, index),
-                ),
-            ),
         ]
+        routes: list[tuple[str, tuple[int, int, bytes]]] = []
+        for ip, prefixlen, gateway in addrs:
+            family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+            raw = socket.inet_pton(family, ip)
+            flags = _IFA_F_NODAD if family == socket.AF_INET6 else 0
+            steps.append(
+                (
+                    f"add address {ip}/{prefixlen}",
+                    (
+                        _RTM_NEWADDR,
+                        replace,
+                        _IFADDR.pack(family, prefixlen, flags, 0, index)
+                        + _attr(_IFA_LOCAL, raw)
+                        + _attr(_IFA_ADDRESS, raw),
+                    ),
+                )
+            )
+            routes.append(
+                (
+                    f"add default route via {gateway}",
+                    (
+                        _RTM_NEWROUTE,
+                        replace,
+                        _RTMSG.pack(family, 0, 0, 0, _RT_TABLE_MAIN, _RTPROT_BOOT, 0, _RTN_UNICAST, 0)
+                        + _attr(_RTA_GATEWAY, socket.inet_pton(family, gateway))
+                        + _u32_attr(_RTA_OIF, index),
+                    ),
+                )
+            )
+        steps.append(("set link up", (_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(index, IFF_UP, IFF_UP))))
+        steps.extend(routes)
         for (what, _), (err, _answer) in zip(steps, self.transact([req for _, req in steps]), strict=True):
             if err:
                 raise KernelError(err, f"{what}: {os.strerror(err)}")
 
+    def addresses(self, index: int) -> dict[int, str]:
+        """``{4: first IPv4 address, 6: first global IPv6 address}`` of link ``index`` (those it has)."""
+        found: dict[int, str] = {}
+        for answer in self.dump(_RTM_GETADDR, _IFADDR.pack(socket.AF_UNSPEC, 0, 0, 0, 0), "list addresses"):
+            family, _plen, _flags, scope, ifindex = _IFADDR.unpack_from(answer)
+            version = 4 if family == socket.AF_INET else 6 if family == socket.AF_INET6 else 0
+            # Keep reading even when done: the dump must be drained. Link-local IPv6 is not the pod's.
+            if ifindex != index or not version or version in found or scope != _RT_SCOPE_UNIVERSE:
+                continue
+            raw = _find_attr(answer, _IFADDR.size, _IFA_LOCAL) or _find_attr(answer, _IFADDR.size, _IFA_ADDRESS)
+            if raw is not None and len(raw) == (4 if version == 4 else 16):
+                found[version] = socket.inet_ntop(family, raw)
+        return found
+
     def ipv4_address(self, index: int) -> str | None:
         """The first IPv4 address of link ``index`` (like ``ip -4 addr show``), or None."""
-        found: str | None = None
-        for answer in self.dump(_RTM_GETADDR, _IFADDR.pack(socket.AF_INET, 0, 0, 0, 0), "list addresses"):
-            family, _plen, _flags, _scope, ifindex = _IFADDR.unpack_from(answer)
-            if found is not None or family != socket.AF_INET or ifindex != index:
-                continue  # keep reading: the dump must be drained
-            raw = _find_attr(answer, _IFADDR.size, _IFA_LOCAL) or _find_attr(answer, _IFADDR.size, _IFA_ADDRESS)
-            if raw is not None and len(raw) == 4:
-                found = socket.inet_ntoa(raw)
-        return found
+        return self.addresses(index).get(4)
 
     def delete_links(self, indexes: Sequence[int]) -> dict[int, int]:
         """Delete links, all in one kernel request when there are several. ``{index: errno}`` of failures.

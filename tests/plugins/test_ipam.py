@@ -149,7 +149,10 @@ def test_refuses_a_directory_of_another_subnet(ipam_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     "subnet, reason",
-    [("10.204.7.1/24", "CIDR"), ("10.204.7.0/31", "at most /30"), ("10.0.0.0/7", "at least /8"), ("fd00::/64", "IPv4")],
+    [
+        ("10.204.7.1/24", "CIDR"), ("10.204.7.0/31", "at most /30"), ("10.0.0.0/7", "at least /8"),
+        ("fd00::/40", "at least /48"), ("fd00::/127", "at most /126"), ("fd00::1/64", "CIDR"),
+    ],
 )
 def test_rejects_unusable_subnets(ipam_dir: Path, subnet: str, reason: str) -> None:
     with pytest.raises(InvalidArgument) as exc:

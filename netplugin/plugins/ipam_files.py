@@ -1,0 +1,171 @@
+"""The files and the lock of a bridge IPAM directory (the format is in :mod:`netplugin.plugins.ipam`).
+
+Every allocate and release, of either family, holds one exclusive flock on ``<dir>/lock``: the
+bash plugin flocks the same file, so the two plugins can share a directory. Threads of one
+process queue on a per-path thread lock first, so the flock is only ever polled for other
+processes.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from netplugin.core.errors import InvalidArgument, NetpluginError
+from netplugin.core.names import validate_infra_id
+
+__all__ = ["DirLock", "IPAMError", "listdir", "read_owner", "unlink", "write_record"]
+
+
+class IPAMError(NetpluginError):
+    """The IPAM directory cannot serve the request; names the file or directory at fault."""
+
+    def __init__(self, message: str, *, path: str, **details: object) -> None:
+        super().__init__(message, path=path, **details)
+        self.path = path
+
+
+_thread_locks: dict[str, threading.Lock] = {}
+_thread_locks_guard = threading.Lock()
+
+
+def _thread_lock(path: str) -> threading.Lock:
+    with _thread_locks_guard:
+        lock = _thread_locks.get(path)
+        if lock is None:
+            lock = _thread_locks[path] = threading.Lock()
+        return lock
+
+
+class DirLock:
+    """The flock on ``lock_path``; creates ``dirs`` (and the lock's directory) on first use."""
+
+    def __init__(self, lock_path: str, dirs: Sequence[str], timeout: float) -> None:
+        self.path = lock_path
+        self.dirs = (os.path.dirname(lock_path), *dirs)
+        self.timeout = timeout
+        self._ready = False
+
+    @contextmanager
+    def hold(self, timeout: float | None = None) -> Iterator[None]:
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        tlock = _thread_lock(self.path)
+        if not tlock.acquire(timeout=max(limit, 0.0)):
+            raise IPAMError(f"timed out after {limit:g}s waiting for lock {self.path}", path=self.path)
+        try:
+            self._prepare()
+            fd = self._open()
+            try:
+                self._flock(fd, deadline, limit)
+                yield
+            finally:
+                os.close(fd)
+        finally:
+            tlock.release()
+
+    def _prepare(self) -> None:
+        if self._ready:
+            return
+        for d in self.dirs:
+            try:
+                os.makedirs(d, mode=0o755, exist_ok=True)
+            except OSError as e:
+                raise IPAMError(f"cannot create {d}: {e.strerror or e}", path=d) from e
+        self._ready = True
+
+    def _open(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            self._ready = False  # the directory was removed under us: create it again
+            self._prepare()
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise IPAMError(f"cannot open {self.path}: {e.strerror or e}", path=self.path) from e
+
+    def _flock(self, fd: int, deadline: float, limit: float) -> None:
+        # flock(2) has no timeout; poll with a growing sleep. Other processes hold the lock for
+        # well under a millisecond.
+        delay = 0.0005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EINTR):
+                    raise IPAMError(f"cannot lock {self.path}: {e.strerror or e}", path=self.path) from e
+            now = time.monotonic()
+            if now >= deadline:
+                raise IPAMError(f"timed out after {limit:g}s waiting for lock {self.path}", path=self.path)
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.02)
+
+
+def read_owner(path: str) -> str | None:
+    """The infra id in ``ips/<addr>``; None if absent, "" if torn."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(512)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise IPAMError(f"cannot read {path}: {e.strerror or e}", path=path) from e
+    owner = text[:-1] if text.endswith("\n") else ""
+    try:
+        validate_infra_id(owner)
+    except InvalidArgument:
+        return ""
+    return owner
+
+
+def write_record(path: str, text: str, *, mode: str = "atomic") -> None:
+    """Write a record: "atomic" (temp file + rename), "exclusive" (O_EXCL) or "in-place"."""
+    data = text.encode()
+    if mode != "atomic":
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if mode == "exclusive" else os.O_TRUNC)
+        try:
+            fd = os.open(path, flags, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
+        return
+    directory, base = os.path.split(path)
+    # The temp name starts with "." so that listings of ips/ and pods/ skip it.
+    tmp = os.path.join(directory, f".{base}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as e:
+        unlink(tmp)
+        raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
+
+
+def unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise IPAMError(f"cannot remove {path}: {e.strerror or e}", path=path) from e
+
+
+def listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise IPAMError(f"cannot list {path}: {e.strerror or e}", path=path) from e
