@@ -281,8 +281,13 @@ def status(st: State, namespace: str, pod: str, infra_id: str) -> None:
 @click.option("--native", is_flag=True, help="Use the in-process netplugin.io/bridge plugin instead of the exec one.")
 @click.option("--plugin-source", metavar="DIR", help="Where the shipped exec plugins are (default: found).")
 @click.option("--subnet", metavar="CIDR", help="Pod subnet (default: a random /24 in 10.207.0.0/16).")
+@click.option(
+    "--nodes",
+    type=click.IntRange(2, 8),
+    help="Simulate a cluster of N nodes instead (each a netns with its own daemon; one pod per node).",
+)
 @pass_state
-def demo(st: State, count: int, native: bool, plugin_source: str | None, subnet: str | None) -> None:
+def demo(st: State, count: int, native: bool, plugin_source: str | None, subnet: str | None, nodes: int | None) -> None:
     """Set up pods on a real bridge, prove they talk, tear down, prove nothing is left (root)."""
     import signal
 
@@ -293,6 +298,9 @@ def demo(st: State, count: int, native: bool, plugin_source: str | None, subnet:
 
     signal.signal(signal.SIGTERM, on_term)
     say = (lambda msg: click.echo(msg, err=True)) if st.json else click.echo
+    if nodes is not None:
+        _cluster_demo(st, nodes, "netplugin.io/bridge" if native else "bridge", plugin_source, say)
+        return
     report = run_demo(
         count,
         plugin="netplugin.io/bridge" if native else "bridge",
@@ -308,6 +316,17 @@ def demo(st: State, count: int, native: bool, plugin_source: str | None, subnet:
             "demo failed: "
             + "; ".join([f"{a} -> {b} unreachable" for a, b, ok in report.checks if not ok] + report.leftovers)
         )
+
+
+def _cluster_demo(st: State, nodes: int, plugin: str, plugin_source: str | None, say: Any) -> None:
+    from netplugin.core.errors import NetpluginError
+    from netplugin.frontends.demo_cluster import run_cluster_demo
+
+    report = run_cluster_demo(nodes, plugin=plugin, plugin_source=plugin_source, progress=say)
+    st.emit(report.to_dict(), None)
+    if not report.ok:
+        failed = [f"{a} -> {b} failed" for a, b, ok in report.checks if not ok]
+        raise NetpluginError("cluster demo failed: " + "; ".join(failed + report.leftovers))
 
 
 @cli.command()
