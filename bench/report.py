@@ -155,6 +155,17 @@ def evaluate_targets(figures: Sequence[Figure]) -> list[Target]:
                       "not measured" if v is None else f"{_fmt(v)} ms", "≤ 50 ms",
                       None if v is None else v <= 50.0))
 
+    api = _get(figs, "cluster-api")
+    v = api.value("D-warm", "per pod") if api else None
+    out.append(Target("cluster-api", "API requests per pod setup on a warm daemon = 0",
+                      "not measured" if v is None else f"{v:g}", "0", None if v is None else v == 0))
+    routes = _get(figs, "cluster-routes")
+    worst = max((routes.value(k, "max") or 0.0 for k in ("join-1", "change-1", "leave-1")), default=None) \
+        if routes else None
+    out.append(Target("cluster-routes", "a node joining, changing or leaving reaches every node's routes "
+                      "within 2 s (50 nodes)", "not measured" if worst is None else f"{_fmt(worst)} ms (max)",
+                      "≤ 2000 ms", None if worst is None else worst <= 2000.0))
+
     ov = _get(figs, "overhead")
     v = ov.value("C", "overhead") if ov else None
     out.append(Target("overhead", "daemon overhead over a direct plugin exec ≤ 1 ms (median difference)",

@@ -268,7 +268,7 @@ class SimCluster:
         # JSON is YAML: the config loader reads it as is.
         node.config_path.write_text(json.dumps(config, indent=1) + "\n")
 
-    def netplugin(self, node: SimNode, *args: str, timeout: float = 60.0) -> Any:
+    def netplugin(self, node: SimNode, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None) -> Any:
         """Run ``netplugin --config <node's> -o json ARGS`` inside the node's namespace; its JSON output."""
         argv = [
             "ip",
@@ -284,7 +284,7 @@ class SimCluster:
             "json",
             *args,
         ]
-        done = run(argv, env=self.env, timeout=timeout)
+        done = run(argv, env={**self.env, **(env or {})}, timeout=timeout)
         if done.returncode != 0:
             raise SystemFailure(
                 f"netplugin {' '.join(args)} on {node.name}", None, done.stderr.decode(errors="replace").strip()[-2000:]
@@ -373,14 +373,16 @@ class SimCluster:
 
     # --- pods --------------------------------------------------------------------------------------
 
-    def create_pod(self, node: SimNode, name: str, namespace: str = "default") -> SimPod:
-        """The pod in the API (bound to ``node``), its netns, set up through the node's CLI."""
+    def create_pod(
+        self, node: SimNode, name: str, namespace: str = "default", *, env: dict[str, str] | None = None
+    ) -> SimPod:
+        """The pod in the API (bound to ``node``), its netns, set up through the node's CLI (``env`` added)."""
         assert self.api is not None
         pod = SimPod(node, namespace, name, f"np{self.tag}p{len(self.pods)}{secrets.token_hex(2)}")
         self.api.apply(make_pod(namespace, name, node.name, labels={"app": "sim"}))
         self._add_netns(pod.infra_id)
         self.pods[(namespace, name)] = pod
-        self.netplugin(node, "setup", namespace, name, pod.infra_id)
+        self.netplugin(node, "setup", namespace, name, pod.infra_id, env=env)
         pod.ips = self.pod_ips(pod)
         return pod
 
