@@ -30,6 +30,7 @@ from .util import REPO, BenchError
 __all__ = ["fig_cluster"]
 
 CLUSTER_NODES = 50
+MOVED = ("10.206.0.240", "fd6e:7031:1a00::f0")  # the InternalIPs a node moves to in "change-1"
 
 
 def _requests(c: SimCluster) -> int:
@@ -86,8 +87,7 @@ def _routes_figure(c: SimCluster, rounds: int, say: Callable[[str], None]) -> Fi
     for _ in range(rounds):
         samples["join-all"].append(_timed_change(c, lambda: [api.apply(_node(i)) for i in extra]))
         samples["join-1"].append(_timed_change(c, lambda: api.apply(_node(CLUSTER_NODES + 1))))
-        moved = ("10.206.0.240", "fd6e:7031:1a00::f0")
-        samples["change-1"].append(_timed_change(c, lambda: api.apply(_node(CLUSTER_NODES + 1, moved))))
+        samples["change-1"].append(_timed_change(c, lambda: api.apply(_node(CLUSTER_NODES + 1, MOVED))))
         samples["leave-1"].append(_timed_change(c, lambda: api.delete("Node", f"node-{CLUSTER_NODES + 1}")))
         samples["leave-all"].append(_timed_change(c, lambda: [api.delete("Node", f"node-{i}") for i in extra]))
     labels = {
