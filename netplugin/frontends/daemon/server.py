@@ -109,6 +109,8 @@ class Daemon:
         self._conns: set[asyncio.Task[None]] = set()
         #: set when SIGTERM's drain gave up on operations still running in worker threads
         self.abandoned = False
+        #: this node's pod CIDRs for the egress masquerade; () masquerades every cluster_cidrs source
+        self.egress_pod_cidrs: tuple[str, ...] = ()
 
     # --- operations (worker threads) --------------------------------------------------------------
 
@@ -125,6 +127,30 @@ class Daemon:
                 return
             self._plugin_problem = None
             log.info("plugin %s ready (%s)", plugin.name, "init ran" if ran else "init already done this boot")
+
+    def egress_start(self) -> None:
+        """Masquerade pod traffic leaving ``cluster_cidrs`` (nftables); a failure is logged, not raised."""
+        if not self.config.cluster_cidrs:
+            return
+        from netplugin.nodenet.egress import Egress
+
+        try:
+            Egress().ensure(self.config.cluster_cidrs, self.egress_pod_cidrs)
+        except NetpluginError as e:
+            log.error("egress masquerade not installed: %s", e.message)
+            return
+        log.info("egress: masquerading pod traffic leaving %s", ", ".join(self.config.cluster_cidrs))
+
+    def egress_stop(self) -> None:
+        """Remove the egress table (only ours: ``table inet netplugin``)."""
+        if not self.config.cluster_cidrs:
+            return
+        from netplugin.nodenet.egress import Egress
+
+        try:
+            Egress().remove()
+        except NetpluginError as e:
+            log.error("egress masquerade not removed: %s", e.message)
 
     def reload(self) -> None:
         """SIGHUP: rescan the exec dir, select the plugin again, run init if its version changed."""
@@ -339,6 +365,7 @@ class Daemon:
                 loop.add_signal_handler(sig, self._on_stop, name)
             loop.add_signal_handler(signal.SIGHUP, self._on_hup)
             await asyncio.to_thread(self.prepare)
+            await asyncio.to_thread(self.egress_start)
             if self.config.metrics_address != "none":
                 self.metrics_address = self.metrics.serve(self.config.metrics_address)
             sock = bind_socket(self.socket_path)
@@ -375,6 +402,7 @@ class Daemon:
                 server.close()
             if inode is not None:
                 unlink_if(self.socket_path, inode)
+            self.egress_stop()
             self.metrics.close()
             os.close(lock_fd)
 
