@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what netplugin needs on a Debian/Ubuntu machine (as root), then netplugin itself.
-#   scripts/install-deps.sh            runtime: iproute2, flock, python packages, netplugin
+#   scripts/install-deps.sh            runtime: iproute2, flock, nftables, python packages, netplugin
 #   scripts/install-deps.sh --test     also the test tools (shellcheck, pytest, ruff, mypy, podman)
 # Idempotent: installs only what is missing.
 set -euo pipefail
@@ -15,6 +15,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 debs=(iproute2 util-linux procps)
+# nftables: the `nft` command for the daemon's egress masquerade (netplugin/nodenet/egress.py)
+debs+=(nftables)
 [ "$want_test" = 1 ] && debs+=(shellcheck iputils-ping)
 missing=()
 for pkg in "${debs[@]}"; do

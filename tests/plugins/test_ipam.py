@@ -24,7 +24,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from netplugin.core.errors import InvalidArgument
-from netplugin.plugins.ipam import IPAM, AddressesExhausted, Allocation, CorruptRecord, IPAMError, SubnetMismatch
+from netplugin.plugins.ipam import (
+    IPAM,
+    AddressesExhausted,
+    Allocation,
+    CorruptRecord,
+    IPAMError,
+    SubnetMismatch,
+    pool_bounds,
+)
+from netplugin.plugins.podipam import PodIPAM
 
 REPO = Path(__file__).resolve().parents[2]
 BASH_BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"
@@ -504,3 +513,113 @@ class SmallSubnetMachine(RuleBasedStateMachine):
 
 SmallSubnetMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 test_ipam_exhaustion_model = SmallSubnetMachine.TestCase
+
+
+# --- IPv6 and dual stack (issue 11) -----------------------------------------------------------------
+
+
+def test_ipv6_allocation_writes_canonical_files(ipam_dir: Path) -> None:
+    ipam = IPAM(str(ipam_dir / "ipv6"), "fd00:10:205:7::/64", lock_path=str(ipam_dir / "lock"))
+    assert ipam.allocate("abc123", "default", "web-0") == ("fd00:10:205:7::2", 64)
+    assert files(ipam_dir / "ipv6", "ips") == {"fd00:10:205:7::2": "abc123\n"}
+    assert files(ipam_dir / "ipv6", "pods") == {"abc123": "fd00:10:205:7::2/64 default web-0\n"}
+    assert (ipam_dir / "ipv6" / "subnet").read_text() == "fd00:10:205:7::/64\n"
+    assert (ipam_dir / "lock").exists() and not (ipam_dir / "ipv6" / "lock").exists()
+
+
+@pytest.mark.parametrize(
+    ("subnet", "first", "last", "pods"),
+    [
+        ("fd00:10:205:7::/64", "fd00:10:205:7::1", "fd00:10:205:7::ffff:ffff", (1 << 32) - 2),
+        ("fd00:10:205:7::/120", "fd00:10:205:7::1", "fd00:10:205:7::ff", 254),  # no broadcast in IPv6
+        ("10.205.7.0/24", "10.205.7.1", "10.205.7.254", 253),
+    ],
+)
+def test_pool_bounds(ipam_dir: Path, subnet: str, first: str, last: str, pods: int) -> None:
+    lo, hi = pool_bounds(ipaddress.ip_network(subnet))
+    assert (str(ipaddress.ip_address(lo)), str(ipaddress.ip_address(hi))) == (first, last)
+    assert IPAM(str(ipam_dir), subnet).pool_size == pods
+
+
+def test_ipv6_cursor_wraps_and_uses_the_last_address(ipam_dir: Path) -> None:
+    ipam = IPAM(str(ipam_dir), "fd00:10:205:7::/126")
+    got = [ipam.allocate(f"p{i}", "default", f"p{i}")[0] for i in range(2)]
+    assert got == ["fd00:10:205:7::2", "fd00:10:205:7::3"]
+    with pytest.raises(AddressesExhausted, match=r"no free address in fd00:10:205:7::/126 \(all 2 pod addresses"):
+        ipam.allocate("p2", "default", "p2")
+    ipam.release("p0")
+    assert ipam.allocate("p2", "default", "p2")[0] == "fd00:10:205:7::2"
+
+
+def test_ipv6_gateway_outside_the_pool_leaves_every_pool_address_to_pods(ipam_dir: Path) -> None:
+    ipam = IPAM(str(ipam_dir), "fd00:10:205:7::/126", "fd00:10:205:7::3")
+    assert ipam.pool_size == 2 and [ipam.allocate(f"p{i}", "d", "n")[0] for i in range(2)] == [
+        "fd00:10:205:7::1", "fd00:10:205:7::2"]
+    far = IPAM(str(ipam_dir / "far"), "fd00:10:205:7::/64", "fd00:10:205:7:1::1")  # beyond ::ffff:ffff
+    assert far.pool_size == (1 << 32) - 1
+    with pytest.raises(InvalidArgument, match="must be a host address"):
+        IPAM(str(ipam_dir), "fd00:10:205:7::/64", "fd00:10:205:7::")
+    with pytest.raises(InvalidArgument, match="must be a host address"):
+        IPAM(str(ipam_dir), "fd00:10:205:7::/64", "10.205.7.1")
+
+
+def test_non_canonical_ipv6_record_is_corrupt(ipam_dir: Path) -> None:
+    ipam = IPAM(str(ipam_dir), "fd00:10:205:7::/64")
+    ipam.allocate("abc", "default", "web")
+    (ipam_dir / "pods" / "abc").write_text("fd00:10:205:7:0:0:0:2/64 default web\n")
+    with pytest.raises(CorruptRecord, match="canonical form"):
+        ipam.lookup("abc")
+
+
+def _dual(ipam_dir: Path, v6: str = "fd00:10:205:7::/64", v4: str = "10.205.7.0/24") -> PodIPAM:
+    return PodIPAM(str(ipam_dir), [ipaddress.ip_network(v4), ipaddress.ip_network(v6)])
+
+
+def test_pod_ipam_claims_one_address_per_family(ipam_dir: Path) -> None:
+    ipam = _dual(ipam_dir)
+    allocs, new = ipam.claim("abc", "default", "web")
+    assert [a.cidr for a in allocs] == ["10.205.7.2/24", "fd00:10:205:7::2/64"] and new == [4, 6]
+    allocs, new = ipam.claim("abc", "default", "web")
+    assert [a.ip for a in allocs] == ["10.205.7.2", "fd00:10:205:7::2"] and new == []
+    assert [a.ip for a in ipam.lookup("abc")] == ["10.205.7.2", "fd00:10:205:7::2"]
+    assert ipam.release("abc") == ["10.205.7.2", "fd00:10:205:7::2"]
+    assert ipam.release("abc") == []
+    assert files(ipam_dir, "ips") == files(ipam_dir / "ipv6", "ips") == {}
+
+
+def test_pod_ipam_is_all_or_nothing(ipam_dir: Path) -> None:
+    ipam = _dual(ipam_dir, v6="fd00:10:205:7::/126")
+    for i in range(2):
+        ipam.claim(f"p{i}", "default", f"p{i}")
+    with pytest.raises(AddressesExhausted, match="fd00:10:205:7::/126"):
+        ipam.claim("p2", "default", "p2")
+    assert "p2" not in files(ipam_dir, "pods") and len(files(ipam_dir, "ips")) == 2
+
+
+def test_pod_ipam_checks_every_subnet_before_allocating(ipam_dir: Path) -> None:
+    _dual(ipam_dir).claim("abc", "default", "web")
+    moved = _dual(ipam_dir, v6="fd00:10:205:8::/64")
+    with pytest.raises(SubnetMismatch, match="fd00:10:205:7::/64"):
+        moved.claim("def", "default", "web2")
+    assert "def" not in files(ipam_dir, "pods")
+
+
+def test_pod_ipam_releases_a_family_no_longer_configured(ipam_dir: Path) -> None:
+    _dual(ipam_dir).claim("abc", "default", "web")
+    v4_only = PodIPAM(str(ipam_dir), [ipaddress.ip_network("10.205.7.0/24")])
+    assert v4_only.release("abc") == ["10.205.7.2", "fd00:10:205:7::2"]
+    assert files(ipam_dir / "ipv6", "ips") == files(ipam_dir / "ipv6", "pods") == {}
+
+
+@needs_bash_plugin
+def test_bash_plugin_releases_both_families_python_allocated(tmp_path: Path) -> None:
+    ipam_dir = tmp_path / "bridge" / "npbrtest"
+    ipam = _dual(ipam_dir)
+    ipam.claim("npinfra1", "default", "web")
+    ipam.claim("npinfra2", "default", "web2")
+    p = _bash_teardown(tmp_path, ipam_dir, "10.205.7.0/24,fd00:10:205:7::/64", "npinfra1")
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert ipam.lookup("npinfra1") == []
+    assert [a.ip for a in ipam.lookup("npinfra2")] == ["10.205.7.3", "fd00:10:205:7::3"]
+    assert sorted(files(ipam_dir / "ipv6", "ips")) == ["fd00:10:205:7::3"]

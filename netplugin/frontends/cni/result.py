@@ -4,26 +4,29 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["link_mac", "make_result", "prev_ips"]
 
 
 def _address(ip: str, env: Mapping[str, str]) -> tuple[str, str | None]:
-    """(CIDR, gateway or None) for a reported address, using the bridge settings when they fit."""
+    """(CIDR, gateway or None) for a reported address, using the bridge settings when they fit.
+
+    SUBNET and GATEWAY may be comma lists (dual stack: one entry per family).
+    """
     addr = ipaddress.ip_address(ip)
-    subnet_text = env.get("NETPLUGIN_BRIDGE_SUBNET", "")
-    if subnet_text:
+    for subnet_text in env.get("NETPLUGIN_BRIDGE_SUBNET", "").split(","):
         try:
-            net = ipaddress.ip_network(subnet_text, strict=False)
+            net = ipaddress.ip_network(subnet_text.strip(), strict=False)
         except ValueError:
-            net = None
-        if net is not None and net.version == addr.version and addr in net:
-            gw_text = env.get("NETPLUGIN_BRIDGE_GATEWAY", "")
+            continue
+        if net.version == addr.version and addr in net:
             gateway: str | None = None
+            gws = [g.strip() for g in env.get("NETPLUGIN_BRIDGE_GATEWAY", "").split(",") if g.strip()]
             try:
-                gw = ipaddress.ip_address(gw_text) if gw_text else net.network_address + 1
+                gw = next((g for g in map(ipaddress.ip_address, gws) if g.version == addr.version), None)
+                gw = gw or net.network_address + 1
                 gateway = str(gw) if gw in net and gw != addr else None
             except ValueError:
                 gateway = None
@@ -86,12 +89,15 @@ def make_result(
     cni_version: str,
     ifname: str,
     netns: str,
-    ip: str | None,
+    ip: str | Sequence[str] | None,
     env: Mapping[str, str],
     prev: Mapping[str, Any] | None = None,
     mac: str | None = None,
 ) -> dict[str, Any]:
-    """The ADD result in ``cni_version``'s format; ``prev`` (a prevResult) is extended, not replaced."""
+    """The ADD result in ``cni_version``'s format; ``prev`` (a prevResult) is extended, not replaced.
+
+    ``ip`` is the pod's address, or all of them (a dual-stack pod's ``PodNetworkStatus.ips``).
+    """
     interfaces = [dict(i) for i in (prev or {}).get("interfaces") or [] if isinstance(i, dict)]
     ips = [dict(i) for i in (prev or {}).get("ips") or [] if isinstance(i, dict)]
     index = len(interfaces)
@@ -101,13 +107,13 @@ def make_result(
     if netns:
         iface["sandbox"] = netns
     interfaces.append(iface)
-    if ip is not None:
-        cidr, gateway = _address(ip, env)
+    for one in [ip] if isinstance(ip, str) else ip or []:
+        cidr, gateway = _address(one, env)
         entry: dict[str, Any] = {"address": cidr, "interface": index}
         if gateway:
             entry["gateway"] = gateway
         if not cni_version.startswith("1."):
-            entry["version"] = "6" if ":" in ip else "4"
+            entry["version"] = "6" if ":" in one else "4"
         ips.append(entry)
     result: dict[str, Any] = {"cniVersion": cni_version, "interfaces": interfaces, "ips": ips}
     for key in ("routes", "dns"):

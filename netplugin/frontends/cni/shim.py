@@ -201,7 +201,7 @@ def _add(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> dict[str, 
         req.cni_version,
         req.ifname,
         req.netns,
-        status.ip if status else None,
+        status.ips if status else None,
         cfg.env,
         prev if isinstance(prev, dict) else None,
         # podman rejects a container interface without a MAC ("invalid MAC address")
@@ -246,11 +246,12 @@ def _check(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
             f"network plugin reports no address for container {req.container_id} (pod {pod})",
         )
     expected = prev_ips(prev)
-    if status.ip not in expected:
-        raise CniError(
-            E_INTERNAL,
-            f"pod {pod} has address {status.ip}, but prevResult has {', '.join(sorted(expected)) or 'none'}",
-        )
+    for ip in status.ips:
+        if ip not in expected:
+            raise CniError(
+                E_INTERNAL,
+                f"pod {pod} has address {ip}, but prevResult has {', '.join(sorted(expected)) or 'none'}",
+            )
 
 
 def _status(cfg: Config, environ: Mapping[str, str]) -> None:

@@ -13,15 +13,16 @@
   server is away, keeps the routes it has rather than removing them), and an empty view
   (no cluster described at all) leaves the routing table alone;
 * with ``cluster_cidrs`` set it keeps the egress masquerade (:mod:`netplugin.nodenet.egress`)
-  for this node's pod CIDRs;
+  for this node's pod CIDRs (all of ``cluster_cidrs`` while it does not know them), and removes
+  it when the daemon stops;
 * when this node's own Node is deleted (the node leaves the cluster) it removes its routes
   and its egress table, and keeps them removed until the Node comes back;
 * what cannot be routed (a node without an InternalIP of the family, or not on a directly
   connected network) is logged when it appears and when it is resolved, counted in
   ``netplugin_node_route_problems`` and listed in the daemon's health (``netplugin daemon``).
 
-Routes and egress rules stay when the daemon stops: a restart (an upgrade) must not cut pods
-off from the other nodes. A node leaving the cluster loses its routes on every other node.
+Routes stay when the daemon stops: a restart (an upgrade) must not cut pods off from the other
+nodes. A node leaving the cluster loses its routes on every other node.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class NodeKeeper:
 
             self.egress = Egress()
         self.egress_rules: EgressRules | None = None
+        self._egress_error: str | None = None
         #: this node was in the cluster (its Node seen) / has left it (its Node deleted since)
         self.member = False
         self.departed = False
@@ -91,6 +93,8 @@ class NodeKeeper:
     def start(self) -> None:
         if self.watching:
             self.host.start_watching(self.kick)  # type: ignore[attr-defined]
+        else:
+            self.sync()  # a host without watches answers at once: routes and egress before the socket opens
         self._thread = threading.Thread(target=self._loop, name="netplugin-nodes", daemon=True)
         self._thread.start()
 
@@ -103,6 +107,14 @@ class NodeKeeper:
             self.host.stop_watching()  # type: ignore[attr-defined]
         if self.routes is not None:
             self.routes.close()
+        if self.egress is not None:
+            # Unlike routes (pod traffic between nodes must survive a restart), the masquerade
+            # table goes with the daemon: connections already masqueraded keep their conntrack
+            # mapping, and nothing of netplugin's stays in the firewall of a node it left.
+            try:
+                self.egress.remove()
+            except NetpluginError as e:
+                log.error("egress masquerade not removed: %s", e.message)
 
     def kick(self) -> None:
         """Something changed: look again now (called on watch threads)."""
@@ -187,8 +199,11 @@ class NodeKeeper:
             rules = self.egress.ensure(self.config.cluster_cidrs, pod_cidrs)
         except NetpluginError as e:
             errors.append(e.message)
-            log.error("egress: %s", e.message)
+            if e.message != self._egress_error:
+                log.error("egress masquerade not installed: %s", e.message)
+            self._egress_error = e.message
             return
+        self._egress_error = None
         if rules != self.egress_rules:
             log.info("egress: masquerading pod traffic leaving %s", ", ".join(self.config.cluster_cidrs))
         self.egress_rules = rules

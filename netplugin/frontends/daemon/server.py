@@ -25,7 +25,9 @@ and for native plugins their warm libraries) and answers the thin client of
   daemon lists and watches every Node and this node's Pods, so pod and node
   lookups are answered from memory; it keeps routes to the other nodes' pod
   CIDRs (``node_routes``) and reports what it cannot route, in its health
-  answer (``node``) and as ``netplugin_node_*`` and ``netplugin_kube_*`` metrics.
+  answer (``node``) and as ``netplugin_node_*`` and ``netplugin_kube_*`` metrics;
+  with ``cluster_cidrs`` it installs the egress masquerade (nftables ``table
+  inet netplugin``) and removes it at stop.
 * **SIGHUP** rescans the exec dir, selects the plugin again and runs its init if
   its version changed. **SIGTERM** (or SIGINT) stops accepting, removes the
   socket (new callers then work alone), answers requests already read, waits
