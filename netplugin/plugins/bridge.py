@@ -184,6 +184,7 @@ def _code_version() -> str:
 
     h = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
+    # Every module whose code decides what init does; a change to any of them runs init again.
     for name in _CODE:
         with open(os.path.join(here, name), "rb") as f:
             h.update(f.read())
