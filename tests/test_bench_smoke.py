@@ -68,7 +68,7 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         args.append("--no-plots")
-    done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=280,
+    done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=420,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -81,7 +81,7 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
 
     # Every target is stated as met, missed or not measured; none is silently dropped.
     targets = _table(md, "## Targets")
-    assert len(targets) == 8
+    assert len(targets) == 10
     assert all(t[3] in ("**met**", "**MISSED**", "not measured") for t in targets)
 
     # Each available contender has a per-pod setup and teardown row whose numbers parse and are positive.
@@ -102,6 +102,11 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
     by_id = {f["id"]: f for f in results["figures"]}
     assert len(by_id["setup"]["samples"]["B"]) == 3
     assert by_id["coldstart"]["rows"][0]["values"]["median"] > 0
+    # The simulated cluster's figures: a warm daemon asks the API nothing per pod, the CLI alone does.
+    api = {r["key"]: r["values"]["per pod"] for r in by_id["cluster-api"]["rows"]}
+    assert api["D-warm"] == 0 and api["B-cli"] >= 1
+    changes = {r["key"] for r in by_id["cluster-routes"]["rows"]}
+    assert changes == {"join-all", "join-1", "change-1", "leave-1", "leave-all"}
 
     plots = tmp_path / "plots"
     if "--no-plots" not in args:
