@@ -132,9 +132,10 @@ class NodeKeeper:
                 self._kick.wait(0.2)  # until the first LIST is in: never act on an empty view
                 continue
             due = time.monotonic() - last_full >= self.config.node_resync
-            kicked = self._kick.is_set()
             self._kick.clear()
-            if self.sync(force=kicked or due):
+            # A kick (any Node event, status heartbeats included) acts only when a node's name, pod
+            # CIDRs or InternalIPs changed; the periodic pass re-checks the kernel regardless.
+            if self.sync(force=due) and due:
                 last_full = time.monotonic()
             self._kick.wait(poll)
 
