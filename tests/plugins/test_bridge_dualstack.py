@@ -280,3 +280,17 @@ def test_ipv6_parsing_and_formatting_match_the_bash_plugin(
     assert bash["NETPLUGIN_BRIDGE_SUBNET"] == f"10.205.3.0/24,{net}"
     assert bash["NETPLUGIN_BRIDGE_GATEWAY"] == f"10.205.3.1,{gw}"
     assert load_settings(env).to_env() == bash
+
+
+@kernel
+def test_teardown_works_after_the_node_lost_its_cidrs(native_dual: Callable[..., NativeDual]) -> None:
+    net = native_dual()
+    node = {"NETPLUGIN_BRIDGE_SUBNET": "node", "NETPLUGIN_NODE_POD_CIDRS": f"{net.subnet},{net.subnet6}"}
+    pod = net.pod(0)
+    net.setup(pod, **node)
+    gone = dict(node, NETPLUGIN_NODE_POD_CIDRS="")
+    with pytest.raises(PluginFailed, match="NETPLUGIN_NODE_POD_CIDRS is not set"):
+        net.setup(net.pod(1), **gone)
+    net.teardown(pod, **gone)
+    assert net.ipam_files("pods") == net.ipam6_files("pods") == net.ipam6_files("ips") == []
+    assert net.bridge_ports() == []
