@@ -223,12 +223,15 @@ def _host_range(net: Network) -> tuple[int, int]:
     return int(net.network_address) + 1, int(net.broadcast_address)
 
 
-def load_settings(env: Mapping[str, str], conf_files: Sequence[str] = (), *, teardown: bool = False) -> BridgeSettings:
+def load_settings(
+    env: Mapping[str, str], conf_files: Sequence[str] = (), *, subnets_optional: bool = False
+) -> BridgeSettings:
     """Settings from the defaults, ``conf_files`` (in rising precedence) and ``env``.
 
-    Validation and messages follow the bash plugin's ``validate_settings``. With ``teardown``,
-    SUBNET=node without node pod CIDRs (the Node is gone) gives no subnets instead of an error:
-    a teardown releases what the pod's records hold and needs none.
+    Validation and messages follow the bash plugin's ``validate_settings``. With
+    ``subnets_optional`` (teardown and status), SUBNET=node without node pod CIDRs (the Node is
+    gone) gives no subnets instead of an error: a teardown releases what the pod's records hold,
+    a status reads the interface.
     """
     raw: dict[str, str] = {
         "NAME": "cbr0",
@@ -260,7 +263,7 @@ def load_settings(env: Mapping[str, str], conf_files: Sequence[str] = (), *, tea
         subnets = parse_subnets(
             env["NETPLUGIN_NODE_POD_CIDRS"], "NETPLUGIN_NODE_POD_CIDRS", " (from NETPLUGIN_BRIDGE_SUBNET=node)"
         )
-    elif not teardown:
+    elif not subnets_optional:
         raise SettingsError(
             "NETPLUGIN_BRIDGE_SUBNET is 'node' but NETPLUGIN_NODE_POD_CIDRS is not set: the node has no pod "
             "CIDRs (spec.podCIDRs) or netplugin does not know the node"

@@ -283,7 +283,7 @@ def test_ipv6_parsing_and_formatting_match_the_bash_plugin(
 
 
 @kernel
-def test_teardown_works_after_the_node_lost_its_cidrs(native_dual: Callable[..., NativeDual]) -> None:
+def test_teardown_and_status_work_after_the_node_lost_its_cidrs(native_dual: Callable[..., NativeDual]) -> None:
     net = native_dual()
     node = {"NETPLUGIN_BRIDGE_SUBNET": "node", "NETPLUGIN_NODE_POD_CIDRS": f"{net.subnet},{net.subnet6}"}
     pod = net.pod(0)
@@ -291,6 +291,8 @@ def test_teardown_works_after_the_node_lost_its_cidrs(native_dual: Callable[...,
     gone = dict(node, NETPLUGIN_NODE_POD_CIDRS="")
     with pytest.raises(PluginFailed, match="NETPLUGIN_NODE_POD_CIDRS is not set"):
         net.setup(net.pod(1), **gone)
+    st = net.status(pod, **gone)
+    assert st is not None and st.ips == (str(net.subnet.network_address + 2), str(net.subnet6.network_address + 2))
     net.teardown(pod, **gone)
     assert net.ipam_files("pods") == net.ipam6_files("pods") == net.ipam6_files("ips") == []
     assert net.bridge_ports() == []
