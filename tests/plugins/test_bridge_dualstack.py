@@ -296,3 +296,17 @@ def test_teardown_and_status_work_after_the_node_lost_its_cidrs(native_dual: Cal
     net.teardown(pod, **gone)
     assert net.ipam_files("pods") == net.ipam6_files("pods") == net.ipam6_files("ips") == []
     assert net.bridge_ports() == []
+
+
+@kernel
+def test_ipv6_only(native_dual: Callable[..., NativeDual]) -> None:
+    net = native_dual()
+    only6 = {"NETPLUGIN_BRIDGE_SUBNET": str(net.subnet6)}
+    pod = net.pod(0)
+    net.setup(pod, **only6)
+    v6 = str(net.subnet6.network_address + 2)
+    assert pod_addrs(pod) == {4: [], 6: [f"{v6}/64"]}
+    assert pod_default_routes(pod)[6] == f"default via {net.gateway6} dev eth0"
+    assert net.status(pod, **only6) == PodNetworkStatus(v6)
+    net.teardown(pod, **only6)
+    assert net.ipam6_files("pods") == net.ipam6_files("ips") == []
