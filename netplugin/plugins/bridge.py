@@ -239,7 +239,9 @@ class NativeBridgePlugin:
 
     # --- settings ---------------------------------------------------------------------------------
 
-    def settings(self, env: Mapping[str, str], state_dir: str = "") -> BridgeSettings:
+    def settings(
+        self, env: Mapping[str, str], state_dir: str = "", *, subnets_optional: bool = False
+    ) -> BridgeSettings:
         """The effective settings for a call's environment (cached while nothing changes).
 
         netplugin's state dir (the default STATE_DIR's parent) is NETPLUGIN_STATE_DIR, else
@@ -252,6 +254,7 @@ class NativeBridgePlugin:
         if env.get("NETPLUGIN_BRIDGE_CONF"):
             files.append(env["NETPLUGIN_BRIDGE_CONF"])
         key: tuple[Any, ...] = (
+            subnets_optional,
             state_dir,
             *(env.get("NETPLUGIN_BRIDGE_" + k) for k in SETTING_KEYS),
             env.get("NETPLUGIN_NODE_POD_CIDRS"),  # SUBNET=node reads it
@@ -263,7 +266,7 @@ class NativeBridgePlugin:
         merged = dict(env)
         if state_dir:
             merged["NETPLUGIN_STATE_DIR"] = state_dir
-        settings = load_settings(merged, files)
+        settings = load_settings(merged, files, subnets_optional=subnets_optional)
         self._settings_cache = (key, settings)
         return settings
 
@@ -421,7 +424,7 @@ class NativeBridgePlugin:
         """
         with self._action("teardown", pod, ctx.timeout) as step:
             step.what = "read the settings"
-            s = self.settings(ctx.env, ctx.state_dir)
+            s = self.settings(ctx.env, ctx.state_dir, subnets_optional=True)
             host = host_veth_name(pod.infra_id)
             # Deleting either end removes the pair; when the netns is gone the kernel already did (or
             # is about to: the pair dies asynchronously with the netns).
@@ -440,7 +443,7 @@ class NativeBridgePlugin:
         or interface is gone."""
         with self._action("status", pod, ctx.timeout) as step:
             step.what = "read the settings"
-            s = self.settings(ctx.env, ctx.state_dir)
+            s = self.settings(ctx.env, ctx.state_dir, subnets_optional=True)
             step.what = f"read {s.ifname} in {ctx.netns}"
             try:
                 ns = RawNetlink(netns_socket(ctx.netns))

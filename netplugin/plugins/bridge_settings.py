@@ -223,10 +223,15 @@ def _host_range(net: Network) -> tuple[int, int]:
     return int(net.network_address) + 1, int(net.broadcast_address)
 
 
-def load_settings(env: Mapping[str, str], conf_files: Sequence[str] = ()) -> BridgeSettings:
+def load_settings(
+    env: Mapping[str, str], conf_files: Sequence[str] = (), *, subnets_optional: bool = False
+) -> BridgeSettings:
     """Settings from the defaults, ``conf_files`` (in rising precedence) and ``env``.
 
-    Validation and messages follow the bash plugin's ``validate_settings``.
+    Validation and messages follow the bash plugin's ``validate_settings``. With
+    ``subnets_optional`` (teardown and status), SUBNET=node without node pod CIDRs (the Node is
+    gone) gives no subnets instead of an error: a teardown releases what the pod's records hold,
+    a status reads the interface.
     """
     raw: dict[str, str] = {
         "NAME": "cbr0",
@@ -251,17 +256,19 @@ def load_settings(env: Mapping[str, str], conf_files: Sequence[str] = ()) -> Bri
         if not _IFNAME.match(raw[key]):
             raise bad(key, "1-15 characters of letters, digits, '_', '.', '-'")
 
-    if raw["SUBNET"] == "node":
-        cidrs = env.get("NETPLUGIN_NODE_POD_CIDRS", "")
-        if not cidrs:
-            raise SettingsError(
-                "NETPLUGIN_BRIDGE_SUBNET is 'node' but NETPLUGIN_NODE_POD_CIDRS is not set: the node has no pod "
-                "CIDRs (spec.podCIDRs) or netplugin does not know the node"
-            )
-        subnets = parse_subnets(cidrs, "NETPLUGIN_NODE_POD_CIDRS", " (from NETPLUGIN_BRIDGE_SUBNET=node)")
-    else:
+    subnets: tuple[Network, ...] = ()
+    if raw["SUBNET"] != "node":
         subnets = parse_subnets(raw["SUBNET"], "NETPLUGIN_BRIDGE_SUBNET")
-    gateways = parse_gateways(raw["GATEWAY"], subnets)
+    elif env.get("NETPLUGIN_NODE_POD_CIDRS"):
+        subnets = parse_subnets(
+            env["NETPLUGIN_NODE_POD_CIDRS"], "NETPLUGIN_NODE_POD_CIDRS", " (from NETPLUGIN_BRIDGE_SUBNET=node)"
+        )
+    elif not subnets_optional:
+        raise SettingsError(
+            "NETPLUGIN_BRIDGE_SUBNET is 'node' but NETPLUGIN_NODE_POD_CIDRS is not set: the node has no pod "
+            "CIDRs (spec.podCIDRs) or netplugin does not know the node"
+        )
+    gateways = parse_gateways(raw["GATEWAY"], subnets) if subnets else ()
 
     if not re.fullmatch(r"[0-9]{1,5}", raw["MTU"]) or not 68 <= int(raw["MTU"], 10) <= 65535:
         raise bad("MTU", "expected an integer 68-65535")

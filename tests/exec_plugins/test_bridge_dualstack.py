@@ -181,3 +181,20 @@ def test_init_enables_forwarding_per_family_in_its_netns(tmp_path: Path) -> None
         assert sysctl == ["1", "1"]
     finally:
         subprocess.run(["ip", "netns", "del", ns])
+
+
+def test_teardown_and_status_work_after_the_node_lost_its_cidrs(dual: Callable[..., DualNet]) -> None:
+    # The Node object was deleted: netplugin passes NETPLUGIN_NODE_POD_CIDRS empty. Setup must
+    # refuse, teardown must still free the pod (its records say what to release).
+    net = dual()
+    node = {"NETPLUGIN_BRIDGE_SUBNET": "node", "NETPLUGIN_NODE_POD_CIDRS": f"{net.subnet},{net.subnet6}"}
+    net.ok("init", env=node)
+    pod = net.pod(0)
+    net.ok("setup", pod, env=node)
+    gone = dict(node, NETPLUGIN_NODE_POD_CIDRS="")
+    assert net.run("setup", net.pod(1), env=gone).returncode == 1
+    assert json.loads(net.ok("status", pod, env=gone).stdout)["ips"] == [
+        str(net.subnet.network_address + 2), str(net.subnet6.network_address + 2)]
+    net.ok("teardown", pod, env=gone)
+    assert net.ipam_files("pods") == net.ipam6_files("pods") == net.ipam6_files("ips") == []
+    assert net.bridge_ports() == []

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -341,3 +342,13 @@ def test_nft_missing_or_failing_is_a_clear_error(node: EgressNet) -> None:
     with pytest.raises(EgressError, match=r"exited with status \d+: .*") as exc:
         Egress(node.table, netns="/nonexistent/netns").remove()
     assert exc.value.details["exit_status"] != 0
+
+
+def test_concurrent_ensures_leave_one_rule_set(node: EgressNet) -> None:
+    eg = node.egress()
+    with ThreadPoolExecutor(6) as ex:
+        list(ex.map(lambda _: eg.ensure(CLUSTER, POD_CIDRS), range(12)))
+    ruleset = node.ruleset()
+    assert ruleset.count(f"table inet {node.table} ") == 1 and ruleset.count("masquerade") == 2
+    eg.remove()
+    assert f"table inet {node.table}" not in node.ruleset()

@@ -8,6 +8,7 @@ run both plugins on one bridge and IPAM directory, both ways.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 from bridgenet import BRIDGE, BridgeNet, Pod
 from dualnet import DualNet, pod_addrs, pod_default_routes
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from netplugin.core.errors import PluginFailed
 from netplugin.core.names import PodRef
@@ -253,3 +256,57 @@ def test_interop_bash_sets_up_native_tears_down_and_back(native_dual: Callable[.
     net.ok("teardown", b)  # and bash what native allocated
     assert net.ipam_files("ips") == net.ipam_files("pods") == net.ipam6_files("ips") == net.ipam6_files("pods") == []
     assert net.bridge_ports() == []
+
+
+_V6_SUBNETS = st.builds(
+    lambda bits, plen: ipaddress.IPv6Network((bits >> (128 - plen) << (128 - plen), plen)),
+    st.integers(0, (1 << 128) - 1),
+    st.integers(48, 126),
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(net=_V6_SUBNETS, offset=st.integers(1, (1 << 40)), form=st.sampled_from(["exploded", "compressed", "upper"]))
+def test_ipv6_parsing_and_formatting_match_the_bash_plugin(
+    tmp_path: Path, net: ipaddress.IPv6Network, offset: int, form: str
+) -> None:
+    # The bash plugin parses and prints IPv6 in pure bash; Python's ipaddress is the reference.
+    gw = net.network_address + offset % (net.num_addresses - 1) + 1
+    text = {"exploded": gw.exploded, "compressed": str(gw), "upper": str(gw).upper()}[form]
+    env = _env(tmp_path, NETPLUGIN_BRIDGE_SUBNET=f"10.205.3.0/24,{net.exploded}", NETPLUGIN_BRIDGE_GATEWAY=text)
+    r = _bash_config(env)
+    assert r.returncode == 0, r.stderr
+    bash = dict(line.split("=", 1) for line in r.stdout.splitlines())
+    assert bash["NETPLUGIN_BRIDGE_SUBNET"] == f"10.205.3.0/24,{net}"
+    assert bash["NETPLUGIN_BRIDGE_GATEWAY"] == f"10.205.3.1,{gw}"
+    assert load_settings(env).to_env() == bash
+
+
+@kernel
+def test_teardown_and_status_work_after_the_node_lost_its_cidrs(native_dual: Callable[..., NativeDual]) -> None:
+    net = native_dual()
+    node = {"NETPLUGIN_BRIDGE_SUBNET": "node", "NETPLUGIN_NODE_POD_CIDRS": f"{net.subnet},{net.subnet6}"}
+    pod = net.pod(0)
+    net.setup(pod, **node)
+    gone = dict(node, NETPLUGIN_NODE_POD_CIDRS="")
+    with pytest.raises(PluginFailed, match="NETPLUGIN_NODE_POD_CIDRS is not set"):
+        net.setup(net.pod(1), **gone)
+    st = net.status(pod, **gone)
+    assert st is not None and st.ips == (str(net.subnet.network_address + 2), str(net.subnet6.network_address + 2))
+    net.teardown(pod, **gone)
+    assert net.ipam_files("pods") == net.ipam6_files("pods") == net.ipam6_files("ips") == []
+    assert net.bridge_ports() == []
+
+
+@kernel
+def test_ipv6_only(native_dual: Callable[..., NativeDual]) -> None:
+    net = native_dual()
+    only6 = {"NETPLUGIN_BRIDGE_SUBNET": str(net.subnet6)}
+    pod = net.pod(0)
+    net.setup(pod, **only6)
+    v6 = str(net.subnet6.network_address + 2)
+    assert pod_addrs(pod) == {4: [], 6: [f"{v6}/64"]}
+    assert pod_default_routes(pod)[6] == f"default via {net.gateway6} dev eth0"
+    assert net.status(pod, **only6) == PodNetworkStatus(v6)
+    net.teardown(pod, **only6)
+    assert net.ipam6_files("pods") == net.ipam6_files("ips") == []

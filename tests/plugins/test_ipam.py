@@ -623,3 +623,13 @@ def test_bash_plugin_releases_both_families_python_allocated(tmp_path: Path) -> 
     assert ipam.lookup("npinfra1") == []
     assert [a.ip for a in ipam.lookup("npinfra2")] == ["10.205.7.3", "fd00:10:205:7::3"]
     assert sorted(files(ipam_dir / "ipv6", "ips")) == ["fd00:10:205:7::3"]
+
+
+def test_pod_ipam_no_duplicates_under_concurrent_claims(ipam_dir: Path) -> None:
+    ipam = _dual(ipam_dir, v6="fd00:10:205:7::/120")
+    with ThreadPoolExecutor(16) as ex:
+        got = list(ex.map(lambda i: ipam.claim(f"p{i}", "default", f"p{i}")[0], range(64)))
+    for family in (0, 1):
+        ips = [allocs[family].ip for allocs in got]
+        assert len(set(ips)) == 64
+    assert len(files(ipam_dir, "ips")) == len(files(ipam_dir / "ipv6", "ips")) == 64

@@ -13,10 +13,14 @@ __all__ = ["link_mac", "make_result", "prev_ips"]
 def _address(ip: str, env: Mapping[str, str]) -> tuple[str, str | None]:
     """(CIDR, gateway or None) for a reported address, using the bridge settings when they fit.
 
-    SUBNET and GATEWAY may be comma lists (dual stack: one entry per family).
+    SUBNET and GATEWAY may be comma lists (dual stack: one entry per family); SUBNET ``node``
+    means the node's pod CIDRs, NETPLUGIN_NODE_POD_CIDRS, when ``env`` has them.
     """
     addr = ipaddress.ip_address(ip)
-    for subnet_text in env.get("NETPLUGIN_BRIDGE_SUBNET", "").split(","):
+    subnets = env.get("NETPLUGIN_BRIDGE_SUBNET", "")
+    if subnets.strip() == "node":
+        subnets = env.get("NETPLUGIN_NODE_POD_CIDRS", "")
+    for subnet_text in subnets.split(","):
         try:
             net = ipaddress.ip_network(subnet_text.strip(), strict=False)
         except ValueError:
