@@ -1,0 +1,103 @@
+"""A cluster without an API server: Node manifests in ``nodes_dir`` drive the daemon's routes.
+
+The daemon runs inside a network namespace of the test's own (routes belong to a namespace),
+with ``host: static``; node files are written, changed and removed while it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.nettest import kernel_gate
+
+pytestmark = pytest.mark.kernel
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def ip(ns: str, *args: str) -> str:
+    done = subprocess.run(["ip", "-n", ns, *args], capture_output=True, text=True, timeout=20, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def routes(ns: str) -> dict[str, str]:
+    return {r["dst"]: r.get("gateway", "") for r in json.loads(ip(ns, "-j", "route", "show", "proto", "78") or "[]")}
+
+
+def node_file(d: Path, name: str, cidr: str, addr: str) -> None:
+    doc = {
+        "kind": "Node",
+        "metadata": {"name": name},
+        "spec": {"podCIDRs": [cidr]},
+        "status": {"addresses": [{"type": "InternalIP", "address": addr}]},
+    }
+    (d / f"{name}.json").write_text(json.dumps(doc))
+
+
+def wait_for(pred: object, timeout: float = 8.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "not in time"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def netns(request: pytest.FixtureRequest) -> Iterator[str]:
+    kernel_gate(request)
+    name = f"np{secrets.token_hex(4)}s"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        ip(name, "link", "set", "lo", "up")
+        ip(name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
+        ip(name, "link", "set", "eth0", "up")
+        ip(name, "link", "set", "eth1", "up")
+        ip(name, "addr", "add", "10.206.0.11/24", "dev", "eth0")
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def test_static_node_files_drive_the_routes(netns: str, tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    node_file(nodes, "me", "10.206.129.0/24", "10.206.0.11")
+    node_file(nodes, "peer", "10.206.130.0/24", "10.206.0.12")
+    cfg = tmp_path / "netplugin.yaml"
+    cfg.write_text(
+        f"state_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\nplugin_dir: {tmp_path}\nhost: static\n"
+        f"pods_dir: {tmp_path}/pods\nnodes_dir: {nodes}\nnode_name: me\nmetrics_address: none\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+    env.update(NETPLUGIN_CONFIG=str(cfg), PYTHONPATH=str(REPO))
+    log = tmp_path / "daemon.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", netns, sys.executable, "-m", "netplugin", "serve"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: routes(netns) == {"10.206.130.0/24": "10.206.0.12"})
+        node_file(nodes, "peer", "10.206.130.0/24", "10.206.0.22")  # the peer moved
+        node_file(nodes, "far", "10.206.131.0/24", "10.206.7.7")  # not on our segment
+        wait_for(lambda: routes(netns) == {"10.206.130.0/24": "10.206.0.22"})
+        wait_for(lambda: "no route to node far pod CIDR 10.206.131.0/24" in log.read_text())
+        (nodes / "peer.json").unlink()
+        wait_for(lambda: routes(netns) == {})
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    assert "routes removed: 10.206.130.0/24" in log.read_text()
