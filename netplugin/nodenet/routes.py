@@ -33,7 +33,6 @@ __all__ = ["RTPROT_NETPLUGIN", "Route", "RouteProblem", "RouteReport", "RouteTab
 #: The routing protocol number marking netplugin's routes (unassigned in iproute2's rt_protos).
 RTPROT_NETPLUGIN = 78
 _MAIN_TABLE = 254
-_LOCAL_TABLE = 255
 _RTN_UNICAST = 1
 _RTN_LOCAL = 2
 _TYPES = {3: "broadcast", 6: "blackhole", 7: "unreachable", 8: "prohibit", 9: "throw"}
@@ -112,7 +111,12 @@ class RouteTable:
         if self._ipr is None:
             from pyroute2 import IPRoute
 
-            self._ipr = IPRoute(netns=self.netns) if self.netns else IPRoute()
+            # strict_check: the kernel filters dumps by table (a node's other tables, kube-proxy's
+            # or a CNI's policy routing, may hold many routes that are none of our business).
+            kwargs: dict[str, Any] = {"strict_check": True}
+            if self.netns:
+                kwargs["netns"] = self.netns
+            self._ipr = IPRoute(**kwargs)
         return self._ipr
 
     def close(self) -> None:
@@ -126,12 +130,14 @@ class RouteTable:
     def _dump(self) -> _View:
         """One dump per family: our routes, the others of our table, and this node's own addresses."""
         view = _View()
+        for addr in self._nl().get_addr():
+            for key in ("IFA_LOCAL", "IFA_ADDRESS"):
+                if addr.get_attr(key):
+                    view.local.add(str(ipaddress.ip_address(addr.get_attr(key))))
         for family in _FAMILIES.values():
-            for r in self._nl().route("dump", family=family):
+            for r in self._nl().route("dump", family=family, table=self.table):
                 table = r.get_attr("RTA_TABLE") or r["table"]
                 dst_addr = r.get_attr("RTA_DST")
-                if table == _LOCAL_TABLE and r["type"] == _RTN_LOCAL and dst_addr is not None:
-                    view.local.add(str(ipaddress.ip_address(dst_addr)))
                 if table != self.table:
                     continue
                 zero = "0.0.0.0" if family == socket.AF_INET else "::"

@@ -104,7 +104,8 @@ def test_unroutable_nodes_are_reported_not_routed(netns: str, table: RouteTable)
     overlap = peer(6, cidrs=("10.206.129.128/25",))
     twin = NodeInfo("n7", ("10.206.130.0/24",), ("10.206.0.17",))
     unreachable = peer(8, ips=("10.206.0.18", "fd6e:dead::1"))
-    rep = table.reconcile([ME, peer(2), far, v4only, overlap, twin, unreachable])
+    impostor = peer(9, cidrs=("10.206.137.0/24",), ips=("10.206.0.11",))  # claims our own address
+    rep = table.reconcile([ME, peer(2), far, v4only, overlap, twin, unreachable, impostor])
     why = {(p.node, p.cidr): p.reason for p in rep.problems}
     assert "not on a directly connected network" in why[("n4", "10.206.132.0/24")]
     assert "via 10.206.0.1" in why[("n4", "10.206.132.0/24")]
@@ -112,6 +113,7 @@ def test_unroutable_nodes_are_reported_not_routed(netns: str, table: RouteTable)
     assert why[("n6", "10.206.129.128/25")] == "overlaps this node's own pod CIDR"
     assert why[("n7", "10.206.130.0/24")] == "also the pod CIDR of node n2"
     assert "unreachable" in why[("n8", "fd6e:7031:1a00:8008::/64")]
+    assert why[("n9", "10.206.137.0/24")] == "InternalIP 10.206.0.11 is an address of this node"
     assert routes(netns) == {
         "10.206.130.0/24": "10.206.0.12",
         "fd6e:7031:1a00:8002::/64": "fd6e:7031:1a00::12",
