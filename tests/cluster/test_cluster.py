@@ -152,6 +152,8 @@ def test_nodes_on_another_segment_are_reported(cluster: SimCluster) -> None:
             assert "not on a directly connected network" in problems[0]["reason"]
             assert "10.206.250.0/24" not in cluster.routes(node)
             assert "no route to node far pod CIDR 10.206.250.0/24" in cluster.daemon_log(node)
+            shown = cluster.netplugin(node, "nodes")  # the CLI shows the daemon's view
+            assert shown["name"] == node.name and [p["node"] for p in shown["problems"]] == ["far"]
             metrics = _scrape(cluster, node)
             assert "netplugin_node_route_problems 1.0" in metrics
             assert 'netplugin_node_routes{family="6"} 2.0' in metrics

@@ -19,7 +19,7 @@
   and its egress table, and keeps them removed until the Node comes back;
 * what cannot be routed (a node without an InternalIP of the family, or not on a directly
   connected network) is logged when it appears and when it is resolved, counted in
-  ``netplugin_node_route_problems`` and listed in the daemon's health (``netplugin daemon``).
+  ``netplugin_node_route_problems`` and listed in the daemon's ``health`` answer (``netplugin nodes`` shows it).
 
 Routes stay when the daemon stops: a restart (an upgrade) must not cut pods off from the other
 nodes. A node leaving the cluster loses its routes on every other node.

@@ -101,3 +101,21 @@ def test_static_node_files_drive_the_routes(netns: str, tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()
     assert "routes removed: 10.206.130.0/24" in log.read_text()
+
+
+def test_nodes_command_without_a_daemon_shows_what_the_host_knows(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    node_file(nodes, "me", "10.206.129.0/24", "10.206.0.11")
+    node_file(nodes, "peer", "10.206.130.0/24", "10.206.0.12")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+    env.update(PYTHONPATH=str(REPO), NETPLUGIN_USE_DAEMON="never", NETPLUGIN_NODES_DIR=str(nodes), NODE_NAME="me")
+    base = [sys.executable, "-m", "netplugin", "--state-dir", str(tmp_path / "s"), "--run-dir", str(tmp_path / "r")]
+    done = subprocess.run([*base, "-o", "json", "nodes"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert info["name"] == "me" and info["pod_cidrs"] == ["10.206.129.0/24"] and info["nodes"] == 2
+    assert [n["name"] for n in info["cluster"]] == ["me", "peer"]
+    text = subprocess.run([*base, "nodes"], capture_output=True, text=True, env=env, timeout=60).stdout
+    assert "node me: pod CIDRs 10.206.129.0/24; InternalIPs 10.206.0.11" in text
+    assert "no daemon runs" in text and "peer" in text
