@@ -95,7 +95,19 @@ def test_routes_follow_the_nodes(netns: str, table: RouteTable) -> None:
 def test_a_route_deleted_behind_our_back_comes_back(netns: str, table: RouteTable) -> None:
     table.reconcile([ME, peer(2)])
     ip(netns, "route", "del", "10.206.130.0/24")
+    # A pass from the remembered view (a Node event) does not look; the periodic fresh pass does.
+    assert not table.reconcile([ME, peer(2)], fresh=False).touched
     assert table.reconcile([ME, peer(2)]).added == ["10.206.130.0/24"]
+
+
+def test_event_passes_from_the_remembered_view_follow_the_nodes(netns: str, table: RouteTable) -> None:
+    table.reconcile([ME, peer(2)])
+    rep = table.reconcile([ME, peer(2), peer(3)], fresh=False)
+    assert sorted(rep.added) == ["10.206.131.0/24", "fd6e:7031:1a00:8003::/64"] and len(rep.routes) == 4
+    rep = table.reconcile([ME, peer(3)], fresh=False)
+    assert sorted(rep.removed) == ["10.206.130.0/24", "fd6e:7031:1a00:8002::/64"]
+    assert set(routes(netns)) == {"10.206.131.0/24", "fd6e:7031:1a00:8003::/64"}
+    assert not table.reconcile([ME, peer(3)]).touched  # the remembered view was right
 
 
 def test_unroutable_nodes_are_reported_not_routed(netns: str, table: RouteTable) -> None:

@@ -163,7 +163,7 @@ class NodeKeeper:
             self.departed = True
         self.member = me is not None
         errors: list[str] = []
-        report = self._routes(nodes, errors)
+        report = self._routes(nodes, errors, fresh=force)
         self._egress(me, errors)
         with self._lock:
             previous = self.report
@@ -176,13 +176,13 @@ class NodeKeeper:
             self._log_changes(report, previous)
         return True
 
-    def _routes(self, nodes: list[NodeInfo], errors: list[str]) -> RouteReport | None:
+    def _routes(self, nodes: list[NodeInfo], errors: list[str], *, fresh: bool) -> RouteReport | None:
         if self.routes is None or (not nodes and not self.nodes):
             # No cluster at all (a static host without node files): nothing to route, and no
             # reason to touch the routing table.
             return None
         try:
-            return self.routes.reconcile([] if self.departed else nodes)
+            return self.routes.reconcile([] if self.departed else nodes, fresh=fresh)
         except Exception as e:  # netlink errors: report them, keep the daemon serving pods
             errors.append(f"cannot reconcile routes: {type(e).__name__}: {e}")
             log.error("%s", errors[-1])
@@ -235,6 +235,7 @@ class NodeKeeper:
                 "departed": self.departed,
                 "syncs": self.syncs,
                 "last_sync": self.last_sync,
+                "last_sync_seconds": round(self.sync_seconds, 4),
                 "error": self.error,
             }
             if self.report is not None:

@@ -27,11 +27,13 @@ PEER = NodeInfo("peer", ("10.206.130.0/24",), ("10.206.0.12",))
 class Routes:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
+        self.fresh: list[bool] = []
         self.closed = False
 
-    def reconcile(self, nodes: Iterable[NodeInfo]) -> RouteReport:
+    def reconcile(self, nodes: Iterable[NodeInfo], *, fresh: bool = True) -> RouteReport:
         names = [n.name for n in nodes]
         self.calls.append(names)
+        self.fresh.append(fresh)
         report = RouteReport()
         if "peer" in names:
             report.routes.append(Route("10.206.130.0/24", "10.206.0.12", 2, "peer"))
@@ -175,6 +177,7 @@ def test_watching_host_waits_for_its_first_list_then_follows_kicks() -> None:
         while len(routes.calls) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert routes.calls[-1] == ["fake-node"]
+        assert routes.fresh == [True, False]  # a Node event works from the last pass's view
     finally:
         k.stop()
     assert routes.closed and host.cache is None
