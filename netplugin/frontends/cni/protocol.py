@@ -24,6 +24,7 @@ __all__ = [
     "E_UNKNOWN_CONTAINER",
     "E_VERSION",
     "LATEST",
+    "MAX_STDIN",
     "NO_NETNS",
     "SUPPORTED_VERSIONS",
     "CniError",
@@ -47,6 +48,10 @@ NO_NETNS = "/dev/null/no-netns"
 
 
 DEFAULT_NAMESPACE = "default"
+
+
+#: The largest network config read from stdin (a conflist with a prevResult is a few KB).
+MAX_STDIN = 4 << 20
 
 
 # CNI error codes (spec "Error", plus libcni's 999)
@@ -152,9 +157,11 @@ def parse_request(environ: Mapping[str, str], stdin: bytes) -> CniRequest:
     req = CniRequest(command=command)
     text = stdin.strip()
     if text or command != "VERSION":
-        try:
-            conf = json.loads(text)
-        except (ValueError, RecursionError) as e:
+        from netplugin.core._yaml import DocumentError, load_json
+
+        try:  # bounded size and depth; duplicate keys: the last one wins, as in libcni (Go)
+            conf = load_json(text, max_bytes=MAX_STDIN, duplicates=True)
+        except DocumentError as e:
             raise CniError(E_DECODE, f"network config on stdin is not JSON: {e}") from None
         if not isinstance(conf, dict):
             raise CniError(E_DECODE, f"network config must be a JSON object, got {type(conf).__name__}")
