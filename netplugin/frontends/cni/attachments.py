@@ -33,6 +33,7 @@ from netplugin.frontends.cni.protocol import E_CONFIG, E_ENV, CniError
 
 __all__ = [
     "Attachment",
+    "attached_elsewhere",
     "attachment_dir",
     "attachment_path",
     "attachments_of",
@@ -145,6 +146,11 @@ def attachments_of(state_dir: str, container_id: str) -> list[tuple[str, str]]:
             raise SystemFailure("cannot list", directory, e.strerror or str(e)) from e
         found += [(network, n[len(prefix) : -5]) for n in names if n.startswith(prefix) and n.endswith(".json")]
     return sorted(found)
+
+
+def attached_elsewhere(state_dir: str, network: str, container_id: str, ifname: str) -> bool:
+    """Is the container attached under another (network, ifname)? (DEL of a refused attachment)"""
+    return any(a != (network, ifname) for a in attachments_of(state_dir, container_id))
 
 
 def claim_attachment(cfg: Config, network: str, att: Attachment) -> None:

@@ -15,6 +15,10 @@ __all__ = ["build_config", "derived_pod_name", "pod_ref_for"]
 
 #: top-level network-config keys and the netplugin config key each sets
 _TOP_KEYS = {"plugin": "plugin", "pluginDir": "plugin_dir", "stateDir": "state_dir", "runDir": "run_dir"}
+_PLUGIN_REQUIRED = (
+    'is required: name the netplugin plugin of this network ("plugin": "bridge", say) here, '
+    'in "netplugin", in the config file or in NETPLUGIN_PLUGIN'
+)
 
 
 def _flag_to_cni(where: dict[str, str]) -> Callable[[str], str]:
@@ -89,20 +93,14 @@ def build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
     overrides["netns_template"] = netns.replace("{", "{{").replace("}", "}}")
     try:
         cfg = load_config(path, environ=environ, overrides=overrides)
+        if cfg.plugin is None:  # the CLI's default, no-op, would make every ADD "succeed" with no network
+            raise ConfigError("plugin", _PLUGIN_REQUIRED, source=src)
     except ConfigError as e:
         if e.source == "command line":
             raise ConfigError(_flag_to_cni(where)(e.key), e.reason, source=src) from None
         if path and e.key == "config" and e.source == path:
             raise ConfigError("configFile", e.reason, source=src) from None
         raise
-    if cfg.plugin is None:
-        # The CLI's default (the no-op plugin) would make every ADD "succeed" with no network.
-        raise ConfigError(
-            "plugin",
-            "is required: name the netplugin plugin for this network (e.g. \"plugin\": \"bridge\"), here, "
-            "in \"netplugin\", in the config file or in NETPLUGIN_PLUGIN",
-            source=src,
-        )
     env = dict(cfg.env)
     env.update(top_env)
     if req.ifname:

@@ -108,11 +108,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from netplugin.frontends.cni.attachments import (
     Attachment,
-    attachments_of,
+    attached_elsewhere,
+    attachment_path,
     claim_attachment,
     forget_attachment,
     list_attachments,
-    recorded_attachment,
     valid_attachments,
 )
 from netplugin.frontends.cni.netconf import build_config, pod_ref_for
@@ -123,7 +123,6 @@ from netplugin.frontends.cni.protocol import (
     E_UNAVAILABLE,
     E_UNKNOWN_CONTAINER,
     LATEST,
-    MAX_STDIN,
     NO_NETNS,
     SUPPORTED_VERSIONS,
     CniError,
@@ -192,8 +191,9 @@ def _add(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> dict[str, 
     pod = pod_ref_for(req)
     m = _manager(cfg, environ)
     network = _network(req)
-    if network:  # refuses a second attachment of the container (see attachments), changing nothing
-        claim_attachment(cfg, network, Attachment(req.container_id, req.ifname, req.netns, pod.namespace, pod.name))
+    if network:
+        att = Attachment(req.container_id, req.ifname, req.netns, pod.namespace, pod.name)
+        claim_attachment(cfg, network, att)  # a second attachment of the container: CNI error 4
     # A failed setup is rolled back by the manager; a failed status after a good setup is left
     # for the DEL that the runtime must send after any failed ADD.
     status = m.setup(pod) or m.status(pod)
@@ -210,19 +210,25 @@ def _add(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> dict[str, 
     )
 
 
-def _not_ours(req: CniRequest, cfg: Config, network: str | None) -> bool:
-    """No record of this attachment, but one of the same container under another name: its ADD
-    was refused (attachments), so this DEL or CHECK must not touch the container's real one."""
-    if not network or recorded_attachment(cfg, network, req.container_id, req.ifname) is not None:
-        return False
-    return any(a != (network, req.ifname) for a in attachments_of(cfg.state_dir, req.container_id))
+def _recorded_attachment(cfg: Config, network: str, container_id: str, ifname: str) -> Attachment | None:
+    from netplugin.core.errors import InvalidArgument
+
+    path = attachment_path(cfg.state_dir, network, container_id, ifname)
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+        att = Attachment(container_id, ifname, str(doc.get("netns", "")), doc["namespace"], doc["name"])
+        _ = att.pod
+    except (OSError, ValueError, KeyError, TypeError, InvalidArgument):
+        return None  # no (usable) record: the pod is named from this call's arguments
+    return att
 
 
 def _del(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
     network = _network(req)
-    if _not_ours(req, cfg, network):
-        return  # nothing of this attachment exists
-    recorded = recorded_attachment(cfg, network, req.container_id, req.ifname) if network else None
+    recorded = _recorded_attachment(cfg, network, req.container_id, req.ifname) if network else None
+    if recorded is None and network and attached_elsewhere(cfg.state_dir, network, req.container_id, req.ifname):
+        return  # this attachment's ADD was refused: nothing of it exists, and the other is not ours
     # The identity ADD used, even if the arguments changed since (podman rename, say), so the
     # teardown takes the same pod lock and removes the same pod record.
     pod = recorded.pod if recorded is not None else pod_ref_for(req)
@@ -235,11 +241,7 @@ def _check(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
     prev = req.conf.get("prevResult")
     if not isinstance(prev, dict):
         raise CniError(E_CONFIG, "CHECK needs prevResult in the network config")
-    network = _network(req)
-    if _not_ours(req, cfg, network):
-        raise CniError(E_UNKNOWN_CONTAINER, f"container {req.container_id} has no attachment {req.ifname!r} here")
-    recorded = recorded_attachment(cfg, network, req.container_id, req.ifname) if network else None
-    pod = recorded.pod if recorded is not None else pod_ref_for(req)
+    pod = pod_ref_for(req)
     status: PodNetworkStatus | None = _manager(cfg, environ).status(pod)
     if status is None:
         raise CniError(
@@ -349,7 +351,7 @@ def _log(path: str, entry: Mapping[str, Any]) -> None:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
-    except (OSError, ValueError):  # ValueError: a NUL in the path (refused as code 7 already)
+    except (OSError, ValueError):  # ValueError: NUL in the path (the call itself was code 7)
         pass  # a log that cannot be written must not fail the network operation
 
 
@@ -359,7 +361,7 @@ def _log_path(stdin: bytes) -> str | None:
     except (ValueError, RecursionError):
         return None
     path = conf.get("logFile") if isinstance(conf, dict) else None
-    return path if isinstance(path, str) and path and "\0" not in path else None
+    return path if isinstance(path, str) and path else None
 
 
 def _emit(doc: Mapping[str, Any] | None) -> None:
@@ -374,7 +376,7 @@ def main(argv: Iterable[str] | None = None) -> NoReturn:
     start = time.monotonic()
     doc: dict[str, Any] | None
     try:
-        stdin = sys.stdin.buffer.read(MAX_STDIN + 1)  # one byte more: parse_request says "too large"
+        stdin = sys.stdin.buffer.read()
     except Exception as e:
         stdin = b""
         code, doc = 1, CniError(E_IO, f"cannot read stdin: {e}").to_dict(LATEST)
