@@ -227,3 +227,21 @@ def test_make_host_kube() -> None:
     host = make_host(Config(host="kube", kubeconfig="/nonexistent/kubeconfig"))
     assert type(host).__name__ == "KubeHost"
     assert isinstance(host, Host)
+
+
+# --- kubeconfigs are bounded the same way (issue 13) --------------------------------------------------------
+
+
+def test_hostile_kubeconfigs_are_host_errors(tmp_path: Path) -> None:
+    from netplugin.hosts.kubeconfig import load_kubeconfig
+
+    deep = tmp_path / "deep"
+    deep.write_text("clusters: " + "[" * 100_000 + "\n")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # a plain open() would wait for a writer for ever
+    dup = tmp_path / "dup"
+    dup.write_text("current-context: a\ncurrent-context: b\n")
+    for path, words in ((deep, "nested more than 100"), (fifo, "not a regular file"), (dup, "duplicate key")):
+        with pytest.raises(HostError) as info:
+            load_kubeconfig(str(path))
+        assert str(path) in info.value.message and words in info.value.message
