@@ -35,6 +35,7 @@ and for native plugins their warm libraries) and answers the thin client of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -278,14 +280,21 @@ class Daemon:
             }
 
     async def _pod_request(self, req: dict[str, Any]) -> Any:
-        """Run a pod request in a worker once the pod's earlier requests are done.
+        """Run a pod request in a worker once the pod's earlier requests are done (see _pod_turn)."""
+        pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
+        async with self._pod_turn(pod):
+            return await asyncio.to_thread(self.dispatch, req)
+
+    @contextlib.asynccontextmanager
+    async def _pod_turn(self, pod: PodRef) -> AsyncIterator[None]:
+        """Wait, in the event loop, until no earlier request of this daemon runs on ``pod``.
 
         Waiting for the pod's flock inside a worker would let one stuck pod take every worker;
         here the wait is on an asyncio lock per pod (the flock's key), which holds no thread.
         A worker may still wait on the flock itself while a CLI or CNI process holds it, but
-        only one per pod.
+        only one per pod. Any pod action run in a worker (a forwarded CNI call too) belongs in
+        a turn. Raises DaemonUnavailable (not run) past MAX_WAITING_PER_POD, or once stopping.
         """
-        pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
         turn = self._turns.get(pod.key)
         if turn is None:
             turn = self._turns[pod.key] = [asyncio.Lock(), 0]
@@ -296,7 +305,7 @@ class Daemon:
             async with turn[0]:
                 if self._stopping:  # queued before SIGTERM: not run, so the caller may do it itself
                     raise DaemonUnavailable(self.socket_path, "it is shutting down")
-                return await asyncio.to_thread(self.dispatch, req)
+                yield
         finally:
             turn[1] -= 1
             if turn[1] == 0:

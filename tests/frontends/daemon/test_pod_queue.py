@@ -9,6 +9,7 @@ before the gate opens), not a timing threshold.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 from typing import Any
 
@@ -69,3 +70,24 @@ def test_requests_queued_on_a_stuck_pod_hold_no_worker(start_daemon: Any, plugin
         assert doc["ok"] is True, doc
     stuck = [e for e in p.events() if e.split()[1] == "stuck"]
     assert stuck == ["start stuck daemon", "end stuck daemon"] * (expected_waiting + 1)
+
+
+def test_sigterm_answers_queued_requests_not_run_and_finishes_the_running_one(
+    start_daemon: Any, plugin_dir: Any
+) -> None:
+    p = plugin_dir.install("gate", script=GATE)
+    d = start_daemon(env={"NETPLUGIN_PLUGIN": "gate"})
+    first = _send(d.socket, "stuck", "s0")
+    wait_for(lambda: "start stuck daemon" in p.events(), "the stuck pod's setup to start")
+    queued = [_send(d.socket, "stuck", f"s{i}") for i in range(1, 4)]
+    wait_for(lambda: d.health()["waiting"] == 3, "3 queued requests")
+    d.signal(signal.SIGTERM)
+    d.wait_note("STOPPING=1")
+    (p.dir / "go-stuck").touch()
+    assert _answer(first)["ok"] is True
+    for s in queued:
+        doc = _answer(s)
+        assert doc["ok"] is False and doc["error"]["error"] == "DaemonUnavailable", doc
+        assert "shutting down" in doc["error"]["message"]
+    assert d.stop() == 0
+    assert [e for e in p.events() if e.split()[1] == "stuck"] == ["start stuck daemon", "end stuck daemon"]
