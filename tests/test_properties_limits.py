@@ -67,7 +67,11 @@ WORKER = textwrap.dedent(
                "NETPLUGIN_CONFIG": "/dev/null"}}
         return build_config(parse_request(env, data), env)
 
-    TARGETS = {{"manifest": manifest, "config": config, "cni": cni}}
+    def cni_env(data, _):
+        env = {{"CNI_NETNS": scratch, "NETPLUGIN_CONFIG": "/dev/null", **json.loads(data)}}
+        return build_config(parse_request(env, b'{{"cniVersion": "1.0.0", "name": "n", "plugin": "p"}}'), env)
+
+    TARGETS = {{"manifest": manifest, "config": config, "cni": cni, "cni_env": cni_env}}
     ALLOWED = (NetpluginError, CniError)
     tracemalloc.start()
     for line in sys.stdin:
@@ -236,3 +240,23 @@ def test_cni_configs_of_any_shape_are_bounded(worker: Worker, key: str, payload:
     head = '{"cniVersion": "1.0.0", "name": "n", "plugin": "p", '
     data = (payload if whole else head + json.dumps(key) + ": " + payload + "}").encode()
     check(worker.parse("cni", data), data, ("CniError", "ConfigError", "InvalidArgument"))
+
+
+env_text = st.one_of(
+    st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=50),
+    st.integers(0, 100_000).map(lambda n: "a" * n),
+    st.integers(0, 20_000).map(lambda n: "K=V;" * n),
+    st.integers(0, 20_000).map(lambda n: ";=" * n),
+)
+
+
+@SETTINGS
+@given(
+    env=st.fixed_dictionaries(
+        {"CNI_COMMAND": st.sampled_from(["ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION", "add"])},
+        optional={k: env_text for k in ("CNI_CONTAINERID", "CNI_IFNAME", "CNI_ARGS", "CNI_NETNS", "CNI_PATH")},
+    )
+)
+def test_cni_environments_of_any_shape_are_bounded(worker: Worker, env: dict[str, str]) -> None:
+    data = json.dumps(env).encode()
+    check(worker.parse("cni_env", data), data, ("CniError", "ConfigError", "InvalidArgument"))

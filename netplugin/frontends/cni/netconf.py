@@ -127,7 +127,7 @@ def pod_ref_for(req: CniRequest) -> PodRef:
             name = derived_pod_name(req.container_id)
     except InvalidArgument as e:
         which = "K8S_POD_NAMESPACE" if e.field == "namespace" else "K8S_POD_NAME"
-        raise CniError(E_ENV, f"invalid CNI_ARGS {which} {e.value!r}: {e.reason}") from None
+        raise CniError(E_ENV, f"invalid CNI_ARGS {which} {short_repr(e.value)}: {e.reason}") from None
     return PodRef(namespace, name, req.container_id)
 
 
