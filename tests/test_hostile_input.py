@@ -149,9 +149,9 @@ def test_hostile_config_files_are_exit_2_naming_the_key(
     ("args", "env", "name", "words"),
     [
         (("--timeout", "1e-320"), {}, "--timeout", "at least 0.001 seconds"),
-        (("--timeout", "\u0663"), {}, "--timeout", "ASCII digits"),  # float() reads it as 3
-        (("--timeout", "\uff15"), {}, "--timeout", "ASCII digits"),
-        ((), {"NETPLUGIN_TIMEOUT": "\u0665"}, "NETPLUGIN_TIMEOUT", "ASCII digits"),
+        (("--timeout", "\u0663"), {}, "--timeout", "written in ASCII digits"),  # float() reads it as 3
+        (("--timeout", "\uff15"), {}, "--timeout", "written in ASCII digits"),
+        ((), {"NETPLUGIN_TIMEOUT": "\u0665"}, "NETPLUGIN_TIMEOUT", "written in ASCII digits"),
         ((), {"NETPLUGIN_NETNS_TEMPLATE": "/n/{infra_id:>9999999999}"}, "NETPLUGIN_NETNS_TEMPLATE", "format spec"),
     ],
 )

@@ -127,11 +127,20 @@ MIN_SECONDS = 0.001
 MAX_SECONDS = 86400.0
 
 
+def _non_ascii_number(text: str) -> str:
+    """What to add to "must be a number" when Python alone would have read ``text`` as one."""
+    try:
+        float(text)
+    except ValueError:
+        return ""
+    return " written in ASCII digits"
+
+
 def _seconds(v: Any) -> float:
     if isinstance(v, str):
         v = v.strip()
         if not _DECIMAL.match(v):
-            raise ValueError("must be a number of seconds (ASCII digits, e.g. 2.5)")
+            raise ValueError("must be a number of seconds" + _non_ascii_number(v))
     elif isinstance(v, bool) or not isinstance(v, int | float):
         raise ValueError("must be a number of seconds")
     try:
@@ -171,7 +180,7 @@ def _bool(v: Any) -> bool:
 
 def _size(v: Any) -> int:
     if isinstance(v, str) and not _INTEGER.match(v.strip()):
-        raise ValueError("must be a number of bytes (ASCII digits)")
+        raise ValueError("must be a number of bytes" + _non_ascii_number(v))
     if isinstance(v, bool) or not isinstance(v, int | str):
         raise ValueError("must be a number of bytes")
     n = int(v)

@@ -265,12 +265,12 @@ BAD_VALUES = [
     ("metrics_address", "'127.0.0.1:99999'", "must be HOST:PORT"),
     # issue 13: numbers are ASCII and sensible; templates are checked by their fields, never formatted
     ("timeout", "1e-320", "at least 0.001 seconds"),
-    ("timeout", "'\u0663'", "ASCII digits"),  # ARABIC-INDIC DIGIT THREE: float() takes it
-    ("timeout", "'\uff13'", "ASCII digits"),  # FULLWIDTH DIGIT THREE
-    ("timeout", "'1_0'", "ASCII digits"),
-    ("timeout", "'nan'", "ASCII digits"),
+    ("timeout", "'\u0663'", "written in ASCII digits"),  # ARABIC-INDIC DIGIT THREE: float() takes it
+    ("timeout", "'\uff13'", "written in ASCII digits"),  # FULLWIDTH DIGIT THREE
+    ("timeout", "'1_0'", "written in ASCII digits"),
+    ("timeout", "'nan'", "written in ASCII digits"),
     ("timeouts", "{setup: 0.0001}", "setup: must be at least 0.001 seconds"),
-    ("max_output", "'\u0664\u0660\u0669\u0666'", "ASCII digits"),
+    ("max_output", "'\u0664\u0660\u0669\u0666'", "written in ASCII digits"),
     ("metrics_address", "'127.0.0.1:\u00b2'", "must be HOST:PORT"),
     ("netns_template", "'/run/netns/{infra_id:>999999999}'", "no conversion or format spec"),
     ("netns_template", "'/run/netns/{infra_id!r}'", "no conversion or format spec"),
@@ -302,7 +302,7 @@ def test_bad_value_in_file_names_key_value_and_file(cfg_file: Any, key: str, val
         ("NETPLUGIN_PLUGIN_DIR", "/a\0b", "NUL"),
         ("NETPLUGIN_USE_DAEMON", "yes", "one of auto"),
         ("NETPLUGIN_TIMEOUT", "1e-320", "at least 0.001"),
-        ("NETPLUGIN_TIMEOUT", "\u0663", "ASCII digits"),
+        ("NETPLUGIN_TIMEOUT", "\u0663", "written in ASCII digits"),
         ("NETPLUGIN_NETNS_TEMPLATE", "{infra_id:>2000000000}", "format spec"),
     ],
 )
@@ -321,8 +321,8 @@ def test_bad_value_in_environment_names_the_variable(no_default_file: str, var: 
         ("timeout", "abc", "number of seconds"),
         ("timeout", "-1", "positive"),
         ("timeout", "1e-320", "at least 0.001 seconds"),
-        ("timeout", "\u0663", "ASCII digits"),
-        ("timeout", "\u0661\u0660", "ASCII digits"),
+        ("timeout", "\u0663", "written in ASCII digits"),
+        ("timeout", "\u0661\u0660", "written in ASCII digits"),
         ("plugin", "UPPER/x", "prefix 'UPPER'"),
         ("plugin_dir", "", "non-empty"),
     ],
