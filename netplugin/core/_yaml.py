@@ -9,7 +9,8 @@ network configs). Every loader here enforces, before anything big is built:
   here the YAML node tree is composed by a loop over the C parser's events (no recursion), and
   depth is counted while parsing;
 * **aliases**: allowed (Kubernetes accepts them) but the document *with every alias expanded*
-  has at most :data:`MAX_NODES` nodes, so a "billion laughs" is refused while it is still small
+  has at most :data:`MAX_NODES` nodes and :data:`MAX_CHARS` characters of scalars, so a
+  "billion laughs" (or a long string aliased many times) is refused while it is still small
   and nothing downstream (validation, a value quoted in an error, the JSON handed to a plugin)
   can blow it up; an alias to its own enclosing node (a cycle) is refused too;
 * **duplicate keys**: a YAML mapping that names a key twice is refused with the key and both
@@ -29,12 +30,24 @@ import os
 import stat
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_NODES", "DocumentError", "load_json", "load_yaml", "read_document", "short_repr"]
+__all__ = [
+    "MAX_CHARS",
+    "MAX_DEPTH",
+    "MAX_NODES",
+    "DocumentError",
+    "load_json",
+    "load_yaml",
+    "read_document",
+    "short_repr",
+]
 
 #: The deepest nesting of collections accepted (a pod manifest needs about 10).
 MAX_DEPTH = 100
 #: The most nodes (scalars and collections, aliases expanded) one document may have.
 MAX_NODES = 50_000
+#: The most characters of scalars, aliases expanded (an alias to a long string is counted each time:
+#: a mapping of 50 000 keys aliasing one 1 MB string would be a 50 GB environment for a plugin).
+MAX_CHARS = 16 << 20
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -164,8 +177,9 @@ def _error(problem: str, mark: Any) -> Exception:
 def _compose(loader: Any) -> Any:
     """The node graph of one document, from the parser's events, by a loop (not recursion).
 
-    Counts every node, aliases expanded (an anchor remembers its subtree's expanded size), and
-    the depth of open collections; either limit ends the parse at the event that crossed it.
+    Counts every node and scalar character, aliases expanded (an anchor remembers its subtree's
+    expanded size), and the depth of open collections; any limit ends the parse at the event
+    that crossed it.
     """
     from yaml import events, nodes
 
@@ -174,21 +188,22 @@ def _compose(loader: Any) -> Any:
     seq_end, map_end = events.SequenceEndEvent, events.MappingEndEvent
     scalar_node, seq_node, map_node = nodes.ScalarNode, nodes.SequenceNode, nodes.MappingNode
     get_event, resolve = loader.get_event, loader.resolve
-    anchors: dict[str, tuple[Any, int]] = {}  # anchor -> (its node, its expanded size)
-    stack: list[list[Any]] = []  # open collections: [node, anchor, count at its start, pending key]
+    anchors: dict[str, tuple[Any, int, int]] = {}  # anchor -> (its node, expanded nodes, expanded chars)
+    stack: list[list[Any]] = []  # open collections: [node, anchor, counts at its start, pending key]
     nokey = stack  # a sentinel no key can be
-    total = 0
+    total = chars = 0
     while True:
         event = get_event()
         kind = type(event)
         if kind is scalar_ev:
             total += 1
+            chars += len(event.value)
             tag = event.tag
             if tag is None or tag == "!":
                 tag = resolve(scalar_node, event.value, event.implicit)
             done: Any = scalar_node(tag, event.value, event.start_mark, event.end_mark, style=event.style)
             if event.anchor is not None:
-                anchors[event.anchor] = (done, 1)
+                anchors[event.anchor] = (done, 1, len(event.value))
         elif kind is map_start or kind is seq_start:
             total += 1
             if len(stack) >= MAX_DEPTH:
@@ -198,22 +213,25 @@ def _compose(loader: Any) -> Any:
             if tag is None or tag == "!":
                 tag = resolve(node_kind, None, event.implicit)
             node = node_kind(tag, [], event.start_mark, None, flow_style=event.flow_style)
-            stack.append([node, event.anchor, total - 1, nokey])
+            stack.append([node, event.anchor, (total - 1, chars), nokey])
             continue
         elif kind is map_end or kind is seq_end:
-            done, anchor, start, _ = stack.pop()
+            done, anchor, (start, start_chars), _ = stack.pop()
             done.end_mark = event.end_mark
             if anchor is not None:
-                anchors[anchor] = (done, total - start)
+                anchors[anchor] = (done, total - start, chars - start_chars)
         elif kind is alias_ev:
             if event.anchor not in anchors:  # undefined, or its own node still open (a cycle)
                 raise _error(f"found undefined or recursive alias {event.anchor!r}", event.start_mark)
-            done, size = anchors[event.anchor]
+            done, size, length = anchors[event.anchor]
             total += size
+            chars += length
         else:  # the parser emits nothing else inside a document
             raise _error(f"unexpected {kind.__name__}", event.start_mark)
         if total > MAX_NODES:
             raise _error(f"has more than {MAX_NODES} nodes (aliases expanded)", event.start_mark)
+        if chars > MAX_CHARS:
+            raise _error(f"has more than {MAX_CHARS} characters of text (aliases expanded)", event.start_mark)
         if not stack:
             return done
         top = stack[-1]

@@ -48,6 +48,10 @@ HOSTILE_YAML = {
     "billion laughs": (laughs(), "nodes (aliases expanded)"),
     "laughs in a merge": (laughs(7) + "m: {<<: *a6}\n" + "n: [*a6, *a6, *a6, *a6, *a6, *a6, *a6]\n", "nodes"),
     "recursive alias": ("a: &x [1, *x]\n", "undefined or recursive alias 'x'"),
+    "one long string aliased many times": (
+        "s: &s '" + "x" * 200_000 + "'\n" + "".join(f"k{i}: *s\n" for i in range(100)),
+        "characters of text (aliases expanded)",
+    ),
     "wide document": ("[" + "0," * (MAX_NODES + 10) + "0]", f"more than {MAX_NODES} nodes"),
 }
 
