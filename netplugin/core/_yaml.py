@@ -1,23 +1,321 @@
-"""YAML loading with libyaml's C loader when present (8-15x faster than the pure-Python one).
+"""Bounded YAML and JSON loading: what a document costs is bounded by its size, whoever wrote it.
 
-Imported lazily: only code that actually reads a YAML file pays for ``import yaml``.
+netplugin reads documents that other people wrote (pod manifests, its config, kubeconfigs, CNI
+network configs). Every loader here enforces, before anything big is built:
+
+* **size**: the caller's byte limit, checked before parsing;
+* **nesting depth**: at most :data:`MAX_DEPTH` collections deep. libyaml's own composer recurses
+  on the C stack and segfaults near 100000 levels, and ``json`` raises RecursionError near 1000;
+  here the YAML node tree is composed by a loop over the C parser's events (no recursion), and
+  depth is counted while parsing;
+* **aliases**: allowed (Kubernetes accepts them) but the document *with every alias expanded*
+  has at most :data:`MAX_NODES` nodes and :data:`MAX_CHARS` characters of scalars, so a
+  "billion laughs" (or a long string aliased many times) is refused while it is still small
+  and nothing downstream (validation, a value quoted in an error, the JSON handed to a plugin)
+  can blow it up; an alias to its own enclosing node (a cycle) is refused too;
+* **duplicate keys**: a YAML mapping that names a key twice is refused with the key and both
+  lines (PyYAML keeps the last one silently). :func:`load_json` refuses them too unless told
+  otherwise (Go's encoding/json, so libcni, keeps the last one).
+
+Errors are :class:`DocumentError` (a ValueError) with a one-line reason (for YAML with the line
+and column). libyaml (the C parser) is used when PyYAML has it: the composer here costs about
+1.2-1.3x the C composer's time and is 7-8x faster than PyYAML's pure-Python loader. ``yaml`` is
+imported lazily, on the first YAML document.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 from typing import Any
 
-__all__ = ["load_yaml"]
+__all__ = [
+    "MAX_CHARS",
+    "MAX_DEPTH",
+    "MAX_NODES",
+    "DocumentError",
+    "load_json",
+    "load_yaml",
+    "read_document",
+    "short_repr",
+]
+
+#: The deepest nesting of collections accepted (a pod manifest needs about 10).
+MAX_DEPTH = 100
+#: The most nodes (scalars and collections, aliases expanded) one document may have.
+MAX_NODES = 50_000
+#: The most characters of scalars, aliases expanded (an alias to a long string is counted each time:
+#: a mapping of 50 000 keys aliasing one 1 MB string would be a 50 GB environment for a plugin).
+MAX_CHARS = 16 << 20
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def load_yaml(data: bytes | str) -> Any:
-    """Parse one YAML document safely. Raises ValueError (with the parser's position) on bad input."""
+class DocumentError(ValueError):
+    """A document netplugin refuses to read; ``str()`` is a one-line reason."""
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, without ever building the whole repr."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = r.maxlong = limit
+    r.maxlevel = 3
+    text = r.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_size(data: bytes | str, max_bytes: int | None) -> None:
+    if max_bytes is not None and len(data) > max_bytes:
+        raise DocumentError(f"is larger than the limit of {max_bytes} bytes")
+
+
+def read_document(path: str, max_bytes: int) -> bytes:
+    """The bytes of the file at ``path``, at most ``max_bytes`` of them, without blocking.
+
+    A FIFO would block the reader for ever and ``/dev/zero`` never ends: opened non-blocking,
+    only regular files and character devices (``/dev/null`` as an empty config) are read, and
+    reading stops one byte past the limit. Raises OSError (I/O) or :class:`DocumentError`.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+            raise DocumentError("is not a regular file")
+        chunks: list[bytes] = []
+        left = max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    _check_size(data, max_bytes)
+    return data
+
+
+# --- YAML ----------------------------------------------------------------------------------------
+
+_LOADER: Any = None
+
+
+def _loader_class() -> Any:
+    """The loader: libyaml's parser (events only), the composer below, a strict SafeConstructor."""
+    import yaml
+    from yaml.constructor import ConstructorError, SafeConstructor
+    from yaml.resolver import Resolver
+
+    c_parser: Any
+    try:
+        import yaml.cyaml
+
+        c_parser = yaml.cyaml.CParser  # type: ignore[attr-defined]
+    except (ImportError, AttributeError):  # PyYAML built without libyaml
+        c_parser = None
+    parsers: tuple[Any, ...] = (
+        (c_parser,) if c_parser is not None else (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)
+    )
+
+    class StrictConstructor(SafeConstructor):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            own = [k for k, _ in node.value if k.tag != _MERGE_TAG] if isinstance(node, yaml.MappingNode) else []
+            merged = len(own) != len(node.value)
+            mapping = super().construct_mapping(node, deep=deep)
+            # Cheap test first: fewer entries than keys means a duplicate (unless "<<" merged some).
+            if merged or len(mapping) < len(own):
+                seen: dict[Any, Any] = {}
+                for key_node in own:
+                    key = self.construct_object(key_node)
+                    try:
+                        first = seen.setdefault(key, key_node)
+                    except TypeError:
+                        continue  # unhashable: construct_mapping said so already
+                    if first is not key_node:
+                        raise ConstructorError(
+                            None,
+                            None,
+                            f"duplicate key {short_repr(key)} (first on line {first.start_mark.line + 1})",
+                            key_node.start_mark,
+                        )
+            return mapping
+
+    class Loader(*parsers, StrictConstructor, Resolver):  # type: ignore[misc]
+        def __init__(self, stream: Any) -> None:
+            if c_parser is not None:
+                c_parser.__init__(self, stream)
+            else:
+                yaml.reader.Reader.__init__(self, stream)
+                yaml.scanner.Scanner.__init__(self)
+                yaml.parser.Parser.__init__(self)
+            StrictConstructor.__init__(self)
+            Resolver.__init__(self)
+
+        def get_single_node(self) -> Any:
+            self.get_event()  # StreamStart
+            if self.check_event(yaml.StreamEndEvent):
+                return None
+            self.get_event()  # DocumentStart
+            root = _compose(self)
+            self.get_event()  # DocumentEnd
+            if not self.check_event(yaml.StreamEndEvent):
+                raise _error("expected a single document, but found another", self.get_event().start_mark)
+            return root
+
+    return Loader
+
+
+def _error(problem: str, mark: Any) -> Exception:
+    from yaml.composer import ComposerError
+
+    return ComposerError(None, None, problem, mark)
+
+
+def _compose(loader: Any) -> Any:
+    """The node graph of one document, from the parser's events, by a loop (not recursion).
+
+    Counts every node and scalar character, aliases expanded (an anchor remembers its subtree's
+    expanded size), and the depth of open collections; any limit ends the parse at the event
+    that crossed it.
+    """
+    from yaml import events, nodes
+
+    alias_ev, scalar_ev = events.AliasEvent, events.ScalarEvent
+    seq_start, map_start = events.SequenceStartEvent, events.MappingStartEvent
+    seq_end, map_end = events.SequenceEndEvent, events.MappingEndEvent
+    scalar_node, seq_node, map_node = nodes.ScalarNode, nodes.SequenceNode, nodes.MappingNode
+    get_event, resolve = loader.get_event, loader.resolve
+    anchors: dict[str, tuple[Any, int, int]] = {}  # anchor -> (its node, expanded nodes, expanded chars)
+    stack: list[list[Any]] = []  # open collections: [node, anchor, counts at its start, pending key]
+    nokey = stack  # a sentinel no key can be
+    total = chars = 0
+    while True:
+        event = get_event()
+        kind = type(event)
+        if kind is scalar_ev:
+            total += 1
+            chars += len(event.value)
+            tag = event.tag
+            if tag is None or tag == "!":
+                tag = resolve(scalar_node, event.value, event.implicit)
+            done: Any = scalar_node(tag, event.value, event.start_mark, event.end_mark, style=event.style)
+            if event.anchor is not None:
+                anchors[event.anchor] = (done, 1, len(event.value))
+        elif kind is map_start or kind is seq_start:
+            total += 1
+            if len(stack) >= MAX_DEPTH:
+                raise _error(f"is nested more than {MAX_DEPTH} levels deep", event.start_mark)
+            node_kind = seq_node if kind is seq_start else map_node
+            tag = event.tag
+            if tag is None or tag == "!":
+                tag = resolve(node_kind, None, event.implicit)
+            node = node_kind(tag, [], event.start_mark, None, flow_style=event.flow_style)
+            stack.append([node, event.anchor, (total - 1, chars), nokey])
+            continue
+        elif kind is map_end or kind is seq_end:
+            done, anchor, (start, start_chars), _ = stack.pop()
+            done.end_mark = event.end_mark
+            if anchor is not None:
+                anchors[anchor] = (done, total - start, chars - start_chars)
+        elif kind is alias_ev:
+            if event.anchor not in anchors:  # undefined, or its own node still open (a cycle)
+                raise _error(f"found undefined or recursive alias {event.anchor!r}", event.start_mark)
+            done, size, length = anchors[event.anchor]
+            total += size
+            chars += length
+        else:  # the parser emits nothing else inside a document
+            raise _error(f"unexpected {kind.__name__}", event.start_mark)
+        if total > MAX_NODES:
+            raise _error(f"has more than {MAX_NODES} nodes (aliases expanded)", event.start_mark)
+        if chars > MAX_CHARS:
+            raise _error(f"has more than {MAX_CHARS} characters of text (aliases expanded)", event.start_mark)
+        if not stack:
+            return done
+        top = stack[-1]
+        if top[0].__class__ is seq_node:
+            top[0].value.append(done)
+        elif top[3] is nokey:
+            top[3] = done
+        else:
+            top[0].value.append((top[3], done))
+            top[3] = nokey
+
+
+def load_yaml(data: bytes | str, *, max_bytes: int | None = None) -> Any:
+    """Parse one YAML document (safe tags only) within the limits above. Raises :class:`DocumentError`."""
+    global _LOADER
+    _check_size(data, max_bytes)
     import yaml
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    if _LOADER is None:
+        _LOADER = _loader_class()
+    loader = None
     try:
-        return yaml.load(data, Loader=loader)
+        loader = _LOADER(data)
+        return loader.get_single_data()
     except yaml.YAMLError as e:
-        raise ValueError(str(e).replace("\n", " ")) from e
-    except (UnicodeDecodeError, RecursionError) as e:
-        raise ValueError(f"cannot decode: {e}") from e
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise DocumentError(" ".join(str(problem).split()) + where) from None
+    except (ValueError, RecursionError) as e:  # bad UTF-8, a timestamp out of range, ...
+        raise DocumentError(f"cannot decode: {short_repr(e, 200)}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+# --- JSON ----------------------------------------------------------------------------------------
+
+
+def _shape_problem(doc: Any) -> str | None:
+    """Deeper than MAX_DEPTH or more than MAX_NODES nodes? (an iterative walk of the parsed value)"""
+    todo: list[tuple[Any, int]] = [(doc, 0)]
+    count = 0
+    while todo:
+        value, depth = todo.pop()
+        count += 1
+        if count > MAX_NODES:
+            return f"has more than {MAX_NODES} nodes"
+        if isinstance(value, dict):
+            value = value.values()
+        elif not isinstance(value, list):
+            continue
+        if depth >= MAX_DEPTH:
+            return f"is nested more than {MAX_DEPTH} levels deep"
+        todo.extend((v, depth + 1) for v in value)
+    return None
+
+
+def load_json(data: bytes | str, *, max_bytes: int | None = None, duplicates: bool = False) -> Any:
+    """Parse one JSON document within the limits above. Raises :class:`DocumentError`.
+
+    Duplicate object keys are refused unless ``duplicates`` (then the last one wins, as in Go).
+    """
+    _check_size(data, max_bytes)
+    try:
+        doc = json.loads(data, object_pairs_hook=None if duplicates else _unique)
+    except RecursionError:  # the C scanner's own guard, far below any stack overflow
+        raise DocumentError(f"is nested more than {MAX_DEPTH} levels deep") from None
+    except DocumentError:
+        raise
+    except ValueError as e:  # JSONDecodeError, bad UTF-8 (UnicodeDecodeError), huge integers
+        raise DocumentError(" ".join(str(e).split())[:200]) from None
+    problem = _shape_problem(doc)
+    if problem:
+        raise DocumentError(problem)
+    return doc
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DocumentError(f"duplicate key {short_repr(key)}")
+            seen.add(key)
+    return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -130,17 +131,41 @@ def _opt_path(v: Any) -> str | None:
     return None if v is None or v == "" else _path(v)
 
 
+# Numbers in text (environment, flags, YAML strings): ASCII only. float() and int() also take
+# other scripts' digits ("٣"), "1_000", "nan" and "infinity", which no one means as a setting.
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z", re.ASCII)
+_INTEGER = re.compile(r"[0-9]+\Z", re.ASCII)
+#: The shortest time limit: below a millisecond no plugin can even start (and 1e-320 is no setting).
+MIN_SECONDS = 0.001
+MAX_SECONDS = 86400.0
+
+
+def _non_ascii_number(text: str) -> str:
+    """What to add to "must be a number" when Python alone would have read ``text`` as one."""
+    try:
+        float(text)
+    except ValueError:
+        return ""
+    return " written in ASCII digits"
+
+
 def _seconds(v: Any) -> float:
-    if isinstance(v, bool):
+    if isinstance(v, str):
+        v = v.strip()
+        if not _DECIMAL.match(v):
+            raise ValueError("must be a number of seconds" + _non_ascii_number(v))
+    elif isinstance(v, bool) or not isinstance(v, int | float):
         raise ValueError("must be a number of seconds")
     try:
         f = float(v)
-    except (TypeError, ValueError):
+    except (OverflowError, ValueError):
         raise ValueError("must be a number of seconds") from None
     if not math.isfinite(f) or f <= 0:
         raise ValueError("must be a positive, finite number of seconds")
-    if f > 86400:
-        raise ValueError("must be at most 86400 seconds")
+    if f < MIN_SECONDS:
+        raise ValueError(f"must be at least {MIN_SECONDS} seconds")
+    if f > MAX_SECONDS:
+        raise ValueError(f"must be at most {MAX_SECONDS:.0f} seconds")
     return f
 
 
@@ -167,12 +192,11 @@ def _bool(v: Any) -> bool:
 
 
 def _size(v: Any) -> int:
-    if isinstance(v, bool):
+    if isinstance(v, str) and not _INTEGER.match(v.strip()):
+        raise ValueError("must be a number of bytes" + _non_ascii_number(v))
+    if isinstance(v, bool) or not isinstance(v, int | str):
         raise ValueError("must be a number of bytes")
-    try:
-        n = int(v)
-    except (TypeError, ValueError):
-        raise ValueError("must be a number of bytes") from None
+    n = int(v)
     if n < 4096 or n > 1 << 30:
         raise ValueError("must be between 4096 and 1073741824 bytes")
     return n
@@ -200,11 +224,21 @@ def _plugin(v: Any) -> str | None:
 
 
 def _netns_template(v: Any) -> str:
+    """Checked by parsing its fields only: formatting it would run any width it names ({x:>999999999})."""
+    import string
+
     s = _path(v)
     try:
-        s.format(infra_id="x")
-    except (KeyError, IndexError, ValueError) as e:
+        fields = [f for _, *f in string.Formatter().parse(s) if f[0] is not None]
+    except ValueError as e:
         raise ValueError(f"must be a format string whose only field is {{infra_id}} ({e})") from None
+    for name, spec, conversion in fields:
+        if name != "infra_id" or spec or conversion:
+            text = "{" + str(name) + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise ValueError(
+                f"must be a format string whose only field is {{infra_id}}, with no conversion or format "
+                f"spec (found {_shown(text)}; write a literal brace as {{{{ or }}}})"
+            )
     return s
 
 
@@ -274,7 +308,7 @@ def _address(v: Any) -> str:
         return "none"  # metrics disabled (YAML reads a bare `off` as False)
     s = _str(v)
     host, sep, port = s.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not _INTEGER.match(port) or not 0 <= int(port) <= 65535:
         raise ValueError("must be HOST:PORT, or none to disable")
     return s
 
@@ -334,35 +368,55 @@ ENV_VARS: dict[str, str] = {
 }
 
 
+def _shown(value: Any) -> str:
+    """A value quoted in a message: repr, at most 80 characters, never fully expanded."""
+    from netplugin.core._yaml import short_repr
+
+    return short_repr(value)
+
+
 def _apply(values: dict[str, Any], raw: Mapping[str, Any], source: str, key_name: Callable[[str], str]) -> None:
     for key, value in raw.items():
         if key not in _PARSERS:
-            raise ConfigError(key_name(key), f"unknown key (known: {', '.join(sorted(_PARSERS))})", source=source)
+            shown = key if len(key) <= 80 else key[:77] + "..."
+            raise ConfigError(key_name(shown), f"unknown key (known: {', '.join(sorted(_PARSERS))})", source=source)
         try:
             values[key] = _PARSERS[key](value)
         except ValueError as e:
-            raise ConfigError(key_name(key), f"{e} (got {value!r})", source=source) from None
+            raise ConfigError(key_name(key), f"{e} (got {_shown(value)})", source=source) from None
+
+
+#: The largest config file read (the shipped, commented example is about 3 KB).
+MAX_CONFIG_BYTES = 1 << 20
 
 
 def read_config_file(path: str) -> dict[str, Any]:
     """Parse a config file into a raw mapping (not yet validated)."""
-    from netplugin.core._yaml import load_yaml
+    from netplugin.core._yaml import DocumentError, load_yaml, read_document
 
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_document(path, MAX_CONFIG_BYTES)
     except OSError as e:
         raise ConfigError("config", f"cannot read {path}: {e.strerror or e}", source=path) from e
+    except DocumentError as e:
+        raise ConfigError("config", f"{path} {e}", source=path) from None
     try:
         doc = load_yaml(data)
-    except ValueError as e:
+    except DocumentError as e:
         raise ConfigError("config", f"not valid YAML: {e}", source=path) from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):
         raise ConfigError("config", f"must be a mapping at the top level, got {type(doc).__name__}", source=path)
-    # YAML keys may be written with dashes, like the flags.
-    return {str(k).replace("-", "_"): v for k, v in doc.items()}
+    # YAML keys may be written with dashes, like the flags; the two spellings of one key clash.
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for k, v in doc.items():
+        key = str(k).replace("-", "_")
+        if key in out:
+            raise ConfigError(key, f"given twice, as {_shown(spelled[key])} and {_shown(str(k))}", source=path)
+        out[key], spelled[key] = v, str(k)
+    return out
 
 
 def load_config(

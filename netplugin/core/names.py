@@ -8,7 +8,14 @@ executable is ``vendor.example~foo/foo``.
 
 Pod arguments follow Kubernetes too: a namespace is a DNS-1123 label (at most
 63), a pod name a DNS-1123 subdomain (at most 253), and an infra container id
-``[A-Za-z0-9][A-Za-z0-9_.-]*`` (at most 256; CNI's container-id rule).
+``[A-Za-z0-9][A-Za-z0-9_.-]*`` (CNI's container-id rule) of at most
+:data:`MAX_INFRA_ID` characters. CNI sets no length; this limit is what every
+consumer can store: the bridge plugins (bash and native) name files after the
+infra id plus a temporary-file decoration of up to ~34 bytes, the CNI shim's
+attachment records add the interface name, and a file name holds 255 bytes, so
+ids of 200-256 characters used to pass here and then fail in a plugin. Runtimes
+use 64 hex digits; 128 leaves room for every decoration and for keying by
+interface name later.
 Validators raise :class:`~netplugin.core.errors.InvalidArgument` naming the field.
 """
 
@@ -20,6 +27,7 @@ from dataclasses import dataclass
 from netplugin.core.errors import InvalidArgument
 
 __all__ = [
+    "MAX_INFRA_ID",
     "PodRef",
     "escape_plugin_name",
     "node_name_problem",
@@ -38,7 +46,8 @@ _INFRA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
 MAX_LABEL = 63
 MAX_SUBDOMAIN = 253
-MAX_INFRA_ID = 256
+#: The longest infra container id accepted (see the module docstring for why 128).
+MAX_INFRA_ID = 128
 
 
 def _dns1123_label_problem(value: str) -> str | None:
@@ -90,7 +99,7 @@ def plugin_name_problem(name: str) -> str | None:
 def validate_plugin_name(name: str) -> str:
     problem = plugin_name_problem(name)
     if problem:
-        raise InvalidArgument("plugin name", name, problem)
+        raise InvalidArgument("plugin name", _shown(name) if isinstance(name, str) else name, problem)
     return name
 
 
@@ -114,17 +123,22 @@ def node_name_problem(value: str) -> str | None:
     return _dns1123_subdomain_problem(value)
 
 
+def _shown(value: str) -> str:
+    """The value as an error quotes it: a hostile megabyte-long argument is cut."""
+    return value if len(value) <= 300 else value[:300] + "..."
+
+
 def validate_namespace(value: str) -> str:
     problem = _dns1123_label_problem(value)
     if problem:
-        raise InvalidArgument("namespace", value, problem)
+        raise InvalidArgument("namespace", _shown(value), problem)
     return value
 
 
 def validate_pod_name(value: str) -> str:
     problem = _dns1123_subdomain_problem(value)
     if problem:
-        raise InvalidArgument("pod name", value, problem)
+        raise InvalidArgument("pod name", _shown(value), problem)
     return value
 
 
@@ -133,7 +147,7 @@ def validate_infra_id(value: str) -> str:
         raise InvalidArgument("infra container id", value, "must not be empty")
     if len(value) > MAX_INFRA_ID:
         raise InvalidArgument(
-            "infra container id", value, f"must be at most {MAX_INFRA_ID} characters (got {len(value)})"
+            "infra container id", _shown(value), f"must be at most {MAX_INFRA_ID} characters (got {len(value)})"
         )
     if not _INFRA_ID.match(value):
         raise InvalidArgument(

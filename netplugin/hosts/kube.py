@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import base64
 import http.client
-import json
 import logging
 import ssl
 import threading
@@ -477,9 +476,11 @@ def _read_body(response: Any, deadline: float, limit: int | None = None) -> byte
 
 
 def _json(body: bytes) -> Any:
+    from netplugin.core._yaml import DocumentError, load_json
+
     try:
-        return json.loads(body)
-    except ValueError:  # also covers UnicodeDecodeError
+        return load_json(body, duplicates=True)  # bounded depth: no RecursionError from a deep body
+    except DocumentError:
         return None
 
 

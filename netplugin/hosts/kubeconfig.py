@@ -127,17 +127,22 @@ def _rel(entry: Mapping[str, Any], key: str, where: str) -> str | None:
     return os.path.join(str(entry["__dir__"]), os.path.expanduser(value))
 
 
+#: The largest kubeconfig read (embedded certificates of many clusters stay far below it).
+MAX_KUBECONFIG_BYTES = 16 << 20
+
+
 def _merge_kubeconfigs(files: Sequence[str]) -> _Merged:
     """Read every file; for each named cluster, user and context the first file that defines it wins."""
-    from netplugin.core._yaml import load_yaml
+    from netplugin.core._yaml import DocumentError, load_yaml, read_document
 
     merged = _Merged()
     for path in files:
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            raw = read_document(path, MAX_KUBECONFIG_BYTES)  # bounded, never blocks on a FIFO
         except OSError as e:
             raise HostError(f"cannot read kubeconfig {path}: {e.strerror or e}") from e
+        except DocumentError as e:
+            raise HostError(f"cannot read kubeconfig {path}: it {e}") from None
         try:
             doc = load_yaml(raw)
         except ValueError as e:

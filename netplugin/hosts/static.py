@@ -12,40 +12,59 @@ shape as the API's: ``metadata.name``, ``spec.podCIDRs``, ``status.addresses`` w
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
+from netplugin.core._yaml import short_repr
 from netplugin.core.errors import HostError
 from netplugin.core.node import NodeInfo, node_name
 from netplugin.hosts.base import Pod
 
 __all__ = ["StaticHost", "load_manifest"]
 
+#: The largest manifest read: etcd's default request limit (a Pod or Node object never comes near it).
+MAX_MANIFEST_BYTES = 1536 * 1024
+
 
 def load_manifest(path: str, kind: str = "Pod") -> Pod:
     """Read one manifest of ``kind`` (YAML or JSON). Raises HostError naming the file and the reason."""
-    what = kind.lower()
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise HostError(f"cannot read {what} manifest {path}: {e.strerror or e}") from e
-    try:
-        if path.endswith(".json"):
-            doc = json.loads(raw)
-        else:
-            from netplugin.core._yaml import load_yaml
+    result = _load(path, kind)[1]
+    if isinstance(result, HostError):
+        raise result
+    return result
 
-            doc = load_yaml(raw)
-    except ValueError as e:
-        syntax = "JSON" if path.endswith(".json") else "YAML"
-        raise HostError(f"{what} manifest {path} is not valid {syntax}: {e}") from e
+
+def _load(path: str, kind: str = "Pod") -> tuple[bytes | None, Pod | HostError]:
+    """(the bytes read, None if unreadable; the object or why there is none).
+
+    Bounded whatever the file holds (see :mod:`netplugin.core._yaml`): at most
+    MAX_MANIFEST_BYTES are read, never from a FIFO, and the parse is limited in depth and size.
+    """
+    from netplugin.core._yaml import DocumentError, load_json, load_yaml, read_document
+
+    what = kind.lower()
+    syntax = "JSON" if path.endswith(".json") else "YAML"
+    try:
+        raw = read_document(path, MAX_MANIFEST_BYTES)
+    except OSError as e:
+        return None, HostError(f"cannot read {what} manifest {path}: {e.strerror or e}")
+    except DocumentError as e:
+        return None, HostError(f"cannot read {what} manifest {path}: it {e}")
+    try:
+        return raw, _check(path, load_json(raw) if syntax == "JSON" else load_yaml(raw), kind)
+    except DocumentError as e:
+        return raw, HostError(f"{what} manifest {path} is not valid {syntax}: {e}")
+    except HostError as e:
+        return raw, e
+
+
+def _check(path: str, doc: Any, kind: str) -> Pod:
+    what = kind.lower()
     if not isinstance(doc, dict):
         raise HostError(f"{what} manifest {path}: expected a {kind} object, got {type(doc).__name__}")
     found = doc.get("kind", kind)
     if found != kind:
-        raise HostError(f"{what} manifest {path}: kind must be {kind!r}, got {found!r}")
+        raise HostError(f"{what} manifest {path}: kind must be {kind!r}, got {short_repr(found)}")
     meta = doc.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
         raise HostError(f"{what} manifest {path}: metadata.name is missing or not a string")
@@ -62,8 +81,12 @@ class StaticHost:
 
     The directory is read at each lookup (it is small, and this keeps a long-running
     daemon current without a watch). A missing directory knows no pods; an unreadable
-    one, or a broken manifest for the pod asked about, is a HostError. A broken
-    manifest of some *other* pod does not stop lookups of good ones.
+    one is a HostError. A broken manifest (one that cannot be parsed, or is not a valid
+    Pod) is a HostError only for the pods it might describe: those whose name occurs in
+    its bytes. So one broken file never blocks the setup of other pods, and teardown and
+    status never need the pod (the manager goes on without it). A manifest that cannot be
+    read at all (permissions, not a regular file) might be anyone's: it is reported to
+    every lookup that finds no pod.
     """
 
     SUFFIXES = (".yaml", ".yml", ".json")
@@ -86,10 +109,10 @@ class StaticHost:
     def get_pod_by_name(self, namespace: str, name: str) -> Pod | None:
         errors: list[HostError] = []
         for path in self._files():
-            try:
-                pod = load_manifest(path)
-            except HostError as e:
-                errors.append(e)
+            raw, pod = _load(path)
+            if isinstance(pod, HostError):
+                if raw is None or name.encode() in raw:
+                    errors.append(pod)
                 continue
             meta = pod["metadata"]
             if meta["name"] == name and meta["namespace"] == namespace:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 import netplugin.core.config as config_mod
 from netplugin.core._yaml import load_yaml
@@ -55,17 +54,30 @@ def no_default_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.mark.parametrize(
     ("key", "var", "values"),
     [
-        ("plugin_dir", "NETPLUGIN_PLUGIN_DIR",
-         {"default": config_mod.DEFAULT_PLUGIN_DIR, "file": "/f", "env": "/e", "flag": "/l"}),
-        ("state_dir", "NETPLUGIN_STATE_DIR",
-         {"default": config_mod.DEFAULT_STATE_DIR, "file": "/f", "env": "/e", "flag": "/l"}),
+        (
+            "plugin_dir",
+            "NETPLUGIN_PLUGIN_DIR",
+            {"default": config_mod.DEFAULT_PLUGIN_DIR, "file": "/f", "env": "/e", "flag": "/l"},
+        ),
+        (
+            "state_dir",
+            "NETPLUGIN_STATE_DIR",
+            {"default": config_mod.DEFAULT_STATE_DIR, "file": "/f", "env": "/e", "flag": "/l"},
+        ),
         ("plugin", "NETPLUGIN_PLUGIN", {"default": None, "file": "from-file", "env": "from-env", "flag": "x.io/f"}),
         ("timeout", "NETPLUGIN_TIMEOUT", {"default": None, "file": 5.0, "env": 6.0, "flag": 7.0}),
     ],
 )
 def test_precedence_file_env_flag(
-    cfg_file: Any, no_default_file: str, key: str, var: str, values: dict[str, Any],
-    file: str | None, env: str | None, flag: str | None, expected: str,
+    cfg_file: Any,
+    no_default_file: str,
+    key: str,
+    var: str,
+    values: dict[str, Any],
+    file: str | None,
+    env: str | None,
+    flag: str | None,
+    expected: str,
 ) -> None:
     path = cfg_file(f"{key}: {json.dumps(values[file])}\n") if file else None
     environ = {var: str(values[env])} if env else {}
@@ -86,7 +98,9 @@ def test_precedence_through_the_cli(plugin_dir: Any, run_cli: Any, np_dirs: dict
     for r in chosen.values():
         assert r.returncode == 0, r.stderr
     assert {k: json.loads(r.stdout)["plugin"] for k, r in chosen.items()} == {
-        "file": "from-file", "env": "from-env", "flag": "from-flag",
+        "file": "from-file",
+        "env": "from-env",
+        "flag": "from-flag",
     }
 
 
@@ -180,8 +194,9 @@ def test_empty_file_gives_defaults(cfg_file: Any, text: str) -> None:
 
 
 def test_yaml_keys_may_use_dashes(cfg_file: Any) -> None:
-    cfg = load_config(cfg_file("plugin-dir: /p\nkill-grace: 1\nrollback-on-failure: false\nmax_output: 8192\n"),
-                      environ={})
+    cfg = load_config(
+        cfg_file("plugin-dir: /p\nkill-grace: 1\nrollback-on-failure: false\nmax_output: 8192\n"), environ={}
+    )
     assert (cfg.plugin_dir, cfg.kill_grace, cfg.rollback_on_failure, cfg.max_output) == ("/p", 1.0, False, 8192)
 
 
@@ -197,25 +212,11 @@ def test_shipped_example_config_loads() -> None:
         assert (dict(got) if isinstance(got, dict) else got) == value or got == float(value), key
 
 
-def test_yaml_is_parsed_with_the_c_loader_when_available(cfg_file: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    if not hasattr(yaml, "CSafeLoader"):
-        pytest.skip("PyYAML built without libyaml")
-    used: list[str] = []
-
-    class Recording(yaml.CSafeLoader):  # type: ignore[misc,name-defined]
-        def __init__(self, stream: Any) -> None:
-            used.append("C")
-            super().__init__(stream)
-
-    monkeypatch.setattr(yaml, "CSafeLoader", Recording)
-    cfg = load_config(cfg_file("state_dir: /c\n"), environ={})
-    assert cfg.state_dir == "/c"
-    assert used == ["C"]
-
-
-def test_yaml_falls_back_to_the_python_safe_loader(cfg_file: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
-    assert load_config(cfg_file("state_dir: /py\n"), environ={}).state_dir == "/py"
+def test_config_yaml_goes_through_the_bounded_loader(cfg_file: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (the loader itself: tests/core/test_yaml.py) a duplicate key is refused with its lines
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg_file("state_dir: /a\nplugin_dir: /p\nstate_dir: /b\n"), environ={})
+    assert "duplicate key 'state_dir' (first on line 1) (line 3, column 1)" in info.value.reason
     with pytest.raises(ValueError):
         load_yaml("a: !!python/object/apply:os.system ['true']\n")
 
@@ -278,6 +279,19 @@ BAD_VALUES = [
     ("state_dir", "[/a]", "must be a non-empty string"),
     ("metrics_address", "nope", "must be HOST:PORT"),
     ("metrics_address", "'127.0.0.1:99999'", "must be HOST:PORT"),
+    # issue 13: numbers are ASCII and sensible; templates are checked by their fields, never formatted
+    ("timeout", "1e-320", "at least 0.001 seconds"),
+    ("timeout", "'\u0663'", "written in ASCII digits"),  # ARABIC-INDIC DIGIT THREE: float() takes it
+    ("timeout", "'\uff13'", "written in ASCII digits"),  # FULLWIDTH DIGIT THREE
+    ("timeout", "'1_0'", "written in ASCII digits"),
+    ("timeout", "'nan'", "written in ASCII digits"),
+    ("timeouts", "{setup: 0.0001}", "setup: must be at least 0.001 seconds"),
+    ("max_output", "'\u0664\u0660\u0669\u0666'", "written in ASCII digits"),
+    ("metrics_address", "'127.0.0.1:\u00b2'", "must be HOST:PORT"),
+    ("netns_template", "'/run/netns/{infra_id:>999999999}'", "no conversion or format spec"),
+    ("netns_template", "'/run/netns/{infra_id!r}'", "no conversion or format spec"),
+    ("netns_template", "'/run/netns/{infra_id.__class__}'", "found '{infra_id.__class__}'"),
+    ("netns_template", "'/run/netns/{infra_id[0]}'", "only field is {infra_id}"),
 ]
 
 
@@ -303,6 +317,9 @@ def test_bad_value_in_file_names_key_value_and_file(cfg_file: Any, key: str, val
         ("NETPLUGIN_PLUGIN", "-bad", "plugin name"),
         ("NETPLUGIN_PLUGIN_DIR", "/a\0b", "NUL"),
         ("NETPLUGIN_USE_DAEMON", "yes", "one of auto"),
+        ("NETPLUGIN_TIMEOUT", "1e-320", "at least 0.001"),
+        ("NETPLUGIN_TIMEOUT", "\u0663", "written in ASCII digits"),
+        ("NETPLUGIN_NETNS_TEMPLATE", "{infra_id:>2000000000}", "format spec"),
     ],
 )
 def test_bad_value_in_environment_names_the_variable(no_default_file: str, var: str, value: str, words: str) -> None:
@@ -319,6 +336,9 @@ def test_bad_value_in_environment_names_the_variable(no_default_file: str, var: 
     [
         ("timeout", "abc", "number of seconds"),
         ("timeout", "-1", "positive"),
+        ("timeout", "1e-320", "at least 0.001 seconds"),
+        ("timeout", "\u0663", "written in ASCII digits"),
+        ("timeout", "\u0661\u0660", "written in ASCII digits"),
         ("plugin", "UPPER/x", "prefix 'UPPER'"),
         ("plugin_dir", "", "non-empty"),
     ],
@@ -349,6 +369,10 @@ def test_bad_flag_names_the_flag(no_default_file: str, key: str, value: str, wor
         ("max_output", "4096", 4096),
         ("host", "none", "none"),
         ("netns_template", "/proc/{infra_id}/ns/net", "/proc/{infra_id}/ns/net"),
+        ("netns_template", "'/x/{{lit}}/{infra_id}'", "/x/{{lit}}/{infra_id}"),
+        ("timeout", "' 2.5 '", 2.5),
+        ("timeout", "1e2", 100.0),
+        ("timeout", "0.001", 0.001),
         ("plugin", "''", None),
         ("plugin", "vendor.example/x", "vendor.example/x"),
         ("kubeconfig", "''", None),
@@ -361,10 +385,21 @@ def test_good_values(cfg_file: Any, key: str, value: str, expected: Any) -> None
     assert (dict(got) if isinstance(got, dict) else got) == expected
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("1", True), ("true", True), ("yes", True), ("on", True), ("True", True),
-    ("0", False), ("false", False), ("no", False), ("off", False), ("FALSE", False),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("1", True),
+        ("true", True),
+        ("yes", True),
+        ("on", True),
+        ("True", True),
+        ("0", False),
+        ("false", False),
+        ("no", False),
+        ("off", False),
+        ("FALSE", False),
+    ],
+)
 def test_boolean_environment_variables(no_default_file: str, value: str, expected: bool) -> None:
     cfg = load_config(environ={"NETPLUGIN_INHERIT_ENV": value, "NETPLUGIN_ROLLBACK": value})
     assert cfg.inherit_env is expected
@@ -448,3 +483,60 @@ def test_node_settings(tmp_path: Any) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(str(cfg_file), environ={})
     assert "node_name" in str(info.value) and "DNS-1123" in str(info.value)
+
+
+# --- hostile files (issue 13): bounded time and memory, a ConfigError naming the key -----------------------
+
+
+def test_dash_and_underscore_spellings_of_one_key_clash(cfg_file: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg_file("state-dir: /a\nstate_dir: /b\n"), environ={})
+    assert info.value.key == "state_dir"
+    assert "given twice, as 'state-dir' and 'state_dir'" in info.value.reason
+
+
+def test_alias_bomb_under_a_known_key_is_refused_small(cfg_file: Any) -> None:
+    # Nine levels of nine aliases: 9**9 strings once expanded. Refused while composing, and the
+    # error quotes nothing of the value.
+    lines = ['env: [&a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f", &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg_file("".join(lines) + "]\n"), environ={})
+    assert info.value.key == "config"
+    assert "nodes (aliases expanded)" in info.value.reason
+    assert len(info.value.message) < 400
+
+
+def test_a_value_is_quoted_short_in_errors(cfg_file: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg_file("timeout: [" + ", ".join(["x" * 50] * 1000) + "]\n"), environ={})
+    assert "(got ['xxxx" in info.value.reason
+    assert len(info.value.message) < 300
+
+
+def test_oversized_fifo_and_device_config_files(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"# " + b"x" * config_mod.MAX_CONFIG_BYTES + b"\n")
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # nobody writes: a plain open() would block for ever
+    for path, words in ((big, "larger than the limit"), (fifo, "not a regular file"), ("/dev/zero", "larger")):
+        with pytest.raises(ConfigError) as info:
+            load_config(str(path), environ={})
+        assert (info.value.key, info.value.source) == ("config", str(path))
+        assert words in info.value.reason
+    assert load_config("/dev/null", environ={}).config_path == "/dev/null"  # an empty config
+
+
+def test_netns_template_width_is_never_formatted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Validation must not call str.format (which would allocate the width); parse() alone checks it.
+    calls: list[str] = []
+    real = str.format
+
+    class Spy(str):
+        def format(self, *a: Any, **k: Any) -> str:
+            calls.append(str(self))
+            return real(self, *a, **k)
+
+    with pytest.raises(ConfigError):
+        load_config(environ={"NETPLUGIN_NETNS_TEMPLATE": Spy("/n/{infra_id:>999999999999}")})
+    assert calls == []

@@ -9,6 +9,7 @@ import pytest
 
 from netplugin.core.errors import InvalidArgument
 from netplugin.core.names import (
+    MAX_INFRA_ID,
     PodRef,
     escape_plugin_name,
     plugin_dir_and_exe,
@@ -37,7 +38,7 @@ VALID = [
     (validate_infra_id, "abc123"),
     (validate_infra_id, "A.b_c-D"),
     (validate_infra_id, "0"),
-    (validate_infra_id, "f" * 256),
+    (validate_infra_id, "f" * MAX_INFRA_ID),
     (validate_plugin_name, "bridge"),
     (validate_plugin_name, "kubernetes.io/no-op"),
     (validate_plugin_name, "vendor.example/foo"),
@@ -79,7 +80,8 @@ INVALID = [
     (validate_infra_id, "a b", "infra container id", "only letters"),
     (validate_infra_id, "abc\n", "infra container id", "only letters"),
     (validate_infra_id, "café", "infra container id", "only letters"),
-    (validate_infra_id, "f" * 257, "infra container id", "at most 256"),
+    (validate_infra_id, "f" * (MAX_INFRA_ID + 1), "infra container id", "at most 128 characters (got 129)"),
+    (validate_infra_id, "f" * 248, "infra container id", "at most 128"),  # passed, then broke both bridges
     (validate_plugin_name, "", "plugin name", "empty"),
     (validate_plugin_name, "-bad", "plugin name", "starting and ending alphanumeric"),
     (validate_plugin_name, "bad-", "plugin name", "starting and ending alphanumeric"),
@@ -165,3 +167,10 @@ def test_podref_validates_every_field(args: tuple[str, str, str], field: str) ->
     with pytest.raises(InvalidArgument) as info:
         PodRef(*args)
     assert info.value.field == field
+
+
+def test_a_huge_argument_is_quoted_short() -> None:
+    for validate in (validate_infra_id, validate_namespace, validate_pod_name, validate_plugin_name):
+        with pytest.raises(InvalidArgument) as info:
+            validate("a" * 1_000_000)
+        assert len(info.value.message) < 500

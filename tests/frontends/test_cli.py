@@ -69,7 +69,7 @@ def _plugin_dir_is_a_file(p: Any, dirs: dict[str, str], tmp: Path) -> dict[str, 
 
 
 def _broken_manifest(p: Any, dirs: dict[str, str], tmp: Path) -> None:
-    Path(dirs["pods_dir"], "broken.yaml").write_text("metadata: {name: [unclosed\n")
+    Path(dirs["pods_dir"], "broken.yaml").write_text("metadata: {name: web-0, labels: [unclosed\n")  # names the pod
 
 
 PLUGIN = ["--plugin", "p"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from netplugin.core.config import Config
 from netplugin.core.errors import HostError
 from netplugin.hosts import make_host
 from netplugin.hosts.base import FakeHost, Host, NullHost
-from netplugin.hosts.static import StaticHost, load_manifest
+from netplugin.hosts.static import MAX_MANIFEST_BYTES, StaticHost, load_manifest
 
 WEB_YAML = """\
 apiVersion: v1
@@ -45,8 +46,9 @@ def pods(tmp_path: Path) -> Path:
         ("nokind.yaml", "metadata: {name: nokind, namespace: x}\n", "x", "nokind"),  # kind defaults to Pod
     ],
 )
-def test_static_host_finds_pods_by_namespace_and_name(pods: Path, filename: str, content: str, ns: str,
-                                                      name: str) -> None:
+def test_static_host_finds_pods_by_namespace_and_name(
+    pods: Path, filename: str, content: str, ns: str, name: str
+) -> None:
     (pods / filename).write_text(content)
     host = StaticHost(str(pods))
     pod = host.get_pod_by_name(ns, name)
@@ -108,14 +110,45 @@ def test_broken_manifest_of_another_pod_does_not_hide_a_good_one(pods: Path) -> 
     assert pod is not None and pod["metadata"]["name"] == "web-0"
 
 
-def test_broken_manifest_and_pod_not_found_is_a_host_error_naming_the_file(pods: Path) -> None:
+def test_broken_manifest_that_may_be_the_pods_is_a_host_error_naming_the_file(pods: Path) -> None:
     broken = pods / "broken.yaml"
-    broken.write_text("metadata: {name: [unclosed\n")
+    broken.write_text("metadata: {name: other, labels: [unclosed\n")
     (pods / "web.yaml").write_text(WEB_YAML)
     with pytest.raises(HostError) as info:
         StaticHost(str(pods)).get_pod_by_name("shop", "other")
     assert str(broken) in info.value.message
     assert "shop/other not found" in info.value.message
+
+
+def test_broken_manifest_never_blocks_a_pod_it_does_not_name(pods: Path) -> None:
+    # issue 13: one broken file used to fail the setup of every pod without a manifest
+    (pods / "broken.yaml").write_text("metadata: {name: other, labels: [unclosed\n")
+    (pods / "deep.yaml").write_text("[" * 100_000)  # segfaulted libyaml's composer
+    (pods / "deep.json").write_text("[" * 100_000)  # RecursionError: exit 70
+    (pods / "bomb.yaml").write_text(
+        'a: &a ["x","x","x","x","x","x","x","x","x"]\n'
+        + "".join(f"b{i}: &b{i} [" + ",".join([f"*{'a' if i == 0 else f'b{i - 1}'}"] * 9) + "]\n" for i in range(8))
+    )
+    (pods / "dup.yaml").write_text("kind: Pod\nmetadata: {name: dup}\nmetadata: {name: web-1}\n")
+    host = StaticHost(str(pods))
+    assert host.get_pod_by_name("shop", "nowhere") is None
+    (pods / "web.yaml").write_text(WEB_YAML)
+    pod = host.get_pod_by_name("shop", "web-0")
+    assert pod is not None and pod["metadata"]["name"] == "web-0"
+    with pytest.raises(HostError, match="duplicate key 'metadata'"):
+        host.get_pod_by_name("default", "web-1")
+
+
+def test_fifo_or_oversized_manifest_never_blocks_a_lookup(pods: Path) -> None:
+    os.mkfifo(pods / "fifo.yaml")  # nobody writes: open() alone would block for ever
+    (pods / "big.yaml").write_text("kind: Pod\nmetadata: {name: big}\n# " + "x" * MAX_MANIFEST_BYTES + "\n")
+    (pods / "web.yaml").write_text(WEB_YAML)
+    host = StaticHost(str(pods))
+    assert host.get_pod_by_name("shop", "web-0") is not None
+    with pytest.raises(HostError) as info:
+        host.get_pod_by_name("default", "big")  # cannot be read: might be anyone's, so said
+    assert "fifo.yaml: it is not a regular file" in info.value.message
+    assert f"big.yaml: it is larger than the limit of {MAX_MANIFEST_BYTES} bytes" in info.value.message
 
 
 @pytest.mark.parametrize(
@@ -131,6 +164,10 @@ def test_broken_manifest_and_pod_not_found_is_a_host_error_naming_the_file(pods:
         ("nometa.yaml", "kind: Pod\n", "metadata.name is missing"),
         ("badns.yaml", "kind: Pod\nmetadata: {name: a, namespace: ''}\n", "metadata.namespace must be"),
         ("unsafe.yaml", "kind: !!python/object/apply:os.system ['true']\n", "is not valid YAML"),
+        ("deep.yaml", "[" * 100_000, "nested more than 100 levels deep"),
+        ("deep.json", "[" * 100_000, "nested more than 100 levels deep"),
+        ("dup.json", '{"kind": "Pod", "kind": "Pod"}', "duplicate key 'kind'"),
+        ("dup.yaml", "kind: Pod\nmetadata: {name: a}\nkind: Pod\n", "duplicate key 'kind' (first on line 1) (line 3"),
     ],
 )
 def test_load_manifest_errors_name_the_file(pods: Path, filename: str, content: str, words: str) -> None:
@@ -265,3 +302,21 @@ def test_make_host_passes_the_node_settings(tmp_path: Path) -> None:
     host = make_host(Config(host="static", pods_dir=str(tmp_path), nodes_dir=str(tmp_path), node_name="n7"))
     assert isinstance(host, StaticHost) and host.nodes_dir == str(tmp_path) and host.node_name == "n7"
     assert make_host(Config(host="none", node_name="n8")).node_name == "n8"
+
+
+# --- kubeconfigs are bounded the same way (issue 13) --------------------------------------------------------
+
+
+def test_hostile_kubeconfigs_are_host_errors(tmp_path: Path) -> None:
+    from netplugin.hosts.kubeconfig import load_kubeconfig
+
+    deep = tmp_path / "deep"
+    deep.write_text("clusters: " + "[" * 100_000 + "\n")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # a plain open() would wait for a writer for ever
+    dup = tmp_path / "dup"
+    dup.write_text("current-context: a\ncurrent-context: b\n")
+    for path, words in ((deep, "nested more than 100"), (fifo, "not a regular file"), (dup, "duplicate key")):
+        with pytest.raises(HostError) as info:
+            load_kubeconfig(str(path))
+        assert str(path) in info.value.message and words in info.value.message

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from netplugin.core.errors import PluginFailed, StateError
-from netplugin.core.names import PodRef
+from netplugin.core.names import MAX_INFRA_ID, PodRef
 from netplugin.manager.manager import Manager
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, PodRecord, parse_record, record_filename
 from netplugin.store.state import StateStore
@@ -246,7 +246,7 @@ def test_parallel_setups_of_different_pods_all_get_records(mgr: Any, store: Stat
     "ref",
     [
         POD,
-        PodRef("a" * 63, "b" * 253, "c" * 256),
+        PodRef("a" * 63, "b" * 253, "c" * MAX_INFRA_ID),
         PodRef("ns", "x." + "y" * 200, "id_with.dots-and_underscores"),
     ],
     ids=["short", "longest", "long-name"],

@@ -1,4 +1,23 @@
-"""TODO docstring."""
+"""The attachment index: which (container, interface) each CNI network was asked to set up.
+
+The state dir's pod records do not say which CNI network, if any, made a pod, and the CLI and
+daemon may share the state dir: GC must only touch its own network's pods. So ADD records the
+attachment in ``<stateDir>/cni/<network>/<containerID>:<ifname>.json`` before the setup runs (an
+ADD that never returns is still found), and a successful DEL removes it. ':' occurs in neither a
+container id nor an interface name, so the file names are unambiguous.
+
+**One attachment per container and state dir.** netplugin's plugins, and the pod records, key a
+pod's resources by its infra (container) id alone: both bridge plugins name the host veth and
+the IPAM entry after it. A second attachment of the same container (another ``CNI_IFNAME``, or
+another network) would silently delete the first one's veth and move its address; the same
+container added again under another pod name would leave the first pod's record behind. So
+:func:`claim_attachment` refuses both, with CNI error 4 naming the variable, and leaves the
+first attachment alone; the DEL a runtime sends after that failed ADD is a no-op (there is
+nothing of that attachment to remove, and the other one is not its to touch). Checking and
+recording happen under one flock (``<stateDir>/cni/.lock``), so concurrent ADDs cannot both win.
+Real multi-attachment needs both bridge plugins to key veth names and IPAM by infra id and
+interface name.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +29,19 @@ from typing import Any
 
 from netplugin.core.config import Config
 from netplugin.core.names import PodRef
-from netplugin.frontends.cni.protocol import E_CONFIG, CniError
+from netplugin.frontends.cni.protocol import E_CONFIG, E_ENV, CniError
 
 __all__ = [
     "Attachment",
+    "attached_elsewhere",
     "attachment_dir",
     "attachment_path",
+    "attachments_of",
+    "claim_attachment",
     "forget_attachment",
     "list_attachments",
     "record_attachment",
+    "recorded_attachment",
     "valid_attachments",
 ]
 
@@ -38,7 +61,9 @@ def valid_attachments(conf: Mapping[str, Any]) -> set[tuple[str, str]]:
     out: set[tuple[str, str]] = set()
     for entry in raw:
         if not isinstance(entry, dict) or not isinstance(entry.get("containerID"), str):
-            raise CniError(E_CONFIG, f"cni.dev/valid-attachments: bad entry {entry!r} (needs containerID)")
+            from netplugin.core._yaml import short_repr
+
+            raise CniError(E_CONFIG, f"cni.dev/valid-attachments: bad entry {short_repr(entry)} (needs containerID)")
         ifname = entry.get("ifname")
         out.add((entry["containerID"], ifname if isinstance(ifname, str) else ""))
     return out
@@ -85,6 +110,92 @@ def record_attachment(cfg: Config, network: str, att: Attachment) -> None:
     ensure_dir(attachment_dir(cfg.state_dir, network), 0o755)
     path = attachment_path(cfg.state_dir, network, att.container_id, att.ifname)
     atomic_write(path, json.dumps(att.to_dict()).encode() + b"\n", mode=0o644)
+
+
+def _index_lock(state_dir: str) -> Any:
+    from netplugin.store.locks import ensure_dir, flocked
+
+    ensure_dir(os.path.join(state_dir, "cni"), 0o755)
+    return flocked(os.path.join(state_dir, "cni", ".lock"))
+
+
+def attachments_of(state_dir: str, container_id: str) -> list[tuple[str, str]]:
+    """(network, ifname) of every attachment recorded for ``container_id``, in any network.
+
+    Read from the file names alone, so a torn record still counts. Raises SystemFailure when
+    the index cannot be listed (guessing "none" could tear down or clobber a live attachment).
+    """
+    from netplugin.core.errors import SystemFailure
+
+    root = os.path.join(state_dir, "cni")
+    prefix = container_id + ":"
+    found: list[tuple[str, str]] = []
+    try:
+        networks = sorted(n for n in os.listdir(root) if not n.startswith("."))
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise SystemFailure("cannot list", root, e.strerror or str(e)) from e
+    for network in networks:
+        directory = os.path.join(root, network)
+        try:
+            names = os.listdir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            raise SystemFailure("cannot list", directory, e.strerror or str(e)) from e
+        found += [(network, n[len(prefix) : -5]) for n in names if n.startswith(prefix) and n.endswith(".json")]
+    return sorted(found)
+
+
+def attached_elsewhere(state_dir: str, network: str, container_id: str, ifname: str) -> bool:
+    """Is the container attached under another (network, ifname)? (DEL of a refused attachment)"""
+    return any(a != (network, ifname) for a in attachments_of(state_dir, container_id))
+
+
+def claim_attachment(cfg: Config, network: str, att: Attachment) -> None:
+    """Record ``att`` for ``network`` unless the container has another attachment (see the module doc).
+
+    Adding the same attachment again, as the same pod, is allowed (an ADD retried); anything
+    else is CniError 4 and nothing is changed.
+    """
+    with _index_lock(cfg.state_dir):
+        for other_network, ifname in attachments_of(cfg.state_dir, att.container_id):
+            if (other_network, ifname) != (network, att.ifname):
+                raise CniError(
+                    E_ENV,
+                    f"container {att.container_id} already has interface {ifname!r} on network "
+                    f"{other_network!r}: netplugin attaches a container once per state dir, so "
+                    f"CNI_IFNAME {att.ifname!r} on network {network!r} is refused",
+                    "its plugins key a pod's veth and address by the container id alone; "
+                    "the existing attachment is left as it is",
+                )
+            before = recorded_attachment(cfg, network, att.container_id, att.ifname)
+            if before is not None and (before.namespace, before.name) != (att.namespace, att.name):
+                raise CniError(
+                    E_ENV,
+                    f"container {att.container_id} ({att.ifname}) is already attached as pod "
+                    f"{before.pod}; CNI_ARGS now name pod {att.namespace}/{att.name}: a DEL must come first",
+                    "the existing attachment is left as it is",
+                )
+        record_attachment(cfg, network, att)
+
+
+def recorded_attachment(cfg: Config, network: str, container_id: str, ifname: str) -> Attachment | None:
+    """The attachment ADD recorded, or None when there is no (usable) record."""
+    from netplugin.core._yaml import DocumentError, load_json, read_document
+    from netplugin.core.errors import InvalidArgument
+
+    path = attachment_path(cfg.state_dir, network, container_id, ifname)
+    try:
+        doc = load_json(read_document(path, 1 << 16), duplicates=True)
+        att = Attachment(container_id, ifname, str(doc.get("netns", "")), doc["namespace"], doc["name"])
+        if not isinstance(att.namespace, str) or not isinstance(att.name, str):
+            return None
+        _ = att.pod
+    except (OSError, DocumentError, AttributeError, KeyError, TypeError, InvalidArgument):
+        return None
+    return att
 
 
 def forget_attachment(cfg: Config, network: str, container_id: str, ifname: str) -> None:

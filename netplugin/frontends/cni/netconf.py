@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from netplugin.core._yaml import short_repr
 from netplugin.core.config import Config
 from netplugin.core.names import PodRef
 from netplugin.frontends.cni.protocol import DEFAULT_NAMESPACE, E_ENV, NO_NETNS, CniError, CniRequest
@@ -14,6 +15,10 @@ __all__ = ["build_config", "derived_pod_name", "pod_ref_for"]
 
 #: top-level network-config keys and the netplugin config key each sets
 _TOP_KEYS = {"plugin": "plugin", "pluginDir": "plugin_dir", "stateDir": "state_dir", "runDir": "run_dir"}
+_PLUGIN_REQUIRED = (
+    'is required: name the netplugin plugin of this network ("plugin": "bridge", say) here, '
+    'in "netplugin", in the config file or in NETPLUGIN_PLUGIN'
+)
 
 
 def _flag_to_cni(where: dict[str, str]) -> Callable[[str], str]:
@@ -34,7 +39,8 @@ def _check_env_map(value: Any, key: str) -> dict[str, str]:
         if not k or "=" in k or "\0" in k:
             raise ConfigError(f"{key}.{k}", "bad variable name", source="CNI network config")
         if isinstance(v, bool) or not isinstance(v, str | int | float):
-            raise ConfigError(f"{key}.{k}", f"value must be a string (got {v!r})", source="CNI network config")
+            reason = f"value must be a string (got {short_repr(v)})"
+            raise ConfigError(f"{key}.{k}", reason, source="CNI network config")
         if "\0" in str(v):
             raise ConfigError(f"{key}.{k}", "value must not contain NUL", source="CNI network config")
         out[k] = str(v)
@@ -63,8 +69,8 @@ def build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
             overrides[key] = conf[cni_key]
             where[key] = cni_key
     path = conf.get("configFile")
-    if path is not None and (not isinstance(path, str) or not path):
-        raise ConfigError("configFile", "must be a non-empty path", source=src)
+    if path is not None and (not isinstance(path, str) or not path or "\0" in path):
+        raise ConfigError("configFile", "must be a non-empty path without NUL", source=src)
     top_env = _check_env_map(conf["env"], "env") if "env" in conf else {}
     default_ns = conf.get("defaultNamespace", DEFAULT_NAMESPACE)
     if "defaultNamespace" in conf:
@@ -72,14 +78,14 @@ def build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
         from netplugin.core.names import validate_namespace
 
         if not isinstance(default_ns, str):
-            raise ConfigError("defaultNamespace", f"must be a string (got {default_ns!r})", source=src)
+            raise ConfigError("defaultNamespace", f"must be a string (got {short_repr(default_ns)})", source=src)
         try:
             validate_namespace(default_ns)
         except InvalidArgument as e:
-            raise ConfigError("defaultNamespace", f"{e.reason} (got {default_ns!r})", source=src) from None
+            raise ConfigError("defaultNamespace", f"{e.reason} (got {short_repr(default_ns)})", source=src) from None
     log_file = conf.get("logFile")
-    if log_file is not None and (not isinstance(log_file, str) or not log_file):
-        raise ConfigError("logFile", "must be a non-empty path", source=src)
+    if log_file is not None and (not isinstance(log_file, str) or not log_file or "\0" in log_file):
+        raise ConfigError("logFile", "must be a non-empty path without NUL", source=src)
     if "netns_template" in overrides:
         raise ConfigError(where["netns_template"], "is set per call from CNI_NETNS by the CNI shim", source=src)
     # The netns is the runtime's, not a template: escape braces so format() leaves the path alone.
@@ -87,6 +93,8 @@ def build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
     overrides["netns_template"] = netns.replace("{", "{{").replace("}", "}}")
     try:
         cfg = load_config(path, environ=environ, overrides=overrides)
+        if cfg.plugin is None:  # the CLI's default, no-op, would make every ADD "succeed" with no network
+            raise ConfigError("plugin", _PLUGIN_REQUIRED, source=src)
     except ConfigError as e:
         if e.source == "command line":
             raise ConfigError(_flag_to_cni(where)(e.key), e.reason, source=src) from None
@@ -119,7 +127,7 @@ def pod_ref_for(req: CniRequest) -> PodRef:
             name = derived_pod_name(req.container_id)
     except InvalidArgument as e:
         which = "K8S_POD_NAMESPACE" if e.field == "namespace" else "K8S_POD_NAME"
-        raise CniError(E_ENV, f"invalid CNI_ARGS {which} {e.value!r}: {e.reason}") from None
+        raise CniError(E_ENV, f"invalid CNI_ARGS {which} {short_repr(e.value)}: {e.reason}") from None
     return PodRef(namespace, name, req.container_id)
 
 

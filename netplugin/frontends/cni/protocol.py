@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from netplugin.core._yaml import short_repr
 from netplugin.core.errors import NetpluginError
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "E_UNKNOWN_CONTAINER",
     "E_VERSION",
     "LATEST",
+    "MAX_STDIN",
     "NO_NETNS",
     "SUPPORTED_VERSIONS",
     "CniError",
@@ -47,6 +49,10 @@ NO_NETNS = "/dev/null/no-netns"
 
 
 DEFAULT_NAMESPACE = "default"
+
+
+#: The largest network config read from stdin (a conflist with a prevResult is a few KB).
+MAX_STDIN = 4 << 20
 
 
 # CNI error codes (spec "Error", plus libcni's 999)
@@ -125,7 +131,7 @@ def parse_cni_args(raw: str) -> dict[str, str]:
             continue
         key, sep, value = piece.partition("=")
         if not sep or not key:
-            raise CniError(E_ENV, f"invalid CNI_ARGS {raw!r}: {piece!r} is not KEY=VALUE")
+            raise CniError(E_ENV, f"invalid CNI_ARGS {short_repr(raw)}: {short_repr(piece)} is not KEY=VALUE")
         out[key] = value
     return out
 
@@ -148,13 +154,15 @@ def parse_request(environ: Mapping[str, str], stdin: bytes) -> CniRequest:
     if command not in COMMANDS:
         if not command:
             raise CniError(E_ENV, "CNI_COMMAND is not set", f"expected one of {', '.join(COMMANDS)}")
-        raise CniError(E_ENV, f"unknown CNI_COMMAND {command!r}", f"expected one of {', '.join(COMMANDS)}")
+        raise CniError(E_ENV, f"unknown CNI_COMMAND {short_repr(command)}", f"expected one of {', '.join(COMMANDS)}")
     req = CniRequest(command=command)
     text = stdin.strip()
     if text or command != "VERSION":
-        try:
-            conf = json.loads(text)
-        except (ValueError, RecursionError) as e:
+        from netplugin.core._yaml import DocumentError, load_json
+
+        try:  # bounded size and depth; duplicate keys: the last one wins, as in libcni (Go)
+            conf = load_json(text, max_bytes=MAX_STDIN, duplicates=True)
+        except DocumentError as e:
             raise CniError(E_DECODE, f"network config on stdin is not JSON: {e}") from None
         if not isinstance(conf, dict):
             raise CniError(E_DECODE, f"network config must be a JSON object, got {type(conf).__name__}")
@@ -166,11 +174,11 @@ def parse_request(environ: Mapping[str, str], stdin: bytes) -> CniRequest:
         raise CniError(E_VERSION, "network config has no cniVersion", f"supported: {', '.join(SUPPORTED_VERSIONS)}")
     if version not in SUPPORTED_VERSIONS:
         raise CniError(
-            E_VERSION, f"incompatible CNI version {version!r}", f"supported: {', '.join(SUPPORTED_VERSIONS)}"
+            E_VERSION, f"incompatible CNI version {short_repr(version)}", f"supported: {', '.join(SUPPORTED_VERSIONS)}"
         )
     name = req.conf.get("name")
     if name is not None and (not isinstance(name, str) or not _NETWORK_NAME.match(name)):
-        raise CniError(E_CONFIG, f"invalid network name {name!r}", "must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+        raise CniError(E_CONFIG, f"invalid network name {short_repr(name)}", "must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
     if command in ("STATUS", "GC"):
         req.netns = environ.get("CNI_NETNS", "")
         req.path = environ.get("CNI_PATH", "")
@@ -184,17 +192,17 @@ def parse_request(environ: Mapping[str, str], stdin: bytes) -> CniRequest:
     try:
         validate_infra_id(req.container_id)
     except InvalidArgument as e:
-        raise CniError(E_ENV, f"invalid CNI_CONTAINERID {req.container_id!r}: {e.reason}") from None
+        raise CniError(E_ENV, f"invalid CNI_CONTAINERID {short_repr(req.container_id)}: {e.reason}") from None
     req.ifname = environ.get("CNI_IFNAME", "")
     problem = _ifname_problem(req.ifname)
     if problem:
-        raise CniError(E_ENV, f"invalid CNI_IFNAME {req.ifname!r}: {problem}")
+        raise CniError(E_ENV, f"invalid CNI_IFNAME {short_repr(req.ifname)}: {problem}")
     req.netns = environ.get("CNI_NETNS", "")
     if command != "DEL":
         if not req.netns:
             raise CniError(E_ENV, f"CNI_NETNS is required for {command}")
         if not os.path.exists(req.netns):
-            raise CniError(E_ENV, f"CNI_NETNS {req.netns!r} does not exist")
+            raise CniError(E_ENV, f"CNI_NETNS {short_repr(req.netns)} does not exist")
     req.args = parse_cni_args(environ.get("CNI_ARGS", ""))
     req.path = environ.get("CNI_PATH", "")
     return req

@@ -108,10 +108,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from netplugin.frontends.cni.attachments import (
     Attachment,
+    attached_elsewhere,
     attachment_path,
+    claim_attachment,
     forget_attachment,
     list_attachments,
-    record_attachment,
     valid_attachments,
 )
 from netplugin.frontends.cni.netconf import build_config, pod_ref_for
@@ -192,7 +193,7 @@ def _add(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> dict[str, 
     network = _network(req)
     if network:
         att = Attachment(req.container_id, req.ifname, req.netns, pod.namespace, pod.name)
-        record_attachment(cfg, network, att)
+        claim_attachment(cfg, network, att)  # a second attachment of the container: CNI error 4
     # A failed setup is rolled back by the manager; a failed status after a good setup is left
     # for the DEL that the runtime must send after any failed ADD.
     status = m.setup(pod) or m.status(pod)
@@ -226,6 +227,8 @@ def _recorded_attachment(cfg: Config, network: str, container_id: str, ifname: s
 def _del(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
     network = _network(req)
     recorded = _recorded_attachment(cfg, network, req.container_id, req.ifname) if network else None
+    if recorded is None and network and attached_elsewhere(cfg.state_dir, network, req.container_id, req.ifname):
+        return  # this attachment's ADD was refused: nothing of it exists, and the other is not ours
     # The identity ADD used, even if the arguments changed since (podman rename, say), so the
     # teardown takes the same pod lock and removes the same pod record.
     pod = recorded.pod if recorded is not None else pod_ref_for(req)
@@ -349,7 +352,7 @@ def _log(path: str, entry: Mapping[str, Any]) -> None:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: NUL in the path (the call itself was code 7)
         pass  # a log that cannot be written must not fail the network operation
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from netplugin.core.errors import SystemFailure
@@ -90,6 +90,21 @@ class Metrics:
         start = time.monotonic()
         try:
             return fn()
+        except BaseException:
+            self.errors.labels(otype).inc()
+            raise
+        finally:
+            self.duration.labels(otype).observe(time.monotonic() - start)
+            gauge.dec()
+
+    async def timed_async(self, op: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """:meth:`timed` for a coroutine: the time waiting for the pod's turn counts, as in the kubelet."""
+        otype = OPERATION_TYPES[op]
+        gauge = self.in_flight.labels(otype)
+        gauge.inc()
+        start = time.monotonic()
+        try:
+            return await fn()
         except BaseException:
             self.errors.labels(otype).inc()
             raise

@@ -14,6 +14,11 @@ and for native plugins their warm libraries) and answers the thin client of
 * **Operations** run in a thread pool, so different pods proceed in parallel;
   actions on one pod serialise on the manager's per-pod flock, which the CLI
   and the CNI shim take too, so daemon and direct callers never overlap.
+  Requests for a pod that is busy wait for their turn in the event loop, not in
+  a worker thread: a stuck pod holds one worker however many requests queue on
+  it, and every other pod is served at once. At most
+  :data:`MAX_WAITING_PER_POD` may wait per pod; more are answered
+  ``DaemonUnavailable`` (not run, so a CLI in ``auto`` mode runs them itself).
 * **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``), named
   as the kubelet's: histogram ``network_plugin_operations_duration_seconds``,
   counter ``network_plugin_operations_errors_total`` and gauge
@@ -37,6 +42,7 @@ and for native plugins their warm libraries) and answers the thin client of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -45,11 +51,13 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from netplugin import __version__
+from netplugin.core._yaml import load_json
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
 from netplugin.core.names import PodRef
 from netplugin.frontends.client import MAX_MESSAGE, OPS, POD_OPS, PROTOCOL_VERSION, fingerprint
@@ -68,6 +76,8 @@ log = logging.getLogger("netplugin.daemon")
 
 # Plugins are mostly waited on (subprocesses), so threads are cheap; this bounds a burst.
 MAX_WORKERS = 64
+#: Requests for one pod that may wait for an earlier one on it (the kubelet sends one at a time).
+MAX_WAITING_PER_POD = 64
 
 
 # --- systemd ---------------------------------------------------------------------------------------
@@ -117,6 +127,8 @@ class Daemon:
         self._idle = asyncio.Event()
         self._stop = asyncio.Event()
         self._conns: set[asyncio.Task[None]] = set()
+        #: pod key -> [its lock, requests holding or waiting for it] (event loop only)
+        self._turns: dict[str, list[Any]] = {}
         #: set when SIGTERM's drain gave up on operations still running in worker threads
         self.abandoned = False
 
@@ -154,7 +166,7 @@ class Daemon:
         op = req["op"]
         if op in POD_OPS:
             pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
-            result = self.metrics.timed(op, lambda: self._pod_op(op, pod))
+            result = self._pod_op(op, pod)  # timed in _answer, with the wait for the pod's turn
             self._plugin_ok()
             return result
         if op == "init":
@@ -212,6 +224,7 @@ class Daemon:
             "uptime_seconds": round(time.monotonic() - self.stats.started, 3),
             "requests": self.stats.requests,
             "in_flight": self.stats.busy - 1,  # not counting this request
+            "waiting": sum(max(0, t[1] - 1) for t in self._turns.values()),  # for a busy pod's turn
             "reloads": self.stats.reloads,
             "socket": self.socket_path,
             "metrics_address": self.metrics_address,
@@ -244,9 +257,9 @@ class Daemon:
         op = "?"
         req: Any = None
         try:
-            try:
-                req = json.loads(line)
-            except ValueError as e:  # also bad UTF-8
+            try:  # bounded depth: a deep line is a clean error, not a RecursionError
+                req = load_json(line, duplicates=True)
+            except ValueError as e:  # DocumentError: not JSON, bad UTF-8, too deep
                 raise InvalidArgument("request", line[:80].decode("utf-8", "replace"), f"not JSON: {e}") from None
             req = self.check(req)
             op = req["op"]
@@ -256,7 +269,10 @@ class Daemon:
                 result = self.health()
             else:
                 start = time.monotonic()
-                result = await asyncio.to_thread(self.dispatch, req)
+                if op in POD_OPS:
+                    result = await self.metrics.timed_async(op, lambda: self._pod_request(req))
+                else:
+                    result = await asyncio.to_thread(self.dispatch, req)
                 log.debug("%s %s: ok in %.3fs", op, _pod_text(req), time.monotonic() - start)
             self.metrics.requests.labels(op, "ok").inc()
             return {"ok": True, "result": result}
@@ -273,6 +289,38 @@ class Daemon:
                 "error": {"error": "InternalError", "message": f"{type(e).__name__}: {e}"},
                 "classes": ["InternalError"],
             }
+
+    async def _pod_request(self, req: dict[str, Any]) -> Any:
+        """Run a pod request in a worker once the pod's earlier requests are done (see _pod_turn)."""
+        pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
+        async with self._pod_turn(pod):
+            return await asyncio.to_thread(self.dispatch, req)
+
+    @contextlib.asynccontextmanager
+    async def _pod_turn(self, pod: PodRef) -> AsyncIterator[None]:
+        """Wait, in the event loop, until no earlier request of this daemon runs on ``pod``.
+
+        Waiting for the pod's flock inside a worker would let one stuck pod take every worker;
+        here the wait is on an asyncio lock per pod (the flock's key), which holds no thread.
+        A worker may still wait on the flock itself while a CLI or CNI process holds it, but
+        only one per pod. Any pod action run in a worker (a forwarded CNI call too) belongs in
+        a turn. Raises DaemonUnavailable (not run) past MAX_WAITING_PER_POD, or once stopping.
+        """
+        turn = self._turns.get(pod.key)
+        if turn is None:
+            turn = self._turns[pod.key] = [asyncio.Lock(), 0]
+        if turn[1] > MAX_WAITING_PER_POD:
+            raise DaemonUnavailable(self.socket_path, f"{turn[1] - 1} requests are already waiting for pod {pod}")
+        turn[1] += 1
+        try:
+            async with turn[0]:
+                if self._stopping:  # queued before SIGTERM: not run, so the caller may do it itself
+                    raise DaemonUnavailable(self.socket_path, "it is shutting down")
+                yield
+        finally:
+            turn[1] -= 1
+            if turn[1] == 0:
+                del self._turns[pod.key]
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
