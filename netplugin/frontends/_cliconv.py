@@ -1,0 +1,74 @@
+"""Command-line conventions of ``netplugin`` that are not commands: ``-o`` after a subcommand, how
+a usage error knows it must be JSON, which extra a missing module belongs to, shell completion's
+variable. The CLI (:mod:`netplugin.frontends.cli`) still does all the printing and exit codes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from netplugin.core.extras import MissingExtra, extra_for
+
+__all__ = ["COMPLETE_VAR", "OUTPUTS", "OutputOptionGroup", "json_wanted", "missing_extra"]
+
+#: click's shell-completion variable: ``_NETPLUGIN_COMPLETE=bash_source netplugin`` prints the hook
+COMPLETE_VAR = "_NETPLUGIN_COMPLETE"
+OUTPUTS = ["text", "json"]
+
+
+def _set_output(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    # The root context's object is the CLI's State (made by the group's callback, which click runs
+    # before it parses the subcommand); absent while completing.
+    state: Any = ctx.find_root().obj
+    if value is not None and state is not None:
+        state.output = value
+
+
+class OutputOptionGroup(click.Group):
+    """Every command also takes ``-o/--output`` after its name (``netplugin pods -o json``)."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        cmd.params.insert(
+            0,
+            click.Option(
+                ["-o", "--output"],
+                type=click.Choice(OUTPUTS),
+                default=None,
+                expose_value=False,
+                # Eager: set before any other parameter of the command can fail, so that its
+                # usage error is reported as JSON too.
+                is_eager=True,
+                callback=_set_output,
+                help="Output format (the global -o, accepted here too).",
+            ),
+        )
+        super().add_command(cmd, name)
+
+
+def json_wanted(argv: list[str]) -> bool:
+    """Whether ``-o json`` was asked for, read from argv itself (and NETPLUGIN_OUTPUT): a usage
+    error can come before click processed the option, or from the option itself."""
+    wanted = os.environ.get("NETPLUGIN_OUTPUT") == "json"
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg in ("-o", "--output") and i + 1 < len(argv):
+            wanted = argv[i + 1] == "json"
+        elif arg.startswith("--output="):
+            wanted = arg.partition("=")[2] == "json"
+        elif arg.startswith("-o") and len(arg) > 2:
+            wanted = arg[2:] == "json"
+    return wanted
+
+
+def missing_extra(err: BaseException, command: str | None) -> MissingExtra | None:
+    """A MissingExtra for an ImportError of a module that an extra provides, else None."""
+    if not isinstance(err, ModuleNotFoundError):
+        return None
+    extra = extra_for(err.name)
+    if extra is None:
+        return None
+    return MissingExtra(f"netplugin {command}" if command else "netplugin", err.name or "", extra)
