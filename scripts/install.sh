@@ -16,7 +16,7 @@
 #   psutil) copied to --lib-dir, or without --lib-dir the netplugin that --python imports.
 #
 #   scripts/install.sh [--prefix DIR] [--python PATH] [--wheel FILE] [--source DIR] [--extras LIST]
-#                      [--bin-dir DIR] [--systemd-dir DIR] [--no-venv] [--lib-dir DIR]
+#                      [--bin-dir DIR] [--systemd-dir DIR] [--no-venv | --venv-only] [--lib-dir DIR]
 #                      [--exec-dir DIR] [--cni-bin-dir DIR] [--cni-conf-dir DIR]
 #                      [--state-dir DIR] [--run-dir DIR] [--dry-run]
 #
@@ -30,6 +30,7 @@
 #   --bin-dir DIR       where netplugin and netplugin-cni are linked (default /usr/local/bin)
 #   --systemd-dir DIR   where netplugin.service goes, 'none' to skip (default /etc/systemd/system)
 #   --no-venv           skip steps 1, 2 and 6
+#   --venv-only         only steps 1 and 2 (netplugin on PATH, nothing for a kubelet)
 #   --lib-dir DIR       with --no-venv: copy netplugin and its modules to DIR for the shim [NETPLUGIN_LIB_DIR]
 #   --exec-dir DIR      where exec plugins go
 #                       (default /usr/libexec/kubernetes/kubelet-plugins/net/exec)   [NETPLUGIN_PLUGIN_DIR]
@@ -50,7 +51,7 @@
 set -euo pipefail
 umask 022
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 prefix=${NETPLUGIN_PREFIX:-/opt/netplugin}
 python=${NETPLUGIN_PYTHON:-/usr/bin/python3}
 wheel=${NETPLUGIN_WHEEL:-}
@@ -65,6 +66,7 @@ state_dir=${NETPLUGIN_STATE_DIR:-/var/lib/netplugin}
 run_dir=${NETPLUGIN_RUN_DIR:-/run/netplugin}
 lib_dir=${NETPLUGIN_LIB_DIR:-}
 use_venv=1
+venv_only=0
 dry_run=0
 
 usage() {
@@ -113,6 +115,7 @@ while [ $# -gt 0 ]; do
         esac
         ;;
     --no-venv) use_venv=0 ;;
+    --venv-only) venv_only=1 ;;
     --dry-run) dry_run=1 ;;
     -h | --help) usage ;;
     *) die "unknown argument: $arg (see --help)" 2 ;;
@@ -152,11 +155,21 @@ if [ "$use_venv" = 1 ]; then
     fi
     [ -x "$python" ] || die "--python $python is not an executable (Debian: apt-get install python3)" 2
     if [ ! -x "$prefix/bin/python" ] && ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
-        die "$python cannot make a venv: install python3-venv (apt-get install python3-venv)" 2
+        # Debian splits venv's pip bootstrap into python3-venv, which a stock install lacks.
+        if [ "$dry_run" = 0 ] && [ "$(id -u)" -eq 0 ] && [ "$python" = /usr/bin/python3 ] &&
+            command -v apt-get >/dev/null; then
+            echo "apt-get install python3-venv"
+            if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }; then
+                die "apt-get install python3-venv failed"
+            fi
+        else
+            die "$python cannot make a venv: install python3-venv (apt-get install python3-venv)" 2
+        fi
     fi
 elif [ -n "$lib_dir" ]; then
     check_path --lib-dir "$lib_dir"
 fi
+[ "$use_venv" = 1 ] || [ "$venv_only" = 0 ] || die "--no-venv and --venv-only exclude each other" 2
 
 euid=$(id -u)
 if [ "$euid" -ne 0 ]; then
@@ -166,6 +179,7 @@ fi
 
 changed=0
 tmp_files=()
+# shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
     if [ "${#tmp_files[@]}" -gt 0 ]; then rm -rf -- "${tmp_files[@]}"; fi
 }
@@ -350,6 +364,18 @@ if [ "$use_venv" = 1 ]; then
     done
 fi
 
+finish() {
+    if [ "$changed" = 0 ]; then
+        echo "install.sh: nothing to do"
+    elif [ "$dry_run" = 1 ]; then
+        echo "install.sh: dry run, nothing changed"
+    else
+        echo "install.sh: done"
+    fi
+    exit 0
+}
+[ "$venv_only" = 0 ] || finish
+
 # --- 3. exec plugins: every directory of exec_plugins/ (files at its top, such as README.md, are docs)
 ensure_dir "$exec_dir" 1
 found=0
@@ -477,10 +503,4 @@ if [ "$use_venv" = 1 ] && [ "$systemd_dir" != none ]; then
     fi
 fi
 
-if [ "$changed" = 0 ]; then
-    echo "install.sh: nothing to do"
-elif [ "$dry_run" = 1 ]; then
-    echo "install.sh: dry run, nothing changed"
-else
-    echo "install.sh: done"
-fi
+finish

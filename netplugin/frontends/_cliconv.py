@@ -12,7 +12,15 @@ import click
 
 from netplugin.core.extras import MissingExtra, extra_for
 
-__all__ = ["COMPLETE_VAR", "OUTPUTS", "OutputOptionGroup", "json_wanted", "missing_extra"]
+__all__ = [
+    "COMPLETE_VAR",
+    "OUTPUTS",
+    "OutputOptionGroup",
+    "completion_script",
+    "json_wanted",
+    "missing_extra",
+    "usage_error_doc",
+]
 
 #: click's shell-completion variable: ``_NETPLUGIN_COMPLETE=bash_source netplugin`` prints the hook
 COMPLETE_VAR = "_NETPLUGIN_COMPLETE"
@@ -72,3 +80,20 @@ def missing_extra(err: BaseException, command: str | None) -> MissingExtra | Non
     if extra is None:
         return None
     return MissingExtra(f"netplugin {command}" if command else "netplugin", err.name or "", extra)
+
+
+def usage_error_doc(err: click.ClickException, code: int) -> dict[str, Any]:
+    """A usage error as the JSON document errors have under ``-o json``."""
+    kind = "UsageError" if isinstance(err, click.UsageError) else type(err).__name__
+    return {"error": kind, "message": err.format_message(), "exit_code": code}
+
+
+def completion_script(group: click.Group, shell: str) -> str:
+    """The hook for ``shell`` (bash, zsh, fish): source it, or install it as the shell's completion file
+    (for example ``netplugin completion bash > /etc/bash_completion.d/netplugin``)."""
+    from click.shell_completion import get_completion_class
+
+    comp_cls = get_completion_class(shell)
+    if comp_cls is None:
+        raise click.BadParameter(f"no completion for {shell!r}", param_hint="SHELL")
+    return comp_cls(group, {}, "netplugin", COMPLETE_VAR).source()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from netplugin.frontends._cliconv import COMPLETE_VAR, OUTPUTS, OutputOptionGroup, json_wanted, missing_extra
+from netplugin.frontends import _cliconv as conv
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -139,7 +139,7 @@ pass_state = click.make_pass_decorator(State)
 
 
 @click.group(
-    cls=OutputOptionGroup,
+    cls=conv.OutputOptionGroup,
     invoke_without_command=True,
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -153,7 +153,7 @@ pass_state = click.make_pass_decorator(State)
 @click.option(
     "-o",
     "--output",
-    type=click.Choice(OUTPUTS),
+    type=click.Choice(conv.OUTPUTS),
     default="text",
     envvar="NETPLUGIN_OUTPUT",
     show_default=True,
@@ -437,15 +437,8 @@ def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
 @cli.command()
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
-    """Print the shell completion script: eval "$(netplugin completion bash)".
-
-    Or install it: netplugin completion bash > /etc/bash_completion.d/netplugin
-    """
-    from click.shell_completion import get_completion_class
-
-    comp_cls = get_completion_class(shell)
-    assert comp_cls is not None  # every choice is a shell click knows
-    click.echo(comp_cls(cli, {}, "netplugin", COMPLETE_VAR).source())
+    """Print the shell completion script: eval "$(netplugin completion bash)"."""
+    click.echo(conv.completion_script(cli, shell))
 
 
 def _fail(message: str, code: int, st: State | None, data: dict[str, Any] | None = None) -> NoReturn:
@@ -463,10 +456,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from netplugin.core.errors import NetpluginError
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if COMPLETE_VAR in os.environ:
+    if conv.COMPLETE_VAR in os.environ:
         # Shell completion (`netplugin completion SHELL` prints the hook that sets this): click's own
         # main answers it and exits.
-        cli.main(args, prog_name="netplugin", complete_var=COMPLETE_VAR)
+        cli.main(args, prog_name="netplugin", complete_var=conv.COMPLETE_VAR)
     ctx: click.Context | None = None
 
     def state() -> State | None:
@@ -484,10 +477,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(e.exit_code)
     except click.ClickException as e:
         code = EXIT_USAGE if e.exit_code == 2 else e.exit_code
-        st = state()
-        if (st.json if st is not None else False) or json_wanted(args):
-            kind = "UsageError" if isinstance(e, click.UsageError) else type(e).__name__
-            click.echo(json.dumps({"error": kind, "message": e.format_message(), "exit_code": code}), err=True)
+        if (st.json if (st := state()) is not None else False) or conv.json_wanted(args):
+            click.echo(json.dumps(conv.usage_error_doc(e, code)), err=True)
         else:
             e.show()
         sys.exit(code)
@@ -498,7 +489,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(EXIT_OK)
     except Exception as e:
         st = state()
-        missing = missing_extra(e, ctx.invoked_subcommand if ctx is not None else None)
+        missing = conv.missing_extra(e, ctx.invoked_subcommand if ctx is not None else None)
         if missing is not None:
             _fail(missing.message, EXIT_SYSTEM, st, {"exit_code": EXIT_SYSTEM, **missing.to_dict()})
         if st is not None and st.verbose:
