@@ -35,6 +35,20 @@ if [ "$want_test" = 0 ]; then
     exec bash "$here/scripts/install.sh" --venv-only
 fi
 
+# promtool checks the daemon's metrics (tests/frontends/daemon/test_service.py). Debian ships it in
+# the prometheus package, whose server we do not want installed: take the one binary out of the .deb.
+if ! command -v promtool >/dev/null; then
+    deb_dir=$(mktemp -d)
+    chmod 0755 "$deb_dir" # apt's download runs as _apt
+    if (cd "$deb_dir" && apt-get download -qq prometheus 2>/dev/null) &&
+        dpkg-deb --fsys-tarfile "$deb_dir"/prometheus_*.deb | tar -x -C "$deb_dir" ./usr/bin/promtool; then
+        install -m 0755 "$deb_dir/usr/bin/promtool" /usr/local/bin/promtool
+    else
+        echo "install-deps: warning: could not get promtool from Debian's prometheus package" >&2
+    fi
+    rm -rf -- "$deb_dir"
+fi
+
 py=${PYTHON:-python3}
 # PEP 668: an externally managed interpreter (Debian's own) gets a development venv instead.
 if [ -z "${PYTHON:-}" ] && "$py" -c 'import os, sys, sysconfig

@@ -18,8 +18,10 @@ __all__ = [
     "OutputOptionGroup",
     "completion_script",
     "json_wanted",
+    "missing_dir_warning",
     "missing_extra",
     "usage_error_doc",
+    "version_info",
 ]
 
 #: click's shell-completion variable: ``_NETPLUGIN_COMPLETE=bash_source netplugin`` prints the hook
@@ -97,3 +99,19 @@ def completion_script(group: click.Group, shell: str) -> str:
     if comp_cls is None:
         raise click.BadParameter(f"no completion for {shell!r}", param_hint="SHELL")
     return comp_cls(group, {}, "netplugin", COMPLETE_VAR).source()
+
+
+def version_info() -> tuple[dict[str, str], str]:
+    """``--version``: the JSON document and the text line."""
+    import platform
+
+    from netplugin import __version__
+
+    return {"version": __version__, "python": platform.python_version()}, f"netplugin {__version__}"
+
+
+def missing_dir_warning(plugin_dir: str) -> str | None:
+    """The warning ``plugins`` prints when the exec dir does not exist (it lists the built-ins only)."""
+    if os.path.lexists(plugin_dir):
+        return None
+    return f"netplugin: warning: exec plugin dir {plugin_dir} does not exist; only built-in plugins"

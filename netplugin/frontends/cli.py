@@ -184,11 +184,7 @@ def cli(
     }
     ctx.obj = st = State(overrides, config_path, output, verbose)
     if version:
-        import platform
-
-        from netplugin import __version__
-
-        st.emit({"version": __version__, "python": platform.python_version()}, f"netplugin {__version__}")
+        st.emit(*conv.version_info())
         ctx.exit(EXIT_OK)
     if ctx.invoked_subcommand is None:
         raise click.UsageError("Missing command.", ctx)
@@ -225,16 +221,11 @@ def pod_command(fn: Any) -> Any:
 @pass_state
 def plugins(st: State) -> None:
     """List every plugin candidate, valid or not."""
-    import os
-
     cands = st.daemon("plugins")
     if cands is LOCAL:
         cands = [c.to_dict() for c in st.manager.candidates()]
-    if not os.path.lexists(st.config.plugin_dir):
-        click.echo(
-            f"netplugin: warning: exec plugin dir {st.config.plugin_dir} does not exist; only built-in plugins",
-            err=True,
-        )
+    if (warning := conv.missing_dir_warning(st.config.plugin_dir)) is not None:
+        click.echo(warning, err=True)
     if st.json:
         st.emit(cands, None)
         return
@@ -405,6 +396,19 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None) -> No
     from netplugin.frontends.daemon.server import serve as run_daemon
 
     raise click.exceptions.Exit(run_daemon(st.config))
+
+
+@cli.command()
+@click.option("--wait", type=click.FloatRange(0.1, 300), default=5.0, show_default=True, help="Seconds to wait.")
+@pass_state
+def health(st: State, wait: float) -> None:
+    """Ask the daemon if it serves: exit 0, or 6 when nobody answers (a stale socket too).
+
+    The DaemonSet's liveness and readiness probes run this."""
+    from netplugin.frontends.client import request
+
+    h = request(st.config.socket_path, "health", timeout=wait)
+    st.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s")
 
 
 @cli.command()
