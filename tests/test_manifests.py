@@ -8,6 +8,7 @@ install.sh itself is run for real in tests/deploy/test_install.py.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -171,7 +172,8 @@ def test_daemonset_shape(ds: dict[str, Any], pod_spec: dict[str, Any], main_cont
     template_labels = ds["spec"]["template"]["metadata"]["labels"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
     assert pod_spec["hostNetwork"] is True
-    assert pod_spec["hostPID"] is False
+    # The daemon finds orphaned plugins of host-side callers (shim, CLI) through /proc.
+    assert pod_spec["hostPID"] is True
     assert pod_spec["priorityClassName"] == "system-node-critical"
     # One toleration with operator Exists and no key/effect tolerates every taint.
     assert {"operator": "Exists"} in pod_spec["tolerations"]
@@ -235,9 +237,7 @@ def test_configmap_config_loads_and_matches_the_mounts(
         npconfig.DEFAULT_STATE_DIR,
         npconfig.DEFAULT_RUN_DIR,
     )
-    # The readiness probe waits for the socket the daemon will create.
-    probe = main_container["readinessProbe"]["exec"]["command"]
-    assert probe[-1] == cfg.socket_path
+    # The probes ask the daemon on its socket, which lives in a mounted dir (the CLI and shim use it).
     assert os.path.dirname(cfg.socket_path) in mount_paths
 
 
@@ -246,7 +246,8 @@ def test_init_container_installs_into_the_mounted_dirs(
 ) -> None:
     argv = [*init_container.get("command", []), *init_container.get("args", [])]
     [script_at] = [i for i, a in enumerate(argv) if a.endswith("scripts/install.sh")]
-    rest = argv[script_at + 1 :]
+    rest = [a for a in argv[script_at + 1 :] if a != "--no-venv"]
+    assert "--no-venv" in argv  # the image's netplugin stays in the image; the node gets plugins and shim
     flags = dict(zip(rest[::2], rest[1::2], strict=True))
     assert flags["--exec-dir"] == npconfig.DEFAULT_PLUGIN_DIR
     mounts = [m["mountPath"] for m in init_container["volumeMounts"]]
@@ -256,6 +257,8 @@ def test_init_container_installs_into_the_mounted_dirs(
     # The installer must write what the daemon's containers later read.
     assert flags["--cni-bin-dir"] == "/opt/cni/bin"
     assert flags["--cni-conf-dir"] == "/etc/cni/net.d"
+    # ... and point the conflist at the daemon's dirs.
+    assert (flags["--state-dir"], flags["--run-dir"]) == (npconfig.DEFAULT_STATE_DIR, npconfig.DEFAULT_RUN_DIR)
 
 
 def test_install_sh_defaults_match_config_and_daemonset() -> None:
@@ -263,3 +266,93 @@ def test_install_sh_defaults_match_config_and_daemonset() -> None:
     assert f"NETPLUGIN_PLUGIN_DIR:-{npconfig.DEFAULT_PLUGIN_DIR}" in text
     assert "NETPLUGIN_CNI_BIN_DIR:-/opt/cni/bin" in text
     assert "NETPLUGIN_CNI_CONF_DIR:-/etc/cni/net.d" in text
+
+
+# --- a DaemonSet that would pass review ----------------------------------------------------------
+
+
+def _containers(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*pod_spec["initContainers"], *pod_spec["containers"]]
+
+
+def test_daemonset_placement_and_dns(pod_spec: dict[str, Any]) -> None:
+    assert pod_spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    # Cluster DNS needs the pod network this agent provides: resolve like the node does.
+    assert pod_spec["dnsPolicy"] == "Default"
+    assert pod_spec["tolerations"] == [{"operator": "Exists"}]
+
+
+def test_termination_grace_covers_the_drain_bound(configmap_config: npconfig.Config, pod_spec: dict[str, Any]) -> None:
+    from types import SimpleNamespace
+
+    from netplugin.frontends.daemon.server import Daemon
+
+    bound = Daemon.drain_bound(SimpleNamespace(config=configmap_config))  # type: ignore[arg-type]
+    assert pod_spec["terminationGracePeriodSeconds"] >= bound
+
+
+def test_every_container_has_resources(pod_spec: dict[str, Any]) -> None:
+    for c in _containers(pod_spec):
+        assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"], c["name"]
+        assert c["resources"]["limits"]["memory"], c["name"]
+
+
+def test_init_container_is_unprivileged(init_container: dict[str, Any], pod_spec: dict[str, Any]) -> None:
+    sc = init_container["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    # Root-owned files on the node: uid 0 with only what copying and chown/chmod of its files need.
+    assert set(sc["capabilities"]["add"]) <= {"CHOWN", "DAC_OVERRIDE", "FOWNER"}
+    assert sc["readOnlyRootFilesystem"] is True
+    tmp = _mounts(init_container)["tmp"]  # install.sh's temp files
+    assert tmp["mountPath"] == "/tmp"
+    assert {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}} in pod_spec["volumes"]
+
+
+def test_probes_ask_the_daemon(main_container: dict[str, Any]) -> None:
+    for probe in ("livenessProbe", "readinessProbe"):
+        argv = main_container[probe]["exec"]["command"]
+        assert argv[:2] == ["netplugin", "health"], probe  # a stale socket fails it (tests/frontends/daemon)
+        wait = float(argv[argv.index("--wait") + 1])
+        assert main_container[probe]["timeoutSeconds"] > wait, probe
+    assert main_container["livenessProbe"]["failureThreshold"] >= 3
+
+
+def test_metrics_port_is_declared_and_matches_the_config(
+    configmap_config: npconfig.Config, main_container: dict[str, Any]
+) -> None:
+    [port] = [p for p in main_container["ports"] if p["name"] == "metrics"]
+    assert str(port["containerPort"]) == configmap_config.metrics_address.rsplit(":", 1)[1]
+    env = {e["name"]: e for e in main_container["env"]}
+    assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"  # for binding beyond loopback
+
+
+def test_image_is_pinned_by_digest(pod_spec: dict[str, Any]) -> None:
+    kust = yaml.safe_load((KUBE_DIR / "kustomization.yaml").read_text())
+    [pin] = kust["images"]
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", pin["digest"])
+    for c in _containers(pod_spec):
+        assert c["image"].split(":")[0] == pin["name"], c["name"]
+
+
+def test_kustomize_renders_the_digest_in_every_container() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    out = subprocess.run([kubectl, "kustomize", str(KUBE_DIR)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    [ds] = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "DaemonSet"]
+    spec = ds["spec"]["template"]["spec"]
+    digest = yaml.safe_load((KUBE_DIR / "kustomization.yaml").read_text())["images"][0]["digest"]
+    assert {c["image"] for c in _containers(spec)} == {f"ghcr.io/netplugin/netplugin@{digest}"}
+
+
+def test_manifests_pass_kubernetes_validate_strict() -> None:
+    validate = shutil.which("kubernetes-validate")
+    if validate is None:
+        pytest.skip("kubernetes-validate is not installed (pip install -e .[test])")
+    out = subprocess.run(
+        [validate, "--strict", *map(str, _manifest_files())], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("passed") == len(_docs()), out.stdout
