@@ -9,7 +9,7 @@
 
 The image build is cached (scripts/build-image.sh keys each step by a hash of its inputs): the first
 run on a machine makes the Debian base (about a minute), later ones take about 30 s.
-Subnets: 10.209.0.0/16 (README), a random /24 per test; names np + random hex.
+Subnets: a random free /24 of 10.207.0.0/16 (the demo's range, README); names np + random hex.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from nettest import free_third_octet, host_veth_name, link_exists
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "scripts" / "build-image.sh"
-SUITE_RANGE = "10.209.0.0/16"
+SUITE_RANGE = "10.207.0.0/16"  # shared with the demo (README): both pick a /24 no route uses
 ULIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 
 pytestmark = [
@@ -74,7 +74,7 @@ class Node:
         for d in (self.exec_dir, self.state, self.run_dir, self.cni_bin, self.cni_conf, self.lib, self.etc):
             d.mkdir(mode=0o755)
         self.bridge = f"np{self.tag}im"
-        self.subnet = f"10.209.{free_third_octet(SUITE_RANGE)}.0/24"
+        self.subnet = f"10.207.{free_third_octet(SUITE_RANGE)}.0/24"
         self.netns: list[str] = []
         self.containers: list[str] = []
         self.config = self.etc / "netplugin.yaml"

@@ -25,8 +25,8 @@ and for native plugins their warm libraries) and answers the thin client of
 * **SIGHUP** rescans the exec dir, selects the plugin again and runs its init if
   its version changed (``RELOADING=1`` ... ``READY=1`` to systemd around it). Under
   ``WatchdogSec=`` the event loop pings ``WATCHDOG=1``; log lines get journald's
-  ``<N>`` priority prefixes when stderr is the journal (:mod:`.systemd`). **SIGTERM** (or SIGINT) stops accepting, removes the
-  socket (new callers then work alone), answers requests already read, waits
+  ``<N>`` priority prefixes when stderr is the journal (:mod:`.systemd`).
+  **SIGTERM** (or SIGINT) stops accepting, removes the socket (new callers then work alone), answers requests already read, waits
   for operations in flight (each is bounded by its time limit) and exits 0.
 """
 
