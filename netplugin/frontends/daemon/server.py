@@ -26,8 +26,9 @@ and for native plugins their warm libraries) and answers the thin client of
   its version changed (``RELOADING=1`` ... ``READY=1`` to systemd around it). Under
   ``WatchdogSec=`` the event loop pings ``WATCHDOG=1``; log lines get journald's
   ``<N>`` priority prefixes when stderr is the journal (:mod:`.systemd`).
-  **SIGTERM** (or SIGINT) stops accepting, removes the socket (new callers then work alone), answers requests already read, waits
-  for operations in flight (each is bounded by its time limit) and exits 0.
+* **SIGTERM** (or SIGINT) stops accepting, removes the socket (new callers then
+  work alone), answers requests already read, waits for operations in flight (each
+  is bounded by its time limit) and exits 0.
 """
 
 from __future__ import annotations
