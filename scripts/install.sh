@@ -437,18 +437,25 @@ fi
 ensure_dir "$cni_bin_dir" 0
 make_tmp
 shim_src=$made
-{
-    echo '#!/bin/sh'
-    echo '# netplugin-cni: installed by netplugin scripts/install.sh. Container runtimes run it as a'
-    echo '# CNI plugin; it starts the CNI shim, netplugin.frontends.cni:main. Reinstall rather than edit.'
-    entry="from netplugin.frontends.cni import main; sys.exit(main())"
-    if [ -n "$shim_path" ]; then
-        echo "exec $shim_python -I -S -c 'import sys; sys.path[:0] = [\"$shim_path\"]; $entry' \"\$@\""
-    else
-        # The interpreter's own site-packages hold netplugin: keep site, still isolated.
-        echo "exec $shim_python -I -c 'import sys; $entry' \"\$@\""
-    fi
-} >"$shim_src"
+if [ "$use_venv" = 1 ] && [ -x "$prefix/bin/netplugin" ] &&
+    "$prefix/bin/netplugin" install-shim --help >/dev/null 2>&1; then
+    # This netplugin writes its own fast entry script (python -I -S, its path spelled out).
+    "$prefix/bin/netplugin" install-shim --kind cni "$shim_src" >/dev/null ||
+        die "netplugin install-shim failed"
+else
+    {
+        echo '#!/bin/sh'
+        echo '# netplugin-cni: installed by netplugin scripts/install.sh. Container runtimes run it as a'
+        echo '# CNI plugin; it starts the CNI shim, netplugin.frontends.cni:main. Reinstall rather than edit.'
+        entry="from netplugin.frontends.cni import main; sys.exit(main())"
+        if [ -n "$shim_path" ]; then
+            echo "exec $shim_python -I -S -c 'import sys; sys.path[:0] = [\"$shim_path\"]; $entry' \"\$@\""
+        else
+            # The interpreter's own site-packages hold netplugin: keep site, still isolated.
+            echo "exec $shim_python -I -c 'import sys; $entry' \"\$@\""
+        fi
+    } >"$shim_src"
+fi
 install_file "$shim_src" "$cni_bin_dir/netplugin-cni" 0755
 
 # --- 5. the CNI network config, pointed at this node's dirs --------------------------------------
