@@ -1,6 +1,7 @@
-"""Command-line conventions of ``netplugin`` that are not commands: ``-o`` after a subcommand, how
-a usage error knows it must be JSON, which extra a missing module belongs to, shell completion's
-variable. The CLI (:mod:`netplugin.frontends.cli`) still does all the printing and exit codes.
+"""Command-line conventions of ``netplugin``: ``-o`` after a subcommand, how a usage error knows it
+must be JSON, which extra a missing module belongs to, shell completion (the ``completion`` command
+and its variable), and the ``health`` probe. :mod:`netplugin.frontends.cli` registers the commands
+and still turns every error into its exit code and message.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ __all__ = [
     "COMPLETE_VAR",
     "OUTPUTS",
     "OutputOptionGroup",
+    "completion",
     "completion_script",
+    "health",
     "json_wanted",
     "missing_dir_warning",
     "missing_extra",
@@ -115,3 +118,27 @@ def missing_dir_warning(plugin_dir: str) -> str | None:
     if os.path.lexists(plugin_dir):
         return None
     return f"netplugin: warning: exec plugin dir {plugin_dir} does not exist; only built-in plugins"
+
+
+@click.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+@click.pass_context
+def completion(ctx: click.Context, shell: str) -> None:
+    """Print the shell completion script: eval "$(netplugin completion bash)"."""
+    root = ctx.find_root().command
+    assert isinstance(root, click.Group)
+    click.echo(completion_script(root, shell))
+
+
+@click.command()
+@click.option("--wait", type=click.FloatRange(0.1, 300), default=5.0, show_default=True, help="Seconds to wait.")
+@click.pass_context
+def health(ctx: click.Context, wait: float) -> None:
+    """Ask the daemon if it serves: exit 0, or 6 when nobody answers (a stale socket too).
+
+    The DaemonSet's liveness and readiness probes run this."""
+    from netplugin.frontends.client import request
+
+    state: Any = ctx.find_root().obj  # the CLI's State: its config and output format
+    h = request(state.config.socket_path, "health", timeout=wait)
+    state.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s")

@@ -399,19 +399,6 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None) -> No
 
 
 @cli.command()
-@click.option("--wait", type=click.FloatRange(0.1, 300), default=5.0, show_default=True, help="Seconds to wait.")
-@pass_state
-def health(st: State, wait: float) -> None:
-    """Ask the daemon if it serves: exit 0, or 6 when nobody answers (a stale socket too).
-
-    The DaemonSet's liveness and readiness probes run this."""
-    from netplugin.frontends.client import request
-
-    h = request(st.config.socket_path, "health", timeout=wait)
-    st.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s")
-
-
-@cli.command()
 @click.option("--quick", is_flag=True, help="Smoke-test sizes: a few pods, under a minute.")
 @click.option(
     "--out", "out_dir", metavar="DIR", help="Write BENCHMARKS.md, results.json and plots/ here (default: the checkout)."
@@ -438,11 +425,8 @@ def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
     raise click.exceptions.Exit(module.main(argv))
 
 
-@cli.command()
-@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
-def completion(shell: str) -> None:
-    """Print the shell completion script: eval "$(netplugin completion bash)"."""
-    click.echo(conv.completion_script(cli, shell))
+cli.add_command(conv.health)
+cli.add_command(conv.completion)
 
 
 def _fail(message: str, code: int, st: State | None, data: dict[str, Any] | None = None) -> NoReturn:
