@@ -14,6 +14,7 @@ Subnets: a random free /24 of 10.207.0.0/16 (the demo's range, README); names np
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -44,7 +45,9 @@ pytestmark = [
 
 
 def _run(argv: list[str], timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+    if "input" not in kw:
+        kw["stdin"] = subprocess.DEVNULL
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +168,27 @@ def _start_daemon(image: str, node: Node) -> str:
     raise AssertionError(f"the daemon in {name} never answered health:\n{logs.stdout}{logs.stderr}")
 
 
+def _shim(node: Node, command: str, ns: str, pod: str) -> subprocess.CompletedProcess[str]:
+    """A CNI call, as a runtime makes it, to the shim the init container put on the node."""
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": f"np{node.tag}",
+        "type": "netplugin-cni",
+        "configFile": str(node.config),  # the daemon's own settings, so it takes the call
+        "runDir": str(node.run_dir),
+    }
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": ns,
+        "CNI_NETNS": f"/run/netns/{ns}",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": str(node.cni_bin),
+        "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}",
+    }
+    return _run([str(node.cni_bin / "netplugin-cni")], input=json.dumps(conf), env=env, cwd=node.root)
+
+
 def _metric(node: Node, name: str, operation_type: str) -> float:
     address = json.loads(node.cli("-o", "json", "health").stdout)["metrics_address"]
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
@@ -227,6 +251,21 @@ def test_daemon_in_the_image_serves_pods_set_up_from_the_host(image: str, node: 
         assert out.returncode == 0, out.stderr
         assert not link_exists(host_veth_name(ns))
     assert _metric(node, "network_plugin_operations_total", "tear_down_pod") == 2.0
+
+    # The kubelet's path: the runtime calls the shim on the host (installed by the init container,
+    # running the host's python3). A shim that can forward (issue 9) hands the call to the daemon.
+    forwards = importlib.util.find_spec("netplugin.frontends.cni.fast") is not None
+    add = _shim(node, "ADD", early, "web-0")
+    assert add.returncode == 0, add.stdout + add.stderr
+    [ip] = [i["address"] for i in json.loads(add.stdout)["ips"]]
+    assert ip.startswith(node.subnet.rsplit(".", 1)[0] + ".")
+    assert link_exists(host_veth_name(early))
+    delete = _shim(node, "DEL", early, "web-0")
+    assert delete.returncode == 0, delete.stdout + delete.stderr
+    assert not link_exists(host_veth_name(early))
+    if forwards:
+        assert _metric(node, "network_plugin_operations_total", "set_up_pod") == 3.0
+        assert _metric(node, "network_plugin_operations_total", "tear_down_pod") == 3.0
     assert list((node.state / "pods").glob("*.json")) == []
 
     # SIGTERM (what the kubelet sends): the daemon drains, removes its socket and exits 0.
