@@ -127,10 +127,15 @@ if [ "$rebuild" = 0 ] && [ "$(label "$tag" io.netplugin.inputs)" = "$inputs" ]; 
     log "image $tag (cached: inputs $inputs)"
 else
     start=$SECONDS
+    previous=$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
     podman build --quiet --network=none --pull=never "${ulimits[@]}" \
         --build-arg "BASE=$base" --build-arg "VERSION=$version" \
         --label "io.netplugin.inputs=$inputs" --tag "$tag" --file "$ctx/Containerfile" "$ctx" >/dev/null ||
         die "podman build failed"
     log "image $tag built in $((SECONDS - start)) s"
+    if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$tag")" ]; then
+        # The image this tag named before: untagged now; removed unless something still uses it.
+        podman rmi "$previous" >/dev/null 2>&1 || true
+    fi
 fi
 podman image inspect --format '{{.Id}} {{.Digest}}' "$tag"

@@ -41,6 +41,7 @@ class Node:
         self.cni_conf = root / "etc" / "cni" / "net.d"
         self.state = root / "var" / "lib" / "netplugin"
         self.run_dir = root / "run" / "netplugin"
+        self.first: subprocess.CompletedProcess[str] | None = None
 
     def install(self, *extra: str) -> subprocess.CompletedProcess[str]:
         argv = ["bash", str(INSTALL), "--python", str(SYSTEM_PYTHON), "--wheel", str(self.wheel)]
@@ -82,14 +83,16 @@ class Node:
 def node(tmp_path_factory: pytest.TempPathFactory, dists: dict[str, Path]) -> Iterator[Node]:
     root = tmp_path_factory.mktemp("node")
     n = Node(root, dists["wheel"])
+    # First without the daemon extra; test_adding_the_extra_then_nothing_to_do adds it.
+    n.first = n.install("--extras", "")
+    assert n.first.returncode == 0, n.first.stdout + n.first.stderr
     yield n
     shutil.rmtree(root, ignore_errors=True)
 
 
 def test_install_without_the_daemon_extra(node: Node) -> None:
-    out = node.install("--extras", "")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert f"create venv {node.prefix} ({SYSTEM_PYTHON})" in out.stdout
+    assert node.first is not None
+    assert f"create venv {node.prefix} ({SYSTEM_PYTHON})" in node.first.stdout
     # The venv is Debian's interpreter, and nothing went into the system's site-packages.
     base = subprocess.run(
         [str(node.prefix / "bin" / "python"), "-c", "import sys; print(sys.base_prefix, sys.prefix)"],
@@ -191,6 +194,11 @@ def test_adding_the_extra_then_nothing_to_do(node: Node) -> None:
     assert "install.sh: nothing to do" in again.stdout, again.stdout
     serve = node.netplugin("serve", "--help")
     assert serve.returncode == 0, serve.stderr
+    # What scripts/install-deps.sh runs (the demo's install): the venv and the links only.
+    venv_only = node.install("--venv-only")
+    assert venv_only.returncode == 0, venv_only.stderr
+    assert "install.sh: nothing to do" in venv_only.stdout
+    assert "exec" not in venv_only.stdout and "netplugin-cni (0755)" not in venv_only.stdout
 
 
 @pytest.mark.kernel
