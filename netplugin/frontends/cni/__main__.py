@@ -1,0 +1,3 @@
+from netplugin.frontends.cni.shim import main
+
+main()
