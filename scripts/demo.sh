@@ -4,4 +4,5 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bash "$here/scripts/install-deps.sh"
-exec "${PYTHON:-python3}" -m netplugin demo "$@"
+# The netplugin that install-deps.sh put into its venv (the stock path), not whatever PATH finds first.
+exec "${NETPLUGIN_PREFIX:-/opt/netplugin}/bin/netplugin" demo "$@"

@@ -1,36 +1,72 @@
 #!/usr/bin/env bash
-# Put netplugin's exec plugins and its CNI shim onto a node. Run as root; the
-# DaemonSet's initContainer (etc/kubernetes/daemonset.yaml) runs it on every node.
+# Install netplugin onto a node. Run as root. Two modes:
 #
-#   scripts/install.sh [--source DIR] [--exec-dir DIR] [--cni-bin-dir DIR] [--cni-conf-dir DIR]
-#                      [--python PATH] [--lib-dir DIR] [--dry-run]
+# Default: a whole node install that respects PEP 668 (Debian's python3 is never pip-installed into):
+#   1. a venv at --prefix made by --python, with netplugin and its daemon extra, from --wheel FILE or
+#      built from the netplugin source tree --source;
+#   2. netplugin and netplugin-cni linked into --bin-dir;
+#   3. the exec plugins into --exec-dir;
+#   4. the CNI shim into --cni-bin-dir: a script that starts the venv's interpreter isolated (-I -S)
+#      with the venv's site-packages as its only path;
+#   5. the CNI network config into --cni-conf-dir, its pluginDir, stateDir and runDir set to
+#      --exec-dir, --state-dir and --run-dir;
+#   6. the systemd unit into --systemd-dir, running the venv's netplugin with those dirs.
+# --no-venv (the DaemonSet's init container, or a node whose netplugin is installed otherwise):
+#   steps 3-5 only. The shim runs --python with netplugin and the modules it needs (click, PyYAML,
+#   psutil) copied to --lib-dir, or without --lib-dir the netplugin that --python imports.
 #
-#   --source DIR        a netplugin source tree (default: the tree holding this script)   [NETPLUGIN_SOURCE]
+#   scripts/install.sh [--prefix DIR] [--python PATH] [--wheel FILE] [--source DIR] [--extras LIST]
+#                      [--bin-dir DIR] [--systemd-dir DIR] [--no-venv | --venv-only] [--lib-dir DIR]
+#                      [--exec-dir DIR] [--cni-bin-dir DIR] [--cni-conf-dir DIR]
+#                      [--state-dir DIR] [--run-dir DIR] [--dry-run]
+#
+#   --prefix DIR        the venv (default /opt/netplugin)                              [NETPLUGIN_PREFIX]
+#   --python PATH       the interpreter that makes the venv, or with --no-venv the one the shim
+#                       runs (default /usr/bin/python3, Debian's; needs python3-venv)  [NETPLUGIN_PYTHON]
+#   --wheel FILE        install this netplugin wheel (default: build one from --source) [NETPLUGIN_WHEEL]
+#   --source DIR        a netplugin source tree or installed data dir (share/netplugin);
+#                       default: the tree holding this script                         [NETPLUGIN_SOURCE]
+#   --extras LIST       extras to install with netplugin (default daemon; '' for none) [NETPLUGIN_EXTRAS]
+#   --bin-dir DIR       where netplugin and netplugin-cni are linked (default /usr/local/bin)
+#   --systemd-dir DIR   where netplugin.service goes, 'none' to skip (default /etc/systemd/system)
+#   --no-venv           skip steps 1, 2 and 6
+#   --venv-only         only steps 1 and 2 (netplugin on PATH, nothing for a kubelet)
+#   --lib-dir DIR       with --no-venv: copy netplugin and its modules to DIR for the shim [NETPLUGIN_LIB_DIR]
 #   --exec-dir DIR      where exec plugins go
-#                       (default /usr/libexec/kubernetes/kubelet-plugins/net/exec)        [NETPLUGIN_PLUGIN_DIR]
-#   --cni-bin-dir DIR   where the netplugin-cni wrapper goes (default /opt/cni/bin)        [NETPLUGIN_CNI_BIN_DIR]
-#   --cni-conf-dir DIR  where etc/cni/10-netplugin.conflist goes, when the source has one
-#                       (default /etc/cni/net.d)                                          [NETPLUGIN_CNI_CONF_DIR]
-#   --python PATH       the interpreter the wrapper runs (default /usr/bin/python3)       [NETPLUGIN_PYTHON]
-#   --lib-dir DIR       also copy the netplugin package to DIR and point the wrapper's
-#                       PYTHONPATH there, for nodes where netplugin is not pip-installed  [NETPLUGIN_LIB_DIR]
+#                       (default /usr/libexec/kubernetes/kubelet-plugins/net/exec)   [NETPLUGIN_PLUGIN_DIR]
+#   --cni-bin-dir DIR   where the netplugin-cni shim goes (default /opt/cni/bin)      [NETPLUGIN_CNI_BIN_DIR]
+#   --cni-conf-dir DIR  where 10-netplugin.conflist goes (default /etc/cni/net.d)     [NETPLUGIN_CNI_CONF_DIR]
+#   --state-dir DIR     netplugin's state dir, for the conflist and the unit
+#                       (default /var/lib/netplugin)                                  [NETPLUGIN_STATE_DIR]
+#   --run-dir DIR       netplugin's run dir, likewise (default /run/netplugin)        [NETPLUGIN_RUN_DIR]
 #   --dry-run           print what would change and change nothing
 #
+# pip reads its usual PIP_* variables (PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX) for offline nodes.
 # Every installed file and directory ends up root-owned and not group- or world-writable
 # (executables and directories 0755, other files 0644): netplugin refuses plugins that
 # anyone but root could have changed. Idempotent: files whose content, mode and owner are
-# already right are left alone ("unchanged"), so a second run changes nothing.
+# already right are left alone ("unchanged"), and a venv that already holds the same wheel is
+# kept, so a second run changes nothing.
 # Exit status: 0 done, 1 an install step failed, 2 bad usage.
 set -euo pipefail
 umask 022
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+prefix=${NETPLUGIN_PREFIX:-/opt/netplugin}
+python=${NETPLUGIN_PYTHON:-/usr/bin/python3}
+wheel=${NETPLUGIN_WHEEL:-}
 source_dir=${NETPLUGIN_SOURCE:-$here}
+extras=${NETPLUGIN_EXTRAS-daemon}
+bin_dir=/usr/local/bin
+systemd_dir=/etc/systemd/system
 exec_dir=${NETPLUGIN_PLUGIN_DIR:-/usr/libexec/kubernetes/kubelet-plugins/net/exec}
 cni_bin_dir=${NETPLUGIN_CNI_BIN_DIR:-/opt/cni/bin}
 cni_conf_dir=${NETPLUGIN_CNI_CONF_DIR:-/etc/cni/net.d}
-python=${NETPLUGIN_PYTHON:-/usr/bin/python3}
+state_dir=${NETPLUGIN_STATE_DIR:-/var/lib/netplugin}
+run_dir=${NETPLUGIN_RUN_DIR:-/run/netplugin}
 lib_dir=${NETPLUGIN_LIB_DIR:-}
+use_venv=1
+venv_only=0
 dry_run=0
 
 usage() {
@@ -46,28 +82,40 @@ die() {
 while [ $# -gt 0 ]; do
     arg=$1
     value=
+    has_value=0
     case $arg in
     --*=*)
         value=${arg#*=}
         arg=${arg%%=*}
+        has_value=1
         ;;
     esac
     case $arg in
-    --source | --exec-dir | --cni-bin-dir | --cni-conf-dir | --python | --lib-dir)
-        if [ -z "$value" ]; then
+    --prefix | --python | --wheel | --source | --extras | --bin-dir | --systemd-dir | --lib-dir | \
+        --exec-dir | --cni-bin-dir | --cni-conf-dir | --state-dir | --run-dir)
+        if [ "$has_value" = 0 ]; then
             [ $# -ge 2 ] || die "$arg needs a value" 2
             value=$2
             shift
         fi
         case $arg in
+        --prefix) prefix=$value ;;
+        --python) python=$value ;;
+        --wheel) wheel=$value ;;
         --source) source_dir=$value ;;
+        --extras) extras=$value ;;
+        --bin-dir) bin_dir=$value ;;
+        --systemd-dir) systemd_dir=$value ;;
+        --lib-dir) lib_dir=$value ;;
         --exec-dir) exec_dir=$value ;;
         --cni-bin-dir) cni_bin_dir=$value ;;
         --cni-conf-dir) cni_conf_dir=$value ;;
-        --python) python=$value ;;
-        --lib-dir) lib_dir=$value ;;
+        --state-dir) state_dir=$value ;;
+        --run-dir) run_dir=$value ;;
         esac
         ;;
+    --no-venv) use_venv=0 ;;
+    --venv-only) venv_only=1 ;;
     --dry-run) dry_run=1 ;;
     -h | --help) usage ;;
     *) die "unknown argument: $arg (see --help)" 2 ;;
@@ -75,17 +123,53 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-[ -d "$source_dir/exec_plugins" ] || die "$source_dir is not a netplugin source tree (no exec_plugins/)" 2
-for d in "$exec_dir" "$cni_bin_dir" "$cni_conf_dir"; do
-    [ -n "$d" ] || die "directory options must not be empty" 2
-done
-# These two are written into the wrapper script: keep them to characters that need no quoting.
-safe_path='^/[A-Za-z0-9._/+-]*$'
-[[ $python =~ $safe_path ]] || die "--python must be an absolute path of [A-Za-z0-9._/+-] (got '$python')" 2
-if [ -n "$lib_dir" ]; then
-    [[ $lib_dir =~ $safe_path ]] || die "--lib-dir must be an absolute path of [A-Za-z0-9._/+-] (got '$lib_dir')" 2
-    [ -d "$source_dir/netplugin" ] || die "--lib-dir needs the netplugin package in $source_dir/netplugin" 2
+# --- checks before anything changes ---------------------------------------------------------------
+
+# These paths are written into generated scripts and configs: keep them to characters that need
+# no quoting anywhere (shell, JSON, systemd).
+safe_path='^/[A-Za-z0-9._/+~-]*$'
+check_path() {
+    [[ $2 =~ $safe_path ]] || die "$1 must be an absolute path of [A-Za-z0-9._/+~-] (got '$2')" 2
+}
+check_path --python "$python"
+check_path --exec-dir "$exec_dir"
+check_path --cni-bin-dir "$cni_bin_dir"
+check_path --cni-conf-dir "$cni_conf_dir"
+check_path --state-dir "$state_dir"
+check_path --run-dir "$run_dir"
+[[ $extras =~ ^[A-Za-z0-9_,-]*$ ]] || die "--extras must be a comma-separated list of names (got '$extras')" 2
+[ -d "$source_dir/exec_plugins" ] ||
+    die "$source_dir is not a netplugin source tree or data dir (no exec_plugins/)" 2
+if [ "$use_venv" = 1 ]; then
+    [ -z "$lib_dir" ] || die "--lib-dir is for --no-venv installs (a venv has its own library)" 2
+    check_path --prefix "$prefix"
+    check_path --bin-dir "$bin_dir"
+    [ "$systemd_dir" = none ] || check_path --systemd-dir "$systemd_dir"
+    if [ -n "$wheel" ]; then
+        [ -f "$wheel" ] || die "--wheel $wheel: no such file" 2
+        [[ $(basename -- "$wheel") == netplugin-*.whl ]] || die "--wheel $wheel is not a netplugin wheel" 2
+    else
+        if [ ! -f "$source_dir/pyproject.toml" ] || [ ! -d "$source_dir/netplugin" ]; then
+            die "$source_dir has no pyproject.toml and netplugin/ to build from: pass --wheel FILE" 2
+        fi
+    fi
+    [ -x "$python" ] || die "--python $python is not an executable (Debian: apt-get install python3)" 2
+    if [ ! -x "$prefix/bin/python" ] && ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
+        # Debian splits venv's pip bootstrap into python3-venv, which a stock install lacks.
+        if [ "$dry_run" = 0 ] && [ "$(id -u)" -eq 0 ] && [ "$python" = /usr/bin/python3 ] &&
+            command -v apt-get >/dev/null; then
+            echo "apt-get install python3-venv"
+            if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }; then
+                die "apt-get install python3-venv failed"
+            fi
+        else
+            die "$python cannot make a venv: install python3-venv (apt-get install python3-venv)" 2
+        fi
+    fi
+elif [ -n "$lib_dir" ]; then
+    check_path --lib-dir "$lib_dir"
 fi
+[ "$use_venv" = 1 ] || [ "$venv_only" = 0 ] || die "--no-venv and --venv-only exclude each other" 2
 
 euid=$(id -u)
 if [ "$euid" -ne 0 ]; then
@@ -94,11 +178,19 @@ if [ "$euid" -ne 0 ]; then
 fi
 
 changed=0
-tmp_file=
+tmp_files=()
+# shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
-    if [ -n "$tmp_file" ]; then rm -f -- "$tmp_file"; fi
+    if [ "${#tmp_files[@]}" -gt 0 ]; then rm -rf -- "${tmp_files[@]}"; fi
 }
 trap cleanup EXIT
+
+# make_tmp [-d]: a temp file (or dir) removed at exit; its path in $made.
+made=
+make_tmp() {
+    made=$(mktemp "$@")
+    tmp_files+=("$made")
+}
 
 say() {
     if [ "$dry_run" = 1 ]; then
@@ -145,7 +237,7 @@ ensure_dir() {
 # the old file meanwhile sees either version whole, and a busy executable does not make
 # the write fail with "text file busy".
 install_file() {
-    local src=$1 dest=$2 mode=$3
+    local src=$1 dest=$2 mode=$3 tmp
     if [ -f "$dest" ] && [ ! -L "$dest" ] && cmp -s -- "$src" "$dest" &&
         [ "$(stat -c %a -- "$dest")" = "${mode#0}" ] && owner_ok "$dest"; then
         echo "unchanged $dest"
@@ -154,19 +246,33 @@ install_file() {
     say "install $dest ($mode)"
     changed=1
     [ "$dry_run" = 0 ] || return 0
-    tmp_file="$(dirname -- "$dest")/.$(basename -- "$dest").netplugin-tmp.$$"
-    cp -- "$src" "$tmp_file"
-    chmod "$mode" -- "$tmp_file"
-    if [ "$euid" -eq 0 ]; then chown 0:0 -- "$tmp_file"; fi
-    mv -f -T -- "$tmp_file" "$dest"
-    tmp_file=
+    tmp="$(dirname -- "$dest")/.$(basename -- "$dest").netplugin-tmp.$$"
+    tmp_files+=("$tmp")
+    cp -- "$src" "$tmp"
+    chmod "$mode" -- "$tmp"
+    if [ "$euid" -eq 0 ]; then chown 0:0 -- "$tmp"; fi
+    mv -f -T -- "$tmp" "$dest"
 }
 
-# copy_tree SRC DEST PATTERN: SRC's regular files (names matching PATTERN) into DEST;
-# files executable in SRC become 0755, others 0644. Symlinks are refused: a link could
-# point anywhere on the node, and netplugin trusts only what root owns.
+# install_link TARGET LINK: LINK -> TARGET, unless it already points there.
+install_link() {
+    local target=$1 link=$2
+    if [ -L "$link" ] && [ "$(readlink -- "$link")" = "$target" ]; then
+        echo "unchanged $link"
+        return 0
+    fi
+    [ ! -e "$link" ] || [ -L "$link" ] || die "$link exists and is not a symlink: not replacing it"
+    say "link $link -> $target"
+    changed=1
+    [ "$dry_run" = 0 ] || return 0
+    ln -sfn -- "$target" "$link"
+}
+
+# copy_tree SRC DEST: SRC's regular files into DEST; files executable in SRC become 0755,
+# others 0644. Symlinks are refused: a link could point anywhere on the node, and netplugin
+# trusts only what root owns. __pycache__ is skipped.
 copy_tree() {
-    local src=$1 dest=$2 pattern=$3 path rel mode
+    local src=$1 dest=$2 path rel mode
     ensure_dir "$dest" 1
     while IFS= read -r -d '' path; do
         rel=${path#"$src"/}
@@ -175,8 +281,6 @@ copy_tree() {
         elif [ -d "$path" ]; then
             ensure_dir "$dest/$rel" 1
         elif [ -f "$path" ]; then
-            # shellcheck disable=SC2053 # PATTERN is a glob on purpose
-            [[ $(basename -- "$path") == $pattern ]] || continue
             mode=0644
             if [ -x "$path" ]; then mode=0755; fi
             install_file "$path" "$dest/$rel" "$mode"
@@ -184,58 +288,226 @@ copy_tree() {
     done < <(find "$src" -mindepth 1 \( -name __pycache__ -prune \) -o -print0 | sort -z)
 }
 
-# 1. Exec plugins: every directory of exec_plugins/ (files at its top, such as README.md, are docs).
+# --- 1. the venv ----------------------------------------------------------------------------------
+
+# build_wheel: a wheel of $source_dir in a temp dir (path in $made). The tree is copied first,
+# because setuptools writes build/ and *.egg-info into the tree it builds; SOURCE_DATE_EPOCH makes
+# the wheel byte-identical for an unchanged tree, which is how a rerun knows there is nothing to do.
+build_wheel() {
+    local copy out item
+    make_tmp -d
+    copy=$made
+    for item in pyproject.toml README.md LICENSE netplugin exec_plugins etc scripts; do
+        if [ -e "$source_dir/$item" ]; then cp -R -- "$source_dir/$item" "$copy/"; fi
+    done
+    find "$copy" -name __pycache__ -prune -exec rm -rf {} +
+    make_tmp -d
+    out=$made
+    SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-315532800} "$prefix/bin/python" -m pip wheel --quiet --no-deps \
+        --disable-pip-version-check --no-input --wheel-dir "$out" "$copy" >&2 ||
+        die "building the netplugin wheel from $source_dir failed (see pip's output above)"
+    made=$(find "$out" -name 'netplugin-*.whl' | head -n 1)
+    [ -n "$made" ] || die "pip built no netplugin wheel from $source_dir"
+}
+
+install_venv() {
+    local stamp_file=$prefix/.netplugin-wheel.sha256 want spec
+    if [ ! -x "$prefix/bin/python" ]; then
+        [ ! -e "$prefix" ] || [ -d "$prefix" ] || die "$prefix exists and is not a directory"
+        say "create venv $prefix ($python)"
+        changed=1
+        if [ "$dry_run" = 1 ]; then
+            say "install netplugin${extras:+[$extras]} into $prefix"
+            return 0
+        fi
+        "$python" -m venv "$prefix" || die "$python -m venv $prefix failed"
+    fi
+    if [ -z "$wheel" ]; then
+        if [ "$dry_run" = 1 ]; then
+            say "build netplugin from $source_dir and install it into $prefix (if it changed)"
+            return 0
+        fi
+        build_wheel
+        wheel=$made
+    fi
+    want="$(sha256sum -- "$wheel" | cut -d' ' -f1) ${extras}"
+    if [ -f "$stamp_file" ] && [ "$(cat -- "$stamp_file")" = "$want" ] &&
+        "$prefix/bin/python" -c 'import netplugin' 2>/dev/null; then
+        echo "unchanged $prefix (netplugin $(basename -- "$wheel"))"
+        return 0
+    fi
+    say "install $(basename -- "$wheel")${extras:+ [$extras]} into $prefix"
+    changed=1
+    [ "$dry_run" = 0 ] || return 0
+    spec=$wheel
+    if [ -n "$extras" ]; then spec="${wheel}[${extras}]"; fi
+    # --force-reinstall of netplugin alone: a rebuilt wheel keeps its version number.
+    "$prefix/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+        --force-reinstall --no-deps "$wheel" >&2 || die "pip install $wheel failed"
+    "$prefix/bin/python" -m pip install --quiet --disable-pip-version-check --no-input "$spec" >&2 ||
+        die "pip install of netplugin's dependencies failed"
+    printf '%s\n' "$want" >"$stamp_file"
+}
+
+if [ "$use_venv" = 1 ]; then
+    install_venv
+    # From here on the data (plugins, conflist, unit) comes from what the venv installed, so the
+    # node gets exactly what the wheel ships.
+    if [ -d "$prefix/share/netplugin/exec_plugins" ]; then
+        source_dir=$prefix/share/netplugin
+    fi
+
+    # --- 2. console scripts on PATH -------------------------------------------------------------
+    ensure_dir "$bin_dir" 0
+    for cmd in netplugin netplugin-cni; do
+        install_link "$prefix/bin/$cmd" "$bin_dir/$cmd"
+    done
+fi
+
+finish() {
+    if [ "$changed" = 0 ]; then
+        echo "install.sh: nothing to do"
+    elif [ "$dry_run" = 1 ]; then
+        echo "install.sh: dry run, nothing changed"
+    else
+        echo "install.sh: done"
+    fi
+    exit 0
+}
+[ "$venv_only" = 0 ] || finish
+
+# --- 3. exec plugins: every directory of exec_plugins/ (files at its top, such as README.md, are docs)
 ensure_dir "$exec_dir" 1
 found=0
 for plugin in "$source_dir"/exec_plugins/*/; do
     [ -d "$plugin" ] || continue
     plugin=${plugin%/}
     found=1
-    copy_tree "$plugin" "$exec_dir/$(basename -- "$plugin")" '*'
+    copy_tree "$plugin" "$exec_dir/$(basename -- "$plugin")"
 done
 [ "$found" = 1 ] || echo "install.sh: warning: no plugins in $source_dir/exec_plugins" >&2
 
-# 2. The Python package, when the node has no pip-installed netplugin.
-if [ -n "$lib_dir" ]; then
+# --- the library the shim imports with --no-venv --lib-dir ---------------------------------------
+
+# The modules netplugin-cni imports when it works alone; the daemon extra's are not needed there.
+shim_modules=(netplugin click yaml _yaml psutil)
+if [ "$use_venv" = 0 ] && [ -n "$lib_dir" ]; then
     ensure_dir "$lib_dir" 1
-    copy_tree "$source_dir/netplugin" "$lib_dir/netplugin" '*.py'
+    # Each module comes from the interpreter that runs this script's netplugin (the image's venv),
+    # or, in a checkout, netplugin itself from the tree.
+    lib_python=${NETPLUGIN_LIB_PYTHON:-}
+    if [ -z "$lib_python" ]; then
+        if [ -x "$here/../../bin/python" ]; then lib_python=$here/../../bin/python; else lib_python=$python; fi
+    fi
+    for module in "${shim_modules[@]}"; do
+        if [ "$module" = netplugin ] && [ -d "$source_dir/netplugin" ]; then
+            location=$source_dir/netplugin
+        else
+            location=$("$lib_python" -I -c 'import importlib.util, os, sys
+spec = importlib.util.find_spec(sys.argv[1])
+if spec is not None and spec.submodule_search_locations:
+    print(list(spec.submodule_search_locations)[0])
+' "$module" 2>/dev/null || true)
+        fi
+        if [ -z "$location" ]; then
+            [ "$module" != netplugin ] || die "$lib_python cannot import netplugin: nothing to copy to $lib_dir"
+            echo "install.sh: warning: $lib_python has no module $module; the shim may need it" >&2
+            continue
+        fi
+        copy_tree "$location" "$lib_dir/$module"
+    done
 fi
 
-# 3. The CNI shim: a small wrapper, because runtimes exec CNI plugins by file name from
-# the CNI bin dir and the shim itself is a Python entry point (netplugin.frontends.cni:main).
-ensure_dir "$cni_bin_dir" 0
-wrapper_src=$(mktemp)
-tmp_file=$wrapper_src
-{
-    echo '#!/bin/sh'
-    echo '# netplugin-cni: installed by netplugin scripts/install.sh. Container runtimes run it as a'
-    echo '# CNI plugin; it starts the CNI shim, netplugin.frontends.cni:main. Reinstall rather than edit.'
-    if [ -n "$lib_dir" ]; then
-        echo "PYTHONPATH=$lib_dir"
-        echo 'export PYTHONPATH'
-    fi
-    echo '# The runtime picks our working directory: never import from it.'
-    echo 'PYTHONSAFEPATH=1'
-    echo 'export PYTHONSAFEPATH'
-    echo "exec $python -c 'import sys; from netplugin.frontends.cni import main; sys.exit(main())' \"\$@\""
-} >"$wrapper_src"
-install_file "$wrapper_src" "$cni_bin_dir/netplugin-cni" 0755
-rm -f -- "$wrapper_src"
-tmp_file=
+# --- 4. the CNI shim ------------------------------------------------------------------------------
 
-# 4. The CNI network config, when this source tree ships one.
+# Runtimes exec CNI plugins by file name from the CNI bin dir, and the shim is a Python entry point
+# (netplugin.frontends.cni:main): this script starts it. -I -S: no site hooks, no user site, no
+# PYTHON* variables, nothing from the runtime's working directory; the one path is written here.
+if [ "$use_venv" = 1 ]; then
+    shim_python=$prefix/bin/python3
+    if [ -x "$prefix/bin/python" ]; then
+        shim_path=$("$prefix/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    else
+        shim_path=$prefix/lib/python3/site-packages # dry run before the venv exists
+    fi
+else
+    shim_python=$python
+    shim_path=$lib_dir
+fi
+ensure_dir "$cni_bin_dir" 0
+make_tmp
+shim_src=$made
+if [ "$use_venv" = 1 ] && [ -x "$prefix/bin/netplugin" ] &&
+    "$prefix/bin/netplugin" install-shim --help >/dev/null 2>&1; then
+    # This netplugin writes its own fast entry script (python -I -S, its path spelled out).
+    "$prefix/bin/netplugin" install-shim --kind cni "$shim_src" >/dev/null ||
+        die "netplugin install-shim failed"
+else
+    {
+        echo '#!/bin/sh'
+        echo '# netplugin-cni: installed by netplugin scripts/install.sh. Container runtimes run it as a'
+        echo '# CNI plugin; it starts the CNI shim, netplugin.frontends.cni:main. Reinstall rather than edit.'
+        entry="from netplugin.frontends.cni import main; sys.exit(main())"
+        if [ -n "$shim_path" ]; then
+            echo "exec $shim_python -I -S -c 'import sys; sys.path[:0] = [\"$shim_path\"]; $entry' \"\$@\""
+        else
+            # The interpreter's own site-packages hold netplugin: keep site, still isolated.
+            echo "exec $shim_python -I -c 'import sys; $entry' \"\$@\""
+        fi
+    } >"$shim_src"
+fi
+install_file "$shim_src" "$cni_bin_dir/netplugin-cni" 0755
+
+# --- 5. the CNI network config, pointed at this node's dirs --------------------------------------
+
 conflist="$source_dir/etc/cni/10-netplugin.conflist"
 if [ -f "$conflist" ]; then
     ensure_dir "$cni_conf_dir" 0
-    install_file "$conflist" "$cni_conf_dir/10-netplugin.conflist" 0644
+    make_tmp
+    conf_src=$made
+    tool_python=$python
+    if [ "$use_venv" = 1 ] && [ -x "$prefix/bin/python" ]; then tool_python=$prefix/bin/python; fi
+    if ! command -v "$tool_python" >/dev/null 2>&1; then tool_python=python3; fi
+    "$tool_python" -I -c 'import json, sys
+src, out, plugin_dir, state_dir, run_dir = sys.argv[1:]
+with open(src) as f:
+    conf = json.load(f)
+for plugin in conf.get("plugins", []):
+    if plugin.get("type") == "netplugin-cni":
+        plugin.update(pluginDir=plugin_dir, stateDir=state_dir, runDir=run_dir)
+with open(out, "w") as f:
+    json.dump(conf, f, indent=2)
+    f.write("\n")
+' "$conflist" "$conf_src" "$exec_dir" "$state_dir" "$run_dir" || die "cannot rewrite $conflist"
+    install_file "$conf_src" "$cni_conf_dir/10-netplugin.conflist" 0644
 else
     echo "skip CNI config: no etc/cni/10-netplugin.conflist in $source_dir"
 fi
 
-if [ "$changed" = 0 ]; then
-    echo "install.sh: nothing to do"
-elif [ "$dry_run" = 1 ]; then
-    echo "install.sh: dry run, nothing changed"
-else
-    echo "install.sh: done"
+# --- 6. the systemd unit --------------------------------------------------------------------------
+
+unit="$source_dir/etc/systemd/netplugin.service"
+if [ "$use_venv" = 1 ] && [ "$systemd_dir" != none ]; then
+    [ -f "$unit" ] || die "no etc/systemd/netplugin.service in $source_dir"
+    ensure_dir "$systemd_dir" 0
+    make_tmp
+    unit_src=$made
+    # ExecStart= runs the venv's netplugin (not the PATH link, which another install may replace);
+    # the dirs the plugins and the conflist were given become the daemon's too.
+    while IFS= read -r line || [ -n "$line" ]; do
+        case $line in
+        ExecStart=*) echo "ExecStart=$prefix/bin/netplugin serve" ;;
+        EnvironmentFile=*)
+            echo "Environment=NETPLUGIN_PLUGIN_DIR=$exec_dir NETPLUGIN_STATE_DIR=$state_dir NETPLUGIN_RUN_DIR=$run_dir"
+            echo "$line"
+            ;;
+        *) echo "$line" ;;
+        esac
+    done <"$unit" >"$unit_src"
+    install_file "$unit_src" "$systemd_dir/netplugin.service" 0644
+    if [ "$changed" = 1 ] && [ "$dry_run" = 0 ] && [ -d /run/systemd/system ]; then
+        echo "then: systemctl daemon-reload && systemctl enable --now netplugin"
+    fi
 fi
+
+finish

@@ -6,6 +6,8 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 bash scripts/install-deps.sh --test
 py=${PYTHON:-python3}
+# install-deps.sh made a development venv when python3 is externally managed (PEP 668).
+if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then py=.venv/bin/python; fi
 
 echo "== ruff" >&2
 "$py" -m ruff check netplugin tests bench

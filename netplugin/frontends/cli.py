@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from netplugin.frontends import _cliconv as conv
+
 if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.core.errors import NetpluginError
@@ -136,7 +138,12 @@ class State:
 pass_state = click.make_pass_decorator(State)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=conv.OutputOptionGroup,
+    invoke_without_command=True,
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.option("--plugin-dir", metavar="DIR", help="Exec plugin dir [NETPLUGIN_PLUGIN_DIR].")
 @click.option("--plugin", metavar="NAME", help="Plugin to use; none selects kubernetes.io/no-op [NETPLUGIN_PLUGIN].")
 @click.option("--state-dir", metavar="DIR", help="Durable state [NETPLUGIN_STATE_DIR; /var/lib/netplugin].")
@@ -146,14 +153,14 @@ pass_state = click.make_pass_decorator(State)
 @click.option(
     "-o",
     "--output",
-    type=click.Choice(["text", "json"]),
+    type=click.Choice(conv.OUTPUTS),
     default="text",
     envvar="NETPLUGIN_OUTPUT",
     show_default=True,
     help="Output format [NETPLUGIN_OUTPUT].",
 )
 @click.option("-v", "--verbose", count=True, envvar="NETPLUGIN_VERBOSE", help="More detail on stderr.")
-@click.version_option(package_name="netplugin", message="netplugin %(version)s")
+@click.option("--version", is_flag=True, help="Print the version (JSON with -o json) and exit.")
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -165,6 +172,7 @@ def cli(
     timeout: str | None,
     output: str,
     verbose: int,
+    version: bool,
 ) -> None:
     """Manage kubelet exec network plugins on this node."""
     overrides = {
@@ -174,7 +182,12 @@ def cli(
         "run_dir": run_dir,
         "timeout": timeout,
     }
-    ctx.obj = State(overrides, config_path, output, verbose)
+    ctx.obj = st = State(overrides, config_path, output, verbose)
+    if version:
+        st.emit(*conv.version_info())
+        ctx.exit(EXIT_OK)
+    if ctx.invoked_subcommand is None:
+        raise click.UsageError("Missing command.", ctx)
     if verbose:
         import logging
 
@@ -211,6 +224,8 @@ def plugins(st: State) -> None:
     cands = st.daemon("plugins")
     if cands is LOCAL:
         cands = [c.to_dict() for c in st.manager.candidates()]
+    if (warning := conv.missing_dir_warning(st.config.plugin_dir)) is not None:
+        click.echo(warning, err=True)
     if st.json:
         st.emit(cands, None)
         return
@@ -434,6 +449,9 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None) -> No
     Other commands use it while its socket answers (see use_daemon). SIGHUP rescans
     the plugins; SIGTERM finishes the operations in flight, then exits 0.
     """
+    from netplugin.core.extras import require
+
+    require("netplugin serve", "prometheus_client")
     st.overrides.update(socket=socket_path, metrics_address=metrics_address)
     from netplugin.frontends.daemon.server import serve as run_daemon
 
@@ -467,6 +485,10 @@ def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
     raise click.exceptions.Exit(module.main(argv))
 
 
+cli.add_command(conv.health)
+cli.add_command(conv.completion)
+
+
 def _fail(message: str, code: int, st: State | None, data: dict[str, Any] | None = None) -> NoReturn:
     if st is not None and st.json and data is not None:
         click.echo(json.dumps(data, default=str, sort_keys=True), err=True)
@@ -477,15 +499,22 @@ def _fail(message: str, code: int, st: State | None, data: dict[str, Any] | None
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Entry point: run the CLI, turning every error into a message and an exit code."""
+    import os
+
     from netplugin.core.errors import NetpluginError
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    if conv.COMPLETE_VAR in os.environ:
+        # Shell completion (`netplugin completion SHELL` prints the hook that sets this): click's own
+        # main answers it and exits.
+        cli.main(args, prog_name="netplugin", complete_var=conv.COMPLETE_VAR)
     ctx: click.Context | None = None
 
     def state() -> State | None:
         return ctx.obj if ctx is not None and isinstance(ctx.obj, State) else None
 
     try:
-        ctx = cli.make_context("netplugin", list(sys.argv[1:] if argv is None else argv))
+        ctx = cli.make_context("netplugin", list(args))  # click consumes the list it is given
         with ctx:
             cli.invoke(ctx)
         sys.exit(EXIT_OK)
@@ -495,8 +524,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:
-        e.show()
-        sys.exit(EXIT_USAGE if e.exit_code == 2 else e.exit_code)
+        code = EXIT_USAGE if e.exit_code == 2 else e.exit_code
+        if (st.json if (st := state()) is not None else False) or conv.json_wanted(args):
+            click.echo(json.dumps(conv.usage_error_doc(e, code)), err=True)
+        else:
+            e.show()
+        sys.exit(code)
     except (KeyboardInterrupt, click.Abort):
         click.echo("netplugin: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
@@ -504,6 +537,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(EXIT_OK)
     except Exception as e:
         st = state()
+        missing = conv.missing_extra(e, ctx.invoked_subcommand if ctx is not None else None)
+        if missing is not None:
+            _fail(missing.message, EXIT_SYSTEM, st, {"exit_code": EXIT_SYSTEM, **missing.to_dict()})
         if st is not None and st.verbose:
             import traceback
 

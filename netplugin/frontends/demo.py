@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from netplugin.core.config import Config, load_config
+from netplugin.core.datadir import DATA_DIR_ENV, data_dirs
 from netplugin.core.errors import InvalidArgument, NetpluginError, SystemFailure
 from netplugin.core.invoke import Background, SpawnError, run, start
 from netplugin.core.names import PodRef
@@ -95,23 +96,19 @@ class DemoReport:
 
 
 def find_plugin_source(explicit: str | None = None) -> Path:
-    """The directory holding the shipped exec plugins (``bridge/bridge`` inside)."""
-    candidates = (
-        [Path(explicit)]
-        if explicit
-        else [
-            Path(__file__).resolve().parents[2] / "exec_plugins",
-            Path(sys.prefix) / "share" / "netplugin" / "exec_plugins",
-            Path("/usr/share/netplugin/exec_plugins"),
-        ]
-    )
+    """The directory holding the shipped exec plugins (``bridge/bridge`` inside).
+
+    ``explicit`` (``--plugin-source``) is the only place tried when given; otherwise the data dirs
+    of :mod:`netplugin.core.datadir` (the checkout, then ``<prefix>/share/netplugin``).
+    """
+    candidates = [Path(explicit)] if explicit else [d / "exec_plugins" for d in data_dirs()]
     for c in candidates:
         if (c / "bridge" / "bridge").is_file():
             return c
     raise SystemFailure(
         "cannot find the bridge plugin",
         ", ".join(str(c) for c in candidates),
-        "run from a netplugin checkout or pass --plugin-source DIR",
+        f"reinstall netplugin, set {DATA_DIR_ENV} or pass --plugin-source DIR",
     )
 
 

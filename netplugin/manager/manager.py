@@ -73,8 +73,14 @@ class Manager:
     # --- selection ------------------------------------------------------------------------------
 
     def candidates(self) -> list[Candidate]:
-        """Built-in plugins, then every exec-dir candidate (valid or not)."""
+        """Built-in plugins, then every exec-dir candidate (valid or not).
+
+        A missing exec dir holds no candidates (the built-ins are still listed; the CLI warns);
+        one that exists but cannot be read raises DiscoveryError.
+        """
         out = [Candidate(name, "(built-in)", builtin=True) for name in sorted(BUILTINS)]
+        if not os.path.lexists(self.config.plugin_dir):
+            return out
         out += scan(self.config.plugin_dir, check_permissions=self.config.check_permissions, reserved=BUILTINS)
         return out
 

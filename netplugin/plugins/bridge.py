@@ -59,6 +59,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import NetpluginError, PluginError, PluginFailed, PluginTimeout
+from netplugin.core.extras import require
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext, PodNetworkStatus
 from netplugin.plugins.bridge_settings import SETTING_KEYS, BridgeError, BridgeSettings, host_veth_name, load_settings
@@ -226,6 +227,8 @@ class NativeBridgePlugin:
 
     @classmethod
     def from_config(cls, cfg: Config) -> NativeBridgePlugin:
+        # Said when the plugin is selected, not as a failed action later: pyroute2 is an extra.
+        require(f"the built-in plugin {PLUGIN_NAME}", "pyroute2")
         return cls(state_dir=cfg.state_dir, plugin_dir=cfg.plugin_dir)
 
     def __repr__(self) -> str:

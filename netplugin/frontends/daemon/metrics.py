@@ -1,18 +1,31 @@
-"""TODO docstring."""
+"""The daemon's Prometheus metrics, named and labelled as the kubelet's network plugin metrics.
+
+``network_plugin_operations_duration_seconds`` (histogram), ``network_plugin_operations_total``
+and ``network_plugin_operations_errors_total`` (counters), ``network_plugin_operations_in_flight``
+(gauge), each by ``operation_type`` (``set_up_pod``, ``tear_down_pod``, ``get_pod_network_status``);
+``netplugin_daemon_requests_total{op,outcome}`` (``op="invalid"`` for a request whose op could not be
+read); ``netplugin_build_info{version,python_version}`` (always 1); and the process metrics.
+prometheus_client is imported here only, when the daemon starts: never on a per-call path.
+"""
 
 from __future__ import annotations
 
+import platform
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from netplugin import __version__
 from netplugin.core.errors import SystemFailure
 
-__all__ = ["BUCKETS", "OPERATION_TYPES", "Metrics"]
+__all__ = ["BUCKETS", "INVALID_OP", "OPERATION_TYPES", "Metrics"]
 
 #: protocol op -> the kubelet's ``operation_type`` label
 OPERATION_TYPES = {"setup": "set_up_pod", "teardown": "tear_down_pod", "status": "get_pod_network_status"}
+
+#: the ``op`` label of a request rejected before its op was known (not JSON, unknown op, ...)
+INVALID_OP = "invalid"
 
 
 # Buckets of the kubelet's histogram (prometheus' defaults) plus the default time limits.
@@ -37,6 +50,12 @@ class Metrics:
             buckets=BUCKETS,
             registry=self.registry,
         )
+        self.total = Counter(
+            "network_plugin_operations",
+            "Network plugin operations, by operation type (failed ones included).",
+            ["operation_type"],
+            registry=self.registry,
+        )
         self.errors = Counter(
             "network_plugin_operations_errors",
             "Network plugin operations that failed.",
@@ -55,9 +74,17 @@ class Metrics:
             ["op", "outcome"],
             registry=self.registry,
         )
+        build = Gauge(
+            "netplugin_build_info",
+            "The running netplugin's version and Python; always 1.",
+            ["version", "python_version"],
+            registry=self.registry,
+        )
+        build.labels(__version__, platform.python_version()).set(1)
         for otype in OPERATION_TYPES.values():
             # Present from the start, so a dashboard sees zeros rather than nothing.
             self.duration.labels(otype)
+            self.total.labels(otype)
             self.errors.labels(otype)
             self.in_flight.labels(otype)
         self._server: Any = None
@@ -87,6 +114,7 @@ class Metrics:
         otype = OPERATION_TYPES[op]
         gauge = self.in_flight.labels(otype)
         gauge.inc()
+        self.total.labels(otype).inc()
         start = time.monotonic()
         try:
             return fn()

@@ -25,7 +25,8 @@ and for native plugins their warm libraries) and answers the thin client of
   ``network_plugin_operations_in_flight``, each labelled ``operation_type``
   (``set_up_pod``, ``tear_down_pod``, ``get_pod_network_status``). As in the
   kubelet, the time includes waiting for the pod's lock. Also
-  ``netplugin_daemon_requests_total{op,outcome}``.
+  ``network_plugin_operations_total``, ``netplugin_daemon_requests_total{op,outcome}`` and
+  ``netplugin_build_info`` (see :mod:`.metrics`).
 * **Nodes** (:mod:`netplugin.frontends.daemon.nodes`): with ``host: kube`` the
   daemon lists and watches every Node and this node's Pods, so pod and node
   lookups are answered from memory; it keeps routes to the other nodes' pod
@@ -34,9 +35,12 @@ and for native plugins their warm libraries) and answers the thin client of
   with ``cluster_cidrs`` it installs the egress masquerade (nftables ``table
   inet netplugin``) and removes it at stop.
 * **SIGHUP** rescans the exec dir, selects the plugin again and runs its init if
-  its version changed. **SIGTERM** (or SIGINT) stops accepting, removes the
-  socket (new callers then work alone), answers requests already read, waits
-  for operations in flight (each is bounded by its time limit) and exits 0.
+  its version changed (``RELOADING=1`` ... ``READY=1`` to systemd around it). Under
+  ``WatchdogSec=`` the event loop pings ``WATCHDOG=1``; log lines get journald's
+  ``<N>`` priority prefixes when stderr is the journal (:mod:`.systemd`).
+* **SIGTERM** (or SIGINT) stops accepting, removes the socket (new callers then
+  work alone), answers requests already read, waits for operations in flight (each
+  is bounded by its time limit) and exits 0.
 """
 
 from __future__ import annotations
@@ -62,9 +66,9 @@ from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginE
 from netplugin.core.names import PodRef
 from netplugin.frontends.client import MAX_MESSAGE, OPS, POD_OPS, PROTOCOL_VERSION, fingerprint
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if
-from netplugin.frontends.daemon.metrics import Metrics
+from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
 from netplugin.frontends.daemon.nodes import NodeKeeper
-from netplugin.frontends.daemon.systemd import sd_notify
+from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -109,11 +113,13 @@ class Daemon:
         manager: Manager,
         *,
         notify_socket: str | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.config = config
         self.manager = manager
         self.socket_path = config.socket_path
         self.notify_socket = notify_socket
+        self.watchdog = watchdog
         self.fingerprint = fingerprint(config)
         self.metrics = Metrics()
         self.metrics_address: str | None = None
@@ -254,7 +260,7 @@ class Daemon:
     # --- the server (event loop) -----------------------------------------------------------------
 
     async def _answer(self, line: bytes) -> dict[str, Any]:
-        op = "?"
+        op = INVALID_OP
         req: Any = None
         try:
             try:  # bounded depth: a deep line is a clean error, not a RecursionError
@@ -376,10 +382,14 @@ class Daemon:
 
     def _on_hup(self) -> None:
         def reload() -> None:
+            # systemd (Type=notify, `systemctl reload`) waits for READY=1 after RELOADING=1.
+            sd_notify(reloading_message(), self.notify_socket)
             try:
                 self.reload()
             except Exception:
                 log.exception("reload failed")
+            finally:
+                sd_notify(f"READY=1\nSTATUS=serving on {self.socket_path}", self.notify_socket)
 
         asyncio.get_running_loop().run_in_executor(None, reload)
 
@@ -391,6 +401,7 @@ class Daemon:
         lock_fd = lock_daemon(self.socket_path + ".lock")
         inode: int | None = None
         server: asyncio.AbstractServer | None = None
+        pinger: asyncio.Task[None] | None = None
         try:
             # Before the (possibly slow) init: SIGHUP's default action would kill us, and SIGTERM
             # meanwhile should still end in an orderly exit.
@@ -412,6 +423,9 @@ class Daemon:
                 f"http://{self.metrics_address}/metrics" if self.metrics_address else "none",
             )
             sd_notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on {self.socket_path}", self.notify_socket)
+            if self.watchdog is not None and self.watchdog.enabled:
+                # From the event loop itself: a loop that stops turning stops the pings.
+                pinger = asyncio.create_task(keep_watchdog(self.watchdog, self.notify_socket))
 
             await self._stop.wait()
 
@@ -430,6 +444,8 @@ class Daemon:
             log.info("drained; exiting")
             return 0
         finally:
+            if pinger is not None:
+                pinger.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
             if server is not None:
@@ -467,17 +483,19 @@ def error_classes(cls: type) -> list[str]:
 def serve(config: Config, *, environ: dict[str, str] | None = None) -> int:
     """Run the daemon in this process until SIGTERM; returns the exit status.
 
-    ``NOTIFY_SOCKET`` is taken out of the environment first: plugins must not talk to systemd
-    in the daemon's name.
+    ``NOTIFY_SOCKET`` and the watchdog's variables are taken out of the environment first: plugins
+    must not talk to systemd in the daemon's name.
     """
     env = os.environ if environ is None else environ
     notify = env.pop("NOTIFY_SOCKET", None)
+    watchdog = Watchdog(env)
+    env.pop("WATCHDOG_USEC", None)
+    env.pop("WATCHDOG_PID", None)
     from netplugin.manager.manager import Manager
 
     manager = Manager(config)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="netplugin: %(levelname)s: %(message)s")
-    daemon = Daemon(config, manager, notify_socket=notify)
+    configure_logging(env)
+    daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog)
     with asyncio.Runner() as runner:
         status = runner.run(daemon.run())
         if daemon.abandoned:

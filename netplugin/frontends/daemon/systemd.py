@@ -1,13 +1,40 @@
-"""TODO docstring."""
+"""What the daemon tells systemd, and how its log lines reach the journal.
+
+* :func:`sd_notify` sends sd_notify(3) datagrams: ``READY=1`` once serving, ``RELOADING=1`` then
+  ``READY=1`` around a SIGHUP rescan (``MONOTONIC_USEC`` as systemd 253's ``Type=notify-reload``
+  asks), ``STOPPING=1`` at SIGTERM, ``WATCHDOG=1`` keep-alives.
+* :class:`Watchdog` reads ``WATCHDOG_USEC``/``WATCHDOG_PID`` (``WatchdogSec=`` in the unit) and says
+  how often to ping: half the interval, as sd_watchdog_enabled(3) advises. The pings come from the
+  event loop itself, so a loop that stops turning stops them and systemd restarts the daemon.
+* :class:`JournalFormatter` prefixes each log line with its syslog priority (``<3>`` error ...
+  ``<7>`` debug), which journald turns into the entry's PRIORITY (``SyslogLevelPrefix=``, on by
+  default). :func:`stderr_is_journal` tells whether stderr really is the journal stream
+  (``JOURNAL_STREAM`` names its device and inode), so a terminal never sees the prefixes.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import time
+from collections.abc import Mapping
 
-__all__ = ["sd_notify"]
+__all__ = [
+    "JournalFormatter",
+    "Watchdog",
+    "configure_logging",
+    "keep_watchdog",
+    "monotonic_usec",
+    "reloading_message",
+    "sd_notify",
+    "stderr_is_journal",
+]
 
 log = logging.getLogger(__name__)
+
+#: logging level -> syslog priority (sd-daemon(3)'s SD_ERR ... SD_DEBUG)
+_PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
 
 
 def sd_notify(message: str, address: str | None) -> bool:
@@ -24,3 +51,87 @@ def sd_notify(message: str, address: str | None) -> bool:
         log.warning("cannot notify systemd at %s: %s", address, e)
         return False
     return True
+
+
+def monotonic_usec() -> int:
+    """CLOCK_MONOTONIC in microseconds, the clock systemd compares ``MONOTONIC_USEC`` with."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+
+
+class Watchdog:
+    """The service manager's watchdog settings for this process, from its environment."""
+
+    def __init__(self, environ: Mapping[str, str], pid: int | None = None) -> None:
+        self.interval: float | None = None
+        usec = environ.get("WATCHDOG_USEC", "")
+        owner = environ.get("WATCHDOG_PID", "")
+        mine = pid if pid is not None else os.getpid()
+        if not usec.isdigit() or int(usec) == 0:
+            return
+        if owner and (not owner.isdigit() or int(owner) != mine):
+            return  # meant for another process (a parent that exec'd us without clearing it)
+        self.interval = int(usec) / 1e6
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval is not None
+
+    @property
+    def ping_every(self) -> float:
+        """Seconds between ``WATCHDOG=1`` pings: half the interval, so one late ping is no restart."""
+        if self.interval is None:
+            raise ValueError("the watchdog is not enabled")
+        return self.interval / 2
+
+
+def stderr_is_journal(environ: Mapping[str, str], fd: int = 2) -> bool:
+    """True when ``fd`` is the stream systemd connected to the journal (``JOURNAL_STREAM=dev:ino``)."""
+    dev, sep, ino = environ.get("JOURNAL_STREAM", "").partition(":")
+    if not sep or not dev.isdigit() or not ino.isdigit():
+        return False
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+
+
+class JournalFormatter(logging.Formatter):
+    """``<N>message``: the syslog priority prefix journald reads (sd-daemon(3))."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        prio = 7
+        for level, value in _PRIORITIES:
+            if record.levelno >= level:
+                prio = value
+                break
+        # Every line of a multi-line message (a traceback) gets the prefix: journald splits on newlines.
+        return "\n".join(f"<{prio}>{line}" for line in super().format(record).split("\n"))
+
+
+def reloading_message() -> str:
+    """``RELOADING=1`` with the ``MONOTONIC_USEC`` that systemd 253+ requires (older ones ignore it)."""
+    return f"RELOADING=1\nMONOTONIC_USEC={monotonic_usec()}\nSTATUS=rescanning plugins"
+
+
+async def keep_watchdog(watchdog: Watchdog, address: str | None) -> None:
+    """Send ``WATCHDOG=1`` every ``watchdog.ping_every`` seconds until cancelled (an event-loop task)."""
+    import asyncio
+
+    while True:
+        sd_notify("WATCHDOG=1", address)
+        await asyncio.sleep(watchdog.ping_every)
+
+
+def configure_logging(environ: Mapping[str, str]) -> None:
+    """The daemon's log format: ``<N>`` priority prefixes when stderr is the journal, else plain lines.
+
+    Handlers set up earlier (``-v``) keep their level; only their format changes for the journal.
+    """
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=logging.INFO, format="netplugin: %(levelname)s: %(message)s")
+    if stderr_is_journal(environ):
+        # The journal records the unit, the pid and the time; the priority replaces the level's name.
+        for handler in root.handlers:
+            handler.setFormatter(JournalFormatter("%(message)s"))

@@ -1,0 +1,180 @@
+"""The daemon as a service: systemd notifications (reload, watchdog), journald priorities, metric names,
+and the `netplugin health` probe. Real daemon processes; the test listens on NOTIFY_SOCKET as systemd would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import netplugin
+from netplugin.core.errors import InvalidArgument
+from netplugin.frontends.daemon.systemd import JournalFormatter, Watchdog, stderr_is_journal
+
+from .conftest import wait_for
+
+POD = ("default", "web-0", "infra0")
+
+
+def _notes_after(d: Any, count: int, within: float = 30) -> list[str]:
+    """Wait until the daemon sent at least ``count`` notifications; returns all of them."""
+    end = time.monotonic() + within
+    while len(d.notes) < count and time.monotonic() < end:
+        try:
+            d.notify.settimeout(0.2)
+            d.notes.append(d.notify.recv(4096).decode())
+        except (TimeoutError, BlockingIOError):
+            pass
+    return list(d.notes)
+
+
+# --- systemd ---------------------------------------------------------------------------------------
+
+
+def test_sighup_says_reloading_then_ready(start_daemon: Any, plugin_dir: Any) -> None:
+    plugin_dir.install("scripted")
+    d = start_daemon(env={"NETPLUGIN_PLUGIN": "scripted"})
+    ready = len(d.notes)
+    d.signal(signal.SIGHUP)
+    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish")
+    notes = _notes_after(d, ready + 2)[ready:]
+    assert notes[0].startswith("RELOADING=1\nMONOTONIC_USEC=")
+    usec = int(re.search(r"MONOTONIC_USEC=(\d+)", notes[0]).group(1))  # type: ignore[union-attr]
+    assert abs(usec / 1e6 - time.clock_gettime(time.CLOCK_MONOTONIC)) < 60  # systemd's clock, not the wall clock
+    assert notes[1].startswith("READY=1")
+
+
+def test_watchdog_pings_from_the_event_loop(start_daemon: Any, plugin_dir: Any) -> None:
+    p = plugin_dir.install("scripted")
+    d = start_daemon(env={"NETPLUGIN_PLUGIN": "scripted", "WATCHDOG_USEC": "400000"})
+    notes = _notes_after(d, len(d.notes) + 3, within=10)
+    assert notes.count("WATCHDOG=1") >= 3, notes
+    assert "WATCHDOG_USEC" not in p.env_of("init")  # plugins are not the watched process
+
+
+def test_watchdog_meant_for_another_pid_is_ignored(start_daemon: Any, plugin_dir: Any) -> None:
+    plugin_dir.install("scripted")
+    d = start_daemon(env={"NETPLUGIN_PLUGIN": "scripted", "WATCHDOG_USEC": "200000", "WATCHDOG_PID": "1"})
+    time.sleep(1.0)  # five intervals: long enough for pings that must not come
+    assert "WATCHDOG=1" not in _notes_after(d, 99, within=0.5)
+
+
+def test_watchdog_settings() -> None:
+    assert Watchdog({"WATCHDOG_USEC": "30000000"}).ping_every == 15.0
+    assert Watchdog({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "42"}, pid=42).enabled
+    assert not Watchdog({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "43"}, pid=42).enabled
+    assert not Watchdog({"WATCHDOG_USEC": "0"}).enabled
+    assert not Watchdog({}).enabled
+
+
+def test_log_lines_carry_journal_priorities_when_stderr_is_the_journal(
+    start_daemon: Any, plugin_dir: Any, tmp_path: Path
+) -> None:
+    plugin_dir.install("scripted")
+    log = tmp_path / "daemon0.log"  # the fixture's log file for the first daemon: stdout and stderr
+    log.write_bytes(b"")
+    st = log.stat()
+    d = start_daemon(env={"NETPLUGIN_PLUGIN": "scripted", "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+    with pytest.raises(InvalidArgument):
+        d.call("setup", namespace="bad_ns", pod="x", infra_id="y")  # the daemon logs it as a warning
+    d.stop()
+    lines = [line for line in d.output().splitlines() if line]
+    assert lines and all(re.match(r"<[0-7]>", line) for line in lines), lines
+    assert any(line.startswith("<6>serving on ") for line in lines), lines
+    assert any(line.startswith("<4>setup ") for line in lines), lines
+
+
+def test_plain_log_lines_on_a_terminal_or_file(start_daemon: Any, plugin_dir: Any) -> None:
+    plugin_dir.install("scripted")
+    d = start_daemon(env={"NETPLUGIN_PLUGIN": "scripted", "JOURNAL_STREAM": "1:1"})  # not our stderr
+    d.stop()
+    assert "netplugin: INFO: serving on" in d.output()
+    assert not re.search(r"^<\d>", d.output(), re.M)
+
+
+def test_journal_formatter_and_detection(tmp_path: Path) -> None:
+    record = logging.LogRecord("x", logging.ERROR, __file__, 1, "two\nlines", None, None)
+    assert JournalFormatter("%(message)s").format(record) == "<3>two\n<3>lines"
+    record.levelno = logging.DEBUG
+    assert JournalFormatter("%(message)s").format(record).startswith("<7>")
+    f = tmp_path / "f"
+    with open(f, "w") as out:
+        st = os.fstat(out.fileno())
+        assert stderr_is_journal({"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}, out.fileno())
+        assert not stderr_is_journal({"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino + 1}"}, out.fileno())
+        assert not stderr_is_journal({"JOURNAL_STREAM": "junk"}, out.fileno())
+
+
+# --- metrics -------------------------------------------------------------------------------------------
+
+
+def _metric_text(d: Any) -> str:
+    text: str = d.metrics()
+    return text
+
+
+def test_metrics_names_build_info_and_invalid_op(start_daemon: Any, cli: Any, plugin_dir: Any) -> None:
+    plugin_dir.install("scripted")
+    env = {"NETPLUGIN_PLUGIN": "scripted"}
+    d = start_daemon(env=env)
+    assert cli("setup", *POD, env=env, mode="always").returncode == 0
+    assert cli("teardown", *POD, env=env, mode="always").returncode == 0
+    # A request that is not JSON: its op is unknown, so it is counted as op="invalid".
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(d.socket)
+        s.sendall(b"not json\n")
+        assert json.loads(s.makefile().readline())["ok"] is False
+    text = _metric_text(d)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    totals = {s.labels["operation_type"]: s.value for s in families["network_plugin_operations"].samples}
+    assert totals == {"set_up_pod": 1.0, "tear_down_pod": 1.0, "get_pod_network_status": 0.0}
+    assert families["network_plugin_operations"].type == "counter"
+    [build] = families["netplugin_build_info"].samples
+    assert build.value == 1.0
+    assert build.labels["version"] == netplugin.__version__
+    assert re.search(r'netplugin_daemon_requests_total\{op="invalid",outcome="InvalidArgument"\} 1\.0', text)
+    assert 'op="?"' not in text
+
+
+def test_metrics_pass_promtool(start_daemon: Any, cli: Any, plugin_dir: Any) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (scripts/install-deps.sh --test installs it)")
+    plugin_dir.install("scripted")
+    env = {"NETPLUGIN_PLUGIN": "scripted"}
+    d = start_daemon(env=env)
+    assert cli("setup", *POD, env=env, mode="always").returncode == 0
+    out = subprocess.run([promtool, "check", "metrics"], input=_metric_text(d), capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- netplugin health: the liveness probe --------------------------------------------------------------
+
+
+def test_health_answers_while_the_daemon_serves_and_fails_on_a_stale_socket(
+    start_daemon: Any, cli: Any, plugin_dir: Any
+) -> None:
+    plugin_dir.install("scripted")
+    d = start_daemon(env={"NETPLUGIN_PLUGIN": "scripted"})
+    r = cli("health", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["pid"] == d.pid
+    assert cli("health").stdout.startswith(f"serving: pid {d.pid}, plugin scripted")
+    # Killed hard: the socket file stays, nobody listens. A `test -S` probe would still pass.
+    d.kill()
+    assert os.path.exists(d.socket)
+    r = cli("health", "--wait", "2")
+    assert r.returncode == 6, r.stderr
+    assert d.socket in r.stderr
