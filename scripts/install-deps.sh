@@ -16,6 +16,8 @@ fi
 
 debs=(iproute2 util-linux procps)
 [ "$want_test" = 1 ] && debs+=(shellcheck iputils-ping)
+# the containerd suite (tests/frontends/cni/test_containerd.py): a private containerd drives netplugin-cni
+[ "$want_test" = 1 ] && debs+=(containerd runc busybox-static containernetworking-plugins)
 missing=()
 for pkg in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -22,8 +22,9 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from netplugin.core.config import Config
@@ -41,7 +42,21 @@ if TYPE_CHECKING:
     from netplugin.core.invoke import Runner
     from netplugin.store.state import StateStore
 
-__all__ = ["Manager"]
+__all__ = ["CallOptions", "Manager"]
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """Settings of one pod action that the config does not give (the CNI shim's per-call ones).
+
+    ``netns``: the network namespace path as the runtime gave it (instead of ``netns_template``);
+    ``env``: variables added to the plugin's environment for this action only. Neither counts
+    as a setting of init (its marker), so pods set up through the CNI shim, the CLI and the
+    daemon share one init.
+    """
+
+    netns: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 class Manager:
@@ -158,13 +173,25 @@ class Manager:
 
     # --- pod actions ------------------------------------------------------------------------------------
 
-    def _context(self, action: Action, pod: PodRef | None, pod_obj: dict[str, Any] | None = None) -> CallContext:
+    def _context(
+        self,
+        action: Action,
+        pod: PodRef | None,
+        pod_obj: dict[str, Any] | None = None,
+        call: CallOptions | None = None,
+    ) -> CallContext:
         c = self.config
+        if pod is None:
+            netns = ""
+        elif call is not None and call.netns is not None:
+            netns = call.netns
+        else:
+            netns = c.netns_path(pod.infra_id)
         return CallContext(
-            netns=c.netns_path(pod.infra_id) if pod is not None else "",
+            netns=netns,
             pod=pod_obj,
             timeout=c.timeout_for(action.value),
-            env=self._env,
+            env={**self._env, **call.env} if call is not None and call.env else self._env,
             state_dir=c.state_dir,
             kill_grace=c.kill_grace,
             max_output=c.max_output,
@@ -185,35 +212,42 @@ class Manager:
         with flocked(pod_lock_path(self.config.run_dir, pod)):
             yield
 
-    def setup(self, pod: PodRef) -> PodNetworkStatus | None:
+    def setup(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
         """Set up the pod's network. Returns its status when the state store wants it recorded."""
         plugin = self.plugin
         self.init()
         with self.pod_lock(pod):
             pod_obj = self._lookup(pod, Action.SETUP)
-            ctx = self._context(Action.SETUP, pod, pod_obj)
+            ctx = self._context(Action.SETUP, pod, pod_obj, call)
             if self.state is not None:
                 self.state.begin(pod, plugin.name, plugin.version(), ctx.netns, pod_obj=pod_obj)
             try:
                 plugin.setup(pod, ctx)
             except NetpluginError as e:
-                self._rollback(plugin, pod, pod_obj, e)
+                self._rollback(plugin, pod, pod_obj, e, call)
                 raise
             status = None
             if self.state is not None:
                 if self.state.record_status:  # one more exec on the pod-start path, for the record's IP
                     try:
-                        status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj))
+                        status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, call))
                     except PluginError:
                         status = None  # setup succeeded; a status failure must not undo it
                 self.state.complete(pod, status.ip if status else None)
             return status
 
-    def _rollback(self, plugin: Plugin, pod: PodRef, pod_obj: dict[str, Any] | None, err: NetpluginError) -> None:
+    def _rollback(
+        self,
+        plugin: Plugin,
+        pod: PodRef,
+        pod_obj: dict[str, Any] | None,
+        err: NetpluginError,
+        call: CallOptions | None = None,
+    ) -> None:
         if not self.config.rollback_on_failure:
             return
         try:
-            plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj))
+            plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj, call))
         except NetpluginError as te:
             err.details["rollback_error"] = te.message
             return
@@ -221,7 +255,7 @@ class Manager:
         if self.state is not None:
             self.state.remove(pod)
 
-    def teardown(self, pod: PodRef) -> None:
+    def teardown(self, pod: PodRef, call: CallOptions | None = None) -> None:
         """Tear down the pod's network (also when netplugin has no record of it)."""
         plugin = self.plugin
         init_error: PluginError | None = None
@@ -233,26 +267,26 @@ class Manager:
             init_error = e
         with self.pod_lock(pod):
             try:
-                self._teardown_locked(plugin, pod)
+                self._teardown_locked(plugin, pod, call)
             except NetpluginError as e:
                 if init_error is not None:
                     e.details["init_error"] = init_error.message
                 raise
 
-    def _teardown_locked(self, plugin: Plugin, pod: PodRef) -> None:
+    def _teardown_locked(self, plugin: Plugin, pod: PodRef, call: CallOptions | None = None) -> None:
         pod_obj = self._lookup(pod, Action.TEARDOWN)
         if self.state is not None:
             self.state.mark_teardown(pod)
-        plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj))
+        plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj, call))
         if self.state is not None:
             self.state.remove(pod)
 
-    def status(self, pod: PodRef) -> PodNetworkStatus | None:
+    def status(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
         plugin = self.plugin
         self.init()
         with self.pod_lock(pod):
             pod_obj = self._lookup(pod, Action.STATUS)
-            result = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj))
+            result = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, call))
             if self.state is not None and result is not None:
                 self.state.observe_ip(pod, result.ip)  # records the IP without an exec at setup
             return result

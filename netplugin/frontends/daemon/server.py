@@ -46,6 +46,7 @@ from netplugin import __version__
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
 from netplugin.core.names import PodRef
 from netplugin.frontends.client import MAX_MESSAGE, OPS, POD_OPS, PROTOCOL_VERSION, fingerprint
+from netplugin.frontends.daemon.forwarded import check_settings, run_cni
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if
 from netplugin.frontends.daemon.metrics import Metrics
 from netplugin.frontends.daemon.systemd import sd_notify
@@ -142,6 +143,13 @@ class Daemon:
     def dispatch(self, req: dict[str, Any]) -> Any:
         """Run one request (in a worker thread); returns the result or raises NetpluginError."""
         op = req["op"]
+        if op == "cni":
+            result = run_cni(req, self.manager, self.fingerprint, self.socket_path, self.metrics.timed)
+            if result["code"] == 0:
+                self._plugin_ok()
+            return result
+        if "settings" in req:
+            check_settings(req["settings"], self.fingerprint, self.socket_path)
         if op in POD_OPS:
             pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
             result = self.metrics.timed(op, lambda: self._pod_op(op, pod))

@@ -1,0 +1,3 @@
+from netplugin.frontends.cni.fast import main
+
+main()
