@@ -223,6 +223,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             # Its own session: a Ctrl-C of pytest must not reach it before close() runs.
             self.proc = subprocess.Popen(
                 ["containerd", "--config", str(config)],
+                # The CNI plugins it runs inherit this: no NETPLUGIN_* settings of the developer's shell.
+                env={k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,

@@ -23,6 +23,8 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,12 +34,13 @@ from typing import Any
 import pytest
 from nettest import free_third_octet
 
+from netplugin.frontends.client import NotSent, exchange
+
 from .containerd import Containerd, Sandbox, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[3]
 BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"
 TEST_RANGE = "10.206.0.0/16"
-SHIM_MODULE = "netplugin.frontends.cni"
 
 pytestmark = pytest.mark.containerd
 
@@ -52,10 +55,10 @@ def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]
     if reason:
         pytest.skip(reason)
     root = tmp_path_factory.mktemp("containerd")
-    shim = root / "netplugin-cni"
-    shim.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m {SHIM_MODULE} "$@"\n')
-    shim.chmod(0o755)
-    ctd = Containerd(root, shim)
+    # The shim as installed: the entry script `netplugin install-shim` writes (python -I -S).
+    made = _run([sys.executable, "-m", "netplugin", "install-shim", str(root / "netplugin-cni")])
+    assert made.returncode == 0, made.stderr
+    ctd = Containerd(root, Path(made.stdout.strip()))
     try:
         ctd.start()
         yield ctd
@@ -71,6 +74,7 @@ class CniNet:
     tmp: Path
     tag: str = field(default_factory=lambda: secrets.token_hex(3))
     sandboxes: list[str] = field(default_factory=list)
+    daemon: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
         self.name = f"np{self.tag}"
@@ -112,6 +116,49 @@ class CniNet:
     def use(self, plugin: str = "bridge", **extra: Any) -> None:
         self.ctd.use_network(self.conflist(plugin, **extra))
 
+    def daemon_config(self) -> Path:
+        """A netplugin config file with the settings of :meth:`conflist` (for ``netplugin serve``)."""
+        conf = self.conflist()["plugins"][0]
+        path = self.tmp / "netplugin.yaml"
+        lines = [
+            "plugin: bridge",
+            f"plugin_dir: {conf['pluginDir']}",
+            f"state_dir: {conf['stateDir']}",
+            f"run_dir: {conf['runDir']}",
+            "host: none",
+            "metrics_address: 127.0.0.1:0",
+            "env:",
+            *(f"  {k}: {json.dumps(v)}" for k, v in conf["env"].items()),
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def start_daemon(self, config: Path) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+        env["NETPLUGIN_CONFIG"] = str(config)
+        log = open(self.tmp / "daemon.log", "wb")  # noqa: SIM115 -- the daemon writes it until close()
+        self.daemon = subprocess.Popen(
+            [sys.executable, "-m", "netplugin", "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        sock = str(self.run_dir / "netplugin.sock")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if exchange(sock, {"v": 1, "op": "health"}, timeout=10)["ok"]:
+                    return self.daemon
+            except NotSent:
+                pass
+            if self.daemon.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError((self.tmp / "daemon.log").read_text())
+            time.sleep(0.05)
+
+    def daemon_metrics(self) -> str:
+        health = exchange(str(self.run_dir / "netplugin.sock"), {"v": 1, "op": "health"}, timeout=10)["result"]
+        with urllib.request.urlopen(f"http://{health['metrics_address']}/metrics", timeout=10) as resp:
+            body: bytes = resp.read()
+        return body.decode()
+
     def run_pod(self, namespace: str, name: str, uid: str | None = None, attempt: int = 0) -> Sandbox:
         sb = self.ctd.run_pod(namespace, name, uid or str(uuid.uuid4()), attempt)
         self.sandboxes.append(sb.id)
@@ -140,6 +187,9 @@ class CniNet:
     def close(self) -> None:
         for sid in self.sandboxes:
             self.ctd.stop_remove(sid, check=False)
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.daemon.terminate()
+            self.daemon.wait(60)
         if os.path.exists(f"/sys/class/net/{self.bridge}"):
             _run(["ip", "link", "del", self.bridge])
 
@@ -261,3 +311,37 @@ def test_a_failing_plugin_reaches_run_pod_sandbox_and_leaks_nothing(net: CniNet,
     assert calls[:3] == ["init", "setup", "teardown"], calls  # setup, then its rollback
     assert "teardown" in calls[3:], calls  # and the DEL containerd sent
     assert net.records() == [] and net.attachments() == []
+
+
+def test_pods_through_the_daemon_when_it_runs_with_the_same_settings(net: CniNet) -> None:
+    config = net.daemon_config()
+    net.start_daemon(config)
+    # The conflist names the daemon's config file (and the run dir, where the shim finds the socket).
+    net.ctd.use_network(
+        {
+            "cniVersion": "1.0.0",
+            "cniVersions": ["1.0.0", "1.1.0"],
+            "name": net.name,
+            "plugins": [
+                {
+                    "type": "netplugin-cni",
+                    "configFile": str(config),
+                    "runDir": str(net.run_dir),
+                    "logFile": str(net.log),
+                }
+            ],
+        }
+    )
+    sbs = [net.run_pod("np-api", f"api-{i}") for i in range(2)]
+    assert [e["via"] for e in net.log_entries()] == ["daemon", "daemon"], net.log_entries()
+    assert {r["infra_id"] for r in net.records()} == {sb.id for sb in sbs}
+    assert _ping(sbs[0], sbs[1].ip).returncode == 0
+    for sb in sbs:
+        net.ctd.stop_remove(sb.id)
+    assert_nothing_left(net, sbs)
+    entries = net.log_entries()
+    assert {e["via"] for e in entries} == {"daemon"} and all(e["result"] == "ok" for e in entries), entries
+    metrics = net.daemon_metrics()
+    assert 'network_plugin_operations_duration_seconds_count{operation_type="set_up_pod"} 2.0' in metrics
+    dels = len([e for e in entries if e["command"] == "DEL"])
+    assert f'network_plugin_operations_duration_seconds_count{{operation_type="tear_down_pod"}} {dels}.0' in metrics
