@@ -163,7 +163,7 @@ def _code_version() -> str:
 
     h = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("native.py", "ipam.py"):
+    for name in ("bridge.py", "ipam.py"):
         with open(os.path.join(here, name), "rb") as f:
             h.update(f.read())
     return "builtin:netplugin.io/bridge:sha256:" + h.hexdigest()[:16]
