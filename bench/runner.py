@@ -97,7 +97,7 @@ def _machine() -> dict[str, str]:
 def _probe_daemon(ctx: RunContext) -> str | None:
     """None when ``netplugin serve`` starts and answers; else why not."""
     if importlib.util.find_spec("netplugin.frontends.daemon") is None:
-        return "netplugin/daemon.py does not exist yet"
+        return "netplugin/frontends/daemon does not exist yet"
     d = ctx.workdir / "probe"
     d.mkdir(mode=0o755)
     (d / "exec").mkdir(mode=0o755)
@@ -139,7 +139,7 @@ def _availability(ctx: RunContext, wanted: str) -> tuple[dict[str, str], dict[st
     if daemon_problem:
         missing["D"] = daemon_problem
     elif importlib.util.find_spec("netplugin.plugins.bridge") is None:
-        missing["D"] = "netplugin/native.py does not exist yet"
+        missing["D"] = "netplugin/plugins/bridge.py does not exist yet"
     elif not pyroute2:
         missing["D"] = "pyroute2 is not installed (pip install .[daemon])"
     else:
