@@ -17,9 +17,10 @@ file is found by the full CLI).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
+
+from netplugin.frontends.wire import dumps
 
 __all__ = ["EXIT_CODES", "exit_code_for_classes", "main", "parse_pod_command"]
 
@@ -166,7 +167,7 @@ def via_daemon(cmd: PodCommand, environ: dict[str, str] | os._Environ[str]) -> i
         return None  # not run: the full CLI decides (work alone, or exit 6 for use_daemon: always)
     code = exit_code_for_classes(names)
     if cmd.output == "json":
-        _say(json.dumps({"exit_code": code, **err}, default=str, sort_keys=True), err=True)
+        _say(dumps({"exit_code": code, **err}, sort_keys=True), err=True)
     else:
         _say(f"netplugin: error: {err.get('message', '')}", err=True)
     return code
@@ -174,7 +175,7 @@ def via_daemon(cmd: PodCommand, environ: dict[str, str] | os._Environ[str]) -> i
 
 def _fail(message: str, code: int, cmd: PodCommand, cls: str) -> None:
     if cmd.output == "json":
-        _say(json.dumps({"error": cls, "message": message, "exit_code": code}, sort_keys=True), err=True)
+        _say(dumps({"error": cls, "message": message, "exit_code": code}, sort_keys=True), err=True)
     else:
         _say(f"netplugin: error: {message}", err=True)
 
@@ -185,12 +186,12 @@ def _emit_result(cmd: PodCommand, result: object) -> None:
     if cmd.action == "setup":
         ip = result.get("ip") if isinstance(result, dict) else None
         if cmd.output == "json":
-            _say(json.dumps({**pod, "ip": ip}, sort_keys=True))
+            _say(dumps({**pod, "ip": ip}, sort_keys=True))
     elif cmd.action == "teardown":
         if cmd.output == "json":
-            _say(json.dumps(pod, sort_keys=True))
+            _say(dumps(pod, sort_keys=True))
     elif cmd.output == "json":
-        _say(json.dumps(result, sort_keys=True))
+        _say(dumps(result, sort_keys=True))
     elif isinstance(result, dict):
         _say(str(result.get("ip")))
 

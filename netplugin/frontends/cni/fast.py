@@ -1,8 +1,9 @@
 """``netplugin-cni``'s entry point: hand the call to the daemon when it answers, else run it here.
 
 A container runtime starts this process for every CNI call, so its start-up is on every pod's
-start path. On the daemon path it imports only the standard library's ``json``, ``os``, ``sys``,
-``time``, ``_socket`` and ``struct`` (and netplugin's stdlib-only :mod:`netplugin.frontends.client`):
+start path. On the daemon path it imports only ``os``, ``sys``, ``time``, ``_socket``, ``struct`` and
+``_json`` (through netplugin's :mod:`netplugin.frontends.client` and :mod:`netplugin.frontends.wire`):
+not even ``json`` or ``typing`` (each costs about as much as the interpreter's own start), and
 no click, yaml, psutil, nor the manager or the plugin machinery.
 
 Which daemon, decided from the call's own inputs (the YAML config file is never read here):
@@ -31,10 +32,11 @@ or ``"local"``.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
+
+from netplugin.frontends.wire import dumps, loads
 
 __all__ = ["daemon_target", "forward", "main"]
 
@@ -43,7 +45,9 @@ FORWARDED = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 DEFAULT_RUN_DIR = "/run/netplugin"
 E_IO = 5
 E_TRY_AGAIN = 11
-LATEST = "1.1.0"
+#: as netplugin.frontends.cni.protocol.SUPPORTED_VERSIONS (a test keeps them equal)
+SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+LATEST = SUPPORTED_VERSIONS[-1]
 #: the defaults of core.config, to bound the wait for an answer when the network config sets none
 _DEFAULT_TIMEOUTS = {"init": 10.0, "setup": 30.0, "teardown": 30.0, "status": 10.0}
 _DEFAULT_KILL_GRACE = 2.0
@@ -162,33 +166,37 @@ def forward(
 
 def _conf(stdin: bytes) -> dict[str, object] | None:
     try:
-        conf = json.loads(stdin)
+        conf = loads(stdin)
     except (ValueError, RecursionError):
         return None
     return conf if isinstance(conf, dict) else None
 
 
 def _log(path: str, entry: dict[str, object]) -> None:
-    line = json.dumps(entry, separators=(",", ":"), default=str) + "\n"
     try:
+        line = dumps(entry) + "\n"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
-    except OSError:
+    except (OSError, TypeError, ValueError):
         pass  # a log that cannot be written must not fail the network operation
 
 
 def _emit(doc: dict[str, object] | None) -> None:
     if doc is not None:
-        sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
+        sys.stdout.write(dumps(doc) + "\n")
     sys.stdout.flush()
 
 
 def run_call(environ: dict[str, str] | os._Environ[str], stdin: bytes) -> tuple[int, dict[str, object] | None, str]:
     """One CNI call: (exit status, document, "daemon" or "local"). Never raises."""
     conf = _conf(stdin)
+    if environ.get("CNI_COMMAND") == "VERSION" and (conf is not None or not stdin.strip()):
+        asked = conf.get("cniVersion") if conf is not None else None
+        version = asked if isinstance(asked, str) and asked in SUPPORTED_VERSIONS else LATEST
+        return 0, {"cniVersion": version, "supportedVersions": list(SUPPORTED_VERSIONS)}, "local"
     if conf is not None and environ.get("CNI_COMMAND") in FORWARDED:
         mode, sock = daemon_target(conf, environ)
         if mode in ("auto", "always"):
