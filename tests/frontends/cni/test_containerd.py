@@ -254,9 +254,15 @@ def test_pods_get_the_plugins_addresses_reach_each_other_and_leave_nothing(net: 
                 done = _ping(a, b.ip)
                 assert done.returncode == 0, f"{a.name} -> {b.name} ({b.ip}): {done.stdout}{done.stderr}"
 
+    def dels_of(sb: Sandbox) -> list[tuple[str, bool]]:
+        entries = net.log_entries()
+        return [(e["netns"], e["prevResult"]) for e in entries if e["command"] == "DEL" and e["containerID"] == sb.id]
+
     for sb in sbs:
         net.ctd.stop(sb.id)
+        assert dels_of(sb) == [(sb.netns, True)]  # StopPodSandbox: in the netns, with the cached result
         net.ctd.remove(sb.id)
+        assert dels_of(sb)[1:] == [("", False)]  # RemovePodSandbox: once more, no netns, no result
     assert_nothing_left(net, sbs)
     dels = [e for e in net.log_entries() if e["command"] == "DEL"]
     assert all(e["result"] == "ok" for e in dels), dels
