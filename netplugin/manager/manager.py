@@ -50,13 +50,17 @@ class CallOptions:
     """Settings of one pod action that the config does not give (the CNI shim's per-call ones).
 
     ``netns``: the network namespace path as the runtime gave it (instead of ``netns_template``);
-    ``env``: variables added to the plugin's environment for this action only. Neither counts
+    ``env``: variables added to the plugin's environment for this action only;
+    ``want_status``: see the field. Neither ``netns`` nor ``env`` counts
     as a setting of init (its marker), so pods set up through the CNI shim, the CLI and the
     daemon share one init.
     """
 
     netns: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    #: setup also asks the plugin's status (under the same lock, recorded with the setup) and
+    #: returns it, or raises its failure after recording the setup
+    want_status: bool = False
 
 
 class Manager:
@@ -227,13 +231,18 @@ class Manager:
                 self._rollback(plugin, pod, pod_obj, e, call)
                 raise
             status = None
+            status_error: PluginError | None = None
+            want = call is not None and call.want_status
+            if want or (self.state is not None and self.state.record_status):
+                # one more exec on the pod-start path, for the record's IP (and the caller's)
+                try:
+                    status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, call))
+                except PluginError as e:
+                    status, status_error = None, e  # setup succeeded; a status failure must not undo it
             if self.state is not None:
-                if self.state.record_status:  # one more exec on the pod-start path, for the record's IP
-                    try:
-                        status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, call))
-                    except PluginError:
-                        status = None  # setup succeeded; a status failure must not undo it
                 self.state.complete(pod, status.ip if status else None)
+            if want and status_error is not None:
+                raise status_error  # the caller asked for the status: it gets the failure
             return status
 
     def _rollback(

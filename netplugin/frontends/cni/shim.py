@@ -232,9 +232,11 @@ def _add(ops: _Ops) -> dict[str, Any]:
     if network:
         att = Attachment(req.container_id, req.ifname, req.netns, pod.namespace, pod.name)
         record_attachment(cfg, network, att)
-    # A failed setup is rolled back by the manager; a failed status after a good setup is left
-    # for the DEL that the runtime must send after any failed ADD.
-    status = m.setup(pod, ops.call) or m.status(pod, ops.call)
+    # A failed setup is rolled back by the manager; a failed status after a good setup fails the
+    # ADD and is left for the DEL that the runtime must send after any failed ADD.
+    # The status comes with the setup, under its lock and in its record (no second lock,
+    # record write or init check); a plugin that reports no address gives ips: [].
+    status = m.setup(pod, replace(ops.call, want_status=True))
     prev = req.conf.get("prevResult")
     return make_result(
         req.cni_version,
