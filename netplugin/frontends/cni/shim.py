@@ -7,7 +7,7 @@ so CNI pods get the same guarantees as netplugin's own (init once, per-pod
 locks across processes, time limits, rollback of a failed setup).
 
 Operations
-    ``ADD``     setup, then status; prints a CNI result (see "Result" below).
+    ``ADD``     setup and status (one locked action); prints a CNI result (see "Result" below).
     ``DEL``     teardown. Idempotent: it succeeds when the pod's resources or its
                 network namespace are gone, and when ``CNI_NETNS`` is empty.
     ``CHECK``   status; fails when the plugin reports no address (code 3) or an
@@ -47,12 +47,18 @@ Pod identity
     still torn down as the pod it was set up as.
 
 Network namespace and interface
-    ``NETPLUGIN_NETNS`` is ``CNI_NETNS`` (the config's ``netns_template`` is replaced by
-    that literal path for the call). When ``CNI_NETNS`` is empty (allowed for DEL and
-    GC) it is ``/dev/null/no-netns``, a path that can never exist, so a plugin's
-    "netns gone" branch runs. ``CNI_IFNAME`` is given to the plugin as
-    ``NETPLUGIN_IFNAME`` and ``NETPLUGIN_BRIDGE_IFNAME``; the ``CNI_*`` variables
-    themselves are inherited as well (unless ``inherit_env`` is false).
+    ``NETPLUGIN_NETNS`` is ``CNI_NETNS`` for the call (the config's ``netns_template`` is not
+    used). When ``CNI_NETNS`` is empty (allowed for DEL and GC) it is ``/dev/null/no-netns``, a
+    path that can never exist, so a plugin's "netns gone" branch runs. ``CNI_IFNAME`` is given
+    to the plugin as ``NETPLUGIN_IFNAME`` and ``NETPLUGIN_BRIDGE_IFNAME``; the ``CNI_*``
+    variables themselves are inherited as well (unless ``inherit_env`` is false). These are
+    per-call options (:class:`~netplugin.manager.manager.CallOptions`), not settings: they are
+    no part of init's marker nor of the settings compared with the daemon's.
+
+Where it runs
+    The entry point (:mod:`netplugin.frontends.cni.fast`) hands the call to ``netplugin serve``
+    when it answers and runs with the same settings (the daemon then calls :func:`run` with
+    its manager); otherwise :func:`run` runs here. The result is the same either way.
 
 Result
     ``interfaces: [{name: CNI_IFNAME, mac, sandbox: CNI_NETNS}]``, ``ips: [{address,
@@ -70,15 +76,17 @@ Errors
     The CNI error JSON ``{cniVersion, code, msg, details}`` on stdout and exit 1:
 
     ====  =================================================================
-    1     ``cniVersion`` not supported
+    1     ``cniVersion`` not supported, or too old for the command (CHECK, STATUS, GC)
     3     CHECK: the plugin reports no address for the container
     4     a ``CNI_*`` variable is missing or invalid (command, container id,
           ifname, netns, ``CNI_ARGS``)
     5     I/O: the exec dir, a lock, state or a host lookup failed
     6     stdin is not a JSON object
-    7     invalid network or netplugin config (names the key); the plugin is
+    7     invalid network or netplugin config (names the key; STATUS too); the plugin is
           not found or not usable; CHECK without ``prevResult``
-    11    try again later: the plugin timed out (its process tree was killed)
+    11    try again later: the plugin timed out (its process tree was killed); the
+          daemon is required (``use_daemon: always``) but unavailable, or it was lost
+          while it ran the call
     50    STATUS: the plugin cannot be selected or initialised
     999   the plugin failed (details: its stderr tail), or an internal error
     ====  =================================================================
@@ -88,11 +96,13 @@ Errors
 Installing
     The runtime finds the plugin by its ``type`` in its CNI bin dirs (``CNI_PATH``;
     podman: ``cni_plugin_dirs``, on Debian ``/usr/lib/cni``; containerd: ``/opt/cni/bin``),
-    so link the console script there, e.g.
-    ``ln -s "$(command -v netplugin-cni)" /opt/cni/bin/netplugin-cni``, and install a
+    so put the entry script there: ``netplugin install-shim /opt/cni/bin`` (it starts
+    ``python -I -S`` with an explicit path; a console script works too, slower), and install a
     conflist like ``etc/cni/10-netplugin.conflist`` in ``/etc/cni/net.d``. Use
-    ``"cniVersion": "1.0.0"`` with podman 4.x: its libcni cannot read 1.1.0 results,
-    and it never sends STATUS, GC or CHECK. ``scripts/podman-setup.sh`` prepares
+    ``"cniVersion": "1.0.0"`` with podman 4.x and containerd 1.6: their libcni cannot read
+    1.1.0 results (podman never sends STATUS, GC or CHECK); ``"cniVersions": ["1.0.0", "1.1.0"]``
+    lets newer runtimes pick 1.1.0. CHECK needs a config version >= 0.4.0, STATUS and GC
+    >= 1.1.0 (as libcni applies them); older ones get code 1. ``scripts/podman-setup.sh`` prepares
     podman's CNI backend for trying this.
 """
 
