@@ -418,7 +418,7 @@ def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
 )
 @click.option("--python", "python", metavar="PATH", help="Interpreter to run it with (default: this one).")
 def install_shim(dest: str, kind: str, python: str | None) -> None:
-    """Write a fast entry script to DEST (a file, or a dir: DEST/netplugin-cni).
+    """Write a fast entry script to DEST (a file, or a dir: DEST/netplugin-cni, or DEST/netplugin).
 
     The script runs `python -I -S` with an explicit path instead of site hooks, so a CNI call
     that the daemon serves starts about as fast as a bare interpreter. Regenerate it after

@@ -72,11 +72,28 @@ def entry_script(kind: str, *, python: str | None = None) -> str:
 
 
 def install_entry(kind: str, dest: str, *, python: str | None = None) -> str:
-    """Write the entry script to ``dest`` (atomically, mode 0755); returns the path written."""
-    text = entry_script(kind, python=python)
+    """Write the entry script to ``dest`` (atomically, mode 0755); returns the path written.
+
+    Raises SystemFailure when the interpreter cannot be run or the file cannot be written.
+    """
+    from netplugin.core.errors import SystemFailure
+
+    interpreter = os.path.realpath(python or sys.executable)
+    try:
+        text = entry_script(kind, python=interpreter)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise SystemFailure("cannot run the interpreter", interpreter, str(e)) from None
     if os.path.isdir(dest):
         dest = os.path.join(dest, "netplugin-cni" if kind == "cni" else "netplugin")
     tmp = f"{dest}.tmp{os.getpid()}"
+    try:
+        _write(tmp, dest, text)
+    except OSError as e:
+        raise SystemFailure("cannot write the entry script", dest, e.strerror or str(e)) from None
+    return dest
+
+
+def _write(tmp: str, dest: str, text: str) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o755)
     try:
         with os.fdopen(fd, "w") as f:
@@ -91,4 +108,3 @@ def install_entry(kind: str, dest: str, *, python: str | None = None) -> str:
         except FileNotFoundError:
             pass
         raise
-    return dest

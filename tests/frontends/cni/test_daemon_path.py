@@ -248,3 +248,23 @@ def test_the_installed_entry_script_is_isolated_and_serves_calls(world: World, f
     done = world.shim("DEL", world.conf(), argv=[str(script)])  # alone: yaml, click... found too
     assert done.returncode == 0, done.stderr
     assert [e["via"] for e in world.log_entries()] == ["daemon", "local"]
+
+
+def test_install_shim_writes_the_cli_too_and_reports_what_it_cannot_do(world: World, tmp_path: Path) -> None:
+    env = {**world.base_env}
+    made = subprocess.run(
+        [sys.executable, "-m", "netplugin", "install-shim", "--kind", "cli", str(tmp_path)],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    script = tmp_path / "netplugin"
+    assert made.stdout.strip() == str(script)
+    # The full CLI (click, yaml) is found through the script's explicit path, without site.
+    done = subprocess.run([str(script), "--version"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert (done.returncode, done.stdout.strip()) == (0, "netplugin 0.1.0"), done.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "netplugin", "install-shim", str(tmp_path / "no" / "such" / "dir")],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 5
+    assert "cannot write the entry script" in bad.stderr and "Traceback" not in bad.stderr
