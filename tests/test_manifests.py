@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from netplugin import config as npconfig
+from netplugin.core import config as npconfig
 
 REPO = Path(__file__).resolve().parent.parent
 KUBE_DIR = REPO / "etc" / "kubernetes"
@@ -327,7 +327,9 @@ def _make_source(tmp_path: Path) -> Path:
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     # A stand-in shim: shows that the wrapper runs netplugin.frontends.cni:main with the runtime's env and argv.
-    (pkg / "cni.py").write_text(
+    (pkg / "frontends" / "cni").mkdir(parents=True)
+    (pkg / "frontends" / "__init__.py").write_text("")
+    (pkg / "frontends" / "cni" / "__init__.py").write_text(
         "import json, os, sys\n"
         "def main():\n"
         "    print(json.dumps({'cmd': os.environ.get('CNI_COMMAND'), 'argv': sys.argv[1:],"
@@ -335,7 +337,7 @@ def _make_source(tmp_path: Path) -> Path:
         "    return 0\n"
     )
     (pkg / "__pycache__").mkdir()
-    (pkg / "__pycache__" / "cni.cpython-311.pyc").write_bytes(b"junk")
+    (pkg / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"junk")
     return src
 
 
@@ -362,7 +364,7 @@ def test_install_sloppy_source_is_normalised_and_idempotent(tmp_path: Path) -> N
         plugin / "lib" / "helper.sh": 0o644,
         cni_bin / "netplugin-cni": 0o755,
         cni_conf / "10-netplugin.conflist": 0o644,
-        lib / "netplugin" / "cni.py": 0o644,
+        lib / "netplugin" / "frontends" / "cni" / "__init__.py": 0o644,
     }
     for path, mode in expected_modes.items():
         st = path.stat()
@@ -390,7 +392,7 @@ def test_install_sloppy_source_is_normalised_and_idempotent(tmp_path: Path) -> N
     )
     assert out.returncode == 0, out.stderr
     ran = json.loads(out.stdout)
-    assert ran == {"cmd": "VERSION", "argv": ["x"], "file": str(lib / "netplugin" / "cni.py")}
+    assert ran == {"cmd": "VERSION", "argv": ["x"], "file": str(lib / "netplugin" / "frontends" / "cni" / "__init__.py")}
 
     # Second run: nothing to do, nothing touched.
     before = _tree_state(tmp_path / "node")

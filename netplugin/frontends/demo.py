@@ -100,7 +100,7 @@ def find_plugin_source(explicit: str | None = None) -> Path:
         [Path(explicit)]
         if explicit
         else [
-            Path(__file__).resolve().parent.parent / "exec_plugins",
+            Path(__file__).resolve().parents[2] / "exec_plugins",
             Path(sys.prefix) / "share" / "netplugin" / "exec_plugins",
             Path("/usr/share/netplugin/exec_plugins"),
         ]

@@ -163,7 +163,8 @@ def _code_version() -> str:
 
     h = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("bridge.py", "ipam.py"):
+    # Every module whose code decides what init does; a change to any of them runs init again.
+    for name in ("bridge.py", "bridge_settings.py", "ipam.py", "netlink.py", "netns.py"):
         with open(os.path.join(here, name), "rb") as f:
             h.update(f.read())
     return "builtin:netplugin.io/bridge:sha256:" + h.hexdigest()[:16]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from netplugin import errors as E
+from netplugin.core import errors as E
 from netplugin.core.config import load_config
 from netplugin.frontends.cli import EXIT_CODES, exit_code_for
 from netplugin.frontends.client import fingerprint
