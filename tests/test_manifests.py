@@ -392,7 +392,8 @@ def test_install_sloppy_source_is_normalised_and_idempotent(tmp_path: Path) -> N
     )
     assert out.returncode == 0, out.stderr
     ran = json.loads(out.stdout)
-    assert ran == {"cmd": "VERSION", "argv": ["x"], "file": str(lib / "netplugin" / "frontends" / "cni" / "__init__.py")}
+    stand_in = lib / "netplugin" / "frontends" / "cni" / "__init__.py"
+    assert ran == {"cmd": "VERSION", "argv": ["x"], "file": str(stand_in)}
 
     # Second run: nothing to do, nothing touched.
     before = _tree_state(tmp_path / "node")
