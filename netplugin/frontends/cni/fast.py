@@ -38,7 +38,7 @@ import time
 
 from netplugin.frontends.wire import dumps, loads
 
-__all__ = ["daemon_target", "forward", "main"]
+__all__ = ["answer_timeout", "daemon_target", "forward", "main", "run_call"]
 
 #: commands the daemon can run for the shim (VERSION is answered here, without any state)
 FORWARDED = ("ADD", "DEL", "CHECK", "STATUS", "GC")
