@@ -15,6 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 POD_ENV: dict[str, Any] = {}
+DEFAULT_SOCKET = "/run/netplugin/netplugin.sock"
 NO_POD: dict[str, Any] = {"container_id": None, "ifname": None, "args": None, "netns": ""}
 
 
@@ -100,3 +101,24 @@ def test_the_entry_point_knows_the_same_versions_as_the_protocol() -> None:
     assert fast.SUPPORTED_VERSIONS == protocol.SUPPORTED_VERSIONS
     assert fast.LATEST == protocol.LATEST
     assert (fast.E_IO, fast.E_TRY_AGAIN) == (protocol.E_IO, protocol.E_TRY_AGAIN)
+
+
+@pytest.mark.parametrize(
+    ("conf", "env", "expected"),
+    [
+        ({}, {}, ("auto", DEFAULT_SOCKET)),
+        ({"runDir": "/r"}, {"NETPLUGIN_RUN_DIR": "/e"}, ("auto", "/r/netplugin.sock")),
+        ({"netplugin": {"run-dir": "/n"}}, {"NETPLUGIN_RUN_DIR": "/e"}, ("auto", "/n/netplugin.sock")),
+        ({}, {"NETPLUGIN_RUN_DIR": "/e"}, ("auto", "/e/netplugin.sock")),
+        ({"runDir": "/r"}, {"NETPLUGIN_SOCKET": "/s.sock"}, ("auto", "/s.sock")),
+        ({"netplugin": {"socket": "/n.sock"}}, {"NETPLUGIN_SOCKET": "/s.sock"}, ("auto", "/n.sock")),
+        ({"netplugin": {"use_daemon": "never"}}, {"NETPLUGIN_USE_DAEMON": "always"}, ("never", DEFAULT_SOCKET)),
+        ({}, {"NETPLUGIN_USE_DAEMON": "always"}, ("always", DEFAULT_SOCKET)),
+    ],
+)
+def test_the_daemon_is_found_as_the_config_would_say(
+    conf: dict[str, Any], env: dict[str, str], expected: tuple[str, str]
+) -> None:
+    from netplugin.frontends.cni.fast import daemon_target
+
+    assert daemon_target(conf, env) == expected
