@@ -179,7 +179,7 @@ def _runtime_targets(figs: dict[str, Figure]) -> list[Target]:
         out.append(Target(f"shim-add-{key}", text, f"{r:.2f}x", f"≤ {limit}x", r <= limit, detail))
     h = add.value("H", "median") if add else None
     p = add.value("P", "median") if add else None
-    text = "CLI setup through the daemon (H) within 15 ms of `python -I -S -c pass` (P), medians"
+    text = "CLI setup through the daemon (H, no-op exec plugin) within 15 ms of `python -I -S -c pass` (P), medians"
     if h is None or p is None:
         out.append(Target("cli-thin", text, "not measured", "≤ +15 ms", None, "H or P unavailable"))
     else:

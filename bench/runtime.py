@@ -7,7 +7,9 @@ process, start to exit. These rows time exactly that, interleaved in one run wit
 * F: ``netplugin-cni`` (the entry script ``netplugin install-shim`` writes: ``python -I -S``),
   forwarding to a daemon of the same settings that runs the bash bridge plugin;
 * G: the same with the daemon's in-process native plugin (``netplugin.io/bridge``);
-* H: ``netplugin setup|teardown`` (the CLI entry script) through a daemon with the bash plugin;
+* H: ``netplugin setup|teardown`` (the CLI entry script) through a daemon whose exec plugin does
+  nothing (``exit 0``), so that H minus P is the CLI's thin path itself: its imports, the request,
+  the daemon's locks, records and exec;
 * P: the bare interpreter, ``python -I -S -c pass``, on the same interpreter: H's floor.
 
 Each ADD and DEL is a fresh process, as libcni runs it. The burst is 20 ADD processes started back
@@ -31,9 +33,10 @@ from .contenders import (
     RunContext,
     _Call,
     bridge_plugin_dir,
+    install_exec_plugin,
     netplugin_env,
 )
-from .figures import Plan, _contenders, _Live, _quiet_gc, _row
+from .figures import TRIVIAL_PLUGIN, Plan, _contenders, _Live, _quiet_gc, _row
 from .report import Figure
 from .util import REPO, BenchError, Pod, SubnetPool, ms
 
@@ -43,7 +46,7 @@ RUNTIME_LABELS = {
     "A": LABELS["A"],
     "F": "netplugin-cni process -> daemon + exec_plugins/bridge",
     "G": "netplugin-cni process -> daemon + netplugin.io/bridge (native)",
-    "H": "netplugin CLI process -> daemon + exec_plugins/bridge",
+    "H": "netplugin CLI process -> daemon + a no-op exec plugin",
     "P": "floor: python -I -S -c pass (same interpreter)",
 }
 RUNTIME_KEYS = tuple(RUNTIME_LABELS)
@@ -146,9 +149,13 @@ FACTORIES = {
     "A": CniContender,
     "F": lambda net: ShimContender(net, "F", "bridge", bridge_plugin_dir(net)),
     "G": lambda net: ShimContender(net, "G", "netplugin.io/bridge", _empty_dir(net)),
-    "H": lambda net: CliThinContender(net, "H", "bridge", bridge_plugin_dir(net)),
+    "H": lambda net: CliThinContender(net, "H", "noop", _noop_dir(net)),
     "P": BareInterpreter,
 }
+
+
+def _noop_dir(net: Network) -> Path:
+    return install_exec_plugin(net.dir / "exec-noop", "noop", script=TRIVIAL_PLUGIN)
 
 
 def _empty_dir(net: Network) -> Path:
@@ -225,8 +232,8 @@ def _figures(
         "Each sample is one process from exec to exit, as libcni (A, F, G) or an operator (H) runs it. F and G "
         "are the entry script `netplugin install-shim` writes (python -I -S, explicit path): the shim reads its "
         "config, forwards the call over the daemon's socket with the standard library only, and prints the "
-        "daemon's answer. H is `netplugin setup` through the same kind of daemon (its stdlib-only path). "
-        "P is the bare interpreter on the same binary.",
+        "daemon's answer. H is `netplugin setup` through a daemon whose exec plugin does nothing (the CLI's "
+        "stdlib-only path; H - P is its whole cost). P is the bare interpreter on the same binary.",
     ]
     fd = Figure("runtime-del", f"The runtime's view: DEL / teardown as a process ({n} pods, netns present)", "ms",
                 ["median", "p90"], ratio_column="median", samples=dels)
