@@ -231,6 +231,16 @@ def findings(figures: Sequence[Figure]) -> list[str]:
         if bs is not None:
             text += f" The CLI on an interpreter started with -S: {_fmt(bs)} ms."
         out.append(text)
+    ra, rf, rg, rh, rp = (v("runtime-add", k) for k in "AFGHP")
+    if rp is not None and rg is not None and ra is not None:
+        text = (f"Runtime's view: the bare interpreter (P) takes {_fmt(rp)} ms of the shim's {_fmt(rg)} ms ADD "
+                f"with the native plugin (G), {rp / ra:.2f}x A's whole ADD; the other {_fmt(rg - rp)} ms are the "
+                "shim's imports, the request and the daemon's work (plugin, durable pod and attachment records).")
+        if rf is not None:
+            text += f" With the bash plugin (F) the daemon execs it twice (setup, status): {_fmt(rf - rg)} ms more."
+        if rh is not None:
+            text += f" The CLI's thin path with a no-op plugin (H) costs {_fmt(rh - rp)} ms over P."
+        out.append(text)
     scale = figs.get("scale")
     if scale is not None:
         growth = [f"{r.key} {_ratio(r.values.get('growth'))}" for r in scale.rows if r.values.get("growth")]
