@@ -16,7 +16,6 @@ iptables.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import selectors
@@ -86,13 +85,19 @@ def cli_command() -> tuple[list[str], str]:
     """How to start the ``netplugin`` CLI of this checkout: (argv prefix, description).
 
     The installed console script when it imports this checkout's package (what an operator
-    runs); otherwise ``python -m netplugin`` with the checkout on PYTHONPATH.
+    runs); otherwise ``python -m netplugin`` with the checkout on PYTHONPATH. Where the script
+    imports from is asked of a fresh interpreter outside the checkout: an editable install's
+    import hook can win over PYTHONPATH there, so this process's own view does not tell.
     """
     script = Path(sys.executable).parent / "netplugin"
-    spec = importlib.util.find_spec("netplugin")
-    origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
-    if script.is_file() and os.access(script, os.X_OK) and origin is not None and REPO in origin.parents:
-        return [str(script)], f"console script {script}"
+    if script.is_file() and os.access(script, os.X_OK):
+        done = subprocess.run(
+            [sys.executable, "-c", "import netplugin; print(netplugin.__file__)"],
+            capture_output=True, text=True, cwd="/", timeout=60, stdin=subprocess.DEVNULL,
+        )
+        origin = Path(done.stdout.strip()).resolve() if done.returncode == 0 and done.stdout.strip() else None
+        if origin is not None and REPO in origin.parents:
+            return [str(script)], f"console script {script}"
     return [sys.executable, "-m", "netplugin"], f"{sys.executable} -m netplugin"
 
 

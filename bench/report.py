@@ -165,12 +165,46 @@ def evaluate_targets(figures: Sequence[Figure]) -> list[Target]:
     out.append(Target("cluster-routes", "a node joining, changing or leaving reaches every node's routes "
                       "within 2 s (50 nodes)", "not measured" if worst is None else f"{_fmt(worst)} ms (max)",
                       "≤ 2000 ms", None if worst is None else worst <= 2000.0))
+    out += _runtime_targets(figs)
 
     ov = _get(figs, "overhead")
     v = ov.value("C", "overhead") if ov else None
     out.append(Target("overhead", "daemon overhead over a direct plugin exec ≤ 1 ms (median difference)",
                       "not measured" if v is None else f"{_fmt(v)} ms", "≤ 1 ms",
                       None if v is None else v <= 1.0))
+    return out
+
+
+def _runtime_targets(figs: dict[str, Figure]) -> list[Target]:
+    """Issue 9: the CNI shim and the CLI as processes, with the daemon up (bench/runtime.py)."""
+    out: list[Target] = []
+    add = _get(figs, "runtime-add")
+    for key, limit, what in (("G", 1.5, "native plugin"), ("F", 2.5, "bash plugin")):
+        text = f"shim ADD process with the daemon up ({what}, {key}) ≤ {limit}x A's ADD (medians)"
+        r = add.ratio(key) if add else None
+        if add is None or r is None:
+            out.append(Target(f"shim-add-{key}", text, "not measured", f"≤ {limit}x", None, f"{key} or A unavailable"))
+            continue
+        detail = f"{key} {_fmt(add.value(key, 'median'))} ms vs A {_fmt(add.value('A', 'median'))} ms"
+        out.append(Target(f"shim-add-{key}", text, f"{r:.2f}x", f"≤ {limit}x", r <= limit, detail))
+    h = add.value("H", "median") if add else None
+    p = add.value("P", "median") if add else None
+    text = "CLI setup through the daemon (H, no-op exec plugin) within 15 ms of `python -I -S -c pass` (P), medians"
+    if h is None or p is None:
+        out.append(Target("cli-thin", text, "not measured", "≤ +15 ms", None, "H or P unavailable"))
+    else:
+        out.append(Target("cli-thin", text, f"+{_fmt(h - p)} ms", "≤ +15 ms", h - p <= 15.0,
+                          f"H {_fmt(h)} ms, P {_fmt(p)} ms"))
+    burst = _get(figs, "runtime-burst")
+    n = burst.params.get("burst", 20) if burst else 20
+    for key in ("G", "F"):
+        text = f"{n} concurrent shim ADD processes ({key}) ≤ 1.0x A's burst makespan (medians)"
+        r = burst.ratio(key) if burst else None
+        if burst is None or r is None:
+            out.append(Target(f"shim-burst-{key}", text, "not measured", "≤ 1.0x", None, f"{key} or A unavailable"))
+            continue
+        detail = f"{key} {_fmt(burst.value(key, 'median'))} ms vs A {_fmt(burst.value('A', 'median'))} ms"
+        out.append(Target(f"shim-burst-{key}", text, f"{r:.2f}x", "≤ 1.0x", r <= 1.0, detail))
     return out
 
 
@@ -206,6 +240,16 @@ def findings(figures: Sequence[Figure]) -> list[str]:
                      "site start-up (.pth hooks: e.g. an editable install's finder).")
         if bs is not None:
             text += f" The CLI on an interpreter started with -S: {_fmt(bs)} ms."
+        out.append(text)
+    ra, rf, rg, rh, rp = (v("runtime-add", k) for k in "AFGHP")
+    if rp is not None and rg is not None and ra is not None:
+        text = (f"Runtime's view: the bare interpreter (P) takes {_fmt(rp)} ms of the shim's {_fmt(rg)} ms ADD "
+                f"with the native plugin (G), {rp / ra:.2f}x A's whole ADD; the other {_fmt(rg - rp)} ms are the "
+                "shim's imports, the request and the daemon's work (plugin, durable pod and attachment records).")
+        if rf is not None:
+            text += f" With the bash plugin (F) the daemon execs it twice (setup, status): {_fmt(rf - rg)} ms more."
+        if rh is not None:
+            text += f" The CLI's thin path with a no-op plugin (H) costs {_fmt(rh - rp)} ms over P."
         out.append(text)
     scale = figs.get("scale")
     if scale is not None:

@@ -22,11 +22,12 @@ from .cluster import fig_cluster
 from .contenders import CNI_BRIDGE, CNI_DIR, CONTENDERS, Daemon, RunContext, clean_environ, cli_command, leftovers
 from .figures import Plan, fig_burst, fig_coldstart, fig_drain, fig_overhead, fig_pods, fig_scale
 from .report import Figure, Meta, evaluate_targets, render, write_json
+from .runtime import fig_runtime
 from .util import REPO, BenchError, Cleanup, NetnsFactory, SubnetPool
 
 __all__ = ["FIGURES", "run"]
 
-FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale", "cluster")
+FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale", "runtime", "cluster")
 CNI_HINT = "install Debian's reference plugins: apt-get install -y containernetworking-plugins (into /usr/lib/cni)"
 
 
@@ -243,6 +244,7 @@ def run(argv: list[str] | None = None) -> int:
             ("overhead", lambda: [fig_overhead(ctx, plan, keys, pool)]),
             ("coldstart", lambda: [fig_coldstart(ctx, plan, keys, pool)]),
             ("scale", lambda: [f for f in fig_scale(ctx, plan, keys, pool) if f is not None]),
+            ("runtime", lambda: fig_runtime(ctx, plan, keys, pool)),
             ("cluster", lambda: fig_cluster(plan.quick, _say)),
         ]
         for name, step in steps:

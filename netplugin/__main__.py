@@ -1,3 +1,3 @@
-from netplugin.frontends.cli import main
+from netplugin.frontends.thin import main
 
 main()

@@ -23,6 +23,8 @@ debs=(iproute2 util-linux procps python3 python3-venv)
 debs+=(nftables)
 # mmdebstrap: the image build (tests/deploy/test_image.py); systemd: systemd-analyze for the unit test
 [ "$want_test" = 1 ] && debs+=(shellcheck iputils-ping mmdebstrap systemd)
+# the containerd suite (tests/frontends/cni/test_containerd.py): a private containerd drives netplugin-cni
+[ "$want_test" = 1 ] && debs+=(containerd runc busybox-static containernetworking-plugins)
 missing=()
 for pkg in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

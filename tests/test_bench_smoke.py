@@ -35,6 +35,9 @@ SECTIONS = [
     "### netplugin's overhead",
     "### CLI cold start",
     "### Per-pod setup with N pods already present",
+    "### The runtime's view: ADD / setup as a process",
+    "### The runtime's view: DEL / teardown as a process",
+    "### The runtime's view:",
 ]
 
 
@@ -81,7 +84,7 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
 
     # Every target is stated as met, missed or not measured; none is silently dropped.
     targets = _table(md, "## Targets")
-    assert len(targets) == 10
+    assert len(targets) == 15
     assert all(t[3] in ("**met**", "**MISSED**", "not measured") for t in targets)
 
     # Each available contender has a per-pod setup and teardown row whose numbers parse and are positive.
@@ -101,6 +104,12 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
                 assert v is None or math.isfinite(v)
     by_id = {f["id"]: f for f in results["figures"]}
     assert len(by_id["setup"]["samples"]["B"]) == 3
+    # The runtime's view: every row measured (the shim and the CLI served by their daemons).
+    for fid in ("runtime-add", "runtime-del"):
+        assert {k: len(v) for k, v in by_id[fid]["samples"].items()} == dict.fromkeys("AFGHP", 3), fid
+    assert {k: len(v) for k, v in by_id["runtime-burst"]["samples"].items()} == dict.fromkeys("AFG", 1)
+    measured = {t[0]: t[3] for t in targets}
+    assert all(measured[k] != "not measured" for k in measured if "shim" in k or "CLI setup" in k), measured
     assert by_id["coldstart"]["rows"][0]["values"]["median"] > 0
     # The simulated cluster's figures: a warm daemon asks the API nothing per pod, the CLI alone does.
     api = {r["key"]: r["values"]["per pod"] for r in by_id["cluster-api"]["rows"]}

@@ -485,6 +485,28 @@ def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
     raise click.exceptions.Exit(module.main(argv))
 
 
+@cli.command("install-shim")
+@click.argument("dest", metavar="DEST")
+@click.option(
+    "--kind",
+    type=click.Choice(["cni", "cli"]),
+    default="cni",
+    show_default=True,
+    help="cni: the netplugin-cni CNI plugin; cli: the netplugin command.",
+)
+@click.option("--python", "python", metavar="PATH", help="Interpreter to run it with (default: this one).")
+def install_shim(dest: str, kind: str, python: str | None) -> None:
+    """Write a fast entry script to DEST (a file, or a dir: DEST/netplugin-cni, or DEST/netplugin).
+
+    The script runs `python -I -S` with an explicit path instead of site hooks, so a CNI call
+    that the daemon serves starts about as fast as a bare interpreter. Regenerate it after
+    upgrading Python or netplugin.
+    """
+    from netplugin.frontends.entrypoints import install_entry
+
+    click.echo(install_entry(kind, dest, python=python))
+
+
 cli.add_command(conv.health)
 cli.add_command(conv.completion)
 

@@ -22,8 +22,9 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from netplugin.core.config import Config
@@ -42,7 +43,25 @@ if TYPE_CHECKING:
     from netplugin.core.invoke import Runner
     from netplugin.store.state import StateStore
 
-__all__ = ["Manager"]
+__all__ = ["CallOptions", "Manager"]
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """Settings of one pod action that the config does not give (the CNI shim's per-call ones).
+
+    ``netns``: the network namespace path as the runtime gave it (instead of ``netns_template``);
+    ``env``: variables added to the plugin's environment for this action only;
+    ``want_status``: see the field. Neither ``netns`` nor ``env`` counts
+    as a setting of init (its marker), so pods set up through the CNI shim, the CLI and the
+    daemon share one init.
+    """
+
+    netns: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: setup also asks the plugin's status (under the same lock, recorded with the setup) and
+    #: returns it, or raises its failure after recording the setup
+    want_status: bool = False
 
 
 class Manager:
@@ -197,15 +216,22 @@ class Manager:
         action: Action,
         pod: PodRef | None,
         pod_obj: dict[str, Any] | None = None,
+        call: CallOptions | None = None,
         *,
         node: NodeInfo,
     ) -> CallContext:
         c = self.config
+        if pod is None:
+            netns = ""
+        elif call is not None and call.netns is not None:
+            netns = call.netns
+        else:
+            netns = c.netns_path(pod.infra_id)
         return CallContext(
-            netns=c.netns_path(pod.infra_id) if pod is not None else "",
+            netns=netns,
             pod=pod_obj,
             timeout=c.timeout_for(action.value),
-            env={**self._env, **node.env()},
+            env={**self._env, **node.env(), **(call.env if call is not None else {})},
             state_dir=c.state_dir,
             kill_grace=c.kill_grace,
             max_output=c.max_output,
@@ -227,38 +253,49 @@ class Manager:
         with flocked(pod_lock_path(self.config.run_dir, pod)):
             yield
 
-    def setup(self, pod: PodRef) -> PodNetworkStatus | None:
+    def setup(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
         """Set up the pod's network. Returns its status when the state store wants it recorded."""
         plugin = self.plugin
         node = self.node()
         self.init(node=node)
         with self.pod_lock(pod):
             pod_obj = self._lookup(pod, Action.SETUP)
-            ctx = self._context(Action.SETUP, pod, pod_obj, node=node)
+            ctx = self._context(Action.SETUP, pod, pod_obj, call, node=node)
             if self.state is not None:
                 self.state.begin(pod, plugin.name, plugin.version(), ctx.netns, pod_obj=pod_obj)
             try:
                 plugin.setup(pod, ctx)
             except NetpluginError as e:
-                self._rollback(plugin, pod, pod_obj, e, node)
+                self._rollback(plugin, pod, pod_obj, e, node, call)
                 raise
             status = None
+            status_error: PluginError | None = None
+            want = call is not None and call.want_status
+            if want or (self.state is not None and self.state.record_status):
+                # one more exec on the pod-start path, for the record's IP (and the caller's)
+                try:
+                    status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, call, node=node))
+                except PluginError as e:
+                    status, status_error = None, e  # setup succeeded; a status failure must not undo it
             if self.state is not None:
-                if self.state.record_status:  # one more exec on the pod-start path, for the record's IP
-                    try:
-                        status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, node=node))
-                    except PluginError:
-                        status = None  # setup succeeded; a status failure must not undo it
                 self.state.complete(pod, status.ip if status else None)
+            if want and status_error is not None:
+                raise status_error  # the caller asked for the status: it gets the failure
             return status
 
     def _rollback(
-        self, plugin: Plugin, pod: PodRef, pod_obj: dict[str, Any] | None, err: NetpluginError, node: NodeInfo
+        self,
+        plugin: Plugin,
+        pod: PodRef,
+        pod_obj: dict[str, Any] | None,
+        err: NetpluginError,
+        node: NodeInfo,
+        call: CallOptions | None = None,
     ) -> None:
         if not self.config.rollback_on_failure:
             return
         try:
-            plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj, node=node))
+            plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj, call, node=node))
         except NetpluginError as te:
             err.details["rollback_error"] = te.message
             return
@@ -266,7 +303,7 @@ class Manager:
         if self.state is not None:
             self.state.remove(pod)
 
-    def teardown(self, pod: PodRef) -> None:
+    def teardown(self, pod: PodRef, call: CallOptions | None = None) -> None:
         """Tear down the pod's network (also when netplugin has no record of it)."""
         plugin = self.plugin
         node = self.node(strict=False)
@@ -279,27 +316,27 @@ class Manager:
             init_error = e
         with self.pod_lock(pod):
             try:
-                self._teardown_locked(plugin, pod, node)
+                self._teardown_locked(plugin, pod, node, call)
             except NetpluginError as e:
                 if init_error is not None:
                     e.details["init_error"] = init_error.message
                 raise
 
-    def _teardown_locked(self, plugin: Plugin, pod: PodRef, node: NodeInfo) -> None:
+    def _teardown_locked(self, plugin: Plugin, pod: PodRef, node: NodeInfo, call: CallOptions | None = None) -> None:
         pod_obj = self._lookup(pod, Action.TEARDOWN)
         if self.state is not None:
             self.state.mark_teardown(pod)
-        plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj, node=node))
+        plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj, call, node=node))
         if self.state is not None:
             self.state.remove(pod)
 
-    def status(self, pod: PodRef) -> PodNetworkStatus | None:
+    def status(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
         plugin = self.plugin
         node = self.node(strict=False)
         self.init(node=node)
         with self.pod_lock(pod):
             pod_obj = self._lookup(pod, Action.STATUS)
-            result = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, node=node))
+            result = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, call, node=node))
             if self.state is not None and result is not None:
                 self.state.observe_ip(pod, result.ip)  # records the IP without an exec at setup
             return result

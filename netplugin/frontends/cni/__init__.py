@@ -1,20 +1,17 @@
 """``netplugin-cni``: the CNI shim (see :mod:`netplugin.frontends.cni.shim` for the contract).
 
-Modules: :mod:`.protocol` (CNI requests, versions, error codes), :mod:`.netconf` (network config
-to netplugin config and pod identity), :mod:`.result` (CNI results), :mod:`.attachments` (the
-per-network attachment index behind GC), :mod:`.shim` (operations and the entry point).
+Modules: :mod:`.fast` (the entry point: the daemon path, stdlib only), :mod:`.protocol` (CNI
+requests, versions, error codes), :mod:`.netconf` (network config to netplugin config and pod
+identity), :mod:`.result` (CNI results), :mod:`.attachments` (the per-network attachment index
+behind GC), :mod:`.shim` (the operations, run here or in the daemon).
 """
-
-from __future__ import annotations
-
-from collections.abc import Iterable
-from typing import NoReturn
 
 __all__ = ["main"]
 
 
-def main(argv: Iterable[str] | None = None) -> NoReturn:
-    # The package stays empty so that importing one of its modules costs only that module.
-    from netplugin.frontends.cni.shim import main as shim_main
+def main(argv: object = None) -> None:
+    # The package stays empty (not even typing) so that the entry point's start-up costs only
+    # the modules of the daemon path; see netplugin.frontends.cni.fast.
+    from netplugin.frontends.cni.fast import main as fast_main
 
-    shim_main(argv)
+    fast_main(argv)

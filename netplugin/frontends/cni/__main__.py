@@ -1,3 +1,3 @@
-from netplugin.frontends.cni.shim import main
+from netplugin.frontends.cni.fast import main
 
 main()

@@ -1,17 +1,26 @@
-"""TODO docstring."""
+"""The network config of a CNI call as netplugin settings, and the pod it names.
+
+:func:`build_config` maps the network config (``plugin``, ``pluginDir``, ``stateDir``, ``runDir``,
+``configFile``, ``netplugin``, ``env``) onto a :class:`~netplugin.core.config.Config`;
+:func:`call_options` is what belongs to the one call (netns, interface name);
+:func:`pod_ref_for` is the pod identity from ``CNI_ARGS``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from netplugin.core._yaml import short_repr
 from netplugin.core.config import Config
 from netplugin.core.names import PodRef
 from netplugin.frontends.cni.protocol import DEFAULT_NAMESPACE, E_ENV, NO_NETNS, CniError, CniRequest
 
-__all__ = ["build_config", "derived_pod_name", "pod_ref_for"]
+if TYPE_CHECKING:
+    from netplugin.manager.manager import CallOptions
+
+__all__ = ["build_config", "call_options", "derived_pod_name", "pod_ref_for"]
 
 #: top-level network-config keys and the netplugin config key each sets
 _TOP_KEYS = {"plugin": "plugin", "pluginDir": "plugin_dir", "stateDir": "state_dir", "runDir": "run_dir"}
@@ -48,7 +57,9 @@ def _check_env_map(value: Any, key: str) -> dict[str, str]:
 
 
 def build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
-    """The netplugin Config for this call. Raises ConfigError naming the CNI key."""
+    """The netplugin Config of this call's settings (see :func:`call_options` for the per-call part).
+
+    Raises ConfigError naming the CNI key."""
     from netplugin.core.config import load_config
     from netplugin.core.errors import ConfigError
 
@@ -88,9 +99,6 @@ def build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
         raise ConfigError("logFile", "must be a non-empty path without NUL", source=src)
     if "netns_template" in overrides:
         raise ConfigError(where["netns_template"], "is set per call from CNI_NETNS by the CNI shim", source=src)
-    # The netns is the runtime's, not a template: escape braces so format() leaves the path alone.
-    netns = req.netns or NO_NETNS
-    overrides["netns_template"] = netns.replace("{", "{{").replace("}", "}}")
     try:
         cfg = load_config(path, environ=environ, overrides=overrides)
         if cfg.plugin is None:  # the CLI's default, no-op, would make every ADD "succeed" with no network
@@ -101,12 +109,19 @@ def build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
         if path and e.key == "config" and e.source == path:
             raise ConfigError("configFile", e.reason, source=src) from None
         raise
-    env = dict(cfg.env)
-    env.update(top_env)
-    if req.ifname:
-        env["NETPLUGIN_IFNAME"] = req.ifname
-        env["NETPLUGIN_BRIDGE_IFNAME"] = req.ifname
-    return replace(cfg, env=env)
+    if not top_env:
+        return cfg
+    return replace(cfg, env={**cfg.env, **top_env})
+
+
+def call_options(req: CniRequest, netns: str | None = None) -> CallOptions:
+    """The per-call part: ``CNI_NETNS`` as the netns (NO_NETNS when empty), ``CNI_IFNAME`` as
+    ``NETPLUGIN_IFNAME`` and ``NETPLUGIN_BRIDGE_IFNAME``. Kept out of the Config, so that the
+    config of a CNI call equals the daemon's (and init's marker) when the settings are the same."""
+    from netplugin.manager.manager import CallOptions
+
+    env = {"NETPLUGIN_IFNAME": req.ifname, "NETPLUGIN_BRIDGE_IFNAME": req.ifname} if req.ifname else {}
+    return CallOptions(netns=netns if netns is not None else (req.netns or NO_NETNS), env=env)
 
 
 def pod_ref_for(req: CniRequest) -> PodRef:

@@ -1,4 +1,10 @@
-"""TODO docstring."""
+"""The CNI protocol as the shim speaks it: requests, versions and their rules, error codes.
+
+Version rules, as libcni applies them (``libcni`` only sends a command to a plugin whose
+config version supports it): ``CHECK`` needs a config ``cniVersion`` >= 0.4.0, ``STATUS``
+and ``GC`` >= 1.1.0; an older version gets error code 1 (incompatible version).
+:func:`check_version_rules` enforces them after :func:`parse_request`.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "CniError",
     "CniRequest",
+    "check_version_rules",
     "error_for",
     "parse_cni_args",
     "parse_request",
@@ -208,6 +215,28 @@ def parse_request(environ: Mapping[str, str], stdin: bytes) -> CniRequest:
     return req
 
 
+#: the lowest config cniVersion for which libcni sends each command (older ones: code 1)
+MIN_VERSION = {"CHECK": "0.4.0", "STATUS": "1.1.0", "GC": "1.1.0"}
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def check_version_rules(req: CniRequest) -> None:
+    """Error code 1 when the config's cniVersion predates the command (see the module docstring)."""
+    need = MIN_VERSION.get(req.command)
+    version = req.conf.get("cniVersion")
+    if need is None or not isinstance(version, str) or version not in SUPPORTED_VERSIONS:
+        return
+    if version_tuple(version) < version_tuple(need):
+        raise CniError(
+            E_VERSION,
+            f"incompatible CNI version {version!r} for {req.command}",
+            f"{req.command} needs a config cniVersion of {need} or later",
+        )
+
+
 def error_for(err: NetpluginError, command: str) -> CniError:
     """The CNI error for a netplugin error (see the table in the module docstring)."""
     from netplugin.core.errors import (
@@ -231,7 +260,7 @@ def error_for(err: NetpluginError, command: str) -> CniError:
             details += f"\nrollback (teardown) also failed: {err.details['rollback_error']}"
     elif err.details:
         details = json.dumps(err.details, default=str, sort_keys=True)
-    if command == "STATUS":
+    if command == "STATUS" and not isinstance(err, ConfigError):
         return CniError(E_UNAVAILABLE, err.message, details)
     if isinstance(err, PluginTimeout):
         code = E_TRY_AGAIN

@@ -7,7 +7,7 @@ so CNI pods get the same guarantees as netplugin's own (init once, per-pod
 locks across processes, time limits, rollback of a failed setup).
 
 Operations
-    ``ADD``     setup, then status; prints a CNI result (see "Result" below).
+    ``ADD``     setup and status (one locked action); prints a CNI result (see "Result" below).
     ``DEL``     teardown. Idempotent: it succeeds when the pod's resources or its
                 network namespace are gone, and when ``CNI_NETNS`` is empty.
     ``CHECK``   status; fails when the plugin reports no address (code 3) or an
@@ -47,12 +47,18 @@ Pod identity
     still torn down as the pod it was set up as.
 
 Network namespace and interface
-    ``NETPLUGIN_NETNS`` is ``CNI_NETNS`` (the config's ``netns_template`` is replaced by
-    that literal path for the call). When ``CNI_NETNS`` is empty (allowed for DEL and
-    GC) it is ``/dev/null/no-netns``, a path that can never exist, so a plugin's
-    "netns gone" branch runs. ``CNI_IFNAME`` is given to the plugin as
-    ``NETPLUGIN_IFNAME`` and ``NETPLUGIN_BRIDGE_IFNAME``; the ``CNI_*`` variables
-    themselves are inherited as well (unless ``inherit_env`` is false).
+    ``NETPLUGIN_NETNS`` is ``CNI_NETNS`` for the call (the config's ``netns_template`` is not
+    used). When ``CNI_NETNS`` is empty (allowed for DEL and GC) it is ``/dev/null/no-netns``, a
+    path that can never exist, so a plugin's "netns gone" branch runs. ``CNI_IFNAME`` is given
+    to the plugin as ``NETPLUGIN_IFNAME`` and ``NETPLUGIN_BRIDGE_IFNAME``; the ``CNI_*``
+    variables themselves are inherited as well (unless ``inherit_env`` is false). These are
+    per-call options (:class:`~netplugin.manager.manager.CallOptions`), not settings: they are
+    no part of init's marker nor of the settings compared with the daemon's.
+
+Where it runs
+    The entry point (:mod:`netplugin.frontends.cni.fast`) hands the call to ``netplugin serve``
+    when it answers and runs with the same settings (the daemon then calls :func:`run` with
+    its manager); otherwise :func:`run` runs here. The result is the same either way.
 
 Result
     ``interfaces: [{name: CNI_IFNAME, mac, sandbox: CNI_NETNS}]``, ``ips: [{address,
@@ -70,15 +76,17 @@ Errors
     The CNI error JSON ``{cniVersion, code, msg, details}`` on stdout and exit 1:
 
     ====  =================================================================
-    1     ``cniVersion`` not supported
+    1     ``cniVersion`` not supported, or too old for the command (CHECK, STATUS, GC)
     3     CHECK: the plugin reports no address for the container
     4     a ``CNI_*`` variable is missing or invalid (command, container id,
           ifname, netns, ``CNI_ARGS``)
     5     I/O: the exec dir, a lock, state or a host lookup failed
     6     stdin is not a JSON object
-    7     invalid network or netplugin config (names the key); the plugin is
+    7     invalid network or netplugin config (names the key; STATUS too); the plugin is
           not found or not usable; CHECK without ``prevResult``
-    11    try again later: the plugin timed out (its process tree was killed)
+    11    try again later: the plugin timed out (its process tree was killed); the
+          daemon is required (``use_daemon: always``) but unavailable, or it was lost
+          while it ran the call
     50    STATUS: the plugin cannot be selected or initialised
     999   the plugin failed (details: its stderr tail), or an internal error
     ====  =================================================================
@@ -88,23 +96,23 @@ Errors
 Installing
     The runtime finds the plugin by its ``type`` in its CNI bin dirs (``CNI_PATH``;
     podman: ``cni_plugin_dirs``, on Debian ``/usr/lib/cni``; containerd: ``/opt/cni/bin``),
-    so link the console script there, e.g.
-    ``ln -s "$(command -v netplugin-cni)" /opt/cni/bin/netplugin-cni``, and install a
+    so put the entry script there: ``netplugin install-shim /opt/cni/bin`` (it starts
+    ``python -I -S`` with an explicit path; a console script works too, slower), and install a
     conflist like ``etc/cni/10-netplugin.conflist`` in ``/etc/cni/net.d``. Use
-    ``"cniVersion": "1.0.0"`` with podman 4.x: its libcni cannot read 1.1.0 results,
-    and it never sends STATUS, GC or CHECK. ``scripts/podman-setup.sh`` prepares
+    ``"cniVersion": "1.0.0"`` with podman 4.x and containerd 1.6: their libcni cannot read
+    1.1.0 results (podman never sends STATUS, GC or CHECK); ``"cniVersions": ["1.0.0", "1.1.0"]``
+    lets newer runtimes pick 1.1.0. CHECK needs a config version >= 0.4.0, STATUS and GC
+    >= 1.1.0 (as libcni applies them); older ones get code 1. ``scripts/podman-setup.sh`` prepares
     podman's CNI backend for trying this.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import os
-import sys
-import time
-from collections.abc import Iterable, Mapping
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from netplugin.frontends.cni.attachments import (
     Attachment,
@@ -115,11 +123,10 @@ from netplugin.frontends.cni.attachments import (
     list_attachments,
     valid_attachments,
 )
-from netplugin.frontends.cni.netconf import build_config, pod_ref_for
+from netplugin.frontends.cni.netconf import build_config, call_options, pod_ref_for
 from netplugin.frontends.cni.protocol import (
     E_CONFIG,
     E_INTERNAL,
-    E_IO,
     E_UNAVAILABLE,
     E_UNKNOWN_CONTAINER,
     LATEST,
@@ -127,6 +134,7 @@ from netplugin.frontends.cni.protocol import (
     SUPPORTED_VERSIONS,
     CniError,
     CniRequest,
+    check_version_rules,
     error_for,
     parse_request,
 )
@@ -135,7 +143,7 @@ from netplugin.frontends.cni.result import link_mac, make_result, prev_ips
 if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.core.plugin import PodNetworkStatus
-    from netplugin.manager.manager import Manager
+    from netplugin.manager.manager import CallOptions, Manager
 
 __all__ = [
     "NO_NETNS",
@@ -143,11 +151,12 @@ __all__ = [
     "Attachment",
     "CniError",
     "CniRequest",
+    "DaemonSide",
+    "Refused",
     "build_config",
     "error_for",
     "link_mac",
     "list_attachments",
-    "main",
     "make_result",
     "parse_request",
     "pod_ref_for",
@@ -155,25 +164,64 @@ __all__ = [
 ]
 
 
-# --- parsing -------------------------------------------------------------------------------------------
+# --- where the operations run ----------------------------------------------------------------------------
 
 
-# --- config ---------------------------------------------------------------------------------------------
+class Refused(Exception):
+    """The daemon must not run this call (its settings differ); the shim runs it itself."""
 
 
-# --- results --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DaemonSide:
+    """What the daemon lends a call the shim forwarded (see :mod:`netplugin.frontends.cni.fast`).
+
+    ``manager`` is the daemon's own (its plugin, init marker, host, state store, locks);
+    ``fingerprint`` its settings, which the call's must equal; ``timed(op, fn)`` runs a pod
+    action under its metrics (``op``: setup, teardown or status); ``environ`` the daemon's
+    environment, on which the call's ``CNI_*`` variables are laid for the plugin.
+    """
+
+    manager: Manager
+    fingerprint: dict[str, Any]
+    timed: Callable[[str, Callable[[], Any]], Any]
 
 
-# --- errors ---------------------------------------------------------------------------------------------
+class _Ops:
+    """The manager a call uses, the per-call options, and the metrics wrapper."""
+
+    def __init__(self, req: CniRequest, cfg: Config, environ: Mapping[str, str], daemon: DaemonSide | None) -> None:
+        self.req = req
+        self.cfg = cfg
+        self.call = call_options(req)
+        if daemon is None:
+            from netplugin.manager.manager import Manager
+
+            self.manager = Manager(cfg, environ=dict(environ))
+            self.timed: Callable[[str, Callable[[], Any]], Any] = lambda op, fn: fn()
+            return
+        from netplugin.frontends.client import fingerprint
+
+        mine = fingerprint(cfg)
+        if cfg.use_daemon == "never":
+            raise Refused("the call's settings say use_daemon: never")
+        if mine != daemon.fingerprint:
+            differ = sorted(k for k in set(mine) | set(daemon.fingerprint) if mine.get(k) != daemon.fingerprint.get(k))
+            raise Refused(f"the call's settings differ from the daemon's ({', '.join(differ)})")
+        self.manager = daemon.manager
+        self.timed = daemon.timed
+        if cfg.inherit_env:
+            # The plugin sees the daemon's environment; the call's CNI_* variables are the runtime's.
+            cni = {k: v for k, v in environ.items() if k.startswith("CNI_")}
+            self.call = replace(self.call, env={**cni, **self.call.env})
+
+    def with_netns(self, netns: str, ifname: str) -> CallOptions:
+        env = dict(self.call.env)
+        if ifname:
+            env["NETPLUGIN_IFNAME"] = env["NETPLUGIN_BRIDGE_IFNAME"] = ifname
+        return replace(self.call, netns=netns, env=env)
 
 
 # --- operations -----------------------------------------------------------------------------------------
-
-
-def _manager(cfg: Config, environ: Mapping[str, str]) -> Manager:
-    from netplugin.manager.manager import Manager
-
-    return Manager(cfg, environ=dict(environ))
 
 
 def _version(req: CniRequest) -> dict[str, Any]:
@@ -187,16 +235,19 @@ def _network(req: CniRequest) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def _add(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> dict[str, Any]:
+def _add(ops: _Ops) -> dict[str, Any]:
+    req, cfg = ops.req, ops.cfg
     pod = pod_ref_for(req)
-    m = _manager(cfg, environ)
+    m = ops.manager
     network = _network(req)
     if network:
         att = Attachment(req.container_id, req.ifname, req.netns, pod.namespace, pod.name)
         claim_attachment(cfg, network, att)  # a second attachment of the container: CNI error 4
-    # A failed setup is rolled back by the manager; a failed status after a good setup is left
-    # for the DEL that the runtime must send after any failed ADD.
-    status = m.setup(pod) or m.status(pod)
+    # A failed setup is rolled back by the manager; a failed status after a good setup fails the
+    # ADD and is left for the DEL that the runtime must send after any failed ADD.
+    # The status comes with the setup, under its lock and in its record (no second lock,
+    # record write or init check); a plugin that reports no address gives ips: [].
+    status = m.setup(pod, replace(ops.call, want_status=True))
     prev = req.conf.get("prevResult")
     return make_result(
         req.cni_version,
@@ -224,7 +275,8 @@ def _recorded_attachment(cfg: Config, network: str, container_id: str, ifname: s
     return att
 
 
-def _del(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
+def _del(ops: _Ops) -> None:
+    req, cfg = ops.req, ops.cfg
     network = _network(req)
     recorded = _recorded_attachment(cfg, network, req.container_id, req.ifname) if network else None
     if recorded is None and network and attached_elsewhere(cfg.state_dir, network, req.container_id, req.ifname):
@@ -232,17 +284,18 @@ def _del(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
     # The identity ADD used, even if the arguments changed since (podman rename, say), so the
     # teardown takes the same pod lock and removes the same pod record.
     pod = recorded.pod if recorded is not None else pod_ref_for(req)
-    _manager(cfg, environ).teardown(pod)
+    ops.manager.teardown(pod, ops.call)
     if network:
         forget_attachment(cfg, network, req.container_id, req.ifname)
 
 
-def _check(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
+def _check(ops: _Ops) -> None:
+    req = ops.req
     prev = req.conf.get("prevResult")
     if not isinstance(prev, dict):
         raise CniError(E_CONFIG, "CHECK needs prevResult in the network config")
     pod = pod_ref_for(req)
-    status: PodNetworkStatus | None = _manager(cfg, environ).status(pod)
+    status: PodNetworkStatus | None = ops.manager.status(pod, ops.call)
     if status is None:
         raise CniError(
             E_UNKNOWN_CONTAINER,
@@ -257,24 +310,17 @@ def _check(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
             )
 
 
-def _status(cfg: Config, environ: Mapping[str, str]) -> None:
-    m = _manager(cfg, environ)
+def _status(ops: _Ops) -> None:
+    m = ops.manager
     _ = m.plugin
     m.init()
 
 
-# --- the attachment index: which pods this network set up -------------------------------------------
-#
-# The state dir's pod records (netplugin.store.state) do not say which CNI network, if any, made a pod,
-# and the CLI and daemon may share the state dir: GC must only touch its own network's pods. So
-# ADD records the attachment in <stateDir>/cni/<network>/<containerID>:<ifname>.json before the
-# setup runs (an ADD that never returns is still found), and a successful DEL removes it.
-# ':' occurs in neither a container id nor an interface name, so the file names are unambiguous.
-
-
-def _gc(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
+def _gc(ops: _Ops) -> None:
+    """Tear down this network's recorded attachments that are not in the valid set (see "GC")."""
     from netplugin.core.errors import NetpluginError
 
+    req, cfg = ops.req, ops.cfg
     valid = valid_attachments(req.conf)
     network = req.conf.get("name")
     if not isinstance(network, str) or not network:
@@ -284,10 +330,9 @@ def _gc(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
         if (att.container_id, att.ifname) in valid or (att.container_id, "") in valid:
             continue
         # Tear down in the netns recorded at ADD (usually gone by now; the plugin copes).
-        netns = att.netns or NO_NETNS
-        sub = replace(cfg, netns_template=netns.replace("{", "{{").replace("}", "}}"))
+        call = ops.with_netns(att.netns or NO_NETNS, att.ifname)
         try:
-            _manager(sub, environ).teardown(att.pod)
+            ops.timed("teardown", functools.partial(ops.manager.teardown, att.pod, call))
             forget_attachment(cfg, network, att.container_id, att.ifname)
         except NetpluginError as e:
             failures.append(f"{att.pod} (container {att.container_id}, {att.ifname}): {e.message}")
@@ -295,12 +340,20 @@ def _gc(req: CniRequest, cfg: Config, environ: Mapping[str, str]) -> None:
         raise CniError(E_INTERNAL, f"GC: {len(failures)} problem(s); the rest was collected", "; ".join(failures))
 
 
-def run(environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict[str, Any] | None]:
-    """One CNI call: (exit status, JSON document to print or None). Never raises."""
+def run(
+    environ: Mapping[str, str], stdin: bytes, *, daemon: DaemonSide | None = None
+) -> tuple[int, dict[str, Any] | None]:
+    """One CNI call: (exit status, JSON document to print or None). Never raises, but :class:`Refused`.
+
+    With ``daemon``, the call runs with the daemon's manager and metrics, and raises Refused
+    (before doing anything) when the call's settings are not the daemon's.
+    """
     req: CniRequest | None = None
     try:
         req = parse_request(environ, stdin)
-        return 0, _dispatch(req, environ)
+        return 0, _dispatch(req, environ, daemon)
+    except Refused:
+        raise
     except CniError as e:
         return 1, e.to_dict(req.cni_version if req else _version_of(stdin))
     except Exception as e:  # the runtime must get CNI JSON, never a traceback
@@ -320,92 +373,31 @@ def _version_of(stdin: bytes) -> str:
     return v if isinstance(v, str) and v in SUPPORTED_VERSIONS else LATEST
 
 
-def _dispatch(req: CniRequest, environ: Mapping[str, str]) -> dict[str, Any] | None:
+#: CNI command -> the daemon metrics' operation
+_TIMED = {"ADD": "setup", "DEL": "teardown", "CHECK": "status"}
+
+
+def _dispatch(req: CniRequest, environ: Mapping[str, str], daemon: DaemonSide | None) -> dict[str, Any] | None:
     if req.command == "VERSION":
         return _version(req)
-    from netplugin.core.errors import NetpluginError
+    check_version_rules(req)
+    from netplugin.core.errors import ConfigError, NetpluginError
 
     try:
         cfg = build_config(req, environ)
+    except ConfigError:
+        raise  # code 7 naming the key, for STATUS too
     except NetpluginError as e:
         if req.command == "STATUS":
             raise CniError(E_UNAVAILABLE, e.message) from None
         raise
-    if req.command == "ADD":
-        return _add(req, cfg, environ)
-    if req.command == "DEL":
-        _del(req, cfg, environ)
-    elif req.command == "CHECK":
-        _check(req, cfg, environ)
-    elif req.command == "STATUS":
-        _status(cfg, environ)
+    ops = _Ops(req, cfg, environ, daemon)
+    if req.command in _TIMED:
+        action = {"ADD": _add, "DEL": _del, "CHECK": _check}[req.command]
+        result: dict[str, Any] | None = ops.timed(_TIMED[req.command], lambda: action(ops))
+        return result
+    if req.command == "STATUS":
+        _status(ops)
     else:
-        _gc(req, cfg, environ)
+        _gc(ops)
     return None
-
-
-def _log(path: str, entry: Mapping[str, Any]) -> None:
-    line = json.dumps(entry, separators=(",", ":"), default=str) + "\n"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
-    except (OSError, ValueError):  # ValueError: NUL in the path (the call itself was code 7)
-        pass  # a log that cannot be written must not fail the network operation
-
-
-def _log_path(stdin: bytes) -> str | None:
-    try:
-        conf = json.loads(stdin)
-    except (ValueError, RecursionError):
-        return None
-    path = conf.get("logFile") if isinstance(conf, dict) else None
-    return path if isinstance(path, str) and path else None
-
-
-def _emit(doc: Mapping[str, Any] | None) -> None:
-    if doc is not None:
-        sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-
-
-def main(argv: Iterable[str] | None = None) -> NoReturn:
-    """Entry point of ``netplugin-cni``: CNI_* from the environment, the config on stdin."""
-    del argv  # CNI passes everything in the environment and on stdin
-    start = time.monotonic()
-    doc: dict[str, Any] | None
-    try:
-        stdin = sys.stdin.buffer.read()
-    except Exception as e:
-        stdin = b""
-        code, doc = 1, CniError(E_IO, f"cannot read stdin: {e}").to_dict(LATEST)
-    else:
-        code, doc = run(os.environ, stdin)
-    try:
-        _emit(doc)
-    except Exception:  # stdout closed: nothing left to tell the runtime
-        code = code or 1
-    log = _log_path(stdin) if stdin else None
-    if log:
-        env = os.environ
-        _log(
-            log,
-            {
-                "time": time.time(),
-                "command": env.get("CNI_COMMAND", ""),
-                "containerID": env.get("CNI_CONTAINERID", ""),
-                "ifname": env.get("CNI_IFNAME", ""),
-                "netns": env.get("CNI_NETNS", ""),
-                "args": env.get("CNI_ARGS", ""),
-                "pid": os.getpid(),
-                "ms": round((time.monotonic() - start) * 1000, 1),
-                "result": doc if code else "ok",
-            },
-        )
-    sys.exit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -65,6 +65,7 @@ from netplugin.core._yaml import load_json
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
 from netplugin.core.names import PodRef
 from netplugin.frontends.client import MAX_MESSAGE, OPS, POD_OPS, PROTOCOL_VERSION, fingerprint
+from netplugin.frontends.daemon.forwarded import check_settings, run_cni
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if
 from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
 from netplugin.frontends.daemon.nodes import NodeKeeper
@@ -170,6 +171,13 @@ class Daemon:
     def dispatch(self, req: dict[str, Any]) -> Any:
         """Run one request (in a worker thread); returns the result or raises NetpluginError."""
         op = req["op"]
+        if op == "cni":
+            result = run_cni(req, self.manager, self.fingerprint, self.socket_path, self.metrics.timed)
+            if result["code"] == 0:
+                self._plugin_ok()
+            return result
+        if "settings" in req:
+            check_settings(req["settings"], self.fingerprint, self.socket_path)
         if op in POD_OPS:
             pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
             result = self._pod_op(op, pod)  # timed in _answer, with the wait for the pod's turn

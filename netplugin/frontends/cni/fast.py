@@ -1,0 +1,254 @@
+"""``netplugin-cni``'s entry point: hand the call to the daemon when it answers, else run it here.
+
+A container runtime starts this process for every CNI call, so its start-up is on every pod's
+start path. On the daemon path it imports only ``os``, ``sys``, ``time``, ``_socket``, ``struct`` and
+``_json`` (through netplugin's :mod:`netplugin.frontends.client` and :mod:`netplugin.frontends.wire`):
+not even ``json`` or ``typing`` (each costs about as much as the interpreter's own start), and
+no click, yaml, psutil, nor the manager or the plugin machinery.
+
+Which daemon, decided from the call's own inputs (the YAML config file is never read here):
+
+* ``use_daemon``: the network config's ``netplugin.use_daemon``, else ``NETPLUGIN_USE_DAEMON``,
+  else ``auto``. ``never``: always run here. ``auto``: the daemon when its socket answers and it
+  runs with the call's settings, else here. ``always``: the daemon, or CNI error 11 (try again
+  later) when it does not answer.
+* the socket: ``netplugin.socket``, else ``NETPLUGIN_SOCKET``, else ``<run dir>/netplugin.sock``
+  with the run dir from ``runDir``, ``netplugin.run_dir`` or ``NETPLUGIN_RUN_DIR``, else
+  ``/run/netplugin``.
+
+The shim sends the ``CNI_*`` and ``NETPLUGIN_*`` variables and stdin (op ``cni``). The daemon builds
+the call's netplugin config exactly as the shim would (reading the same config file), and runs
+the call only when that config's fingerprint equals its own and its ``use_daemon`` is not
+``never``; otherwise it answers "unavailable" and the shim runs the call itself, so the result
+never depends on who ran it. The daemon runs the call with its selected plugin, init marker,
+host, state records, per-pod locks and metrics; the exec plugin gets the daemon's environment
+plus the call's ``CNI_*`` variables (when ``inherit_env``), not the runtime's other variables.
+A connection lost after the request was sent is CNI error 11: the call may or may not have run,
+and the runtime retries it.
+
+``VERSION`` is always answered here. The ``logFile`` line of each call says ``"via": "daemon"``
+or ``"local"``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from netplugin.frontends.wire import dumps, loads
+
+__all__ = ["answer_timeout", "daemon_target", "forward", "main", "run_call"]
+
+#: commands the daemon can run for the shim (VERSION is answered here, without any state)
+FORWARDED = ("ADD", "DEL", "CHECK", "STATUS", "GC")
+DEFAULT_RUN_DIR = "/run/netplugin"
+E_IO = 5
+E_TRY_AGAIN = 11
+#: as netplugin.frontends.cni.protocol.SUPPORTED_VERSIONS (a test keeps them equal)
+SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+LATEST = SUPPORTED_VERSIONS[-1]
+#: the defaults of core.config, to bound the wait for an answer when the network config sets none
+_DEFAULT_TIMEOUTS = {"init": 10.0, "setup": 30.0, "teardown": 30.0, "status": 10.0}
+_DEFAULT_KILL_GRACE = 2.0
+_COMMAND_ACTION = {"ADD": "setup", "DEL": "teardown", "CHECK": "status", "STATUS": "init", "GC": "teardown"}
+
+
+def _nested(conf: dict[str, object]) -> dict[str, object]:
+    nested = conf.get("netplugin")
+    return nested if isinstance(nested, dict) else {}
+
+
+def _setting(nested: dict[str, object], key: str) -> object:
+    """A ``netplugin`` object key, written with ``_`` or ``-`` (as core.config accepts)."""
+    if key in nested:
+        return nested[key]
+    return nested.get(key.replace("_", "-"))
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def daemon_target(conf: dict[str, object], environ: dict[str, str] | os._Environ[str]) -> tuple[str, str]:
+    """(use_daemon, socket path) as far as the call's own inputs say; see the module docstring."""
+    nested = _nested(conf)
+    mode = _text(_setting(nested, "use_daemon")) or environ.get("NETPLUGIN_USE_DAEMON") or "auto"
+    sock = _text(_setting(nested, "socket")) or environ.get("NETPLUGIN_SOCKET")
+    if not sock:
+        run_dir = (
+            _text(conf.get("runDir"))
+            or _text(_setting(nested, "run_dir"))
+            or environ.get("NETPLUGIN_RUN_DIR")
+            or DEFAULT_RUN_DIR
+        )
+        sock = os.path.join(run_dir, "netplugin.sock")
+    return mode, sock
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def answer_timeout(conf: dict[str, object], command: str) -> float:
+    """How long to wait for the daemon: past every time limit the call may hit (as client.response_timeout)."""
+    nested = _nested(conf)
+    limits = dict(_DEFAULT_TIMEOUTS)
+    per_action = _setting(nested, "timeouts")
+    if isinstance(per_action, dict):
+        for action, value in per_action.items():
+            seconds = _number(value)
+            if action in limits and seconds is not None:
+                limits[action] = seconds
+    overall = _number(_setting(nested, "timeout"))
+    if overall is not None:
+        limits = dict.fromkeys(limits, overall)
+    grace = 2 * (_number(_setting(nested, "kill_grace")) or _DEFAULT_KILL_GRACE) + 5.0
+    action = _COMMAND_ACTION.get(command, "setup")
+    if command == "GC":
+        return 3600.0  # one teardown per stale attachment: no fixed bound
+    # ADD is a setup and a status, each possibly behind the pod's lock, after init.
+    return limits["init"] + 2 * (limits[action] + limits["status"] + grace) + 5.0
+
+
+def cni_error(code: int, msg: str, details: str = "", version: str = LATEST) -> dict[str, object]:
+    out: dict[str, object] = {"cniVersion": version, "code": code, "msg": msg}
+    if details:
+        out["details"] = details
+    return out
+
+
+def forward(
+    sock: str, environ: dict[str, str] | os._Environ[str], stdin: bytes, conf: dict[str, object], mode: str
+) -> tuple[int, dict[str, object] | None] | None:
+    """The daemon's (exit status, document) for this call, or None when this process must run it."""
+    from netplugin.frontends.client import PROTOCOL_VERSION, NoAnswer, NotSent, exchange
+
+    command = environ.get("CNI_COMMAND", "")
+    version = _text(conf.get("cniVersion")) or LATEST
+    try:
+        text = stdin.decode()
+    except UnicodeDecodeError:
+        return None  # the local run reports it
+    body = {
+        "v": PROTOCOL_VERSION,
+        "op": "cni",
+        "environ": {k: v for k, v in environ.items() if k.startswith(("CNI_", "NETPLUGIN_"))},
+        "stdin": text,
+    }
+    try:
+        response = exchange(sock, body, timeout=answer_timeout(conf, command))
+    except NotSent as e:
+        if mode == "always":
+            msg = f"the netplugin daemon at {sock} is required (use_daemon: always) but unavailable: {e}"
+            return 1, cni_error(E_TRY_AGAIN, msg, version=version)
+        return None
+    except NoAnswer as e:
+        return 1, cni_error(E_TRY_AGAIN, f"netplugin daemon at {sock}: {e}", version=version)
+    result = response.get("result")
+    if response["ok"] and isinstance(result, dict) and isinstance(result.get("code"), int):
+        doc = result.get("doc")
+        return result["code"], doc if isinstance(doc, dict) else None
+    # Not run: another daemon's settings, use_daemon: never in its config, draining, or a daemon
+    # that predates op "cni". Only the daemon's word "unavailable" counts as such for "always".
+    if mode == "always":
+        err = response.get("error")
+        said = err.get("message") if isinstance(err, dict) else None
+        why = str(said or f"the netplugin daemon at {sock} did not run the call")
+        return 1, cni_error(E_TRY_AGAIN, why, version=version)
+    return None
+
+
+def _conf(stdin: bytes) -> dict[str, object] | None:
+    try:
+        conf = loads(stdin)
+    except (ValueError, RecursionError):
+        return None
+    return conf if isinstance(conf, dict) else None
+
+
+def _log(path: str, entry: dict[str, object]) -> None:
+    try:
+        line = dumps(entry) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except (OSError, TypeError, ValueError):
+        pass  # a log that cannot be written must not fail the network operation
+
+
+def _emit(doc: dict[str, object] | None) -> None:
+    if doc is not None:
+        sys.stdout.write(dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+def run_call(environ: dict[str, str] | os._Environ[str], stdin: bytes) -> tuple[int, dict[str, object] | None, str]:
+    """One CNI call: (exit status, document, "daemon" or "local"). Never raises."""
+    conf = _conf(stdin)
+    if environ.get("CNI_COMMAND") == "VERSION" and (conf is not None or not stdin.strip()):
+        asked = conf.get("cniVersion") if conf is not None else None
+        version = asked if isinstance(asked, str) and asked in SUPPORTED_VERSIONS else LATEST
+        return 0, {"cniVersion": version, "supportedVersions": list(SUPPORTED_VERSIONS)}, "local"
+    if conf is not None and environ.get("CNI_COMMAND") in FORWARDED:
+        mode, sock = daemon_target(conf, environ)
+        if mode in ("auto", "always"):
+            try:
+                outcome = forward(sock, environ, stdin, conf, mode)
+            except Exception as e:  # never a traceback to the runtime; the local run may still work
+                outcome = None
+                print(f"netplugin-cni: daemon path failed ({type(e).__name__}: {e}); working alone", file=sys.stderr)
+            if outcome is not None:
+                return outcome[0], outcome[1], "daemon"
+    from netplugin.frontends.cni.shim import run
+
+    code, doc = run(environ, stdin)
+    return code, doc, "local"
+
+
+def main(argv: object = None) -> None:
+    """Entry point of ``netplugin-cni``: CNI_* from the environment, the config on stdin."""
+    del argv  # CNI passes everything in the environment and on stdin
+    start = time.monotonic()
+    via = "local"
+    doc: dict[str, object] | None
+    try:
+        stdin = sys.stdin.buffer.read()
+    except Exception as e:
+        stdin = b""
+        code, doc = 1, cni_error(E_IO, f"cannot read stdin: {e}")
+    else:
+        code, doc, via = run_call(os.environ, stdin)
+    try:
+        _emit(doc)
+    except Exception:  # stdout closed: nothing left to tell the runtime
+        code = code or 1
+    conf = _conf(stdin) if stdin else None
+    log = _text(conf.get("logFile")) if conf is not None else None
+    if log and conf is not None:
+        env = os.environ
+        _log(
+            log,
+            {
+                "time": time.time(),
+                "command": env.get("CNI_COMMAND", ""),
+                "containerID": env.get("CNI_CONTAINERID", ""),
+                "ifname": env.get("CNI_IFNAME", ""),
+                "netns": env.get("CNI_NETNS", ""),
+                "args": env.get("CNI_ARGS", ""),
+                "cniVersion": conf.get("cniVersion"),
+                "prevResult": isinstance(conf.get("prevResult"), dict),
+                "pid": os.getpid(),
+                "via": via,
+                "ms": round((time.monotonic() - start) * 1000, 1),
+                "result": doc if code else "ok",
+            },
+        )
+    sys.exit(code)

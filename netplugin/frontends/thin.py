@@ -1,0 +1,215 @@
+"""The ``netplugin`` command's entry point: ``setup``/``teardown``/``status`` through the daemon, fast.
+
+When the command line is one of ``netplugin [global options] setup|teardown|status NS POD ID``
+and the daemon's socket exists, this module sends the request without importing click, yaml,
+psutil or any of netplugin's machinery: it sends the raw settings (``--config``, the flags,
+the ``NETPLUGIN_*`` variables) and the daemon builds the config from them exactly as
+:mod:`netplugin.frontends.cli` would, runs the action only when that config's fingerprint
+equals its own and its ``use_daemon`` is not ``never``, and otherwise answers "unavailable".
+Output, messages and exit codes are those of the full CLI. Everything else (other commands,
+``--help``, ``-v``, an unusual option, no daemon, a refusal) goes to :func:`netplugin.frontends.cli.main`,
+which decides again with the full config (``use_daemon: always`` then fails with exit 6 there).
+
+The socket is ``NETPLUGIN_SOCKET``, else ``<run dir>/netplugin.sock`` with the run dir from
+``--run-dir``, ``NETPLUGIN_RUN_DIR`` or ``/run/netplugin`` (a socket set only in the config
+file is found by the full CLI).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from netplugin.frontends.wire import dumps
+
+__all__ = ["EXIT_CODES", "exit_code_for_classes", "main", "parse_pod_command"]
+
+POD_COMMANDS = ("setup", "teardown", "status")
+#: global options that take a value, and the config key each sets (None: not a config key)
+_VALUE_OPTIONS = {
+    "--plugin-dir": "plugin_dir",
+    "--plugin": "plugin",
+    "--state-dir": "state_dir",
+    "--run-dir": "run_dir",
+    "--timeout": "timeout",
+    "--config": None,
+    "--output": None,
+    "-o": None,
+}
+DEFAULT_RUN_DIR = "/run/netplugin"
+
+# Exit codes: the same table as netplugin.frontends.cli (which imports it from here).
+EXIT_OK = 0
+EXIT_PLUGIN_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_TIMEOUT = 4
+EXIT_SYSTEM = 5
+EXIT_DAEMON = 6
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+#: error class name -> exit code; subclasses are matched through the MRO
+EXIT_CODES = {
+    "PluginTimeout": EXIT_TIMEOUT,
+    "PluginError": EXIT_PLUGIN_FAILED,
+    "InvalidArgument": EXIT_USAGE,
+    "ConfigError": EXIT_USAGE,
+    "PluginNotFound": EXIT_NOT_FOUND,
+    "PluginInvalid": EXIT_NOT_FOUND,
+    "DaemonUnavailable": EXIT_DAEMON,
+    "InternalError": EXIT_INTERNAL,  # only ever reported by the daemon
+    "NetpluginError": EXIT_SYSTEM,
+}
+
+
+def exit_code_for_classes(classes: list[str]) -> int:
+    """The exit code of an error whose class and bases (most derived first) are ``classes``."""
+    for name in classes:
+        if name in EXIT_CODES:
+            return EXIT_CODES[name]
+    return EXIT_SYSTEM
+
+
+class PodCommand:
+    """A command line this module can serve: the action, the pod and the raw settings."""
+
+    def __init__(self, action: str, pod: list[str], overrides: dict[str, str], config_path: str | None, output: str):
+        self.action = action
+        self.namespace, self.pod, self.infra_id = pod
+        self.overrides = overrides
+        self.config_path = config_path
+        self.output = output
+
+
+def parse_pod_command(argv: list[str], environ: dict[str, str] | os._Environ[str]) -> PodCommand | None:
+    """The pod command on this command line, or None when the full CLI must parse it."""
+    overrides: dict[str, str] = {}
+    config_path: str | None = None
+    output = environ.get("NETPLUGIN_OUTPUT", "text")
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        arg = argv[i]
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if name not in _VALUE_OPTIONS:
+            return None  # -v, --help, --version, an unknown option: the full CLI's business
+        if not eq:
+            if i + 1 >= len(argv):
+                return None
+            i += 1
+            value = argv[i]
+        key = _VALUE_OPTIONS[name]
+        if key is not None:
+            overrides[key] = value
+        elif name == "--config":
+            config_path = value
+        else:
+            output = value
+        i += 1
+    rest = argv[i:]
+    if len(rest) != 4 or rest[0] not in POD_COMMANDS or any(a.startswith("-") for a in rest[1:]):
+        return None
+    if output not in ("text", "json") or environ.get("NETPLUGIN_VERBOSE"):
+        return None
+    return PodCommand(rest[0], rest[1:], overrides, config_path, output)
+
+
+def socket_path(cmd: PodCommand, environ: dict[str, str] | os._Environ[str]) -> str:
+    sock = environ.get("NETPLUGIN_SOCKET")
+    if sock:
+        return sock
+    run_dir = cmd.overrides.get("run_dir") or environ.get("NETPLUGIN_RUN_DIR") or DEFAULT_RUN_DIR
+    return os.path.join(run_dir, "netplugin.sock")
+
+
+def _say(text: str, err: bool = False) -> None:
+    stream = sys.stderr if err else sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def via_daemon(cmd: PodCommand, environ: dict[str, str] | os._Environ[str]) -> int | None:
+    """Run the command through the daemon: its exit status, or None when the full CLI must run it."""
+    if environ.get("NETPLUGIN_USE_DAEMON", "auto") != "auto":
+        return None  # never: work alone; always: the full CLI reports an absent daemon (exit 6)
+    sock = socket_path(cmd, environ)
+    if not os.path.exists(sock):
+        return None
+    from netplugin.frontends.client import PROTOCOL_VERSION, NoAnswer, NotSent, exchange
+
+    body = {
+        "v": PROTOCOL_VERSION,
+        "op": cmd.action,
+        "namespace": cmd.namespace,
+        "pod": cmd.pod,
+        "infra_id": cmd.infra_id,
+        "settings": {
+            "config_path": cmd.config_path,
+            "environ": {k: v for k, v in environ.items() if k.startswith("NETPLUGIN_")},
+            "overrides": cmd.overrides,
+        },
+    }
+    try:
+        # The daemon bounds every action by its limits; this only bounds a daemon that hangs.
+        response = exchange(sock, body, timeout=None)
+    except NotSent:
+        return None
+    except NoAnswer as e:
+        _fail(f"netplugin daemon at {sock}: {e}", EXIT_SYSTEM, cmd, "SystemFailure")
+        return EXIT_SYSTEM
+    if response["ok"]:
+        _emit_result(cmd, response.get("result"))
+        return EXIT_OK
+    err = response.get("error")
+    classes = response.get("classes")
+    names = [str(c) for c in classes] if isinstance(classes, list) else []
+    if not isinstance(err, dict) or "DaemonUnavailable" in names:
+        return None  # not run: the full CLI decides (work alone, or exit 6 for use_daemon: always)
+    code = exit_code_for_classes(names)
+    if cmd.output == "json":
+        _say(dumps({"exit_code": code, **err}, sort_keys=True), err=True)
+    else:
+        _say(f"netplugin: error: {err.get('message', '')}", err=True)
+    return code
+
+
+def _fail(message: str, code: int, cmd: PodCommand, cls: str) -> None:
+    if cmd.output == "json":
+        _say(dumps({"error": cls, "message": message, "exit_code": code}, sort_keys=True), err=True)
+    else:
+        _say(f"netplugin: error: {message}", err=True)
+
+
+def _emit_result(cmd: PodCommand, result: object) -> None:
+    """Print what the full CLI prints for this action and result."""
+    pod = {"namespace": cmd.namespace, "pod": cmd.pod, "infra_id": cmd.infra_id}
+    if cmd.action == "setup":
+        ip = result.get("ip") if isinstance(result, dict) else None
+        if cmd.output == "json":
+            _say(dumps({**pod, "ip": ip}, sort_keys=True))
+    elif cmd.action == "teardown":
+        if cmd.output == "json":
+            _say(dumps(pod, sort_keys=True))
+    elif cmd.output == "json":
+        _say(dumps(result, sort_keys=True))
+    elif isinstance(result, dict):
+        _say(str(result.get("ip")))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``netplugin``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    cmd = parse_pod_command(args, os.environ)
+    if cmd is not None:
+        try:
+            code = via_daemon(cmd, os.environ)
+        except BrokenPipeError:
+            sys.exit(EXIT_OK)
+        except KeyboardInterrupt:
+            _say("netplugin: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        if code is not None:
+            sys.exit(code)
+    from netplugin.frontends.cli import main as full_main
+
+    full_main(args)

@@ -1,0 +1,353 @@
+"""netplugin-cni under the kubelet's real caller: containerd's CRI plugin, driven over CRI v1 gRPC.
+
+One private containerd per session (tests/frontends/cni/containerd.py); each test gives it a
+network of its own (``np<hex>`` names, a free /24 of 10.201.0.0/16, the CNI range, private netplugin state/run
+dirs) and removes every sandbox, bridge and netns it made, passed or not. Pods are reached with
+``ip netns exec <the sandbox's netns> ping``: the sandbox image only sleeps.
+
+What containerd 1.6 passes (asserted below, documented in the README's CNI section):
+ADD and DEL get ``CNI_ARGS`` ``K8S_POD_NAMESPACE``, ``K8S_POD_NAME``, ``K8S_POD_INFRA_CONTAINER_ID``
+(= ``CNI_CONTAINERID``, the sandbox id), ``K8S_POD_UID`` and ``IgnoreUnknown=1``; ``CNI_NETNS`` is
+``/var/run/netns/cni-<uuid>``, the path ``PodSandboxStatus`` reports; ``CNI_IFNAME`` is ``eth0``; the
+config's ``cniVersion`` is 1.0.0 (its libcni reads no 1.1.0 results and ignores ``cniVersions``);
+the DEL of StopPodSandbox carries the cached ADD result as ``prevResult``, and RemovePodSandbox
+sends one more DEL with an empty ``CNI_NETNS`` and no ``prevResult``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nettest import free_third_octet
+
+from netplugin.frontends.client import NotSent, exchange
+
+from .containerd import Containerd, Sandbox, unavailable_reason
+
+REPO = Path(__file__).resolve().parents[3]
+BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"
+TEST_RANGE = "10.201.0.0/16"
+
+pytestmark = pytest.mark.containerd
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("containerd")
+    # The shim as installed: the entry script `netplugin install-shim` writes (python -I -S).
+    made = _run([sys.executable, "-m", "netplugin", "install-shim", str(root / "netplugin-cni")])
+    assert made.returncode == 0, made.stderr
+    ctd = Containerd(root, Path(made.stdout.strip()))
+    try:
+        ctd.start()
+        yield ctd
+    finally:
+        ctd.close()
+
+
+@dataclass
+class CniNet:
+    """One test's network: a conflist for netplugin-cni with the bridge exec plugin (or another)."""
+
+    ctd: Containerd
+    tmp: Path
+    tag: str = field(default_factory=lambda: secrets.token_hex(3))
+    sandboxes: list[str] = field(default_factory=list)
+    daemon: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        self.name = f"np{self.tag}"
+        self.bridge = f"npbr{self.tag}"
+        self.subnet = ipaddress.ip_network(f"10.201.{free_third_octet(TEST_RANGE)}.0/24")
+        self.exec_dir = self.tmp / "exec"
+        self.state = self.tmp / "state"
+        self.run_dir = self.tmp / "run"
+        self.log = self.tmp / "cni.log"
+        for d in (self.exec_dir / "bridge", self.state, self.run_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.exec_dir, 0o755)
+        os.chmod(self.exec_dir / "bridge", 0o755)
+        exe = self.exec_dir / "bridge" / "bridge"
+        shutil.copyfile(BRIDGE, exe)
+        os.chmod(exe, 0o755)
+
+    def conflist(self, plugin: str = "bridge", **extra: Any) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "type": "netplugin-cni",
+            "plugin": plugin,
+            "pluginDir": str(self.exec_dir),
+            "stateDir": str(self.state),
+            "runDir": str(self.run_dir),
+            "logFile": str(self.log),
+            "netplugin": {"host": "none"},
+            "env": {
+                "NETPLUGIN_BRIDGE_NAME": self.bridge,
+                "NETPLUGIN_BRIDGE_SUBNET": str(self.subnet),
+                # ip_forward is the host's; pods on one bridge do not need it
+                "NETPLUGIN_BRIDGE_IP_FORWARD": "false",
+            },
+            **extra,
+        }
+        # As the shipped etc/cni/10-netplugin.conflist: 1.0.0 for runtimes whose libcni
+        # predates 1.1 (containerd 1.6), and cniVersions so newer ones use 1.1.0.
+        return {"cniVersion": "1.0.0", "cniVersions": ["1.0.0", "1.1.0"], "name": self.name, "plugins": [conf]}
+
+    def use(self, plugin: str = "bridge", **extra: Any) -> None:
+        self.ctd.use_network(self.conflist(plugin, **extra))
+
+    def daemon_config(self) -> Path:
+        """A netplugin config file with the settings of :meth:`conflist` (for ``netplugin serve``)."""
+        conf = self.conflist()["plugins"][0]
+        path = self.tmp / "netplugin.yaml"
+        lines = [
+            "plugin: bridge",
+            f"plugin_dir: {conf['pluginDir']}",
+            f"state_dir: {conf['stateDir']}",
+            f"run_dir: {conf['runDir']}",
+            "host: none",
+            "metrics_address: 127.0.0.1:0",
+            "env:",
+            *(f"  {k}: {json.dumps(v)}" for k, v in conf["env"].items()),
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def start_daemon(self, config: Path) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+        env["NETPLUGIN_CONFIG"] = str(config)
+        log = open(self.tmp / "daemon.log", "wb")  # noqa: SIM115 -- the daemon writes it until close()
+        self.daemon = subprocess.Popen(
+            [sys.executable, "-m", "netplugin", "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        sock = str(self.run_dir / "netplugin.sock")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if exchange(sock, {"v": 1, "op": "health"}, timeout=10)["ok"]:
+                    return self.daemon
+            except NotSent:
+                pass
+            if self.daemon.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError((self.tmp / "daemon.log").read_text())
+            time.sleep(0.05)
+
+    def daemon_metrics(self) -> str:
+        health = exchange(str(self.run_dir / "netplugin.sock"), {"v": 1, "op": "health"}, timeout=10)["result"]
+        with urllib.request.urlopen(f"http://{health['metrics_address']}/metrics", timeout=10) as resp:
+            body: bytes = resp.read()
+        return body.decode()
+
+    def run_pod(self, namespace: str, name: str, uid: str | None = None, attempt: int = 0) -> Sandbox:
+        sb = self.ctd.run_pod(namespace, name, uid or str(uuid.uuid4()), attempt)
+        self.sandboxes.append(sb.id)
+        return sb
+
+    def log_entries(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+
+    def records(self) -> list[dict[str, Any]]:
+        """netplugin's durable pod records in this network's state dir."""
+        return [json.loads(p.read_text()) for p in sorted((self.state / "pods").glob("*.json"))]
+
+    def attachments(self) -> list[str]:
+        d = self.state / "cni" / self.name
+        return sorted(os.listdir(d)) if d.is_dir() else []
+
+    def ipam_files(self, sub: str) -> list[str]:
+        d = self.state / "bridge" / self.bridge / sub
+        return sorted(os.listdir(d)) if d.is_dir() else []
+
+    def bridge_ports(self) -> str:
+        return _run(["ip", "-o", "link", "show", "master", self.bridge]).stdout.strip()
+
+    def close(self) -> None:
+        for sid in self.sandboxes:
+            self.ctd.stop_remove(sid, check=False)
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.daemon.terminate()
+            self.daemon.wait(60)
+        if os.path.exists(f"/sys/class/net/{self.bridge}"):
+            _run(["ip", "link", "del", self.bridge])
+
+
+@pytest.fixture
+def net(containerd: Containerd, tmp_path: Path) -> Iterator[CniNet]:
+    n = CniNet(containerd, tmp_path)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+def _ping(sb: Sandbox, ip: str) -> subprocess.CompletedProcess[str]:
+    return _run(["ip", "netns", "exec", sb.netns_name, "ping", "-c", "1", "-W", "3", ip])
+
+
+def assert_nothing_left(net: CniNet, sandboxes: list[Sandbox]) -> None:
+    assert net.bridge_ports() == "", f"host veths left on {net.bridge}"
+    assert net.ipam_files("ips") == [] and net.ipam_files("pods") == []
+    assert net.records() == []
+    assert net.attachments() == []
+    for sb in sandboxes:
+        assert not os.path.exists(sb.netns), f"netns {sb.netns} left behind"
+    assert not {sb.id for sb in sandboxes} & set(net.ctd.list_sandboxes())
+
+
+def test_pods_get_the_plugins_addresses_reach_each_other_and_leave_nothing(net: CniNet) -> None:
+    net.use()
+    pods = [("np-web", f"web-{i}", str(uuid.uuid4())) for i in range(3)]
+    sbs = [net.run_pod(ns, name, uid) for ns, name, uid in pods]
+
+    ips = [sb.ip for sb in sbs]
+    assert len(set(ips)) == 3 and all(ipaddress.ip_address(ip) in net.subnet for ip in ips), ips
+    # PodSandboxStatus reports the address the exec plugin assigned and netplugin recorded.
+    records = {r["infra_id"]: r for r in net.records()}
+    for sb, (ns, name, _) in zip(sbs, pods, strict=True):
+        rec = records[sb.id]
+        assert (rec["namespace"], rec["name"], rec["state"]) == (ns, name, "ready")
+        assert rec["ip"] in (None, sb.ip)  # record_status is off: the IP may be learned later
+        assert (net.state / "bridge" / net.bridge / "ips" / sb.ip).exists()
+        assert sb.netns.startswith("/var/run/netns/cni-"), sb.netns
+
+    # What containerd passed for each ADD.
+    adds = [e for e in net.log_entries() if e["command"] == "ADD"]
+    assert [e["result"] for e in adds] == ["ok"] * 3
+    for sb, e, (ns, name, uid) in zip(sbs, adds, pods, strict=True):
+        args = dict(kv.split("=", 1) for kv in e["args"].split(";"))
+        assert args == {
+            "K8S_POD_NAMESPACE": ns,
+            "K8S_POD_NAME": name,
+            "K8S_POD_INFRA_CONTAINER_ID": sb.id,
+            "K8S_POD_UID": uid,
+            "IgnoreUnknown": "1",
+        }
+        assert (e["containerID"], e["ifname"], e["netns"]) == (sb.id, "eth0", sb.netns)
+        assert e["cniVersion"] == "1.0.0" and e["prevResult"] is False
+
+    for a in sbs:
+        for b in sbs:
+            if a is not b:
+                done = _ping(a, b.ip)
+                assert done.returncode == 0, f"{a.name} -> {b.name} ({b.ip}): {done.stdout}{done.stderr}"
+
+    def dels_of(sb: Sandbox) -> list[tuple[str, bool]]:
+        entries = net.log_entries()
+        return [(e["netns"], e["prevResult"]) for e in entries if e["command"] == "DEL" and e["containerID"] == sb.id]
+
+    for sb in sbs:
+        net.ctd.stop(sb.id)
+        assert dels_of(sb) == [(sb.netns, True)]  # StopPodSandbox: in the netns, with the cached result
+        net.ctd.remove(sb.id)
+        assert dels_of(sb)[1:] == [("", False)]  # RemovePodSandbox: once more, no netns, no result
+    assert_nothing_left(net, sbs)
+    dels = [e for e in net.log_entries() if e["command"] == "DEL"]
+    assert all(e["result"] == "ok" for e in dels), dels
+    # StopPodSandbox: DEL in the netns with the cached result; RemovePodSandbox: DEL again, no netns.
+    for sb in sbs:
+        mine = [(e["netns"], e["prevResult"]) for e in dels if e["containerID"] == sb.id]
+        assert mine[0] == (sb.netns, True), mine
+        assert all(m == ("", False) for m in mine[1:]), mine
+
+
+def test_the_same_pod_run_again_gets_a_fresh_sandbox_and_leaves_nothing(net: CniNet) -> None:
+    net.use()
+    uid = str(uuid.uuid4())
+    first = net.run_pod("np-db", "db-0", uid, attempt=0)
+    assert _ping(first, str(net.subnet.network_address + 1)).returncode == 0
+    # The kubelet stops a dead sandbox and runs the pod again with the next attempt number.
+    net.ctd.stop(first.id)
+    assert net.ipam_files("ips") == [] and net.records() == []
+    second = net.run_pod("np-db", "db-0", uid, attempt=1)
+    assert second.id != first.id and second.netns != first.netns
+    assert ipaddress.ip_address(second.ip) in net.subnet
+    assert [r["infra_id"] for r in net.records()] == [second.id]
+    assert net.ipam_files("ips") == [second.ip]
+    assert _ping(second, str(net.subnet.network_address + 1)).returncode == 0
+    for sb in (first, second):
+        net.ctd.stop_remove(sb.id)
+    assert_nothing_left(net, [first, second])
+
+
+def test_a_failing_plugin_reaches_run_pod_sandbox_and_leaks_nothing(net: CniNet, plugin_dir: Any) -> None:
+    fake = plugin_dir.install("fake")
+    reason = f"np-test {net.tag}: no addresses left in the moon's subnet"
+    fake.set("setup", exit=1, stderr=reason)
+    net.use("fake", pluginDir=str(plugin_dir.path))
+    before = set(net.ctd.list_sandboxes())
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as info:
+        net.run_pod("np-bad", "bad-0")
+    err = info.value
+    assert err.code() == grpc.StatusCode.UNKNOWN
+    assert reason in err.details(), err.details()
+    assert "network plugin 'fake' setup failed" in err.details(), err.details()
+    # containerd DELs after the failed ADD and removes its sandbox; netplugin rolled back.
+    assert set(net.ctd.list_sandboxes()) == before
+    entries = net.log_entries()
+    assert [e["command"] for e in entries][:2] == ["ADD", "DEL"], entries
+    assert entries[0]["result"]["code"] == 999 and all(e["result"] == "ok" for e in entries[1:])
+    netns = entries[0]["netns"]
+    assert netns.startswith("/var/run/netns/cni-") and not os.path.exists(netns)
+    calls = [c.split()[0] for c in fake.calls()]
+    assert calls[:3] == ["init", "setup", "teardown"], calls  # setup, then its rollback
+    assert "teardown" in calls[3:], calls  # and the DEL containerd sent
+    assert net.records() == [] and net.attachments() == []
+
+
+def test_pods_through_the_daemon_when_it_runs_with_the_same_settings(net: CniNet) -> None:
+    config = net.daemon_config()
+    net.start_daemon(config)
+    # The conflist names the daemon's config file (and the run dir, where the shim finds the socket).
+    net.ctd.use_network(
+        {
+            "cniVersion": "1.0.0",
+            "cniVersions": ["1.0.0", "1.1.0"],
+            "name": net.name,
+            "plugins": [
+                {
+                    "type": "netplugin-cni",
+                    "configFile": str(config),
+                    "runDir": str(net.run_dir),
+                    "logFile": str(net.log),
+                }
+            ],
+        }
+    )
+    sbs = [net.run_pod("np-api", f"api-{i}") for i in range(2)]
+    assert [e["via"] for e in net.log_entries()] == ["daemon", "daemon"], net.log_entries()
+    assert {r["infra_id"] for r in net.records()} == {sb.id for sb in sbs}
+    assert _ping(sbs[0], sbs[1].ip).returncode == 0
+    for sb in sbs:
+        net.ctd.stop_remove(sb.id)
+    assert_nothing_left(net, sbs)
+    entries = net.log_entries()
+    assert {e["via"] for e in entries} == {"daemon"} and all(e["result"] == "ok" for e in entries), entries
+    metrics = net.daemon_metrics()
+    assert 'network_plugin_operations_duration_seconds_count{operation_type="set_up_pod"} 2.0' in metrics
+    dels = len([e for e in entries if e["command"] == "DEL"])
+    assert f'network_plugin_operations_duration_seconds_count{{operation_type="tear_down_pod"}} {dels}.0' in metrics
