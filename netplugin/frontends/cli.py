@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from netplugin.frontends import _cliconv as conv
+from netplugin.frontends import _clitools as tools
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -74,6 +75,9 @@ def exit_code_for(err: NetpluginError) -> int:
 
 class State:
     """What the global options decided, and the objects built from them (lazily)."""
+
+    #: what :meth:`daemon` returns when the operation must run here (no daemon, or not the same settings)
+    LOCAL = LOCAL
 
     def __init__(self, overrides: dict[str, Any], config_path: str | None, output: str, verbose: int) -> None:
         self.overrides = overrides
@@ -292,100 +296,6 @@ def status(st: State, namespace: str, pod: str, infra_id: str) -> None:
 
 
 @cli.command()
-@click.option("--pods", "count", type=click.IntRange(1, 200), default=3, show_default=True, help="How many pods.")
-@click.option("--native", is_flag=True, help="Use the in-process netplugin.io/bridge plugin instead of the exec one.")
-@click.option("--plugin-source", metavar="DIR", help="Where the shipped exec plugins are (default: found).")
-@click.option("--subnet", metavar="CIDR", help="Pod subnet (default: a random /24 in 10.207.0.0/16).")
-@click.option(
-    "--nodes",
-    type=click.IntRange(2, 8),
-    help="Simulate a cluster of N nodes instead (each a netns with its own daemon; one pod per node).",
-)
-@pass_state
-def demo(st: State, count: int, native: bool, plugin_source: str | None, subnet: str | None, nodes: int | None) -> None:
-    """Set up pods on a real bridge, prove they talk, tear down, prove nothing is left (root)."""
-    import signal
-
-    from netplugin.frontends.demo import run_demo
-
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    say = (lambda msg: click.echo(msg, err=True)) if st.json else click.echo
-    if nodes is not None:
-        _cluster_demo(st, nodes, "netplugin.io/bridge" if native else "bridge", plugin_source, say)
-        return
-    report = run_demo(
-        count,
-        plugin="netplugin.io/bridge" if native else "bridge",
-        plugin_source=plugin_source,
-        subnet=subnet,
-        progress=say,
-    )
-    st.emit(report.to_dict(), None)
-    if not report.ok:
-        from netplugin.core.errors import NetpluginError
-
-        raise NetpluginError(
-            "demo failed: "
-            + "; ".join([f"{a} -> {b} unreachable" for a, b, ok in report.checks if not ok] + report.leftovers)
-        )
-
-
-@cli.command()
-@pass_state
-def nodes(st: State) -> None:
-    """This node, the cluster's nodes, and the routes the daemon keeps to them (and what it cannot route)."""
-    remote = st.daemon("health")
-    if remote is not LOCAL:
-        info = remote["node"]
-    else:
-        host = st.manager.host
-        me = st.manager.node()
-        cluster = host.list_nodes()
-        info = {**me.to_dict(), "nodes": len(cluster), "daemon": None, "cluster": [n.to_dict() for n in cluster]}
-    st.emit(info, _nodes_text(info))
-
-
-def _nodes_text(info: dict[str, Any]) -> str:
-    lines = [
-        f"node {info['name']}: pod CIDRs {', '.join(info['pod_cidrs']) or '(none)'}; "
-        f"InternalIPs {', '.join(info['internal_ips']) or '(none)'}",
-        f"nodes in the cluster: {info.get('nodes') if info.get('nodes') is not None else '(not read yet)'}",
-    ]
-    if "daemon" in info:
-        lines.append("no daemon runs: routes and egress are kept by `netplugin serve`")
-        lines += [
-            f"  {n['name']:<24} {', '.join(n['pod_cidrs']):<40} {', '.join(n['internal_ips'])}" for n in info["cluster"]
-        ]
-        return "\n".join(lines)
-    if info.get("error"):
-        lines.append(f"error: {info['error']}")
-    if not info.get("routes_enabled"):
-        lines.append("routes: off (node_routes: false)")
-    routes = info.get("routes") or []
-    lines.append(f"routes ({len(routes)}):")
-    lines += [f"  {r['dst']:<28} via {r['via']:<28} {r['node']}" for r in routes]
-    problems = info.get("problems") or []
-    if problems:
-        lines.append(f"cannot route ({len(problems)}):")
-        lines += [f"  node {p['node']} pod CIDR {p['cidr']}: {p['reason']}" for p in problems]
-    return "\n".join(lines)
-
-
-def _cluster_demo(st: State, nodes: int, plugin: str, plugin_source: str | None, say: Any) -> None:
-    from netplugin.core.errors import NetpluginError
-    from netplugin.frontends.demo_cluster import run_cluster_demo
-
-    report = run_cluster_demo(nodes, plugin=plugin, plugin_source=plugin_source, progress=say)
-    st.emit(report.to_dict(), None)
-    if not report.ok:
-        failed = [f"{a} -> {b} failed" for a, b, ok in report.checks if not ok]
-        raise NetpluginError("cluster demo failed: " + "; ".join(failed + report.leftovers))
-
-
-@cli.command()
 @pass_state
 def pods(st: State) -> None:
     """List the pods netplugin has recorded, and their state."""
@@ -458,57 +368,8 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None) -> No
     raise click.exceptions.Exit(run_daemon(st.config))
 
 
-@cli.command()
-@click.option("--quick", is_flag=True, help="Smoke-test sizes: a few pods, under a minute.")
-@click.option(
-    "--out", "out_dir", metavar="DIR", help="Write BENCHMARKS.md, results.json and plots/ here (default: the checkout)."
-)
-@click.option("--pods", type=click.IntRange(1, 250), help="Pods in the per-pod figure (default 60).")
-def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
-    """Run the benchmarks (root; a netplugin checkout, pip install .[daemon,bench]); see BENCHMARKS.md."""
-    import importlib.util
-    from pathlib import Path
-
-    from netplugin.core.errors import SystemFailure
-
-    # bench/ is a top-level package of the checkout, beside netplugin/, not part of the installed package.
-    pkg = Path(__file__).resolve().parent.parent / "bench"
-    spec = importlib.util.spec_from_file_location("bench", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
-    if spec is None or spec.loader is None or not (pkg / "__init__.py").is_file():
-        raise SystemFailure("cannot find the benchmark harness", str(pkg), "run netplugin from a checkout")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench"] = module
-    spec.loader.exec_module(module)
-    argv = ["--quick"] if quick else []
-    argv += ["--out", out_dir] if out_dir else []
-    argv += ["--pods", str(pods)] if pods else []
-    raise click.exceptions.Exit(module.main(argv))
-
-
-@cli.command("install-shim")
-@click.argument("dest", metavar="DEST")
-@click.option(
-    "--kind",
-    type=click.Choice(["cni", "cli"]),
-    default="cni",
-    show_default=True,
-    help="cni: the netplugin-cni CNI plugin; cli: the netplugin command.",
-)
-@click.option("--python", "python", metavar="PATH", help="Interpreter to run it with (default: this one).")
-def install_shim(dest: str, kind: str, python: str | None) -> None:
-    """Write a fast entry script to DEST (a file, or a dir: DEST/netplugin-cni, or DEST/netplugin).
-
-    The script runs `python -I -S` with an explicit path instead of site hooks, so a CNI call
-    that the daemon serves starts about as fast as a bare interpreter. Regenerate it after
-    upgrading Python or netplugin.
-    """
-    from netplugin.frontends.entrypoints import install_entry
-
-    click.echo(install_entry(kind, dest, python=python))
-
-
-cli.add_command(conv.health)
-cli.add_command(conv.completion)
+for command in (tools.demo, tools.nodes, tools.bench, tools.install_shim, conv.health, conv.completion):
+    cli.add_command(command)
 
 
 def _fail(message: str, code: int, st: State | None, data: dict[str, Any] | None = None) -> NoReturn:

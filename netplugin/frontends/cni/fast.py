@@ -45,6 +45,8 @@ FORWARDED = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 DEFAULT_RUN_DIR = "/run/netplugin"
 E_IO = 5
 E_TRY_AGAIN = 11
+#: the largest network config read from stdin (protocol.MAX_STDIN; a test keeps them equal)
+MAX_STDIN = 4 << 20
 #: as netplugin.frontends.cni.protocol.SUPPORTED_VERSIONS (a test keeps them equal)
 SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST = SUPPORTED_VERSIONS[-1]
@@ -220,7 +222,8 @@ def main(argv: object = None) -> None:
     via = "local"
     doc: dict[str, object] | None
     try:
-        stdin = sys.stdin.buffer.read()
+        # Bounded: one byte past the limit is enough for the parser to refuse the config as too large.
+        stdin = sys.stdin.buffer.read(MAX_STDIN + 1)
     except Exception as e:
         stdin = b""
         code, doc = 1, cni_error(E_IO, f"cannot read stdin: {e}")

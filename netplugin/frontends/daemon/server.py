@@ -285,6 +285,8 @@ class Daemon:
                 start = time.monotonic()
                 if op in POD_OPS:
                     result = await self.metrics.timed_async(op, lambda: self._pod_request(req))
+                elif op == "cni":
+                    result = await self._cni_request(req)
                 else:
                     result = await asyncio.to_thread(self.dispatch, req)
                 log.debug("%s %s: ok in %.3fs", op, _pod_text(req), time.monotonic() - start)
@@ -307,11 +309,24 @@ class Daemon:
     async def _pod_request(self, req: dict[str, Any]) -> Any:
         """Run a pod request in a worker once the pod's earlier requests are done (see _pod_turn)."""
         pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
-        async with self._pod_turn(pod):
+        async with self._pod_turn(pod.key, f"pod {pod}"):
+            return await asyncio.to_thread(self.dispatch, req)
+
+    async def _cni_request(self, req: dict[str, Any]) -> Any:
+        """A forwarded CNI call waits for its container's turn in the event loop, like a pod request.
+
+        Its pod is known only once the shim's code has parsed the call (in the worker), so the
+        turn is the container's: a runtime retrying a stuck sandbox queues here, holding no worker.
+        """
+        environ = req.get("environ")
+        container = environ.get("CNI_CONTAINERID") if isinstance(environ, dict) else None
+        if not isinstance(container, str) or not container:
+            return await asyncio.to_thread(self.dispatch, req)  # the shim's code reports what is missing
+        async with self._pod_turn(f"cni:{container}", f"container {container[:80]}"):
             return await asyncio.to_thread(self.dispatch, req)
 
     @contextlib.asynccontextmanager
-    async def _pod_turn(self, pod: PodRef) -> AsyncIterator[None]:
+    async def _pod_turn(self, key: str, what: str) -> AsyncIterator[None]:
         """Wait, in the event loop, until no earlier request of this daemon runs on ``pod``.
 
         Waiting for the pod's flock inside a worker would let one stuck pod take every worker;
@@ -320,11 +335,11 @@ class Daemon:
         only one per pod. Any pod action run in a worker (a forwarded CNI call too) belongs in
         a turn. Raises DaemonUnavailable (not run) past MAX_WAITING_PER_POD, or once stopping.
         """
-        turn = self._turns.get(pod.key)
+        turn = self._turns.get(key)
         if turn is None:
-            turn = self._turns[pod.key] = [asyncio.Lock(), 0]
+            turn = self._turns[key] = [asyncio.Lock(), 0]
         if turn[1] > MAX_WAITING_PER_POD:
-            raise DaemonUnavailable(self.socket_path, f"{turn[1] - 1} requests are already waiting for pod {pod}")
+            raise DaemonUnavailable(self.socket_path, f"{turn[1] - 1} requests are already waiting for {what}")
         turn[1] += 1
         try:
             async with turn[0]:
@@ -334,7 +349,7 @@ class Daemon:
         finally:
             turn[1] -= 1
             if turn[1] == 0:
-                del self._turns[pod.key]
+                del self._turns[key]
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
