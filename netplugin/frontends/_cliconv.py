@@ -16,6 +16,7 @@ from netplugin.core.extras import MissingExtra, extra_for
 __all__ = [
     "COMPLETE_VAR",
     "OUTPUTS",
+    "AsciiIntRange",
     "OutputOptionGroup",
     "completion",
     "completion_script",
@@ -30,6 +31,17 @@ __all__ = [
 #: click's shell-completion variable: ``_NETPLUGIN_COMPLETE=bash_source netplugin`` prints the hook
 COMPLETE_VAR = "_NETPLUGIN_COMPLETE"
 OUTPUTS = ["text", "json"]
+
+
+class AsciiIntRange(click.IntRange):
+    """An integer option written in ASCII digits: Python's int() also reads other scripts' digits."""
+
+    name = "integer range"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip().lstrip("+-").isascii():
+            self.fail(f"{value!r} is not an integer written in ASCII digits", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def _set_output(ctx: click.Context, param: click.Parameter, value: str | None) -> None:

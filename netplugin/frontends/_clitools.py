@@ -13,16 +13,18 @@ from typing import Any
 
 import click
 
+from netplugin.frontends._cliconv import AsciiIntRange
+
 __all__ = ["bench", "demo", "install_shim", "nodes"]
 
 @click.command()
-@click.option("--pods", "count", type=click.IntRange(1, 200), default=3, show_default=True, help="How many pods.")
+@click.option("--pods", "count", type=AsciiIntRange(1, 200), default=3, show_default=True, help="How many pods.")
 @click.option("--native", is_flag=True, help="Use the in-process netplugin.io/bridge plugin instead of the exec one.")
 @click.option("--plugin-source", metavar="DIR", help="Where the shipped exec plugins are (default: found).")
 @click.option("--subnet", metavar="CIDR", help="Pod subnet (default: a random /24 in 10.207.0.0/16).")
 @click.option(
     "--nodes",
-    type=click.IntRange(2, 8),
+    type=AsciiIntRange(2, 8),
     help="Simulate a cluster of N nodes instead (each a netns with its own daemon; one pod per node).",
 )
 @click.pass_obj
@@ -114,7 +116,7 @@ def _cluster_demo(st: Any, nodes: int, plugin: str, plugin_source: str | None, s
 @click.option(
     "--out", "out_dir", metavar="DIR", help="Write BENCHMARKS.md, results.json and plots/ here (default: the checkout)."
 )
-@click.option("--pods", type=click.IntRange(1, 250), help="Pods in the per-pod figure (default 60).")
+@click.option("--pods", type=AsciiIntRange(1, 250), help="Pods in the per-pod figure (default 60).")
 def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
     """Run the benchmarks (root; a netplugin checkout, pip install .[daemon,bench]); see BENCHMARKS.md."""
     import importlib.util

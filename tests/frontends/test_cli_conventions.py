@@ -203,3 +203,16 @@ def test_missing_extra_error_is_exit_5_not_70() -> None:
     with pytest.raises(MissingExtra) as e:
         require("a feature", "netplugin_surely_absent_module")
     assert exit_code_for(e.value) == 5
+
+
+# --- integer options (issue 13): ASCII digits only ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "option"), [(["demo", "--pods", "\u0663"], "--pods"), (["demo", "--nodes", "\u0663"], "--nodes")]
+)
+def test_integer_options_take_ascii_digits_only(args: list[str], option: str) -> None:
+    out = _run("-o", "json", *args)
+    assert out.returncode == 2, out.stderr
+    doc = json.loads(out.stdout or out.stderr)
+    assert option in doc["message"] and "ASCII digits" in doc["message"]
