@@ -74,6 +74,7 @@ Built-in plugins
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import os
 import signal as _signal
@@ -81,12 +82,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from netplugin.core.errors import PluginFailed, PluginOutputError, PluginTimeout
+from netplugin.core import calls
+from netplugin.core.errors import PluginFailed, PluginInvalid, PluginOutputError, PluginTimeout
 from netplugin.core.names import PodRef
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
-    from netplugin.core.invoke import Completed, Runner
+    from netplugin.core.discovery import Executable
+    from netplugin.core.invoke import Completed, Runner, SpawnError
 
 __all__ = [
     "NOOP_NAME",
@@ -114,6 +117,7 @@ _OWN_ENV = frozenset(
         "NETPLUGIN_POD_NAME",
         "NETPLUGIN_INFRA_ID",
         "NETPLUGIN_NETNS",
+        "NETPLUGIN_CALL_ID",
     }
 )
 
@@ -251,6 +255,15 @@ def call_env(ctx: CallContext, plugin: str, action: Action, pod: PodRef | None) 
 # --- exec plugins ------------------------------------------------------------------------------------
 
 
+def _call_key(state_dir: str) -> bytes:
+    from netplugin.core.trust import ensure_dir
+
+    ensure_dir(state_dir)
+    key = calls.call_key(state_dir)
+    assert key is not None
+    return key
+
+
 def _tail(data: bytes) -> str:
     return data[-_TAIL:].decode("utf-8", "replace").strip()
 
@@ -266,11 +279,30 @@ def _describe_exit(done: Completed) -> str:
 
 
 class ExecPlugin:
-    """A plugin that is an executable, run once per action."""
+    """A plugin that is an executable, run once per action.
 
-    def __init__(self, name: str, path: str, runner: Runner | None = None) -> None:
+    Before every call the executable's path is walked and checked again (ownership and mode of
+    every directory on it, see :mod:`.discovery`), so a daemon that selected it long ago never
+    runs a file that was swapped since: a binary is executed through the very descriptor that
+    passed the check; a script (whose interpreter reads it by path, so that ``$0`` stays its
+    path) only when the path still names that inode, in directories nobody but root can change.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        runner: Runner | None = None,
+        *,
+        check_permissions: bool = True,
+        exec_dir: str | None = None,
+    ) -> None:
         self.name = name
         self.path = path
+        self.check_permissions = check_permissions
+        self.exec_dir = exec_dir
+        # An injected runner (the tests' seam) executes nothing, so there is no file to open.
+        self._validate = runner is None
         if runner is None:
             from netplugin.core.invoke import run
 
@@ -299,6 +331,42 @@ class ExecPlugin:
             self._version = (key, "sha256:" + h.hexdigest())
         return self._version[1]
 
+    def _open(self, action: Action) -> Executable | None:
+        if not self._validate:
+            return None
+        from netplugin.core.discovery import open_executable
+
+        exe = open_executable(self.path, check_permissions=self.check_permissions, exec_dir=self.exec_dir)
+        if isinstance(exe, str):
+            if exe.startswith("no executable:"):
+                # Removed since it was selected (an upgrade in progress?): the action fails, as a
+                # failed exec would; the plugin is not judged invalid for it.
+                raise PluginFailed(
+                    f"network plugin {self.name!r} {action.value} failed: cannot execute {self.path}: "
+                    f"{os.strerror(errno.ENOENT)}",
+                    plugin=self.name,
+                    action=action.value,
+                    path=self.path,
+                )
+            raise PluginInvalid(self.name, exe, path=self.path)
+        return exe
+
+    def _spawn_failed(self, e: SpawnError, exe: Executable | None, action: Action) -> PluginFailed:
+        reason = e.reason
+        if exe is None:
+            pass
+        elif exe.interpreter is not None and e.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC):
+            # The script itself is held open and was checked: the kernel means its interpreter.
+            reason = f"its interpreter {exe.interpreter} (from its #! line) cannot be executed: {e.reason}"
+        elif e.errno == errno.ENOENT:
+            reason = f"its ELF interpreter (dynamic loader) is missing: {e.reason}"
+        return PluginFailed(
+            f"network plugin {self.name!r} {action.value} failed: cannot execute {self.path}: {reason}",
+            plugin=self.name,
+            action=action.value,
+            path=self.path,
+        )
+
     def _run(self, action: Action, pod: PodRef | None, ctx: CallContext) -> Completed:
         from netplugin.core.invoke import SpawnError
 
@@ -306,22 +374,31 @@ class ExecPlugin:
         if pod is not None:
             argv += [pod.namespace, pod.name, pod.infra_id]
         stdin = json.dumps(ctx.pod, separators=(",", ":")).encode() if ctx.pod is not None else None
+        env = call_env(ctx, self.name, action, pod)
+        if ctx.state_dir:
+            env[calls.ENV] = calls.make_token(_call_key(ctx.state_dir), env)
+        exe = self._open(action)
         try:
-            done = self._runner(
-                argv,
-                env=call_env(ctx, self.name, action, pod),
-                stdin=stdin,
-                timeout=ctx.timeout,
-                max_output=ctx.max_output,
-                kill_grace=ctx.kill_grace,
-            )
-        except SpawnError as e:
-            raise PluginFailed(
-                f"network plugin {self.name!r} {action.value} failed: {e}",
-                plugin=self.name,
-                action=action.value,
-                path=self.path,
-            ) from e
+            extra: dict[str, Any] = {}
+            if exe is not None and exe.interpreter is None:
+                extra["exe_fd"] = exe.fd
+            elif exe is not None:
+                self._check_same(exe)
+            try:
+                done = self._runner(
+                    argv,
+                    env=env,
+                    stdin=stdin,
+                    timeout=ctx.timeout,
+                    max_output=ctx.max_output,
+                    kill_grace=ctx.kill_grace,
+                    **extra,
+                )
+            except SpawnError as e:
+                raise self._spawn_failed(e, exe, action) from e
+        finally:
+            if exe is not None:
+                exe.close()
         context: dict[str, Any] = {
             "plugin": self.name,
             "action": action.value,
@@ -347,6 +424,15 @@ class ExecPlugin:
                 **context,
             )
         return done
+
+    def _check_same(self, exe: Executable) -> None:
+        """A script is exec'd by path: the path must still name the inode that was checked."""
+        try:
+            st = os.stat(self.path)
+        except OSError as e:
+            raise PluginInvalid(self.name, f"{self.path} vanished while being checked: {e.strerror}") from None
+        if (st.st_dev, st.st_ino) != exe.identity[:2]:
+            raise PluginInvalid(self.name, f"{self.path} was replaced while being checked", path=self.path)
 
     def init(self, ctx: CallContext) -> None:
         self._run(Action.INIT, None, ctx)

@@ -410,7 +410,7 @@ exit 0
     report = run_gc(make_manager(plugin="dm"))
     assert [a.reason for a in report.actions] == ["its setup was interrupted"]
     assert alive(daemon), "a process that detached into its own session is not the call's leftover"
-    assert [x.pid for x in plugin_processes(np_dirs["state_dir"])] == [daemon]
+    assert daemon not in [x.pid for x in plugin_processes(np_dirs["state_dir"])]  # never a call process
 
 
 def test_gc_never_overlaps_an_action_on_the_same_pod(sc: Any, background: Any, mgr: Any, netns_dir: Path,

@@ -46,7 +46,7 @@ from netplugin import __version__
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
 from netplugin.core.names import PodRef
 from netplugin.frontends.client import MAX_MESSAGE, OPS, POD_OPS, PROTOCOL_VERSION, fingerprint
-from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if
+from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import Metrics
 from netplugin.frontends.daemon.systemd import sd_notify
 
@@ -376,7 +376,7 @@ class Daemon:
             if inode is not None:
                 unlink_if(self.socket_path, inode)
             self.metrics.close()
-            os.close(lock_fd)
+            unlock_daemon(lock_fd, self.socket_path + ".lock")
 
 
 def _text(req: dict[str, Any], key: str) -> str:
