@@ -11,9 +11,13 @@ Layout and names
     holds one directory per plugin, ``NAME/``, with the executable ``NAME/NAME``.
     A vendored name ``vendor.example/NAME`` lives in ``vendor.example~NAME/NAME``:
     every ``~`` in a directory name stands for ``/``. A name is a Kubernetes
-    qualified name. The executable, its directory and the exec dir must be
-    owned by root (or by the user running netplugin) and must not be group- or
-    world-writable.
+    qualified name. The executable, its directory, the exec dir, every
+    directory and symbolic link on the executable's resolved path, and a
+    script's ``#!`` interpreter must be owned by root (or by the user running
+    netplugin) and must not be group- or world-writable (a sticky directory
+    above the exec dir is accepted); this is checked again before every call,
+    and a binary runs from the very descriptor that was checked
+    (:mod:`netplugin.core.trust`).
 
 Actions and argv (exactly)
     ``NAME init``
@@ -34,6 +38,8 @@ Environment
     ``NETPLUGIN_POD_NAMESPACE``, ``NETPLUGIN_POD_NAME``, ``NETPLUGIN_INFRA_ID``
     and ``NETPLUGIN_NETNS`` (the path of the infra container's network
     namespace, from ``netns_template``, default ``/var/run/netns/{infra_id}``).
+    ``NETPLUGIN_CALL_ID`` is opaque: it proves a process belongs to a call
+    netplugin made (:mod:`netplugin.core.calls`).
     The rest of netplugin's environment is inherited by default, as the kubelet
     did (plugins read their settings from it, and need ``PATH``);
     ``inherit_env: false`` passes only ``PATH``, ``LANG``, ``LC_ALL`` and
@@ -47,8 +53,9 @@ Exit status and output
     Exit status 0 is success; any other status, or death by a signal, is
     failure. stdout and stderr are captured separately (each bounded, default
     1 MiB); a failure's error quotes the tail of stderr. A plugin must not
-    leave processes running in its process group: whatever is left when it
-    exits is killed and the action fails (a daemon must detach with ``setsid``).
+    leave processes running in its session: whatever is left when it exits,
+    in any process group and whatever its environment, is killed and the
+    action fails (a daemon must detach with ``setsid``).
     ``status`` prints nothing (success, no information) or one JSON document on
     stdout::
 
