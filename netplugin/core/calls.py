@@ -1,7 +1,8 @@
 """Call tokens: how netplugin recognises the processes it started, and nobody else's.
 
 Every plugin call gets ``NETPLUGIN_CALL_ID=<time>.<nonce>.<mac>`` in its environment:
-``time`` is when the call started (ms since the epoch), ``nonce`` is random, and ``mac`` an
+``time`` is when the call started (ms since boot, ``CLOCK_BOOTTIME``: the clock process start
+times are counted in, immune to wall-clock steps), ``nonce`` is random, and ``mac`` an
 HMAC-SHA256, under a key only root can read (``<state_dir>/call.key``, mode 0600, made on
 first use), of the time, the nonce and the call's own ``NETPLUGIN_*`` identity (action,
 plugin, pod, state dir). A process is one of netplugin's plugin processes only if its token
@@ -25,7 +26,7 @@ from collections.abc import Mapping
 
 from netplugin.core.errors import SystemFailure
 
-__all__ = ["ENV", "KEY_FILE", "call_key", "make_token", "token_time", "verify_token"]
+__all__ = ["ENV", "KEY_FILE", "boot_clock", "call_key", "make_token", "token_time", "verify_token"]
 
 ENV = "NETPLUGIN_CALL_ID"
 KEY_FILE = "call.key"
@@ -115,15 +116,20 @@ def _mac(key: bytes, stamp: str, nonce: str, env: Mapping[str, str]) -> str:
     return hmac.new(key, msg, hashlib.sha256).hexdigest()[:_MAC_HEX]
 
 
+def boot_clock() -> float:
+    """Seconds since boot (``CLOCK_BOOTTIME``), the clock of tokens and of process start times."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 def make_token(key: bytes, env: Mapping[str, str], *, now: float | None = None) -> str:
     """A fresh token for a call whose ``NETPLUGIN_*`` variables are already in ``env``."""
-    stamp = str(int((time.time() if now is None else now) * 1000))
+    stamp = str(int((boot_clock() if now is None else now) * 1000))
     nonce = secrets.token_hex(8)
     return f"{stamp}.{nonce}.{_mac(key, stamp, nonce, env)}"
 
 
 def token_time(token: str) -> float | None:
-    """When the call of ``token`` started (seconds since the epoch), or None if malformed."""
+    """When the call of ``token`` started (seconds since boot), or None if malformed."""
     stamp = token.split(".", 1)[0]
     return int(stamp) / 1000 if stamp.isascii() and stamp.isdigit() and len(stamp) < 16 else None
 

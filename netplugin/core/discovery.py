@@ -3,7 +3,7 @@
 Every directory in the exec dir becomes a :class:`Candidate` that is either
 valid or carries the reasons it is not (no executable, not executable, not a
 regular file, invalid name, duplicate name, unsafe permissions anywhere on the
-resolved path, a missing or unsafe ``#!`` interpreter); every problem of a
+resolved path, an unsafe ``#!`` interpreter); every problem of a
 candidate is reported at once, separated by ``"; "``. An unreadable exec dir is
 an error, not an empty list. A broken directory does not stop a good plugin
 from being selected; ``netplugin plugins`` shows every candidate.
@@ -89,6 +89,8 @@ class Executable:
     path: str
     handle: TrustedPath
     interpreter: str | None
+    #: why the interpreter cannot run (missing, not executable): the call fails, naming it
+    interpreter_error: str | None = None
 
     @property
     def fd(self) -> int:
@@ -109,20 +111,29 @@ class Executable:
         self.close()
 
 
-def _interpreter_problem(interp: str, script: str, check: bool) -> str | None:
+def _interpreter_problems(interp: str, script: str, check: bool) -> tuple[str | None, str | None]:
+    """(why the plugin may not be trusted, why it cannot run) for a script's interpreter.
+
+    An interpreter another user controls makes the plugin invalid; one that is missing or not
+    executable makes each call fail (as the exec would), naming the interpreter rather than the
+    plugin: the kernel says ENOENT for both.
+    """
+    where = f"its interpreter {interp} (from the #! line of {script})"
     if not interp.startswith("/"):
-        return f"bad interpreter: the #! line of {script} names {interp!r}, not an absolute path"
+        return None, f"{where} is not an absolute path"
     try:
         with walk(interp, check=check) as tp:
-            if not stat.S_ISREG(tp.st.st_mode):
-                return f"bad interpreter: {interp} (from the #! line of {script}) is not a regular file"
-            if not os.access(f"/proc/self/fd/{tp.fd}", os.X_OK):
-                return f"bad interpreter: {interp} (from the #! line of {script}) is not executable"
             if tp.problems:
-                return f"unsafe interpreter {interp} (from the #! line of {script}): " + "; ".join(tp.problems)
+                return f"unsafe interpreter {interp} (from the #! line of {script}): " + "; ".join(tp.problems), None
+            if not stat.S_ISREG(tp.st.st_mode):
+                return None, f"{where} is not a regular file"
+            if not os.access(f"/proc/self/fd/{tp.fd}", os.X_OK):
+                return None, f"{where} is not executable"
     except UntrustedPath as e:
-        return f"bad interpreter: {interp} (from the #! line of {script}): {e.path} {e.reason}"
-    return None
+        if e.problems:
+            return f"unsafe interpreter {interp} (from the #! line of {script}): " + "; ".join(e.problems), None
+        return None, f"{where} does not exist" if e.path == interp else f"{where}: {e.path} {e.reason}"
+    return None, None
 
 
 def _open_checked(exe: str, tp: TrustedPath, check: bool) -> Executable | str:
@@ -134,8 +145,11 @@ def _open_checked(exe: str, tp: TrustedPath, check: bool) -> Executable | str:
     elif not st.st_mode & 0o111 or not os.access(f"/proc/self/fd/{tp.fd}", os.X_OK):
         problems.append(f"not executable: {exe} (mode {stat.S_IMODE(st.st_mode):04o})")
     interp = shebang(tp.fd) if stat.S_ISREG(st.st_mode) else None
-    if interp is not None and (p := _interpreter_problem(interp, exe, check)):
-        problems.append(p)
+    interp_error = None
+    if interp is not None:
+        unsafe, interp_error = _interpreter_problems(interp, exe, check)
+        if unsafe:
+            problems.append(unsafe)
     if check:
         problems[:0] = tp.problems
         if p := mode_problem(exe, st, os.geteuid()):
@@ -143,7 +157,7 @@ def _open_checked(exe: str, tp: TrustedPath, check: bool) -> Executable | str:
     if problems:
         tp.close()
         return "; ".join(problems)
-    return Executable(exe, tp, interp)
+    return Executable(exe, tp, interp, interp_error)
 
 
 def _walk_problem(exe: str, e: UntrustedPath) -> str:

@@ -386,6 +386,14 @@ class ExecPlugin:
             env[calls.ENV] = calls.make_token(_call_key(ctx.state_dir), env)
         exe = self._open(action)
         try:
+            if exe is not None and exe.interpreter_error:
+                raise PluginFailed(
+                    f"network plugin {self.name!r} {action.value} failed: cannot execute {self.path}: "
+                    f"{exe.interpreter_error}",
+                    plugin=self.name,
+                    action=action.value,
+                    path=self.path,
+                )
             extra: dict[str, Any] = {}
             if exe is not None and exe.interpreter is None:
                 extra["exe_fd"] = exe.fd

@@ -25,15 +25,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from netplugin.core.calls import ENV as CALL_ENV
-from netplugin.core.calls import call_key, token_time, verify_token
+from netplugin.core.calls import boot_clock, call_key, token_time, verify_token
 from netplugin.core.errors import NetpluginError
 from netplugin.core.names import PodRef
+from netplugin.core.procs import proc_start
 
 __all__ = ["POD_ACTIONS", "PluginProcess", "plugin_processes", "settle"]
 
 POD_ACTIONS = ("setup", "teardown", "status")
-# Process start times (clock ticks) and token times (ms) are compared with this slack.
-_START_SLACK = 1.0
+# Process start times (clock ticks since boot) and token times (ms since boot) are compared with
+# this slack: a process cannot be older than the call whose token it carries.
+_START_SLACK = 0.5
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +51,11 @@ class PluginProcess:
     namespace: str
     name: str
     infra_id: str
+    #: start time (wall clock, as psutil gives it: to tell a reused pid)
     started: float
     #: whether this is the plugin executable netplugin started (its session leader, with the call's argv)
     call_leader: bool = False
-    #: when the call began (from its token)
+    #: when the call began (from its token; seconds since boot)
     call_started: float = 0.0
 
     @property
@@ -78,18 +82,19 @@ def _environ(pid: int) -> dict[str, str] | None:
     return out
 
 
-def _identity(pid: int) -> tuple[int, int, int, float, list[str]] | None:
-    """(uid, pgid, sid, start time, argv) of a live, non-zombie process, or None."""
+def _identity(pid: int) -> tuple[int, int, int, float, list[str], float] | None:
+    """(uid, pgid, sid, start time, argv, start in seconds since boot) of a live, non-zombie process."""
     import psutil
 
+    ticks = proc_start(pid)
+    if ticks is None:
+        return None
     try:
         proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
         uids = proc.uids()
         if uids.real != uids.effective:
             return None  # a setuid program is nobody's plugin
-        return uids.real, os.getpgid(pid), os.getsid(pid), proc.create_time(), proc.cmdline()
+        return uids.real, os.getpgid(pid), os.getsid(pid), proc.create_time(), proc.cmdline(), ticks / _TICK
     except (psutil.Error, OSError):
         return None
 
@@ -118,9 +123,9 @@ def plugin_processes(state_dir: str, *, pod: PodRef | None = None) -> list[Plugi
         ident = _identity(pid)
         if ident is None or ident[0] != euid or not verify_token(key, env):
             continue
-        _, pgid, sid, started, argv = ident
+        _, pgid, sid, started, argv, boot_start = ident
         call_started = token_time(env[CALL_ENV]) or 0.0
-        if started < call_started - _START_SLACK:
+        if boot_start < call_started - _START_SLACK:
             continue  # older than the call it claims: not started by it
         action = env.get("NETPLUGIN_ACTION", "")
         ns, pname, infra = (env.get(f"NETPLUGIN_{k}", "") for k in ("POD_NAMESPACE", "POD_NAME", "INFRA_ID"))
@@ -161,7 +166,7 @@ def _session_members(tokened: list[PluginProcess], euid: int) -> list[PluginProc
         if like is None:
             continue
         ident = _identity(pid)
-        if ident is None or ident[0] != euid or ident[2] != sid or ident[3] < like.call_started - _START_SLACK:
+        if ident is None or ident[0] != euid or ident[2] != sid or ident[5] < like.call_started - _START_SLACK:
             continue
         out.append(replace(like, pid=pid, pgid=ident[1], started=ident[3], call_leader=False))
     return out
@@ -217,9 +222,9 @@ def settle(procs: list[PluginProcess], *, timeout_for: Callable[[str], float], k
     if not procs:
         return []
     leaders = [p for p in procs if p.call_leader]
-    first = min(p.call_started or p.started for p in procs)
+    first = min(p.call_started for p in procs)
     limit = min(timeout_for(p.action) if p.action in (*POD_ACTIONS, "init") else 30.0 for p in procs)
-    deadline = time.monotonic() + max(0.0, first + limit - time.time())
+    deadline = time.monotonic() + max(0.0, first + limit - boot_clock())
     if leaders and not _wait_gone(leaders, deadline):
         _stop(procs, kill_grace)
         return sorted(p.pid for p in procs)
