@@ -81,7 +81,6 @@ Built-in plugins
 from __future__ import annotations
 
 import enum
-import errno
 import json
 import os
 import signal as _signal
@@ -90,13 +89,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from netplugin.core import calls
-from netplugin.core.errors import PluginFailed, PluginInvalid, PluginOutputError, PluginTimeout
+from netplugin.core.errors import PluginFailed, PluginOutputError, PluginTimeout
 from netplugin.core.names import PodRef
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
-    from netplugin.core.discovery import Executable
-    from netplugin.core.invoke import Completed, Runner, SpawnError
+    from netplugin.core.invoke import Completed, Runner
 
 __all__ = [
     "NOOP_NAME",
@@ -262,15 +260,6 @@ def call_env(ctx: CallContext, plugin: str, action: Action, pod: PodRef | None) 
 # --- exec plugins ------------------------------------------------------------------------------------
 
 
-def _call_key(state_dir: str) -> bytes:
-    from netplugin.core.trust import ensure_dir
-
-    ensure_dir(state_dir)
-    key = calls.call_key(state_dir)
-    assert key is not None
-    return key
-
-
 def _tail(data: bytes) -> str:
     return data[-_TAIL:].decode("utf-8", "replace").strip()
 
@@ -338,43 +327,8 @@ class ExecPlugin:
             self._version = (key, "sha256:" + h.hexdigest())
         return self._version[1]
 
-    def _open(self, action: Action) -> Executable | None:
-        if not self._validate:
-            return None
-        from netplugin.core.discovery import open_executable
-
-        exe = open_executable(self.path, check_permissions=self.check_permissions, exec_dir=self.exec_dir)
-        if isinstance(exe, str):
-            if exe.startswith("no executable:"):
-                # Removed since it was selected (an upgrade in progress?): the action fails, as a
-                # failed exec would; the plugin is not judged invalid for it.
-                raise PluginFailed(
-                    f"network plugin {self.name!r} {action.value} failed: cannot execute {self.path}: "
-                    f"{os.strerror(errno.ENOENT)}",
-                    plugin=self.name,
-                    action=action.value,
-                    path=self.path,
-                )
-            raise PluginInvalid(self.name, exe, path=self.path)
-        return exe
-
-    def _spawn_failed(self, e: SpawnError, exe: Executable | None, action: Action) -> PluginFailed:
-        reason = e.reason
-        if exe is None:
-            pass
-        elif exe.interpreter is not None and e.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC):
-            # The script itself is held open and was checked: the kernel means its interpreter.
-            reason = f"its interpreter {exe.interpreter} (from its #! line) cannot be executed: {e.reason}"
-        elif e.errno == errno.ENOENT:
-            reason = f"its ELF interpreter (dynamic loader) is missing: {e.reason}"
-        return PluginFailed(
-            f"network plugin {self.name!r} {action.value} failed: cannot execute {self.path}: {reason}",
-            plugin=self.name,
-            action=action.value,
-            path=self.path,
-        )
-
     def _run(self, action: Action, pod: PodRef | None, ctx: CallContext) -> Completed:
+        from netplugin.core._launch import Launch, call_token
         from netplugin.core.invoke import SpawnError
 
         argv = [self.path, action.value]
@@ -383,22 +337,16 @@ class ExecPlugin:
         stdin = json.dumps(ctx.pod, separators=(",", ":")).encode() if ctx.pod is not None else None
         env = call_env(ctx, self.name, action, pod)
         if ctx.state_dir:
-            env[calls.ENV] = calls.make_token(_call_key(ctx.state_dir), env)
-        exe = self._open(action)
-        try:
-            if exe is not None and exe.interpreter_error:
-                raise PluginFailed(
-                    f"network plugin {self.name!r} {action.value} failed: cannot execute {self.path}: "
-                    f"{exe.interpreter_error}",
-                    plugin=self.name,
-                    action=action.value,
-                    path=self.path,
-                )
-            extra: dict[str, Any] = {}
-            if exe is not None and exe.interpreter is None:
-                extra["exe_fd"] = exe.fd
-            elif exe is not None:
-                self._check_same(exe)
+            env[calls.ENV] = call_token(ctx.state_dir, env)
+        launch = Launch(
+            self.name,
+            self.path,
+            action.value,
+            check_permissions=self.check_permissions,
+            exec_dir=self.exec_dir,
+            validate=self._validate,
+        )
+        with launch:
             try:
                 done = self._runner(
                     argv,
@@ -407,13 +355,10 @@ class ExecPlugin:
                     timeout=ctx.timeout,
                     max_output=ctx.max_output,
                     kill_grace=ctx.kill_grace,
-                    **extra,
+                    **launch.kwargs,
                 )
             except SpawnError as e:
-                raise self._spawn_failed(e, exe, action) from e
-        finally:
-            if exe is not None:
-                exe.close()
+                raise launch.failed(e) from e
         context: dict[str, Any] = {
             "plugin": self.name,
             "action": action.value,
@@ -439,15 +384,6 @@ class ExecPlugin:
                 **context,
             )
         return done
-
-    def _check_same(self, exe: Executable) -> None:
-        """A script is exec'd by path: the path must still name the inode that was checked."""
-        try:
-            st = os.stat(self.path)
-        except OSError as e:
-            raise PluginInvalid(self.name, f"{self.path} vanished while being checked: {e.strerror}") from None
-        if (st.st_dev, st.st_ino) != exe.identity[:2]:
-            raise PluginInvalid(self.name, f"{self.path} was replaced while being checked", path=self.path)
 
     def init(self, ctx: CallContext) -> None:
         self._run(Action.INIT, None, ctx)
