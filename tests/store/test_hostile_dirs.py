@@ -275,3 +275,23 @@ def test_gc_listing_sees_no_busy_pod_after_its_lock_file_is_gone(node: Path, plu
     r = _cli(node, "-o", "json", "pods", plugin_dir=plugin_dir.path)
     assert r.returncode == 0, r.stderr
     assert [p["condition"] for p in json.loads(r.stdout)["pods"]] == ["ready"]
+
+
+def test_a_planted_init_marker_link_is_not_read_and_init_runs(node: Path, plugin_dir: Any) -> None:
+    # A marker netplugin did not write (here a symbolic link to a forged one) never skips init.
+    from netplugin.core.plugin import ExecPlugin
+    from netplugin.core.procs import boot_id
+
+    p = plugin_dir.install("p")
+    exe = ExecPlugin("p", str(p.exe))
+    marker = {"plugin": "p", "boot_id": boot_id(), "version": exe.version(), "version_key": list(exe.version_key()),
+              "settings": {}}
+    forged = node / "forged.json"
+    forged.write_text(json.dumps(marker))  # would pass as this boot's marker of this version
+    (node / "run" / "init").mkdir(parents=True, mode=0o755)
+    (node / "run" / "init" / "p.json").symlink_to(forged)
+    r = _cli(node, "--plugin", "p", "setup", "default", "web-0", "abc123", plugin_dir=plugin_dir.path)
+    assert r.returncode == 0, r.stderr
+    assert p.calls()[:2] == ["init", "setup default web-0 abc123"]
+    assert not (node / "run" / "init" / "p.json").is_symlink()  # replaced by a real marker
+    assert json.loads(forged.read_text()) == marker
