@@ -141,9 +141,10 @@ class Manager:
         plugin = self.plugin
         path = self._marker_path(plugin)
         boot = boot_id()
+        # Before the marker is read: a symlinked or foreign init/ must not vouch for an init.
+        ensure_dir(os.path.dirname(path), base=self.config.run_dir)
         if not force and self._marker_ok(path, boot, plugin):
             return False
-        ensure_dir(os.path.dirname(path), base=self.config.run_dir)
         with flocked(path[: -len(".json")] + ".lock", base=self.config.run_dir):
             if not force and self._marker_ok(path, boot, plugin):
                 return False  # another process ran it while we waited

@@ -41,13 +41,10 @@ def ensure_dir(path: str, mode: int = 0o755, *, base: str | None = None) -> str:
 
 
 def _open(path: str, base: str | None) -> int:
+    # The directory is checked every time (cached by inode after the first): an existing but
+    # symlinked or foreign locks/ must be refused, not only a missing one created safely.
+    ensure_dir(os.path.dirname(path) or ".", base=base)
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        return os.open(path, flags, 0o600)
-    except FileNotFoundError:
-        ensure_dir(os.path.dirname(path), base=base)
-    except OSError as e:
-        raise SystemFailure("cannot open lock file", path, _why(e)) from e
     try:
         return os.open(path, flags, 0o600)
     except OSError as e:

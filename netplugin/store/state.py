@@ -369,6 +369,8 @@ class StateStore:
         with self._lock:
             self._pending.pop(record_filename(pod), None)
         path = self.path_for(pod)
+        if not self._checked_dir(create=False):
+            return
         try:
             os.unlink(path)
         except FileNotFoundError:

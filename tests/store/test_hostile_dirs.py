@@ -295,3 +295,19 @@ def test_a_planted_init_marker_link_is_not_read_and_init_runs(node: Path, plugin
     assert p.calls()[:2] == ["init", "setup default web-0 abc123"]
     assert not (node / "run" / "init" / "p.json").is_symlink()  # replaced by a real marker
     assert json.loads(forged.read_text()) == marker
+
+
+@pytest.mark.parametrize("sub", ["run/locks", "run/init", "state/pods"])
+def test_an_existing_symlinked_dir_of_our_own_is_refused(node: Path, user: HostileUser, plugin_dir: Any,
+                                                         sub: str) -> None:
+    # Not only when netplugin would create it: an existing link is refused before any use.
+    plugin_dir.install("p")
+    theirs = user.home() / "theirs"
+    user.run(["mkdir", "-m", "755", str(theirs)])
+    for d in ("state", "run"):
+        (node / d).mkdir(mode=0o755, exist_ok=True)
+    (node / sub).symlink_to(theirs)
+    r = _cli(node, "--plugin", "p", "setup", "default", "web-0", "abc123", plugin_dir=plugin_dir.path)
+    assert r.returncode == 5, r.stderr
+    assert f"{node / sub} is a symbolic link" in r.stderr
+    assert list(theirs.iterdir()) == []
