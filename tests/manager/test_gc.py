@@ -372,7 +372,8 @@ def test_orphans_of_a_pod_without_a_record_are_stopped(sc: Any, background: Any,
                                                        np_dirs: dict[str, str]) -> None:
     sc.set("teardown", spawn=1, sleep=30)
     p = background("teardown", *ARGV.split())
-    wait_for(lambda: (sc.dir / "children.pids").exists(), "the plugin's child")
+    pids_file = sc.dir / "children.pids"  # created by the redirection before the pid is written: wait for it
+    wait_for(lambda: pids_file.exists() and pids_file.read_text().strip() != "", "the plugin's child")
     child = int((sc.dir / "children.pids").read_text().split()[0])
     p.send_signal(signal.SIGKILL)
     p.wait()
