@@ -220,6 +220,7 @@ class FakeRunner:
         timeout: float,
         max_output: int = 1 << 20,
         kill_grace: float = 2.0,
+        exe_fd: int | None = None,
     ) -> Completed:
         call = RunnerCall(list(argv), dict(env), stdin, timeout, max_output, kill_grace)
         self.calls.append(call)

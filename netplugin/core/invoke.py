@@ -11,9 +11,18 @@ bounded, and enforces a deadline on the *whole process tree*:
 * on timeout the tree is snapshotted (psutil, to also catch children that
   called ``setsid``), the group gets SIGTERM, then after a grace SIGKILL, and the
   group is killed again after the leader exits;
-* processes still in the group after the leader exited normally are killed too,
-  and reported in :attr:`Completed.leftover`, so nothing a plugin started
-  outlives the call.
+* processes still in the call's *session* after the leader exited normally are
+  killed too, and reported in :attr:`Completed.leftover`, so nothing a plugin
+  started outlives the call: leaving the process group (``set -m``, ``setpgid``)
+  or the environment (``env -i``) does not help, only ``setsid`` detaches (the
+  contract's way to start a daemon). A session's id is its leader's pid, and
+  Linux does not reuse a pid while a session or group with that id exists, so
+  the session names this call's processes and no one else's;
+* ``exe_fd`` runs the very file a caller validated: an ``O_PATH`` descriptor is
+  passed to the child and executed as ``/proc/self/fd/N`` (argv[0] stays the
+  path), so a path swapped after the check does not matter. The descriptor stays
+  open in the plugin (execution through it needs that); it grants nothing the
+  plugin does not have.
 
 The mechanism is split in three: this module spawns and assembles the result,
 :mod:`netplugin.core._pump` waits (pipes and exit in one ``select`` loop) and
@@ -91,13 +100,18 @@ class Runner(Protocol):
         timeout: float,
         max_output: int = ...,
         kill_grace: float = ...,
+        exe_fd: int | None = ...,
     ) -> Completed: ...
 
 
-def _spawn(argv: list[str], env: Mapping[str, str], stdin: bytes | None, cwd: str) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: list[str], env: Mapping[str, str], stdin: bytes | None, cwd: str, exe_fd: int | None
+) -> subprocess.Popen[bytes]:
     try:
         return subprocess.Popen(
             argv,
+            executable=None if exe_fd is None else f"/proc/self/fd/{exe_fd}",
+            pass_fds=() if exe_fd is None else (exe_fd,),
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -119,6 +133,7 @@ def run(
     max_output: int = 1 << 20,
     kill_grace: float = 2.0,
     cwd: str = "/",
+    exe_fd: int | None = None,
 ) -> Completed:
     """Run ``argv`` to completion or until ``timeout`` seconds; see the module doc.
 
@@ -127,13 +142,13 @@ def run(
     """
     argv = list(argv)
     start = time.monotonic()
-    proc = _spawn(argv, env, stdin, cwd)
+    proc = _spawn(argv, env, stdin, cwd, exe_fd)
     result = Completed(argv=argv, returncode=None, pid=proc.pid)
     pump = Pump(proc, stdin, max_output)
     try:
         if pump.wait_exit(start + timeout):
             proc.wait()
-            # Anything still in the group was started by the plugin and not waited for.
+            # Anything still in the call's session was started by the plugin and not waited for.
             result.leftover = kill_stragglers(proc.pid, kill_grace)
         else:
             result.timed_out = True

@@ -11,9 +11,13 @@ Layout and names
     holds one directory per plugin, ``NAME/``, with the executable ``NAME/NAME``.
     A vendored name ``vendor.example/NAME`` lives in ``vendor.example~NAME/NAME``:
     every ``~`` in a directory name stands for ``/``. A name is a Kubernetes
-    qualified name. The executable, its directory and the exec dir must be
-    owned by root (or by the user running netplugin) and must not be group- or
-    world-writable.
+    qualified name. The executable, its directory, the exec dir, every
+    directory and symbolic link on the executable's resolved path, and a
+    script's ``#!`` interpreter must be owned by root (or by the user running
+    netplugin) and must not be group- or world-writable (a sticky directory
+    above the exec dir is accepted); this is checked again before every call,
+    and a binary runs from the very descriptor that was checked
+    (:mod:`netplugin.core.trust`).
 
 Actions and argv (exactly)
     ``NAME init``
@@ -34,6 +38,8 @@ Environment
     ``NETPLUGIN_POD_NAMESPACE``, ``NETPLUGIN_POD_NAME``, ``NETPLUGIN_INFRA_ID``
     and ``NETPLUGIN_NETNS`` (the path of the infra container's network
     namespace, from ``netns_template``, default ``/var/run/netns/{infra_id}``).
+    ``NETPLUGIN_CALL_ID`` is opaque: it proves a process belongs to a call
+    netplugin made (:mod:`netplugin.core.calls`).
     The rest of netplugin's environment is inherited by default, as the kubelet
     did (plugins read their settings from it, and need ``PATH``);
     ``inherit_env: false`` passes only ``PATH``, ``LANG``, ``LC_ALL`` and
@@ -59,8 +65,9 @@ Exit status and output
     Exit status 0 is success; any other status, or death by a signal, is
     failure. stdout and stderr are captured separately (each bounded, default
     1 MiB); a failure's error quotes the tail of stderr. A plugin must not
-    leave processes running in its process group: whatever is left when it
-    exits is killed and the action fails (a daemon must detach with ``setsid``).
+    leave processes running in its session: whatever is left when it exits,
+    in any process group and whatever its environment, is killed and the
+    action fails (a daemon must detach with ``setsid``).
     ``status`` prints nothing (success, no information) or one JSON document on
     stdout::
 
@@ -98,6 +105,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from netplugin.core import calls
 from netplugin.core.errors import PluginFailed, PluginOutputError, PluginTimeout
 from netplugin.core.names import PodRef
 from netplugin.core.node import NodeInfo
@@ -132,6 +140,7 @@ _OWN_ENV = frozenset(
         "NETPLUGIN_POD_NAME",
         "NETPLUGIN_INFRA_ID",
         "NETPLUGIN_NETNS",
+        "NETPLUGIN_CALL_ID",
         # set from the host at every call; an outer value must never leak in
         "NETPLUGIN_NODE_NAME",
         "NETPLUGIN_NODE_POD_CIDRS",
@@ -322,11 +331,30 @@ def _describe_exit(done: Completed) -> str:
 
 
 class ExecPlugin:
-    """A plugin that is an executable, run once per action."""
+    """A plugin that is an executable, run once per action.
 
-    def __init__(self, name: str, path: str, runner: Runner | None = None) -> None:
+    Before every call the executable's path is walked and checked again (ownership and mode of
+    every directory on it, see :mod:`.discovery`), so a daemon that selected it long ago never
+    runs a file that was swapped since: a binary is executed through the very descriptor that
+    passed the check; a script (whose interpreter reads it by path, so that ``$0`` stays its
+    path) only when the path still names that inode, in directories nobody but root can change.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        runner: Runner | None = None,
+        *,
+        check_permissions: bool = True,
+        exec_dir: str | None = None,
+    ) -> None:
         self.name = name
         self.path = path
+        self.check_permissions = check_permissions
+        self.exec_dir = exec_dir
+        # An injected runner (the tests' seam) executes nothing, so there is no file to open.
+        self._validate = runner is None
         if runner is None:
             from netplugin.core.invoke import run
 
@@ -356,28 +384,37 @@ class ExecPlugin:
         return self._version[1]
 
     def _run(self, action: Action, pod: PodRef | None, ctx: CallContext) -> Completed:
+        from netplugin.core._launch import Launch, call_token
         from netplugin.core.invoke import SpawnError
 
         argv = [self.path, action.value]
         if pod is not None:
             argv += [pod.namespace, pod.name, pod.infra_id]
         stdin = json.dumps(ctx.pod, separators=(",", ":")).encode() if ctx.pod is not None else None
-        try:
-            done = self._runner(
-                argv,
-                env=call_env(ctx, self.name, action, pod),
-                stdin=stdin,
-                timeout=ctx.timeout,
-                max_output=ctx.max_output,
-                kill_grace=ctx.kill_grace,
-            )
-        except SpawnError as e:
-            raise PluginFailed(
-                f"network plugin {self.name!r} {action.value} failed: {e}",
-                plugin=self.name,
-                action=action.value,
-                path=self.path,
-            ) from e
+        env = call_env(ctx, self.name, action, pod)
+        if ctx.state_dir:
+            env[calls.ENV] = call_token(ctx.state_dir, env)
+        launch = Launch(
+            self.name,
+            self.path,
+            action.value,
+            check_permissions=self.check_permissions,
+            exec_dir=self.exec_dir,
+            validate=self._validate,
+        )
+        with launch:
+            try:
+                done = self._runner(
+                    argv,
+                    env=env,
+                    stdin=stdin,
+                    timeout=ctx.timeout,
+                    max_output=ctx.max_output,
+                    kill_grace=ctx.kill_grace,
+                    **launch.kwargs,
+                )
+            except SpawnError as e:
+                raise launch.failed(e) from e
         context: dict[str, Any] = {
             "plugin": self.name,
             "action": action.value,

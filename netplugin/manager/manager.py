@@ -36,7 +36,7 @@ from netplugin.core.plugin import NOOP_NAME, Action, CallContext, ExecPlugin, Pl
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
 from netplugin.plugins import BUILTINS
-from netplugin.store.fsutil import atomic_write
+from netplugin.store.fsutil import atomic_write, read_small
 from netplugin.store.locks import ensure_dir, flocked, pod_lock_path
 
 if TYPE_CHECKING:
@@ -114,7 +114,13 @@ class Manager:
             if cand.name == name:
                 if cand.problem:
                     raise PluginInvalid(name, cand.problem, path=cand.path)
-                return ExecPlugin(name, cand.path, runner=self.runner)
+                return ExecPlugin(
+                    name,
+                    cand.path,
+                    runner=self.runner,
+                    check_permissions=self.config.check_permissions,
+                    exec_dir=self.config.plugin_dir,
+                )
         raise PluginNotFound(
             name,
             available=sorted([*BUILTINS, *(c.name for c in found if c.valid)]),
@@ -146,11 +152,10 @@ class Manager:
 
     def _marker_ok(self, path: str, boot: str, plugin: Plugin, node: NodeInfo) -> bool:
         try:
-            with open(path, "rb") as f:
-                marker = json.loads(f.read())
+            marker = json.loads(read_small(path))  # O_NOFOLLOW: a planted link is no marker
         except FileNotFoundError:
             return False
-        except (OSError, ValueError):
+        except (NetpluginError, ValueError):
             return False  # unreadable or torn marker: run init again, which must be idempotent anyway
         if not isinstance(marker, dict) or marker.get("boot_id") != boot:
             return False
@@ -170,10 +175,11 @@ class Manager:
         path = self._marker_path(plugin)
         boot = boot_id()
         node = node if node is not None else self.node()
+        # Before the marker is read: a symlinked or foreign init/ must not vouch for an init.
+        ensure_dir(os.path.dirname(path), base=self.config.run_dir)
         if not force and self._marker_ok(path, boot, plugin, node):
             return False
-        ensure_dir(os.path.dirname(path))
-        with flocked(path[: -len(".json")] + ".lock"):
+        with flocked(path[: -len(".json")] + ".lock", base=self.config.run_dir):
             if not force and self._marker_ok(path, boot, plugin, node):
                 return False  # another process ran it while we waited
             plugin.init(self._context(Action.INIT, None, node=node))
@@ -250,7 +256,7 @@ class Manager:
     @contextmanager
     def pod_lock(self, pod: PodRef) -> Iterator[None]:
         """Serialise every action on one pod, across threads and processes."""
-        with flocked(pod_lock_path(self.config.run_dir, pod)):
+        with flocked(pod_lock_path(self.config.run_dir, pod), base=self.config.run_dir):
             yield
 
     def setup(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:

@@ -23,9 +23,10 @@ def pod_busy(run_dir: str, ref: PodRef) -> bool:
     """Whether some process holds the pod's lock right now (an action is in progress)."""
     path = pod_lock_path(run_dir, ref)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return False  # never locked (or unreadable: then we cannot tell, and say idle)
+        # never locked, removed by its last holder, or unreadable (then we cannot tell: idle)
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

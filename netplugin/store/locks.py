@@ -4,50 +4,122 @@
 file conflict even inside one process: the same helper serialises threads of
 the daemon and separate CLI processes alike. Locks die with their holder, so a
 killed netplugin never leaves a pod locked.
+
+Lock files do not pile up: the last holder removes the file when it lets go.
+That is safe with flock only together with a check on the taking side: after
+``flock`` returns, the descriptor must still be the file the path names (same
+device and inode); otherwise somebody removed (or replaced) it while we waited,
+the lock protects nothing, and we take the new file. The releasing side removes
+the file only while holding it exclusively (a shared holder first tries to
+upgrade without blocking; if others still share it, it leaves the file).
+
+Lock files are opened ``O_NOFOLLOW`` and must be regular files of netplugin's
+uid in one of netplugin's trusted directories (:func:`ensure_dir`).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from netplugin.core.errors import SystemFailure
 from netplugin.core.names import PodRef
+from netplugin.core.trust import ensure_dir as _ensure_trusted
 
-__all__ = ["ensure_dir", "flocked"]
+__all__ = ["ensure_dir", "flocked", "hold", "pod_lock_path", "release"]
 
 
-def ensure_dir(path: str, mode: int = 0o700) -> str:
+def ensure_dir(path: str, mode: int = 0o755, *, base: str | None = None) -> str:
+    """Create (or check) one of netplugin's own directories; see :func:`netplugin.core.trust.ensure_dir`."""
+    done = _ensure_trusted(path, base=base, mode=mode)
+    assert done is not None
+    return done
+
+
+def _open(path: str, base: str | None) -> int:
+    # The directory is checked every time (cached by inode after the first): an existing but
+    # symlinked or foreign locks/ must be refused, not only a missing one created safely.
+    ensure_dir(os.path.dirname(path) or ".", base=base)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        os.makedirs(path, mode=mode, exist_ok=True)
+        return os.open(path, flags, 0o600)
     except OSError as e:
-        raise SystemFailure("cannot create directory", path, e.strerror or str(e)) from e
-    return path
+        raise SystemFailure("cannot open lock file", path, _why(e)) from e
+
+
+def _why(e: OSError) -> str:
+    if e.errno == errno.ELOOP:
+        return "is a symbolic link (refused)"
+    return e.strerror or str(e)
+
+
+def hold(path: str, *, shared: bool = False, blocking: bool = True, base: str | None = None) -> int | None:
+    """Take the lock on ``path``; its descriptor, or None if ``blocking`` is False and it is taken.
+
+    ``base`` is the configured directory the lock file lives under (see :func:`ensure_dir`).
+    """
+    op = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
+    while True:
+        fd = _open(path, base)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise SystemFailure("refusing lock file", path, f"not a regular file of uid {os.geteuid()}")
+            try:
+                fcntl.flock(fd, op)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            except OSError as e:
+                raise SystemFailure("cannot lock", path, e.strerror or str(e)) from e
+            try:
+                now = os.lstat(path)
+            except FileNotFoundError:
+                os.close(fd)  # removed by its last holder while we waited: take the new one
+                continue
+            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                return fd
+            os.close(fd)
+        except BaseException:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+            raise
+
+
+def release(fd: int, path: str) -> None:
+    """Let go of a lock taken with :func:`hold`, removing the file if nobody else holds it."""
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # somebody shares it (or waits on a shared one): the last one removes it
+        try:
+            st, now = os.fstat(fd), os.lstat(path)
+            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise SystemFailure("cannot remove lock file", path, e.strerror or str(e)) from e
+    finally:
+        os.close(fd)
 
 
 @contextmanager
-def flocked(path: str, *, shared: bool = False) -> Iterator[int]:
+def flocked(path: str, *, shared: bool = False, base: str | None = None) -> Iterator[int]:
     """Hold an exclusive (or shared) flock on ``path`` (created if needed) for the block."""
+    fd = hold(path, shared=shared, base=base)
+    assert fd is not None
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except FileNotFoundError:
-        ensure_dir(os.path.dirname(path))
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as e:
-            raise SystemFailure("cannot open lock file", path, e.strerror or str(e)) from e
-    except OSError as e:
-        raise SystemFailure("cannot open lock file", path, e.strerror or str(e)) from e
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-        except OSError as e:
-            raise SystemFailure("cannot lock", path, e.strerror or str(e)) from e
         yield fd
     finally:
-        os.close(fd)
+        release(fd, path)
 
 
 def pod_lock_path(run_dir: str, pod: PodRef) -> str:

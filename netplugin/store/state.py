@@ -42,6 +42,7 @@ from typing import Any
 from netplugin.core.errors import StateError
 from netplugin.core.names import PodRef
 from netplugin.core.procs import proc_start
+from netplugin.core.trust import ensure_dir
 from netplugin.store.fsutil import atomic_write
 from netplugin.store.records import (
     MAX_RECORD,
@@ -175,6 +176,14 @@ class StateStore:
     def path_for(self, ref: PodRef) -> str:
         return os.path.join(self.dir, record_filename(ref))
 
+    def _checked_dir(self, *, create: bool) -> bool:
+        """Whether ``pods/`` exists, after making sure it (and the state dir) may be trusted.
+
+        Raises :class:`~netplugin.core.trust.UnsafeDirectory` (never a symlinked ``pods/``, never
+        a directory another user could write) rather than read or write records there.
+        """
+        return ensure_dir(self.dir, base=self.state_dir, mode=0o755, create=create) is not None
+
     # --- reading --------------------------------------------------------------------------------
 
     def load(self, path: str) -> PodRecord:
@@ -183,6 +192,8 @@ class StateStore:
 
     def get(self, ref: PodRef) -> PodRecord | None:
         """The pod's record, None when there is none. Raises StateError when it is corrupt."""
+        if not self._checked_dir(create=False):
+            return None
         try:
             return self.load(self.path_for(ref))
         except FileNotFoundError:
@@ -191,6 +202,8 @@ class StateStore:
     def scan(self) -> Scan:
         """Every record, corrupt file and stale temp file; a missing dir is empty. Sorted by file name."""
         out = Scan()
+        if not self._checked_dir(create=False):
+            return out
         try:
             with os.scandir(self.dir) as it:
                 entries = sorted(it, key=lambda e: e.name)
@@ -221,9 +234,7 @@ class StateStore:
 
     def set_aside(self, path: str, reason: str) -> str:
         """Move a corrupt file to ``pods/corrupt/`` (with ``<name>.reason``); returns its new path."""
-        from netplugin.store.locks import ensure_dir
-
-        ensure_dir(self.corrupt_dir, 0o755)
+        ensure_dir(self.corrupt_dir, base=self.state_dir, mode=0o755)
         stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         base = os.path.join(self.corrupt_dir, f"{os.path.basename(path)}.{stamp}")
         dest = base
@@ -265,10 +276,7 @@ class StateStore:
             return None
 
     def _write(self, rec: PodRecord) -> PodRecord:
-        from netplugin.store.locks import ensure_dir
-
-        if not os.path.isdir(self.dir):
-            ensure_dir(self.dir, 0o755)
+        self._checked_dir(create=True)
         path = self.path_for(rec.ref)
         try:
             atomic_write(path, rec.encode(), mode=0o644, durable=self.durable)
@@ -361,6 +369,8 @@ class StateStore:
         with self._lock:
             self._pending.pop(record_filename(pod), None)
         path = self.path_for(pod)
+        if not self._checked_dir(create=False):
+            return
         try:
             os.unlink(path)
         except FileNotFoundError:

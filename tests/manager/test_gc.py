@@ -372,7 +372,8 @@ def test_orphans_of_a_pod_without_a_record_are_stopped(sc: Any, background: Any,
                                                        np_dirs: dict[str, str]) -> None:
     sc.set("teardown", spawn=1, sleep=30)
     p = background("teardown", *ARGV.split())
-    wait_for(lambda: (sc.dir / "children.pids").exists(), "the plugin's child")
+    pids_file = sc.dir / "children.pids"  # created by the redirection before the pid is written: wait for it
+    wait_for(lambda: pids_file.exists() and pids_file.read_text().strip() != "", "the plugin's child")
     child = int((sc.dir / "children.pids").read_text().split()[0])
     p.send_signal(signal.SIGKILL)
     p.wait()
@@ -410,7 +411,7 @@ exit 0
     report = run_gc(make_manager(plugin="dm"))
     assert [a.reason for a in report.actions] == ["its setup was interrupted"]
     assert alive(daemon), "a process that detached into its own session is not the call's leftover"
-    assert [x.pid for x in plugin_processes(np_dirs["state_dir"])] == [daemon]
+    assert daemon not in [x.pid for x in plugin_processes(np_dirs["state_dir"])]  # never a call process
 
 
 def test_gc_never_overlaps_an_action_on_the_same_pod(sc: Any, background: Any, mgr: Any, netns_dir: Path,

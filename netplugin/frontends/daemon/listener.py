@@ -7,18 +7,17 @@ socket left by a killed daemon is replaced atomically, and only after it proved 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import socket
 import stat
 
 from netplugin.core.errors import SystemFailure
-from netplugin.store.locks import ensure_dir
+from netplugin.store.locks import ensure_dir, hold, release
 
 log = logging.getLogger(__name__)
 
-__all__ = ["bind_socket", "lock_daemon", "socket_answers", "unlink_if"]
+__all__ = ["bind_socket", "lock_daemon", "socket_answers", "unlink_if", "unlock_daemon"]
 
 log = logging.getLogger("netplugin.daemon")
 
@@ -38,7 +37,8 @@ def bind_socket(path: str) -> socket.socket:
 
     The caller must hold the daemon lock, so no other daemon binds between the check and the rename.
     """
-    ensure_dir(os.path.dirname(path) or ".")
+    directory = os.path.dirname(path) or "."
+    ensure_dir(directory, base=directory)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -74,23 +74,23 @@ def bind_socket(path: str) -> socket.socket:
 
 
 def lock_daemon(path: str) -> int:
-    """Hold ``path`` flock'd for the daemon's life: one daemon per socket."""
-    ensure_dir(os.path.dirname(path) or ".")
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        raise SystemFailure("cannot open lock file", path, e.strerror or str(e)) from e
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise SystemFailure("cannot serve:", path, "another netplugin daemon holds this lock") from None
-    except OSError as e:
-        os.close(fd)
-        raise SystemFailure("cannot lock", path, e.strerror or str(e)) from e
+    """Hold ``path`` flock'd for the daemon's life: one daemon per socket.
+
+    Taken like every netplugin lock (:func:`netplugin.store.locks.hold`): in a trusted
+    directory, ``O_NOFOLLOW``, re-checked after locking; :func:`unlock_daemon` removes it.
+    """
+    directory = os.path.dirname(path) or "."
+    fd = hold(path, blocking=False, base=directory)
+    if fd is None:
+        raise SystemFailure("cannot serve:", path, "another netplugin daemon holds this lock")
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
+
+
+def unlock_daemon(fd: int, path: str) -> None:
+    """Let go of the daemon lock and remove its file (unless a successor already waits on it)."""
+    release(fd, path)
 
 
 def unlink_if(path: str, inode: int) -> None:

@@ -66,7 +66,7 @@ from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginE
 from netplugin.core.names import PodRef
 from netplugin.frontends.client import MAX_MESSAGE, OPS, POD_OPS, PROTOCOL_VERSION, fingerprint
 from netplugin.frontends.daemon.forwarded import check_settings, run_cni
-from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if
+from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
 from netplugin.frontends.daemon.nodes import NodeKeeper
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
@@ -477,7 +477,7 @@ class Daemon:
                 unlink_if(self.socket_path, inode)
             self.nodes.stop()
             self.metrics.close()
-            os.close(lock_fd)
+            unlock_daemon(lock_fd, self.socket_path + ".lock")
 
 
 def _text(req: dict[str, Any], key: str) -> str:
