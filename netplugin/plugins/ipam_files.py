@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from netplugin.core import trust
 from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.names import validate_infra_id
 
@@ -72,20 +73,24 @@ class DirLock:
     def _prepare(self) -> None:
         if self._ready:
             return
+        # The IPAM directory and its subdirectories are root's own: a directory another user can
+        # write (or a symlink put in its place) would let that user steer root's writes.
+        base = self.dirs[0]
         for d in self.dirs:
             try:
-                os.makedirs(d, mode=0o755, exist_ok=True)
+                trust.ensure_dir(d, base=base if d != base else None)
             except OSError as e:
                 raise IPAMError(f"cannot create {d}: {e.strerror or e}", path=d) from e
         self._ready = True
 
     def _open(self) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
         try:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            return os.open(self.path, flags, 0o644)
         except FileNotFoundError:
             self._ready = False  # the directory was removed under us: create it again
             self._prepare()
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            return os.open(self.path, flags, 0o644)
         except OSError as e:
             raise IPAMError(f"cannot open {self.path}: {e.strerror or e}", path=self.path) from e
 
@@ -110,12 +115,15 @@ class DirLock:
 def read_owner(path: str) -> str | None:
     """The infra id in ``ips/<addr>``; None if absent, "" if torn."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read(512)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
     except OSError as e:
         raise IPAMError(f"cannot read {path}: {e.strerror or e}", path=path) from e
+    try:
+        text = os.read(fd, 512).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
     owner = text[:-1] if text.endswith("\n") else ""
     try:
         validate_infra_id(owner)
@@ -128,7 +136,8 @@ def write_record(path: str, text: str, *, mode: str = "atomic") -> None:
     """Write a record: "atomic" (temp file + rename), "exclusive" (O_EXCL) or "in-place"."""
     data = text.encode()
     if mode != "atomic":
-        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if mode == "exclusive" else os.O_TRUNC)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        flags |= os.O_EXCL if mode == "exclusive" else os.O_TRUNC
         try:
             fd = os.open(path, flags, 0o644)
             try:
@@ -142,7 +151,7 @@ def write_record(path: str, text: str, *, mode: str = "atomic") -> None:
     # The temp name starts with "." so that listings of ips/ and pods/ skip it.
     tmp = os.path.join(directory, f".{base}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
             os.write(fd, data)
         finally:

@@ -633,3 +633,31 @@ def test_pod_ipam_no_duplicates_under_concurrent_claims(ipam_dir: Path) -> None:
         ips = [allocs[family].ip for allocs in got]
         assert len(set(ips)) == 64
     assert len(files(ipam_dir, "ips")) == len(files(ipam_dir / "ipv6", "ips")) == 64
+
+
+# --- hostile directories (issue 13): root's IPAM files live only in root's own directories -----------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a directory to another user")
+@pytest.mark.parametrize("which", ["ipam-dir", "ips", "pods-symlink"])
+def test_ipam_refuses_a_directory_another_user_controls(ipam_dir: Path, tmp_path: Path, which: str) -> None:
+    from netplugin.core.errors import NetpluginError
+
+    ipam_dir.mkdir(parents=True, mode=0o755)
+    if which == "ipam-dir":
+        os.chown(ipam_dir, 65534, 65534)  # nobody's: nobody could swap root's records
+        victim = ipam_dir
+    elif which == "ips":
+        (ipam_dir / "ips").mkdir(mode=0o777)
+        os.chmod(ipam_dir / "ips", 0o777)  # world-writable, whatever the umask was
+        victim = ipam_dir / "ips"
+    else:
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (ipam_dir / "pods").symlink_to(elsewhere)  # root would write pod records wherever it points
+        victim = ipam_dir / "pods"
+    with pytest.raises(NetpluginError) as info:
+        IPAM(str(ipam_dir), "10.204.7.0/24").allocate("abc123", "default", "web-0")
+    assert str(victim) in info.value.message
+    assert not list((tmp_path / "bridge" / "cbr0").glob("**/abc123"))  # nothing was recorded anywhere
+    assert not (tmp_path / "elsewhere").exists() or not list((tmp_path / "elsewhere").iterdir())

@@ -107,7 +107,7 @@ def record_attachment(cfg: Config, network: str, att: Attachment) -> None:
     from netplugin.store.fsutil import atomic_write
     from netplugin.store.locks import ensure_dir
 
-    ensure_dir(attachment_dir(cfg.state_dir, network), 0o755)
+    ensure_dir(attachment_dir(cfg.state_dir, network), 0o755, base=cfg.state_dir)
     path = attachment_path(cfg.state_dir, network, att.container_id, att.ifname)
     atomic_write(path, json.dumps(att.to_dict()).encode() + b"\n", mode=0o644)
 
@@ -115,8 +115,8 @@ def record_attachment(cfg: Config, network: str, att: Attachment) -> None:
 def _index_lock(state_dir: str) -> Any:
     from netplugin.store.locks import ensure_dir, flocked
 
-    ensure_dir(os.path.join(state_dir, "cni"), 0o755)
-    return flocked(os.path.join(state_dir, "cni", ".lock"))
+    ensure_dir(os.path.join(state_dir, "cni"), 0o755, base=state_dir)
+    return flocked(os.path.join(state_dir, "cni", ".lock"), base=state_dir)
 
 
 def attachments_of(state_dir: str, container_id: str) -> list[tuple[str, str]]:
@@ -183,17 +183,18 @@ def claim_attachment(cfg: Config, network: str, att: Attachment) -> None:
 
 def recorded_attachment(cfg: Config, network: str, container_id: str, ifname: str) -> Attachment | None:
     """The attachment ADD recorded, or None when there is no (usable) record."""
-    from netplugin.core._yaml import DocumentError, load_json, read_document
-    from netplugin.core.errors import InvalidArgument
+    from netplugin.core._yaml import DocumentError, load_json
+    from netplugin.core.errors import NetpluginError
+    from netplugin.store.fsutil import read_small
 
     path = attachment_path(cfg.state_dir, network, container_id, ifname)
     try:
-        doc = load_json(read_document(path, 1 << 16), duplicates=True)
+        doc = load_json(read_small(path), duplicates=True)  # O_NOFOLLOW, a regular file, bounded
         att = Attachment(container_id, ifname, str(doc.get("netns", "")), doc["namespace"], doc["name"])
         if not isinstance(att.namespace, str) or not isinstance(att.name, str):
             return None
         _ = att.pod
-    except (OSError, DocumentError, AttributeError, KeyError, TypeError, InvalidArgument):
+    except (OSError, DocumentError, AttributeError, KeyError, TypeError, NetpluginError):
         return None
     return att
 
@@ -212,7 +213,8 @@ def forget_attachment(cfg: Config, network: str, container_id: str, ifname: str)
 
 def list_attachments(state_dir: str, network: str) -> tuple[list[Attachment], list[str]]:
     """The attachments recorded for ``network``, and the problems met reading them."""
-    from netplugin.core.errors import InvalidArgument
+    from netplugin.core.errors import NetpluginError
+    from netplugin.store.fsutil import read_small
 
     directory = attachment_dir(state_dir, network)
     try:
@@ -228,15 +230,14 @@ def list_attachments(state_dir: str, network: str) -> tuple[list[Attachment], li
             continue  # temp files of a write in progress, or not ours
         path = os.path.join(directory, fname)
         try:
-            with open(path, "rb") as f:
-                doc = json.loads(f.read())
+            doc = json.loads(read_small(path))  # O_NOFOLLOW, a regular file, bounded
             att = Attachment(doc["containerID"], doc["ifname"], doc.get("netns", ""), doc["namespace"], doc["name"])
             if not all(isinstance(v, str) for v in att.to_dict().values()):
                 raise TypeError("fields must be strings")
             _ = att.pod  # validates the names
         except FileNotFoundError:
             continue  # a DEL removed it meanwhile
-        except (OSError, ValueError, KeyError, TypeError, InvalidArgument) as e:
+        except (OSError, ValueError, KeyError, TypeError, NetpluginError) as e:
             problems.append(f"{path}: unreadable attachment record ({e})")
             continue
         found.append(att)
