@@ -130,6 +130,7 @@ class Metrics:
         otype = OPERATION_TYPES[op]
         gauge = self.in_flight.labels(otype)
         gauge.inc()
+        self.total.labels(otype).inc()
         start = time.monotonic()
         try:
             return await fn()

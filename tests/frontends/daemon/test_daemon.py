@@ -404,6 +404,12 @@ def test_metrics_histogram_errors_and_in_flight(start_daemon: Any, cli: Any, plu
         "get_pod_network_status": 0.0,
         "tear_down_pod": 1.0,
     }
+    # Every operation is counted, failed ones included (kubelet's network_plugin_operations_total).
+    assert samples(text, "network_plugin_operations_total") == {
+        "set_up_pod": 1.0,
+        "get_pod_network_status": 2.0,
+        "tear_down_pod": 2.0,
+    }
     buckets = [
         s
         for f in text_string_to_metric_families(text)
