@@ -17,7 +17,7 @@ and for native plugins their warm libraries) and answers the thin client of
   Requests for a pod that is busy wait for their turn in the event loop, not in
   a worker thread: a stuck pod holds one worker however many requests queue on
   it, and every other pod is served at once. At most
-  :data:`MAX_WAITING_PER_POD` may wait per pod; more are answered
+  :data:`~netplugin.frontends.daemon.turns.MAX_WAITING_PER_POD` may wait per pod; more are answered
   ``DaemonUnavailable`` (not run, so a CLI in ``auto`` mode runs them itself).
 * **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``), named
   as the kubelet's: histogram ``network_plugin_operations_duration_seconds``,
@@ -46,7 +46,6 @@ and for native plugins their warm libraries) and answers the thin client of
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -55,7 +54,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -70,25 +68,18 @@ from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink
 from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
 from netplugin.frontends.daemon.nodes import NodeKeeper
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
+from netplugin.frontends.daemon.turns import Turns
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.manager.manager import Manager
 
-__all__ = ["Daemon", "Metrics", "bind_socket", "error_classes", "sd_notify", "serve"]
+__all__ = ["MAX_WORKERS", "Daemon", "Metrics", "bind_socket", "error_classes", "sd_notify", "serve"]
 
 log = logging.getLogger("netplugin.daemon")
 
 # Plugins are mostly waited on (subprocesses), so threads are cheap; this bounds a burst.
 MAX_WORKERS = 64
-#: Requests for one pod that may wait for an earlier one on it (the kubelet sends one at a time).
-MAX_WAITING_PER_POD = 64
-
-
-# --- systemd ---------------------------------------------------------------------------------------
-
-
-# --- metrics ---------------------------------------------------------------------------------------
 
 
 # --- the socket ------------------------------------------------------------------------------------
@@ -134,8 +125,8 @@ class Daemon:
         self._idle = asyncio.Event()
         self._stop = asyncio.Event()
         self._conns: set[asyncio.Task[None]] = set()
-        #: pod key -> [its lock, requests holding or waiting for it] (event loop only)
-        self._turns: dict[str, list[Any]] = {}
+        #: each pod's turn (and each forwarded CNI call's container's), waited for in the event loop
+        self._turns = Turns(self.socket_path, lambda: self._stopping)
         #: set when SIGTERM's drain gave up on operations still running in worker threads
         self.abandoned = False
 
@@ -238,7 +229,7 @@ class Daemon:
             "uptime_seconds": round(time.monotonic() - self.stats.started, 3),
             "requests": self.stats.requests,
             "in_flight": self.stats.busy - 1,  # not counting this request
-            "waiting": sum(max(0, t[1] - 1) for t in self._turns.values()),  # for a busy pod's turn
+            "waiting": self._turns.waiting,  # for a busy pod's turn
             "reloads": self.stats.reloads,
             "socket": self.socket_path,
             "metrics_address": self.metrics_address,
@@ -309,7 +300,7 @@ class Daemon:
     async def _pod_request(self, req: dict[str, Any]) -> Any:
         """Run a pod request in a worker once the pod's earlier requests are done (see _pod_turn)."""
         pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
-        async with self._pod_turn(pod.key, f"pod {pod}"):
+        async with self._turns.turn(pod.key, f"pod {pod}"):
             return await asyncio.to_thread(self.dispatch, req)
 
     async def _cni_request(self, req: dict[str, Any]) -> Any:
@@ -322,34 +313,8 @@ class Daemon:
         container = environ.get("CNI_CONTAINERID") if isinstance(environ, dict) else None
         if not isinstance(container, str) or not container:
             return await asyncio.to_thread(self.dispatch, req)  # the shim's code reports what is missing
-        async with self._pod_turn(f"cni:{container}", f"container {container[:80]}"):
+        async with self._turns.turn(f"cni:{container}", f"container {container[:80]}"):
             return await asyncio.to_thread(self.dispatch, req)
-
-    @contextlib.asynccontextmanager
-    async def _pod_turn(self, key: str, what: str) -> AsyncIterator[None]:
-        """Wait, in the event loop, until no earlier request of this daemon runs on ``pod``.
-
-        Waiting for the pod's flock inside a worker would let one stuck pod take every worker;
-        here the wait is on an asyncio lock per pod (the flock's key), which holds no thread.
-        A worker may still wait on the flock itself while a CLI or CNI process holds it, but
-        only one per pod. Any pod action run in a worker (a forwarded CNI call too) belongs in
-        a turn. Raises DaemonUnavailable (not run) past MAX_WAITING_PER_POD, or once stopping.
-        """
-        turn = self._turns.get(key)
-        if turn is None:
-            turn = self._turns[key] = [asyncio.Lock(), 0]
-        if turn[1] > MAX_WAITING_PER_POD:
-            raise DaemonUnavailable(self.socket_path, f"{turn[1] - 1} requests are already waiting for {what}")
-        turn[1] += 1
-        try:
-            async with turn[0]:
-                if self._stopping:  # queued before SIGTERM: not run, so the caller may do it itself
-                    raise DaemonUnavailable(self.socket_path, "it is shutting down")
-                yield
-        finally:
-            turn[1] -= 1
-            if turn[1] == 0:
-                del self._turns[key]
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
