@@ -29,6 +29,15 @@ import click
 
 from netplugin.frontends import _cliconv as conv
 from netplugin.frontends import _clitools as tools
+from netplugin.frontends.exitcodes import (
+    EXIT_CODES,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SYSTEM,
+    EXIT_USAGE,
+    exit_code_for_classes,
+)
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -38,39 +47,13 @@ if TYPE_CHECKING:
 
 __all__ = ["EXIT_CODES", "cli", "exit_code_for", "main"]
 
-EXIT_OK = 0
-EXIT_PLUGIN_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
-EXIT_TIMEOUT = 4
-EXIT_SYSTEM = 5
-EXIT_DAEMON = 6
-EXIT_INTERNAL = 70
-EXIT_INTERRUPTED = 130
-
 #: State.daemon()'s answer when the command must run in this process
 LOCAL: Any = object()
-
-#: error class name -> exit code; subclasses are matched through the MRO
-EXIT_CODES = {
-    "PluginTimeout": EXIT_TIMEOUT,
-    "PluginError": EXIT_PLUGIN_FAILED,
-    "InvalidArgument": EXIT_USAGE,
-    "ConfigError": EXIT_USAGE,
-    "PluginNotFound": EXIT_NOT_FOUND,
-    "PluginInvalid": EXIT_NOT_FOUND,
-    "DaemonUnavailable": EXIT_DAEMON,
-    "InternalError": EXIT_INTERNAL,  # only ever reported by the daemon
-    "NetpluginError": EXIT_SYSTEM,
-}
 
 
 def exit_code_for(err: NetpluginError) -> int:
     # An error the daemon reported in a class unknown here (RemoteError) carries its remote MRO.
-    for name in [*getattr(err, "remote_classes", ()), *(cls.__name__ for cls in type(err).__mro__)]:
-        if name in EXIT_CODES:
-            return EXIT_CODES[name]
-    return EXIT_SYSTEM
+    return exit_code_for_classes([*getattr(err, "remote_classes", ()), *(cls.__name__ for cls in type(err).__mro__)])
 
 
 class State:

@@ -20,6 +20,13 @@ from __future__ import annotations
 import os
 import sys
 
+from netplugin.frontends.exitcodes import (
+    EXIT_CODES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SYSTEM,
+    exit_code_for_classes,
+)
 from netplugin.frontends.wire import dumps
 
 __all__ = ["EXIT_CODES", "exit_code_for_classes", "main", "parse_pod_command"]
@@ -37,39 +44,6 @@ _VALUE_OPTIONS = {
     "-o": None,
 }
 DEFAULT_RUN_DIR = "/run/netplugin"
-
-# Exit codes: the same table as netplugin.frontends.cli (which imports it from here).
-EXIT_OK = 0
-EXIT_PLUGIN_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
-EXIT_TIMEOUT = 4
-EXIT_SYSTEM = 5
-EXIT_DAEMON = 6
-EXIT_INTERNAL = 70
-EXIT_INTERRUPTED = 130
-
-#: error class name -> exit code; subclasses are matched through the MRO
-EXIT_CODES = {
-    "PluginTimeout": EXIT_TIMEOUT,
-    "PluginError": EXIT_PLUGIN_FAILED,
-    "InvalidArgument": EXIT_USAGE,
-    "ConfigError": EXIT_USAGE,
-    "PluginNotFound": EXIT_NOT_FOUND,
-    "PluginInvalid": EXIT_NOT_FOUND,
-    "DaemonUnavailable": EXIT_DAEMON,
-    "InternalError": EXIT_INTERNAL,  # only ever reported by the daemon
-    "NetpluginError": EXIT_SYSTEM,
-}
-
-
-def exit_code_for_classes(classes: list[str]) -> int:
-    """The exit code of an error whose class and bases (most derived first) are ``classes``."""
-    for name in classes:
-        if name in EXIT_CODES:
-            return EXIT_CODES[name]
-    return EXIT_SYSTEM
-
 
 class PodCommand:
     """A command line this module can serve: the action, the pod and the raw settings."""
