@@ -220,10 +220,15 @@ class BridgeNet:
         return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line.strip()]
 
     # -- traffic -------------------------------------------------------------------------------------
+    #: the TCP server and client run in pods, and their port (a dual-stack net swaps in its own)
+    server_script = _SERVER
+    client_script = _CLIENT
+    port = TCP_PORT
+
     def serve(self, pod: Pod) -> None:
         """Start the answering TCP server inside the pod's netns and wait until it listens."""
         p = subprocess.Popen(
-            ["ip", "netns", "exec", pod.netns, sys.executable, "-c", _SERVER, pod.name, str(TCP_PORT)],
+            ["ip", "netns", "exec", pod.netns, sys.executable, "-c", self.server_script, pod.name, str(self.port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
@@ -235,7 +240,7 @@ class BridgeNet:
         assert line.strip() == "ready", p.stderr.read() if p.stderr else line
 
     def connect_from(self, pod: Pod, addrs: list[str]) -> dict[str, str]:
-        r = _run(["ip", "netns", "exec", pod.netns, sys.executable, "-c", _CLIENT, str(TCP_PORT), *addrs])
+        r = _run(["ip", "netns", "exec", pod.netns, sys.executable, "-c", self.client_script, str(self.port), *addrs])
         assert r.returncode == 0, r.stderr
         return dict(json.loads(r.stdout))
 

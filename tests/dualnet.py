@@ -10,9 +10,7 @@ families, started inside the pod's netns, and a client run there too.
 from __future__ import annotations
 
 import ipaddress
-import json
 import subprocess
-import sys
 from pathlib import Path
 
 from bridgenet import BridgeNet, Pod
@@ -78,6 +76,10 @@ def pod_default_routes(pod: Pod) -> dict[int, str]:
 class DualNet(BridgeNet):
     """A BridgeNet with SUBNET "10.205.X.0/<prefixlen>,fd00:10:205:X::/<v6_prefixlen>"."""
 
+    server_script = _SERVER  # listens on :: for both families
+    client_script = _CLIENT
+    port = PORT
+
     v6_prefixlen = 64
 
     def __post_init__(self) -> None:
@@ -97,33 +99,15 @@ class DualNet(BridgeNet):
         d = self.ipam6 / sub
         return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
 
-    def serve_both(self, pod: Pod) -> None:
-        p = subprocess.Popen(
-            ["ip", "netns", "exec", pod.netns, sys.executable, "-c", _SERVER, pod.name, str(PORT)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        self.servers.append(p)
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        assert line.strip() == "ready", p.stderr.read() if p.stderr else line
-
-    def connect_both(self, pod: Pod, addrs: list[str]) -> dict[str, str]:
-        r = _run(["ip", "netns", "exec", pod.netns, sys.executable, "-c", _CLIENT, str(PORT), *addrs])
-        assert r.returncode == 0, r.stderr
-        return dict(json.loads(r.stdout))
-
     def assert_mesh(self, pods: list[Pod]) -> None:
         """Every pod reaches every other over IPv4 and IPv6 (TCP), and the host reaches every pod."""
         addrs = {p.name: [a.split("/")[0] for a in pod_addrs(p)[4] + pod_addrs(p)[6]] for p in pods}
         for p in pods:
             assert len(addrs[p.name]) == 2, addrs
-            self.serve_both(p)
+            self.serve(p)
         for src in pods:
             want = {a: d.name for d in pods if d is not src for a in addrs[d.name]}
-            assert self.connect_both(src, list(want)) == want, f"from {src.name}"
+            assert self.connect_from(src, list(want)) == want, f"from {src.name}"
         import socket
 
         for p in pods:
