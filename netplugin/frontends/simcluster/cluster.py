@@ -268,22 +268,15 @@ class SimCluster:
         # JSON is YAML: the config loader reads it as is.
         node.config_path.write_text(json.dumps(config, indent=1) + "\n")
 
+    @staticmethod
+    def _netplugin_argv(node: SimNode, *args: str) -> list[str]:
+        """``netplugin --config <node's> ARGS``, run inside the node's namespace."""
+        inside = ["ip", "netns", "exec", node.netns]
+        return [*inside, sys.executable, "-m", "netplugin", "--config", str(node.config_path), *args]
+
     def netplugin(self, node: SimNode, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None) -> Any:
         """Run ``netplugin --config <node's> -o json ARGS`` inside the node's namespace; its JSON output."""
-        argv = [
-            "ip",
-            "netns",
-            "exec",
-            node.netns,
-            sys.executable,
-            "-m",
-            "netplugin",
-            "--config",
-            str(node.config_path),
-            "-o",
-            "json",
-            *args,
-        ]
+        argv = self._netplugin_argv(node, "-o", "json", *args)
         done = run(argv, env={**self.env, **(env or {})}, timeout=timeout)
         if done.returncode != 0:
             raise SystemFailure(
@@ -293,18 +286,7 @@ class SimCluster:
         return json.loads(out) if out else None
 
     def start_daemon(self, node: SimNode, *, ready_timeout: float = 30.0) -> None:
-        argv = [
-            "ip",
-            "netns",
-            "exec",
-            node.netns,
-            sys.executable,
-            "-m",
-            "netplugin",
-            "--config",
-            str(node.config_path),
-            "serve",
-        ]
+        argv = self._netplugin_argv(node, "serve")
         with open(node.log_path, "ab") as log:
             node.daemon = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env, start_new_session=True
