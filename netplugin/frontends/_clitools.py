@@ -75,6 +75,8 @@ def nodes(st: Any) -> None:
 
 
 def _nodes_text(info: dict[str, Any]) -> str:
+    from netplugin.frontends.daemon.nodes import problem_text
+
     lines = [
         f"node {info['name']}: pod CIDRs {', '.join(info['pod_cidrs']) or '(none)'}; "
         f"InternalIPs {', '.join(info['internal_ips']) or '(none)'}",
@@ -95,8 +97,8 @@ def _nodes_text(info: dict[str, Any]) -> str:
     lines += [f"  {r['dst']:<28} via {r['via']:<28} {r['node']}" for r in routes]
     problems = info.get("problems") or []
     if problems:
-        lines.append(f"cannot route ({len(problems)}):")
-        lines += [f"  node {p['node']} pod CIDR {p['cidr']}: {p['reason']}" for p in problems]
+        lines.append(f"problems ({len(problems)}):")
+        lines += [f"  {problem_text(p)}" for p in problems]
     return "\n".join(lines)
 
 

@@ -77,6 +77,7 @@ def test_static_node_files_drive_the_routes(netns: str, tmp_path: Path) -> None:
     cfg.write_text(
         f"state_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\nplugin_dir: {tmp_path}\nhost: static\n"
         f"pods_dir: {tmp_path}/pods\nnodes_dir: {nodes}\nnode_name: me\nmetrics_address: none\n"
+        "cluster_cidrs: [10.206.128.0/17]\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
     env.update(NETPLUGIN_CONFIG=str(cfg), PYTHONPATH=str(REPO))
