@@ -243,9 +243,7 @@ class RouteTable:
             routes.append(Route(str(net), gateway, oif, node.name))
         return sorted(routes), problems
 
-    def _refusal(
-        self, net: Network, own: list[Network], local: list[Any], view: _View
-    ) -> tuple[str, str] | None:
+    def _refusal(self, net: Network, own: list[Network], local: list[Any], view: _View) -> tuple[str, str] | None:
         """(kind, why) when ``net`` may not be routed whoever claims it, else None."""
         if not self.cluster_cidrs:
             return "outside_cluster_cidrs", "cluster_cidrs is not set: netplugin routes only pod CIDRs inside it"

@@ -267,7 +267,10 @@ class NodeKeeper:
         """
         with self._lock:
             report = self.report
-        out = [{"kind": p.kind, "node": p.node, "cidr": p.cidr, "reason": p.reason} for p in (report.problems if report else [])]
+        out = [
+            {"kind": p.kind, "node": p.node, "cidr": p.cidr, "reason": p.reason}
+            for p in (report.problems if report else [])
+        ]
         node_problems = getattr(self.host, "node_problems", None)
         if node_problems is not None:
             out += [{"kind": "bad_node", "node": n, "cidr": "", "reason": why} for n, why in node_problems()]
