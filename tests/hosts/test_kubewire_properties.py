@@ -98,7 +98,7 @@ def test_watch_lines(line: bytes) -> None:
 def test_deep_lines_are_refused_not_recursed(depth: int, opener: str) -> None:
     line = b'{"type":"ADDED","object":' + nested(depth, opener) + b"}" if opener == "{" else nested(depth, opener)
     try:
-        etype, obj = parse_event(line)
+        _, obj = parse_event(line)
     except ValueError:
         return
     assert object_problem(obj) is not None  # parsed (shallow enough for json), refused as an object
