@@ -15,7 +15,7 @@ An :class:`Informer` keeps :meth:`Informer.items` equal to a collection on the A
   ``ERROR`` event, LISTs again: the new list replaces the cache, and the difference is
   delivered as ADDED/MODIFIED/DELETED, so a consumer never misses a deletion it slept through.
   As client-go's reflector, relists are backed off (0.8 s doubling to 30 s, with jitter, reset
-  after 2 quiet minutes): an API server answering 410 to every watch is asked again about 20
+  after 2 quiet minutes): an API server answering 410 to every watch is asked again about 14
   times in the first 5 minutes, then twice a minute, not a thousand times a second;
 * what the server sends is read within bounds (:mod:`netplugin.hosts.kubewire`): an object that
   is too big, too deep or nameless is left out of the cache and logged once per revision
@@ -348,6 +348,7 @@ class Informer:
                 raise WatchExpired(f"watch answered HTTP 410 Gone: {e.message}") from None
             raise
         self._stream = stream
+        self._recovered()  # the API answers again; a line that breaks this stream fails it anew
         try:
             with stream:
                 if self._stop.is_set():

@@ -286,19 +286,37 @@ def test_relists_are_counted_in_metrics_promtool_accepts(api: ApiServer) -> None
     promtool = shutil.which("promtool")
     assert promtool is not None, "promtool is installed by scripts/install-deps.sh --test"
     api.apply(make_node("n1", ["fd6e:7031:1a00:8001::/64"], ["fd6e:7031:1a00::11"]))
-    api.answer_next_watches_410(1)
+    api.answer_next_watches_410(2)  # the first watch of the nodes and of the pods
     host = host_for(api)
     keeper = NodeKeeper(Config(node_routes=False), host)
     keeper.start()
     try:
         assert host.cache is not None
-        wait_for(lambda: host.cache is not None and host.cache.nodes.stats.relists == 1)
+        cache = host.cache
+        wait_for(lambda: cache.nodes.stats.relists == 1 and cache.pods.stats.relists == 1)
         registry = CollectorRegistry()
         keeper.register(registry)
         text = generate_latest(registry).decode()
     finally:
         keeper.stop()
     assert 'netplugin_kube_relists_total{resource="nodes"} 1.0' in text
+    assert 'netplugin_kube_relists_total{resource="pods"} 1.0' in text
     assert 'netplugin_node_problems{kind="watch"} 0.0' in text
     done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"[" * 5000 + b"]" * 5000, "nested too deep"),
+        (b"\xff\xfe garbage", "cannot be read"),
+        (b'{"kind": "Status"}', "not a List"),
+    ],
+)
+def test_an_unreadable_list_says_why(api: ApiServer, monkeypatch: pytest.MonkeyPatch, body: bytes, reason: str) -> None:
+    host = host_for(api)
+    monkeypatch.setattr(host, "_get", lambda url, where, max_body=None: (200, "OK", body, None))
+    with pytest.raises(Exception, match=reason) as info:
+        host.list_collection("/api/v1/nodes", {})
+    assert type(info.value).__name__ == "HostError"
