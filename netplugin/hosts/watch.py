@@ -264,7 +264,10 @@ class Informer:
         expected = isinstance(e, (HostError, ValueError, OSError))
         self.stats.failures += 1
         self.stats.failing = True
-        text = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
+        try:
+            text = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
+        except Exception:  # an exception whose str() fails must not end the thread either
+            text = type(e).__name__
         self.stats.last_error = short_repr(text, 300) if not isinstance(text, str) else text[:300]
         if not expected:
             # A bug, or something no one planned for (RecursionError, a handler's SystemExit):

@@ -183,7 +183,8 @@ def test_a_broken_watch_shows_in_health_then_recovers(api: ApiServer, attack: st
 
 
 class Bomb(Exception):
-    pass
+    def __str__(self) -> str:
+        raise ValueError("even printing me fails")
 
 
 @pytest.mark.parametrize("raised", [RuntimeError("bug"), RecursionError("deep"), SystemExit(3), Bomb()])
