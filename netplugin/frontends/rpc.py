@@ -201,7 +201,10 @@ def pod_output(op: str, namespace: str, pod: str, infra_id: str, result: Any) ->
         return {**ref, "ip": result.get("ip") if isinstance(result, dict) else None}, None
     if op == "teardown":
         return ref, None
-    return result, str(result.get("ip")) if isinstance(result, dict) else None
+    if not isinstance(result, dict):
+        return result, None
+    ip = result.get("ip")
+    return result, "" if ip is None else str(ip)
 
 
 # --- "same settings?" ---------------------------------------------------------------------------------
