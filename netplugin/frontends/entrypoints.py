@@ -22,7 +22,7 @@ __all__ = ["KINDS", "entry_script", "install_entry"]
 #: kind -> (module, what it is)
 KINDS = {
     "cni": ("netplugin.frontends.cni.fast", "netplugin-cni, the CNI plugin container runtimes run"),
-    "cli": ("netplugin.frontends.thin", "netplugin, the command line"),
+    "cli": ("netplugin.frontends.cli.fast", "netplugin, the command line"),
 }
 
 

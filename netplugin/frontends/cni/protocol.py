@@ -17,6 +17,7 @@ from typing import Any
 
 from netplugin.core._yaml import short_repr
 from netplugin.core.errors import NetpluginError
+from netplugin.frontends.rpc import CNI_VERSIONS, MAX_STDIN
 
 __all__ = [
     "COMMANDS",
@@ -42,7 +43,7 @@ __all__ = [
     "parse_request",
 ]
 
-SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+SUPPORTED_VERSIONS = CNI_VERSIONS
 
 
 LATEST = SUPPORTED_VERSIONS[-1]
@@ -56,10 +57,6 @@ NO_NETNS = "/dev/null/no-netns"
 
 
 DEFAULT_NAMESPACE = "default"
-
-
-#: The largest network config read from stdin (a conflist with a prevResult is a few KB).
-MAX_STDIN = 4 << 20
 
 
 # CNI error codes (spec "Error", plus libcni's 999)

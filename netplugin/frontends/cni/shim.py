@@ -199,13 +199,12 @@ class _Ops:
             self.manager = Manager(cfg, environ=dict(environ))
             self.timed: Callable[[str, Callable[[], Any]], Any] = lambda op, fn: fn()
             return
-        from netplugin.frontends.client import fingerprint
+        from netplugin.frontends.rpc import differing_settings, fingerprint
 
-        mine = fingerprint(cfg)
         if cfg.use_daemon == "never":
             raise Refused("the call's settings say use_daemon: never")
-        if mine != daemon.fingerprint:
-            differ = sorted(k for k in set(mine) | set(daemon.fingerprint) if mine.get(k) != daemon.fingerprint.get(k))
+        differ = differing_settings(fingerprint(cfg), daemon.fingerprint)
+        if differ:
             raise Refused(f"the call's settings differ from the daemon's ({', '.join(differ)})")
         self.manager = daemon.manager
         self.timed = daemon.timed

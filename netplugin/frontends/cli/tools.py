@@ -1,10 +1,4 @@
-"""The commands that show, demonstrate, measure and install (``nodes``, ``demo``, ``bench``,
-``install-shim``), apart from the per-pod commands in :mod:`netplugin.frontends.cli`, which registers
-them and still turns every error they raise into its exit code and message.
-
-The CLI's state object arrives through click (``pass_obj``); these commands use only its ``emit``,
-``json``, ``daemon`` and ``manager``.
-"""
+"""The commands that demonstrate, measure and install: ``demo``, ``bench``, ``install-shim``, ``completion``."""
 
 from __future__ import annotations
 
@@ -13,11 +7,16 @@ from typing import Any
 
 import click
 
-from netplugin.frontends._cliconv import AsciiIntRange
+from netplugin.frontends.cli.options import AsciiIntRange, command
+from netplugin.frontends.cli.state import State, pass_state
 
-__all__ = ["bench", "demo", "install_shim", "nodes"]
+__all__ = ["COMPLETE_VAR", "bench", "completion", "completion_script", "demo", "install_shim"]
 
-@click.command()
+#: click's shell-completion variable: ``_NETPLUGIN_COMPLETE=bash_source netplugin`` prints the hook
+COMPLETE_VAR = "_NETPLUGIN_COMPLETE"
+
+
+@command()
 @click.option("--pods", "count", type=AsciiIntRange(1, 200), default=3, show_default=True, help="How many pods.")
 @click.option("--native", is_flag=True, help="Use the in-process netplugin.io/bridge plugin instead of the exec one.")
 @click.option("--plugin-source", metavar="DIR", help="Where the shipped exec plugins are (default: found).")
@@ -27,8 +26,8 @@ __all__ = ["bench", "demo", "install_shim", "nodes"]
     type=AsciiIntRange(2, 8),
     help="Simulate a cluster of N nodes instead (each a netns with its own daemon; one pod per node).",
 )
-@click.pass_obj
-def demo(st: Any, count: int, native: bool, plugin_source: str | None, subnet: str | None, nodes: int | None) -> None:
+@pass_state
+def demo(st: State, count: int, native: bool, plugin_source: str | None, subnet: str | None, nodes: int | None) -> None:
     """Set up pods on a real bridge, prove they talk, tear down, prove nothing is left (root)."""
     import signal
 
@@ -59,48 +58,7 @@ def demo(st: Any, count: int, native: bool, plugin_source: str | None, subnet: s
         )
 
 
-@click.command()
-@click.pass_obj
-def nodes(st: Any) -> None:
-    """This node, the cluster's nodes, and the routes the daemon keeps to them (and what it cannot route)."""
-    remote = st.daemon("health")
-    if remote is not st.LOCAL:
-        info = remote["node"]
-    else:
-        host = st.manager.host
-        me = st.manager.node()
-        cluster = host.list_nodes()
-        info = {**me.to_dict(), "nodes": len(cluster), "daemon": None, "cluster": [n.to_dict() for n in cluster]}
-    st.emit(info, _nodes_text(info))
-
-
-def _nodes_text(info: dict[str, Any]) -> str:
-    lines = [
-        f"node {info['name']}: pod CIDRs {', '.join(info['pod_cidrs']) or '(none)'}; "
-        f"InternalIPs {', '.join(info['internal_ips']) or '(none)'}",
-        f"nodes in the cluster: {info.get('nodes') if info.get('nodes') is not None else '(not read yet)'}",
-    ]
-    if "daemon" in info:
-        lines.append("no daemon runs: routes and egress are kept by `netplugin serve`")
-        lines += [
-            f"  {n['name']:<24} {', '.join(n['pod_cidrs']):<40} {', '.join(n['internal_ips'])}" for n in info["cluster"]
-        ]
-        return "\n".join(lines)
-    if info.get("error"):
-        lines.append(f"error: {info['error']}")
-    if not info.get("routes_enabled"):
-        lines.append("routes: off (node_routes: false)")
-    routes = info.get("routes") or []
-    lines.append(f"routes ({len(routes)}):")
-    lines += [f"  {r['dst']:<28} via {r['via']:<28} {r['node']}" for r in routes]
-    problems = info.get("problems") or []
-    if problems:
-        lines.append(f"cannot route ({len(problems)}):")
-        lines += [f"  node {p['node']} pod CIDR {p['cidr']}: {p['reason']}" for p in problems]
-    return "\n".join(lines)
-
-
-def _cluster_demo(st: Any, nodes: int, plugin: str, plugin_source: str | None, say: Any) -> None:
+def _cluster_demo(st: State, nodes: int, plugin: str, plugin_source: str | None, say: Any) -> None:
     from netplugin.core.errors import NetpluginError
     from netplugin.frontends.demo_cluster import run_cluster_demo
 
@@ -111,7 +69,7 @@ def _cluster_demo(st: Any, nodes: int, plugin: str, plugin_source: str | None, s
         raise NetpluginError("cluster demo failed: " + "; ".join(failed + report.leftovers))
 
 
-@click.command()
+@command()
 @click.option("--quick", is_flag=True, help="Smoke-test sizes: a few pods, under a minute.")
 @click.option(
     "--out", "out_dir", metavar="DIR", help="Write BENCHMARKS.md, results.json and plots/ here (default: the checkout)."
@@ -125,7 +83,7 @@ def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
     from netplugin.core.errors import SystemFailure
 
     # bench/ is a top-level package of the checkout, beside netplugin/, not part of the installed package.
-    pkg = Path(__file__).resolve().parents[2] / "bench"
+    pkg = Path(__file__).resolve().parents[3] / "bench"
     spec = importlib.util.spec_from_file_location("bench", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
     if spec is None or spec.loader is None or not (pkg / "__init__.py").is_file():
         raise SystemFailure("cannot find the benchmark harness", str(pkg), "run netplugin from a checkout")
@@ -138,7 +96,7 @@ def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
     raise click.exceptions.Exit(module.main(argv))
 
 
-@click.command("install-shim")
+@command("install-shim")
 @click.argument("dest", metavar="DEST")
 @click.option(
     "--kind",
@@ -160,3 +118,22 @@ def install_shim(dest: str, kind: str, python: str | None) -> None:
     click.echo(install_entry(kind, dest, python=python))
 
 
+def completion_script(group: click.Group, shell: str) -> str:
+    """The hook for ``shell`` (bash, zsh, fish): source it, or install it as the shell's completion file
+    (for example ``netplugin completion bash > /etc/bash_completion.d/netplugin``)."""
+    from click.shell_completion import get_completion_class
+
+    comp_cls = get_completion_class(shell)
+    if comp_cls is None:
+        raise click.BadParameter(f"no completion for {shell!r}", param_hint="SHELL")
+    return comp_cls(group, {}, "netplugin", COMPLETE_VAR).source()
+
+
+@command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+@click.pass_context
+def completion(ctx: click.Context, shell: str) -> None:
+    """Print the shell completion script: eval "$(netplugin completion bash)"."""
+    root = ctx.find_root().command
+    assert isinstance(root, click.Group)
+    click.echo(completion_script(root, shell))

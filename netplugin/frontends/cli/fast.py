@@ -4,15 +4,16 @@ When the command line is one of ``netplugin [global options] setup|teardown|stat
 and the daemon's socket exists, this module sends the request without importing click, yaml,
 psutil or any of netplugin's machinery: it sends the raw settings (``--config``, the flags,
 the ``NETPLUGIN_*`` variables) and the daemon builds the config from them exactly as
-:mod:`netplugin.frontends.cli` would, runs the action only when that config's fingerprint
+:mod:`netplugin.frontends.cli.app` would, runs the action only when that config's fingerprint
 equals its own and its ``use_daemon`` is not ``never``, and otherwise answers "unavailable".
 Output, messages and exit codes are those of the full CLI. Everything else (other commands,
-``--help``, ``-v``, an unusual option, no daemon, a refusal) goes to :func:`netplugin.frontends.cli.main`,
+``--help``, ``-v``, an unusual option, no daemon, a refusal) goes to :func:`netplugin.frontends.cli.app.main`,
 which decides again with the full config (``use_daemon: always`` then fails with exit 6 there).
 
 The socket is ``NETPLUGIN_SOCKET``, else ``<run dir>/netplugin.sock`` with the run dir from
-``--run-dir``, ``NETPLUGIN_RUN_DIR`` or ``/run/netplugin`` (a socket set only in the config
-file is found by the full CLI).
+``--run-dir``, ``NETPLUGIN_RUN_DIR`` or the default (:func:`netplugin.core.defaults.socket_path`;
+a socket set only in the config file is found by the full CLI). The global options are
+:mod:`netplugin.frontends.cli.flags`' table, the one the full CLI is built from.
 """
 
 from __future__ import annotations
@@ -20,30 +21,21 @@ from __future__ import annotations
 import os
 import sys
 
-from netplugin.frontends.exitcodes import (
+from netplugin.core.defaults import socket_path as _socket_path
+from netplugin.frontends.cli.exitcodes import (
     EXIT_CODES,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_SYSTEM,
     exit_code_for_classes,
 )
-from netplugin.frontends.wire import dumps
+from netplugin.frontends.cli.flags import by_name
+from netplugin.frontends.rpc import POD_OPS, dumps, pod_output, pod_request, settings
 
 __all__ = ["EXIT_CODES", "exit_code_for_classes", "main", "parse_pod_command"]
 
-POD_COMMANDS = ("setup", "teardown", "status")
-#: global options that take a value, and the config key each sets (None: not a config key)
-_VALUE_OPTIONS = {
-    "--plugin-dir": "plugin_dir",
-    "--plugin": "plugin",
-    "--state-dir": "state_dir",
-    "--run-dir": "run_dir",
-    "--timeout": "timeout",
-    "--config": None,
-    "--output": None,
-    "-o": None,
-}
-DEFAULT_RUN_DIR = "/run/netplugin"
+_VALUE_OPTIONS = by_name()
+
 
 class PodCommand:
     """A command line this module can serve: the action, the pod and the raw settings."""
@@ -72,16 +64,16 @@ def parse_pod_command(argv: list[str], environ: dict[str, str] | os._Environ[str
                 return None
             i += 1
             value = argv[i]
-        key = _VALUE_OPTIONS[name]
-        if key is not None:
-            overrides[key] = value
-        elif name == "--config":
+        flag = _VALUE_OPTIONS[name]
+        if flag.config_key is not None:
+            overrides[flag.config_key] = value
+        elif flag.dest == "config_path":
             config_path = value
         else:
             output = value
         i += 1
     rest = argv[i:]
-    if len(rest) != 4 or rest[0] not in POD_COMMANDS or any(a.startswith("-") for a in rest[1:]):
+    if len(rest) != 4 or rest[0] not in POD_OPS or any(a.startswith("-") for a in rest[1:]):
         return None
     if output not in ("text", "json") or environ.get("NETPLUGIN_VERBOSE"):
         return None
@@ -89,11 +81,9 @@ def parse_pod_command(argv: list[str], environ: dict[str, str] | os._Environ[str
 
 
 def socket_path(cmd: PodCommand, environ: dict[str, str] | os._Environ[str]) -> str:
-    sock = environ.get("NETPLUGIN_SOCKET")
-    if sock:
-        return sock
-    run_dir = cmd.overrides.get("run_dir") or environ.get("NETPLUGIN_RUN_DIR") or DEFAULT_RUN_DIR
-    return os.path.join(run_dir, "netplugin.sock")
+    return _socket_path(
+        environ.get("NETPLUGIN_SOCKET"), cmd.overrides.get("run_dir") or environ.get("NETPLUGIN_RUN_DIR")
+    )
 
 
 def _say(text: str, err: bool = False) -> None:
@@ -109,20 +99,11 @@ def via_daemon(cmd: PodCommand, environ: dict[str, str] | os._Environ[str]) -> i
     sock = socket_path(cmd, environ)
     if not os.path.exists(sock):
         return None
-    from netplugin.frontends.client import PROTOCOL_VERSION, NoAnswer, NotSent, exchange
+    from netplugin.frontends.client import NoAnswer, NotSent, exchange
 
-    body = {
-        "v": PROTOCOL_VERSION,
-        "op": cmd.action,
-        "namespace": cmd.namespace,
-        "pod": cmd.pod,
-        "infra_id": cmd.infra_id,
-        "settings": {
-            "config_path": cmd.config_path,
-            "environ": {k: v for k, v in environ.items() if k.startswith("NETPLUGIN_")},
-            "overrides": cmd.overrides,
-        },
-    }
+    body = pod_request(
+        cmd.action, cmd.namespace, cmd.pod, cmd.infra_id, settings=settings(cmd.config_path, environ, cmd.overrides)
+    )
     try:
         # The daemon bounds every action by its limits; this only bounds a daemon that hangs.
         response = exchange(sock, body, timeout=None)
@@ -156,18 +137,11 @@ def _fail(message: str, code: int, cmd: PodCommand, cls: str) -> None:
 
 def _emit_result(cmd: PodCommand, result: object) -> None:
     """Print what the full CLI prints for this action and result."""
-    pod = {"namespace": cmd.namespace, "pod": cmd.pod, "infra_id": cmd.infra_id}
-    if cmd.action == "setup":
-        ip = result.get("ip") if isinstance(result, dict) else None
-        if cmd.output == "json":
-            _say(dumps({**pod, "ip": ip}, sort_keys=True))
-    elif cmd.action == "teardown":
-        if cmd.output == "json":
-            _say(dumps(pod, sort_keys=True))
-    elif cmd.output == "json":
-        _say(dumps(result, sort_keys=True))
-    elif isinstance(result, dict):
-        _say(str(result.get("ip")))
+    data, text = pod_output(cmd.action, cmd.namespace, cmd.pod, cmd.infra_id, result)
+    if cmd.output == "json":
+        _say(dumps(data, sort_keys=True))
+    elif text is not None:
+        _say(text)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -184,6 +158,6 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(EXIT_INTERRUPTED)
         if code is not None:
             sys.exit(code)
-    from netplugin.frontends.cli import main as full_main
+    from netplugin.frontends.cli.app import main as full_main
 
     full_main(args)

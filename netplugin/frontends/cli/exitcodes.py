@@ -1,7 +1,8 @@
 """netplugin's exit codes, and which error class maps to which (the README's table).
 
-Shared by the full CLI (:mod:`netplugin.frontends.cli`) and its stdlib-only fast path
-(:mod:`netplugin.frontends.thin`), so the two can never disagree. Standard library only.
+Shared by the full CLI (:mod:`netplugin.frontends.cli.app`, which alone turns errors into exit
+codes) and its stdlib-only fast path (:mod:`netplugin.frontends.cli.fast`), so the two can never
+disagree. Standard library only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __all__ = [
     "EXIT_SYSTEM",
     "EXIT_TIMEOUT",
     "EXIT_USAGE",
+    "exit_code_for",
     "exit_code_for_classes",
 ]
 
@@ -50,3 +52,9 @@ def exit_code_for_classes(classes: list[str]) -> int:
         if name in EXIT_CODES:
             return EXIT_CODES[name]
     return EXIT_SYSTEM
+
+
+def exit_code_for(err: BaseException) -> int:
+    """The exit code of a NetpluginError (one the daemon reported in a class unknown here, a
+    RemoteError, carries its remote class names)."""
+    return exit_code_for_classes([*getattr(err, "remote_classes", ()), *(cls.__name__ for cls in type(err).__mro__)])
