@@ -51,7 +51,7 @@ def _variants(
     # The same CLI on an interpreter started with -S: no .pth start-up hooks (an editable install's
     # finder, a machine's own hooks), only the paths; what a plain install costs without them.
     bare = (f"import sys; sys.path[:0] = {[str(REPO), sysconfig.get_paths()['purelib']]!r}; "
-            "from netplugin.frontends.cli import main; main()")
+            "from netplugin.frontends.cli.fast import main; main()")
     variants: dict[str, Argv] = {
         "B": lambda i: [*ctx.cli, "setup", "bench", f"p-cold-{i}", f"{ctx.tag}-cold-{i}"],
         "B-S": lambda i: [sys.executable, "-S", "-c", bare, "setup", "bench", f"p-cold-s-{i}",

@@ -1,15 +1,14 @@
 """A daemon of the benchmark's own, and the contenders that own one (C, D here; F, G, H in :mod:`bench.runtime`).
 
 The benchmark talks to ``netplugin serve`` as netplugin's own clients do: requests built by the
-protocol module, carried by :mod:`netplugin.frontends.client` (connect, peer check, send, read
-one answer). Only the concurrent case is the benchmark's own: every request sent at once, each
-on its own connection, and the answers collected with one selector, so that the makespan is the
-daemon's and not a thread pool's.
+protocol module (:mod:`netplugin.frontends.rpc`), carried by :mod:`netplugin.frontends.client`
+(connect, peer check, send, read one answer). Only the concurrent case is the benchmark's own:
+every request sent at once, each on its own connection, and the answers collected with one
+selector, so that the makespan is the daemon's and not a thread pool's.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import signal
@@ -19,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from netplugin.frontends import client
+from netplugin.frontends import client, rpc
 
 from .contenders import Contender
 from .context import Network, netplugin_env, with_checkout
@@ -29,20 +28,19 @@ __all__ = ["Daemon", "DaemonContender", "DaemonOwner", "health_request", "pod_re
 
 
 def pod_request(op: str, pod: Pod) -> dict[str, Any]:
-    """The request for ``op`` (setup, teardown, status) on ``pod``."""
-    return {"v": client.PROTOCOL_VERSION, "op": op, "namespace": pod.namespace, "pod": pod.name,
-            "infra_id": pod.infra_id}
+    """The request for ``op`` (setup, teardown, status) on ``pod``, under the daemon's own settings."""
+    return rpc.pod_request(op, pod.namespace, pod.name, pod.infra_id)
 
 
 def health_request() -> dict[str, Any]:
-    return {"v": client.PROTOCOL_VERSION, "op": "health"}
+    return rpc.request("health")
 
 
 def _result(response: dict[str, Any], what: str) -> Any:
     """The result of a response object, or BenchError with the daemon's error."""
     if response.get("ok") is not True:
         err = response.get("error")
-        raise BenchError(f"{what} failed in the daemon: {json.dumps(err)[:600]}")
+        raise BenchError(f"{what} failed in the daemon: {rpc.dumps(err)[:600]}")
     return response.get("result")
 
 
