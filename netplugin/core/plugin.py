@@ -17,7 +17,7 @@ Layout and names
     netplugin) and must not be group- or world-writable (a sticky directory
     above the exec dir is accepted); this is checked again before every call,
     and a binary runs from the very descriptor that was checked
-    (:mod:`netplugin.core.trust`).
+    (:mod:`netplugin.core.execplugin.trust`).
 
 Actions and argv (exactly)
     ``NAME init``
@@ -39,7 +39,7 @@ Environment
     and ``NETPLUGIN_NETNS`` (the path of the infra container's network
     namespace, from ``netns_template``, default ``/var/run/netns/{infra_id}``).
     ``NETPLUGIN_CALL_ID`` is opaque: it proves a process belongs to a call
-    netplugin made (:mod:`netplugin.core.calls`).
+    netplugin made (:mod:`netplugin.core.execplugin.calls`).
     The rest of netplugin's environment is inherited by default, as the kubelet
     did (plugins read their settings from it, and need ``PATH``);
     ``inherit_env: false`` passes only ``PATH``, ``LANG``, ``LC_ALL`` and
@@ -105,14 +105,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from netplugin.core import calls
+from netplugin.core.execplugin import calls
 from netplugin.core.errors import PluginFailed, PluginOutputError, PluginTimeout
 from netplugin.core.names import PodRef
 from netplugin.core.node import NodeInfo
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
-    from netplugin.core.invoke import Completed, Runner
+    from netplugin.core.execplugin.invoke import Completed, Runner
 
 __all__ = [
     "NOOP_NAME",
@@ -356,7 +356,7 @@ class ExecPlugin:
         # An injected runner (the tests' seam) executes nothing, so there is no file to open.
         self._validate = runner is None
         if runner is None:
-            from netplugin.core.invoke import run
+            from netplugin.core.execplugin.invoke import run
 
             runner = run
         self._runner: Runner = runner
@@ -384,8 +384,8 @@ class ExecPlugin:
         return self._version[1]
 
     def _run(self, action: Action, pod: PodRef | None, ctx: CallContext) -> Completed:
-        from netplugin.core._launch import Launch, call_token
-        from netplugin.core.invoke import SpawnError
+        from netplugin.core.execplugin._launch import Launch, call_token
+        from netplugin.core.execplugin.invoke import SpawnError
 
         argv = [self.path, action.value]
         if pod is not None:

@@ -40,7 +40,7 @@ from netplugin.store.fsutil import atomic_write, read_small
 from netplugin.store.locks import ensure_dir, flocked, pod_lock_path
 
 if TYPE_CHECKING:
-    from netplugin.core.invoke import Runner
+    from netplugin.core.execplugin.invoke import Runner
     from netplugin.store.state import StateStore
 
 __all__ = ["CallOptions", "Manager"]

@@ -24,7 +24,7 @@ from hostile import HostileUser, hostile_user
 
 from netplugin.core.errors import SystemFailure
 from netplugin.core.names import PodRef
-from netplugin.core.trust import UnsafeDirectory, ensure_dir
+from netplugin.core.execplugin.trust import UnsafeDirectory, ensure_dir
 from netplugin.store.fsutil import atomic_write
 from netplugin.store.locks import flocked, hold, release
 from netplugin.store.state import StateStore

@@ -15,13 +15,13 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from netplugin.core import calls
+from netplugin.core.execplugin import calls
 from netplugin.core.discovery import Executable, open_executable
 from netplugin.core.errors import PluginFailed, PluginInvalid
-from netplugin.core.trust import ensure_dir
+from netplugin.core.execplugin.trust import ensure_dir
 
 if TYPE_CHECKING:
-    from netplugin.core.invoke import SpawnError
+    from netplugin.core.execplugin.invoke import SpawnError
 
 __all__ = ["Launch", "call_token"]
 

@@ -1,4 +1,4 @@
-"""The files and the lock of a bridge IPAM directory (the format is in :mod:`netplugin.plugins.ipam`).
+"""The files and the lock of a bridge IPAM directory (the format is in :mod:`netplugin.plugins.bridge.ipam`).
 
 Every allocate and release, of either family, holds one exclusive flock on ``<dir>/lock``: the
 bash plugin flocks the same file, so the two plugins can share a directory. Threads of one
@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from netplugin.core import trust
+from netplugin.core.execplugin import trust
 from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.names import validate_infra_id
 
