@@ -30,9 +30,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from netplugin.core.config import Config
 from netplugin.core.discovery import Candidate, scan
 from netplugin.core.errors import HostError, NetpluginError, PluginError, PluginInvalid, PluginNotFound
+from netplugin.core.execplugin.environ import base_env
+from netplugin.core.execplugin.plugin import ExecPlugin
 from netplugin.core.names import PodRef, escape_plugin_name, validate_plugin_name
 from netplugin.core.node import NodeInfo, node_name
-from netplugin.core.plugin import NOOP_NAME, Action, CallContext, ExecPlugin, Plugin, PodNetworkStatus, base_env
+from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
 from netplugin.plugins import BUILTINS

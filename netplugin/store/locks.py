@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from netplugin.core.errors import SystemFailure
-from netplugin.core.names import PodRef
 from netplugin.core.execplugin.trust import ensure_dir as _ensure_trusted
+from netplugin.core.names import PodRef
 
 __all__ = ["ensure_dir", "flocked", "hold", "pod_lock_path", "release"]
 

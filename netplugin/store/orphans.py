@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from netplugin.core.errors import NetpluginError
 from netplugin.core.execplugin.calls import ENV as CALL_ENV
 from netplugin.core.execplugin.calls import boot_clock, call_key, token_time, verify_token
-from netplugin.core.errors import NetpluginError
 from netplugin.core.names import PodRef
 from netplugin.core.procs import proc_start
 

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from netplugin.core.errors import StateError
+from netplugin.core.execplugin.trust import ensure_dir
 from netplugin.core.names import PodRef
 from netplugin.core.procs import proc_start
-from netplugin.core.execplugin.trust import ensure_dir
 from netplugin.store.fsutil import atomic_write
 from netplugin.store.records import (
     MAX_RECORD,

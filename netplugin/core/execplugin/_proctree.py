@@ -90,7 +90,6 @@ def _kill_pids(pids: Sequence[int], sig: int) -> None:
             pass
 
 
-
 def wait_readable(fd: int, timeout: float) -> bool:
     import selectors
 

@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from netplugin.core.execplugin import trust
 from netplugin.core.errors import InvalidArgument, NetpluginError
+from netplugin.core.execplugin import trust
 from netplugin.core.names import validate_infra_id
 
 __all__ = ["DirLock", "IPAMError", "listdir", "read_owner", "unlink", "write_record"]

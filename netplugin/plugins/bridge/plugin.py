@@ -61,12 +61,12 @@ from typing import TYPE_CHECKING, Any
 from netplugin.core.errors import NetpluginError, PluginError, PluginFailed, PluginTimeout
 from netplugin.core.extras import require
 from netplugin.core.names import PodRef
-from netplugin.core.plugin import CallContext, PodNetworkStatus
-from netplugin.plugins.bridge.settings import SETTING_KEYS, BridgeError, BridgeSettings, host_veth_name, load_settings
 from netplugin.core.netlink import IFF_UP, KernelError, RawNetlink, drop_root_netlink, netns_netlink, root_netlink
 from netplugin.core.netns import netns_socket
+from netplugin.core.plugin import CallContext, PodNetworkStatus
 from netplugin.plugins.bridge.podipam import PodIPAM
 from netplugin.plugins.bridge.reaper import LinkReaper
+from netplugin.plugins.bridge.settings import SETTING_KEYS, BridgeError, BridgeSettings, host_veth_name, load_settings
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config

@@ -33,12 +33,12 @@ from nettest import free_third_octet
 
 from netplugin.core.errors import PluginFailed
 from netplugin.core.names import PodRef
-from netplugin.core.plugin import CallContext, PodNetworkStatus
-from netplugin.plugins.bridge.plugin import NativeBridgePlugin
-from netplugin.plugins.bridge.settings import SettingsError, host_veth_name, load_settings
 from netplugin.core.netlink import RawNetlink
 from netplugin.core.netns import netns_socket
+from netplugin.core.plugin import CallContext, PodNetworkStatus
+from netplugin.plugins.bridge.plugin import NativeBridgePlugin
 from netplugin.plugins.bridge.reaper import LinkReaper
+from netplugin.plugins.bridge.settings import SettingsError, host_veth_name, load_settings
 
 kernel = pytest.mark.kernel
 
