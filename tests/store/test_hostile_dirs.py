@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from hostile import HostileUser, hostile_user
 
+from netplugin.core.dirs import UnsafeDirectory, ensure_dir
 from netplugin.core.errors import SystemFailure
-from netplugin.core.execplugin.trust import UnsafeDirectory, ensure_dir
 from netplugin.core.names import PodRef
 from netplugin.store.fsutil import atomic_write
 from netplugin.store.locks import flocked, hold, release

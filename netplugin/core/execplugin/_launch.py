@@ -15,10 +15,10 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from netplugin.core.dirs import ensure_dir
 from netplugin.core.discovery import Executable, open_executable
 from netplugin.core.errors import PluginFailed, PluginInvalid
 from netplugin.core.execplugin import calls
-from netplugin.core.execplugin.trust import ensure_dir
 
 if TYPE_CHECKING:
     from netplugin.core.execplugin.invoke import SpawnError

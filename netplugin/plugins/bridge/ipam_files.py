@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import InvalidArgument, NetpluginError
-from netplugin.core.execplugin import trust
 from netplugin.core.names import validate_infra_id
 
 __all__ = ["DirLock", "IPAMError", "listdir", "read_owner", "unlink", "write_record"]
@@ -78,7 +78,7 @@ class DirLock:
         base = self.dirs[0]
         for d in self.dirs:
             try:
-                trust.ensure_dir(d, base=base if d != base else None)
+                ensure_dir(d, base=base if d != base else None)
             except OSError as e:
                 raise IPAMError(f"cannot create {d}: {e.strerror or e}", path=d) from e
         self._ready = True
