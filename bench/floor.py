@@ -8,9 +8,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from netplugin.core.netns import netns_socket
+
 from .contenders import Contender
 from .context import Network
-from .util import Pod, netns_socket
+from .util import Pod
 
 __all__ = ["FloorContender"]
 

@@ -17,7 +17,7 @@ __all__ = ["fig_overhead"]
 
 
 def fig_overhead(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool) -> Figure:
-    from netplugin.core.invoke import run
+    from netplugin.core.execplugin.invoke import run
 
     runs = plan.overhead_runs
     net = Network(ctx, "6o", pool.take(24))
@@ -60,7 +60,7 @@ def fig_overhead(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetP
                  "ms", ["median", "p90", "overhead"], samples=samples, plot="overhead.png")
     base = statistics.median(samples["direct"])
     labels = {
-        "direct": "the plugin exec'd directly with netplugin.core.invoke.run",
+        "direct": "the plugin exec'd directly with netplugin.core.execplugin.invoke.run",
         "C": "daemon round trip (setup request, plugin exec'd by the daemon)",
         "C-health": "daemon round trip of a health request (no plugin, no thread)",
         "C-status": "daemon round trip of a status request (plugin exec'd; status writes no state record)",

@@ -39,10 +39,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import StateError
 from netplugin.core.names import PodRef
 from netplugin.core.procs import proc_start
-from netplugin.core.trust import ensure_dir
 from netplugin.store.fsutil import atomic_write
 from netplugin.store.records import (
     MAX_RECORD,
@@ -179,7 +179,7 @@ class StateStore:
     def _checked_dir(self, *, create: bool) -> bool:
         """Whether ``pods/`` exists, after making sure it (and the state dir) may be trusted.
 
-        Raises :class:`~netplugin.core.trust.UnsafeDirectory` (never a symlinked ``pods/``, never
+        Raises :class:`~netplugin.core.dirs.UnsafeDirectory` (never a symlinked ``pods/``, never
         a directory another user could write) rather than read or write records there.
         """
         return ensure_dir(self.dir, base=self.state_dir, mode=0o755, create=create) is not None

@@ -25,8 +25,9 @@ from netplugin.core.errors import (
     PluginOutputError,
     PluginTimeout,
 )
+from netplugin.core.execplugin.plugin import ExecPlugin
 from netplugin.core.names import PodRef
-from netplugin.core.plugin import NOOP_NAME, ExecPlugin, PodNetworkStatus
+from netplugin.core.plugin import NOOP_NAME, PodNetworkStatus
 from netplugin.core.procs import boot_id
 from netplugin.hosts.base import FakeHost, NullHost
 from netplugin.manager.manager import Manager

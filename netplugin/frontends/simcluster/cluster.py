@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from netplugin.core.errors import NetpluginError, SystemFailure
-from netplugin.core.invoke import run
+from netplugin.core.execplugin.invoke import run
 from netplugin.frontends.client import request
 from netplugin.frontends.simcluster.apiserver import ApiServer, make_node, make_pod
 from netplugin.frontends.simcluster.netns import ip, ip_json, netns_exists, socket_in_netns

@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from netplugin.core.errors import SystemFailure
-from netplugin.core.invoke import SpawnError, run
+from netplugin.core.execplugin.invoke import SpawnError, run
 
 __all__ = ["ip", "ip_json", "netns_exists", "socket_in_netns"]
 

@@ -1,4 +1,4 @@
-"""netplugin.core.plugin: status parsing, the exec-plugin call (argv, env, stdin, errors), built-ins.
+"""The contract and core/execplugin: status parsing, the exec-plugin call (argv, env, stdin, errors), built-ins.
 
 The call is checked twice: with a fake runner at the invoker seam (what ExecPlugin asks for) and
 with the real scriptable plugin (what a plugin actually sees).
@@ -17,18 +17,11 @@ import pytest
 
 from netplugin.core.config import ENV_VARS, Config
 from netplugin.core.errors import InvalidArgument, PluginFailed, PluginOutputError, PluginTimeout
+from netplugin.core.execplugin.environ import base_env, call_env
+from netplugin.core.execplugin.plugin import ExecPlugin
+from netplugin.core.execplugin.status import parse_status
 from netplugin.core.names import PodRef
-from netplugin.core.plugin import (
-    NOOP_NAME,
-    Action,
-    CallContext,
-    ExecPlugin,
-    Plugin,
-    PodNetworkStatus,
-    base_env,
-    call_env,
-    parse_status,
-)
+from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.plugins import BUILTINS, NoopPlugin, register_builtin
 
 POD = PodRef("default", "web-0", "abc123")

@@ -4,7 +4,7 @@ The same network and the same files as the bash plugin ``exec_plugins/bridge/bri
 Linux bridge with the gateway address; per pod a veth pair whose host end (named
 :func:`host_veth_name` of the infra id) is a bridge port with hairpin on and whose pod end
 (``eth0``) is created directly inside the pod's network namespace, with an address of each
-configured family (IPv4, IPv6 or both) from :mod:`netplugin.plugins.podipam` and a default
+configured family (IPv4, IPv6 or both) from :mod:`netplugin.plugins.bridge.podipam` and a default
 route per family via the gateway. Settings, their validation and
 messages, the state dir layout and the veth names are identical, so a node can switch
 between the two plugins (or run both: they share the IPAM lock) without losing a pod.
@@ -24,7 +24,7 @@ IPv6 as soon as setup returns rather than after DAD's second or two.
 This module is imported only when the plugin is selected. Choices, from measurements
 (``tests/plugins/test_bridge.py::test_measure_per_pod_costs`` prints the current numbers):
 
-* **Per-pod requests are packed by hand** (:mod:`netplugin.plugins.netlink`): pyroute2 0.9
+* **Per-pod requests are packed by hand** (:mod:`netplugin.core.netlink`): pyroute2 0.9
   spends ~0.5 ms of Python per request (message classes, an asyncio loop per call) where the
   kernel needs 10-50 us, and cannot send several requests in one ``sendmsg``. A setup is one
   veth request in the root netns, one lookup and one 4-request batch in the pod netns, and a
@@ -35,7 +35,7 @@ This module is imported only when the plugin is selected. Choices, from measurem
   the netns it was made in. ``IPRoute(netns=...)`` forks a helper (6-8 ms, and unsafe with
   threads); pyroute2's ``pushns`` saves ``/proc/self`` (the main thread's netns, not the
   caller's), keeps one stack for all threads and creates a missing netns.
-* **Teardown coalesces link deletions** (:mod:`netplugin.plugins.reaper`). Deleting a link costs ~16 ms of
+* **Teardown coalesces link deletions** (:mod:`netplugin.plugins.bridge.reaper`). Deleting a link costs ~16 ms of
   kernel time (RCU grace periods), whichever way it is sent: several RTM_DELLINK in one
   ``sendmsg`` cost the same per link. Deleting a *link group* costs about as much as deleting
   one link, so concurrent teardowns queue their host veth and one of them moves every queued
@@ -61,12 +61,12 @@ from typing import TYPE_CHECKING, Any
 from netplugin.core.errors import NetpluginError, PluginError, PluginFailed, PluginTimeout
 from netplugin.core.extras import require
 from netplugin.core.names import PodRef
+from netplugin.core.netlink import IFF_UP, KernelError, RawNetlink, drop_root_netlink, netns_netlink, root_netlink
+from netplugin.core.netns import netns_socket
 from netplugin.core.plugin import CallContext, PodNetworkStatus
-from netplugin.plugins.bridge_settings import SETTING_KEYS, BridgeError, BridgeSettings, host_veth_name, load_settings
-from netplugin.plugins.netlink import IFF_UP, KernelError, RawNetlink, drop_root_netlink, netns_netlink, root_netlink
-from netplugin.plugins.netns import netns_socket
-from netplugin.plugins.podipam import PodIPAM
-from netplugin.plugins.reaper import LinkReaper
+from netplugin.plugins.bridge.podipam import PodIPAM
+from netplugin.plugins.bridge.reaper import LinkReaper
+from netplugin.plugins.bridge.settings import SETTING_KEYS, BridgeError, BridgeSettings, host_veth_name, load_settings
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config

@@ -1,7 +1,7 @@
 """The I/O side of one plugin call: bounded capture of stdout and stderr, stdin feeding, and the
 exit of the leader, all in one event-driven ``select`` loop (a pidfd plus the pipes).
 
-Private to :mod:`netplugin.core.invoke`, the only module that starts processes.
+Private to :mod:`netplugin.core.execplugin.invoke`, the only module that starts processes.
 """
 
 from __future__ import annotations

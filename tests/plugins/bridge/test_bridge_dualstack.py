@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from netplugin.core.errors import PluginFailed
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext, PodNetworkStatus
-from netplugin.plugins.bridge import NativeBridgePlugin
-from netplugin.plugins.bridge_settings import SettingsError, load_settings
+from netplugin.plugins.bridge.plugin import NativeBridgePlugin
+from netplugin.plugins.bridge.settings import SettingsError, load_settings
 
 kernel = pytest.mark.kernel
 

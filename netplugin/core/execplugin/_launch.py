@@ -1,6 +1,6 @@
 """Getting an exec plugin's executable ready to run: checked again, opened, named in errors.
 
-Private to :class:`netplugin.core.plugin.ExecPlugin`. Before every call the executable's path
+Private to :class:`netplugin.core.execplugin.plugin.ExecPlugin`. Before every call the executable's path
 is walked and checked again (:func:`netplugin.core.discovery.open_executable`), so a
 long-lived caller (the daemon) never runs a file that was swapped since it selected the
 plugin. A binary is then run through the very descriptor that passed the check; a script,
@@ -15,13 +15,13 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from netplugin.core import calls
+from netplugin.core.dirs import ensure_dir
 from netplugin.core.discovery import Executable, open_executable
 from netplugin.core.errors import PluginFailed, PluginInvalid
-from netplugin.core.trust import ensure_dir
+from netplugin.core.execplugin import calls
 
 if TYPE_CHECKING:
-    from netplugin.core.invoke import SpawnError
+    from netplugin.core.execplugin.invoke import SpawnError
 
 __all__ = ["Launch", "call_token"]
 

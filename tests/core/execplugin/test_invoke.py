@@ -1,4 +1,4 @@
-"""netplugin.core.invoke: real processes, real process trees, real signals."""
+"""netplugin.core.execplugin.invoke: real processes, real process trees, real signals."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from netplugin.core.invoke import Completed, SpawnError, run, start
+from netplugin.core.execplugin.invoke import Completed, SpawnError, run, start
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 # Generous: a call that should finish on its own and instead hangs shows up as timed_out.

@@ -25,11 +25,11 @@ bounded, and enforces a deadline on the *whole process tree*:
   plugin does not have.
 
 The mechanism is split in three: this module spawns and assembles the result,
-:mod:`netplugin.core._pump` waits (pipes and exit in one ``select`` loop) and
-:mod:`netplugin.core._proctree` kills.
+:mod:`netplugin.core.execplugin._pump` waits (pipes and exit in one ``select`` loop) and
+:mod:`netplugin.core.execplugin._proctree` kills.
 
 What the caller makes of the outcome (which exit status is an error, what to
-quote) is decided in :mod:`netplugin.core.plugin`.
+quote) is decided in :mod:`netplugin.core.execplugin.plugin`.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from netplugin.core._proctree import kill_on_timeout, kill_stragglers, signal_group, wait_readable
-from netplugin.core._pump import Pump
+from netplugin.core.execplugin._proctree import kill_on_timeout, kill_stragglers, signal_group, wait_readable
+from netplugin.core.execplugin._pump import Pump
 
 __all__ = ["Background", "Completed", "Runner", "SpawnError", "run", "start"]
 

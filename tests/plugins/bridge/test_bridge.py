@@ -33,12 +33,12 @@ from nettest import free_third_octet
 
 from netplugin.core.errors import PluginFailed
 from netplugin.core.names import PodRef
+from netplugin.core.netlink import RawNetlink
+from netplugin.core.netns import netns_socket
 from netplugin.core.plugin import CallContext, PodNetworkStatus
-from netplugin.plugins.bridge import NativeBridgePlugin
-from netplugin.plugins.bridge_settings import SettingsError, host_veth_name, load_settings
-from netplugin.plugins.netlink import RawNetlink
-from netplugin.plugins.netns import netns_socket
-from netplugin.plugins.reaper import LinkReaper
+from netplugin.plugins.bridge.plugin import NativeBridgePlugin
+from netplugin.plugins.bridge.reaper import LinkReaper
+from netplugin.plugins.bridge.settings import SettingsError, host_veth_name, load_settings
 
 kernel = pytest.mark.kernel
 
@@ -316,11 +316,11 @@ def test_init_enables_forwarding_in_its_own_netns(native_factory: Callable[..., 
     node = net.add_netns("node")
     env = {k: v for k, v in net.env.items() if k != "NETPLUGIN_BRIDGE_IP_FORWARD"}
     code = (
-        "import sys; from netplugin.plugins.bridge import NativeBridgePlugin;"
+        "import sys; from netplugin.plugins.bridge.plugin import NativeBridgePlugin;"
         "from netplugin.core.plugin import CallContext;"
         "import os; NativeBridgePlugin().init(CallContext(env=dict(os.environ)))"
     )
-    repo = str(Path(__file__).resolve().parents[2])
+    repo = str(Path(__file__).resolve().parents[3])
     r = subprocess.run(
         ["ip", "netns", "exec", node, sys.executable, "-c", code],
         env={**env, "PYTHONPATH": repo},

@@ -11,7 +11,7 @@ import os
 import threading
 import time
 
-from netplugin.plugins.netlink import KernelError, drop_root_netlink, root_netlink
+from netplugin.core.netlink import KernelError, drop_root_netlink, root_netlink
 
 __all__ = ["LinkReaper"]
 

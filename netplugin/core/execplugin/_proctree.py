@@ -1,6 +1,6 @@
 """Killing a plugin's process tree: its session and group, descendants that left them, stragglers.
 
-Private to :mod:`netplugin.core.invoke`, the only module that starts processes.
+Private to :mod:`netplugin.core.execplugin.invoke`, the only module that starts processes.
 """
 
 from __future__ import annotations
@@ -88,7 +88,6 @@ def _kill_pids(pids: Sequence[int], sig: int) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-
 
 
 def wait_readable(fd: int, timeout: float) -> bool:

@@ -13,7 +13,7 @@ once: both take the same ``lock``) without losing an allocation. The directory
     ipv6/             the same files (but lock) for the IPv6 subnet of a dual-stack bridge
 
 IPv4 stays at the top so that directories written before dual stack keep working. One
-:class:`IPAM` serves one family; :class:`~netplugin.plugins.podipam.PodIPAM` takes the lock
+:class:`IPAM` serves one family; :class:`~netplugin.plugins.bridge.podipam.PodIPAM` takes the lock
 once for all of a pod's families. IPv6 addresses are written in RFC 5952 form (``str()`` of
 ``ipaddress``, what the bash plugin prints too). The IPv6 pool is the subnet's host addresses
 ``::1`` to ``::ffff:ffff`` (the whole subnet when it is smaller): the bash plugin's arithmetic
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 from netplugin.core.errors import InvalidArgument
 from netplugin.core.names import validate_infra_id, validate_namespace, validate_pod_name
-from netplugin.plugins.ipam_files import DirLock, IPAMError, listdir, read_owner, unlink, write_record
+from netplugin.plugins.bridge.ipam_files import DirLock, IPAMError, listdir, read_owner, unlink, write_record
 
 __all__ = [
     "IPAM",

@@ -1,4 +1,4 @@
-"""The file-based IPAM shared by the bash and native bridge plugins (netplugin.plugins.ipam).
+"""The file-based IPAM shared by the bash and native bridge plugins (netplugin.plugins.bridge.ipam).
 
 No root needed: the IPAM is files and a flock. Where the bash plugin can act on the IPAM without
 root (its teardown only releases when the host veth does not exist) the tests run it for real, to
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from netplugin.core.errors import InvalidArgument
-from netplugin.plugins.ipam import (
+from netplugin.plugins.bridge.ipam import (
     IPAM,
     AddressesExhausted,
     Allocation,
@@ -33,9 +33,9 @@ from netplugin.plugins.ipam import (
     SubnetMismatch,
     pool_bounds,
 )
-from netplugin.plugins.podipam import PodIPAM
+from netplugin.plugins.bridge.podipam import PodIPAM
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BASH_BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"
 
 

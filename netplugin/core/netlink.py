@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from netplugin.plugins.netns import netns_socket
+from netplugin.core.netns import netns_socket
 
 __all__ = ["IFF_UP", "KernelError", "RawNetlink", "drop_root_netlink", "netns_netlink", "root_netlink"]
 

@@ -1,7 +1,7 @@
 """All of a pod's addresses: one per configured family (IPv4, IPv6 or both), under one lock.
 
 A bridge's IPAM directory holds the IPv4 files at its top and the IPv6 files in ``ipv6/``
-(:func:`~netplugin.plugins.ipam.family_dir`); both families share the top directory's ``lock``,
+(:func:`~netplugin.plugins.bridge.ipam.family_dir`); both families share the top directory's ``lock``,
 which the bash plugin takes around the same work, so a pod gets both addresses or neither.
 
 Release also frees a family that is no longer configured (a pod set up while the bridge was
@@ -16,8 +16,8 @@ import os
 from collections.abc import Sequence
 
 from netplugin.core.names import validate_infra_id, validate_namespace, validate_pod_name
-from netplugin.plugins.ipam import IPAM, Allocation, CorruptRecord, Network, family_dir
-from netplugin.plugins.ipam_files import DirLock, read_owner, unlink
+from netplugin.plugins.bridge.ipam import IPAM, Allocation, CorruptRecord, Network, family_dir
+from netplugin.plugins.bridge.ipam_files import DirLock, read_owner, unlink
 
 __all__ = ["PodIPAM"]
 

@@ -211,7 +211,7 @@ def test_a_long_lived_manager_rechecks_before_every_call(node: Layout, user: Hos
 def test_a_binary_runs_from_the_descriptor_that_was_checked(node: Layout) -> None:
     # Swap the file between the check and the exec (here: root does it, in the runner seam): the
     # checked inode runs. /bin/true exits 0, /bin/false 1.
-    from netplugin.core import invoke
+    from netplugin.core.execplugin import invoke
 
     exe = node.install("p")
     shutil.copy("/bin/true", exe)
@@ -227,7 +227,7 @@ def test_a_binary_runs_from_the_descriptor_that_was_checked(node: Layout) -> Non
         swapped.append(True)
         return invoke.run(argv, **kw)
 
-    from netplugin.core.plugin import ExecPlugin
+    from netplugin.core.execplugin.plugin import ExecPlugin
 
     plugin = ExecPlugin("p", str(exe), exec_dir=str(node.exec))
     plugin._runner = swapping_runner

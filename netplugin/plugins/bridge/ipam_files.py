@@ -1,4 +1,4 @@
-"""The files and the lock of a bridge IPAM directory (the format is in :mod:`netplugin.plugins.ipam`).
+"""The files and the lock of a bridge IPAM directory (the format is in :mod:`netplugin.plugins.bridge.ipam`).
 
 Every allocate and release, of either family, holds one exclusive flock on ``<dir>/lock``: the
 bash plugin flocks the same file, so the two plugins can share a directory. Threads of one
@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from netplugin.core import trust
+from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.names import validate_infra_id
 
@@ -78,7 +78,7 @@ class DirLock:
         base = self.dirs[0]
         for d in self.dirs:
             try:
-                trust.ensure_dir(d, base=base if d != base else None)
+                ensure_dir(d, base=base if d != base else None)
             except OSError as e:
                 raise IPAMError(f"cannot create {d}: {e.strerror or e}", path=d) from e
         self._ready = True
