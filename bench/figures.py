@@ -495,7 +495,7 @@ def fig_coldstart(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: Subnet
         # The same CLI on an interpreter started with -S: no .pth start-up hooks (an editable install's
         # finder, a machine's own hooks), only the paths; what a plain install costs without them.
         bare = (f"import sys; sys.path[:0] = {[str(REPO), sysconfig.get_paths()['purelib']]!r}; "
-                "from netplugin.frontends.cli import main; main()")
+                "from netplugin.frontends.cli.app import main; main()")
         variants: dict[str, Callable[[int], list[str]]] = {
             "B": lambda i: [*ctx.cli, "setup", "bench", f"p-cold-{i}", f"{ctx.tag}-cold-{i}"],
             "B-S": lambda i: [sys.executable, "-S", "-c", bare, "setup", "bench", f"p-cold-s-{i}",
