@@ -385,7 +385,7 @@ def _cli_environment(home: dict[str, str]) -> Iterator[None]:
 
 
 def run_main(argv: list[str]) -> tuple[int, str, str]:
-    from netplugin.frontends.cli import main
+    from netplugin.frontends.cli.app import main
 
     out, err = io.StringIO(), io.StringIO()
     code: Any = None

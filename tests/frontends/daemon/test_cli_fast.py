@@ -1,4 +1,4 @@
-"""The CLI's fast path (netplugin.frontends.thin): setup/teardown/status through the daemon without click.
+"""The CLI's fast path (netplugin.frontends.cli.fast): setup/teardown/status through the daemon without click.
 
 It must print exactly what the full CLI prints (same text, JSON, messages and exit codes), import
 nothing but the standard library's few modules, and leave everything it cannot serve to the full CLI.
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from netplugin.frontends import cli as full_cli
-from netplugin.frontends import thin
+from netplugin.frontends.cli import app as full_cli
+from netplugin.frontends.cli import fast as thin
 
 REPO = Path(__file__).resolve().parents[3]
 POD = ("default", "web-0", "infra0")
@@ -88,7 +88,7 @@ def test_the_fast_path_imports_neither_click_nor_the_library(
     start_daemon(env={"NETPLUGIN_PLUGIN": "scripted"})
     code = (
         "import sys\n"
-        "from netplugin.frontends import thin\n"
+        "from netplugin.frontends.cli import fast as thin\n"
         "try:\n"
         "    thin.main(['status', 'default', 'web-0', 'infra0'])\n"
         "except SystemExit as e:\n"

@@ -1,4 +1,4 @@
-"""netplugin.frontends.wire: the same text and values as the json module, from _json alone."""
+"""netplugin.frontends.rpc: the same text and values as the json module, from _json alone."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from netplugin.frontends import wire
+from netplugin.frontends import rpc as wire
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def test_unserializable_is_a_type_error() -> None:
 
 
 def test_it_imports_neither_json_nor_re() -> None:
-    code = "import sys; from netplugin.frontends import wire; wire.loads('{\"a\": [1]}'); wire.dumps({}); "
+    code = "import sys; from netplugin.frontends import rpc as wire; wire.loads('{\"a\": [1]}'); wire.dumps({}); "
     code += "print(sorted(m for m in ('json', 're', 'typing') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); {code}"],
                           capture_output=True, text=True, timeout=60)

@@ -13,7 +13,7 @@ import pytest
 
 import netplugin
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -196,7 +196,7 @@ def test_native_plugin_without_the_daemon_extra_names_the_extra(tmp_path: Path, 
 
 def test_missing_extra_error_is_exit_5_not_70() -> None:
     from netplugin.core.extras import MissingExtra, extra_for, require
-    from netplugin.frontends.cli import exit_code_for
+    from netplugin.frontends.cli.app import exit_code_for
 
     assert extra_for("prometheus_client.exposition") == "daemon"
     assert extra_for("json") is None

@@ -27,7 +27,7 @@ from netplugin.core.errors import (
     StateError,
     SystemFailure,
 )
-from netplugin.frontends.cli import EXIT_CODES, exit_code_for
+from netplugin.frontends.cli.app import EXIT_CODES, exit_code_for
 
 POD = ["default", "web-0", "abc123"]
 
@@ -296,9 +296,9 @@ import json, sys
 import netplugin.core.config
 if {no_config}:
     netplugin.core.config.DEFAULT_CONFIG = {missing!r}   # the machine's own file is never read here
-import netplugin.frontends.cli
+import netplugin.frontends.cli.app
 try:
-    netplugin.frontends.cli.main(["--plugin", "trivial", "setup", "default", "web-0", "abc123"])
+    netplugin.frontends.cli.app.main(["--plugin", "trivial", "setup", "default", "web-0", "abc123"])
 except SystemExit as e:
     code = e.code
 print(json.dumps({{"code": code, "loaded": [m for m in {heavy!r} if m in sys.modules]}}))
