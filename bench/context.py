@@ -38,10 +38,11 @@ POD_NAMESPACE = "bench"
 def cli_command() -> tuple[list[str], str]:
     """How to start the ``netplugin`` CLI of this checkout: (argv prefix, description).
 
-    The installed console script when it imports this checkout's package (what an operator
-    runs); otherwise ``python -m netplugin`` with the checkout on PYTHONPATH. Where the script
-    imports from is asked of a fresh interpreter outside the checkout: an editable install's
-    import hook can win over PYTHONPATH there, so this process's own view does not tell.
+    The installed console script when it imports this checkout's package and starts (what an
+    operator runs); otherwise ``python -m netplugin`` with the checkout on PYTHONPATH. Where the
+    script imports from is asked of a fresh interpreter outside the checkout: an editable
+    install's import hook can win over PYTHONPATH there, so this process's own view does not
+    tell. A script installed before its entry point moved fails at start: it is not used.
     """
     script = Path(sys.executable).parent / "netplugin"
     if script.is_file() and os.access(script, os.X_OK):
@@ -51,7 +52,10 @@ def cli_command() -> tuple[list[str], str]:
         )
         origin = Path(done.stdout.strip()).resolve() if done.returncode == 0 and done.stdout.strip() else None
         if origin is not None and REPO in origin.parents:
-            return [str(script)], f"console script {script}"
+            starts = subprocess.run([str(script), "--version"], capture_output=True, cwd="/", timeout=60,
+                                    stdin=subprocess.DEVNULL, env=clean_environ())
+            if starts.returncode == 0:
+                return [str(script)], f"console script {script}"
     return [sys.executable, "-m", "netplugin"], f"{sys.executable} -m netplugin"
 
 
