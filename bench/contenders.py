@@ -42,7 +42,6 @@ from .util import (
     Pod,
     ip,
     links_with_prefix,
-    netns_socket,
     wait_until,
 )
 
@@ -691,6 +690,8 @@ class FloorContender(Contender):
     @contextmanager
     def _in_netns(self, path: str) -> Iterator[Any]:
         from pyroute2 import IPRoute
+
+        from netplugin.core.netns import netns_socket
 
         sock = netns_socket(path)
         ipr = IPRoute(fileno=sock.detach(), groups=0)

@@ -12,7 +12,6 @@ import errno
 import ipaddress
 import os
 import random
-import socket
 import statistics
 import subprocess
 import threading
@@ -37,7 +36,6 @@ __all__ = [
     "ip",
     "links_with_prefix",
     "ms",
-    "netns_socket",
     "netns_with_prefix",
     "rotate",
     "wait_until",
@@ -264,24 +262,3 @@ class NetnsFactory:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-
-
-def netns_socket(path: str) -> socket.socket:
-    """A NETLINK_ROUTE socket inside the netns at ``path``: only this thread switches, only for ``socket()``."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if libc.setns(target, _CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"setns {path}: {os.strerror(err)}")
-            try:
-                return socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 0)
-            finally:
-                if libc.setns(saved, _CLONE_NEWNET) != 0:
-                    os.abort()  # a thread left in a pod's netns would do the rest of the run there
-        finally:
-            os.close(saved)
-    finally:
-        os.close(target)
