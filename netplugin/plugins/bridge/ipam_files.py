@@ -21,7 +21,7 @@ from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.fileio import FileRefused, read_bounded, replace_file
 from netplugin.core.names import validate_infra_id
 
-__all__ = ["DirLock", "IPAMError", "listdir", "read_owner", "unlink", "write_record"]
+__all__ = ["DirLock", "IPAMError", "listdir", "read_owner", "read_text", "unlink", "write_record"]
 
 
 class IPAMError(NetpluginError):
@@ -116,16 +116,23 @@ class DirLock:
             delay = min(delay * 2, 0.02)
 
 
-def read_owner(path: str) -> str | None:
-    """The infra id in ``ips/<addr>``; None if absent, "" if torn."""
+def read_text(path: str, limit: int) -> str | None:
+    """At most ``limit`` bytes of a record as text (longer: ``limit + 1``, the record is torn); None if absent."""
     try:
-        text = read_bounded(path, _MAX_OWNER).decode("utf-8", "replace")
+        return read_bounded(path, limit).decode("utf-8", "replace")
     except FileNotFoundError:
         return None
     except FileRefused as e:
         raise IPAMError(f"cannot read {path}: {e.reason}", path=path) from None
     except OSError as e:
         raise IPAMError(f"cannot read {path}: {e.strerror or e}", path=path) from e
+
+
+def read_owner(path: str) -> str | None:
+    """The infra id in ``ips/<addr>``; None if absent, "" if torn."""
+    text = read_text(path, _MAX_OWNER)
+    if text is None:
+        return None
     owner = text[:-1] if text.endswith("\n") else ""
     try:
         validate_infra_id(owner)
