@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from netplugin.core.netns import CLONE_NEWNET as _CLONE_NEWNET
+
 __all__ = [
     "BENCH_BLOCK",
     "NETNS_DIR",
@@ -47,7 +49,6 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH_BLOCK = ipaddress.IPv4Network("10.202.0.0/16")
 NETNS_DIR = "/var/run/netns"
 
-_CLONE_NEWNET = 0x40000000
 _MS_BIND = 4096
 _MNT_DETACH = 2
 
