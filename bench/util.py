@@ -1,6 +1,7 @@
 """Plumbing shared by the benchmark: statistics, run-unique names, fast netns creation, cleanup.
 
-Entering a pod's netns (a netlink socket inside it) is :func:`netplugin.core.netns.netns_socket`'s job.
+Entering a network namespace is :mod:`netplugin.core.netns`'s job (a netlink socket inside a pod's
+netns, the netns helper thread's way back); only creating one (unshare, bind mount) is here.
 
 Everything the benchmark creates carries the run's tag (``np`` + 6 random hex digits) and lives
 in 10.202.0.0/16, the block reserved for benchmarks; nothing here touches an interface, address
@@ -23,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+
+from netplugin.core.netns import CLONE_NEWNET, setns
 
 __all__ = [
     "BENCH_BLOCK",
@@ -49,7 +52,6 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH_BLOCK = ipaddress.IPv4Network("10.202.0.0/16")
 NETNS_DIR = "/var/run/netns"
 
-_CLONE_NEWNET = 0x40000000
 _MS_BIND = 4096
 _MNT_DETACH = 2
 
@@ -224,13 +226,15 @@ class NetnsFactory:
         saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
             try:
-                self._check(self._libc.unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+                self._check(self._libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
                 self._check(
                     self._libc.mount(b"/proc/thread-self/ns/net", path.encode(), b"none", _MS_BIND, None),
                     f"bind mount {path}",
                 )
             finally:
-                if self._libc.setns(saved, _CLONE_NEWNET) != 0:
+                try:
+                    setns(saved)
+                except OSError:
                     self._broken = True
         except BaseException:
             try:

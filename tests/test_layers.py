@@ -248,11 +248,31 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
             id="bench-circle",
         ),
         pytest.param({"bench/a.py": "import netplugin.extra.x\n", "extra/x.py": ""}, "in no layer", id="bench-unknown"),
+        pytest.param(
+            {
+                "core/execplugin/run.py": "from netplugin.plugins.bridge.plugin import P\n",
+                "plugins/bridge/plugin.py": "",
+            },
+            "upward import: netplugin.core.execplugin.run (core) imports netplugin.plugins.bridge.plugin (plugins)",
+            id="upward-between-subpackages",
+        ),
+        pytest.param(
+            {"plugins/bridge/ipam.py": "from netplugin.store import s\n", "store/s.py": ""},
+            "sideways import: netplugin.plugins.bridge.ipam (plugins)",
+            id="sibling-from-a-subpackage",
+        ),
     ],
 )
 def test_the_checker_catches(tmp_path: Path, files: dict[str, str], expected: str) -> None:
     problems = check_tree(_plant(tmp_path, files))
     assert any(expected in p for p in problems), problems
+
+
+def test_the_contract_module_runs_nothing() -> None:
+    """core/plugin is the contract only: running exec plugins lives in core/execplugin, which it never imports."""
+    mods = _modules(REPO)
+    targets = {t for t, _ in _imports("netplugin.core.plugin", mods["netplugin.core.plugin"], set(mods))}
+    assert not {t for t in targets if t.startswith("netplugin.core.execplugin")}, targets
 
 
 def test_the_checker_accepts_downward_edges(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
-"""A hand-packed NETLINK_ROUTE client: just the requests the bridge plugin sends per pod.
+"""A hand-packed NETLINK_ROUTE client: links, veths, addresses and routes, in one sendmsg.
 
-Every per-pod request is packed by hand with struct: pyroute2 0.9 spends ~0.5 ms of Python per
+Generic kernel plumbing that any layer may use; the native bridge is its user per pod. Every
+per-pod request is packed by hand with struct: pyroute2 0.9 spends ~0.5 ms of Python per
 request (message classes, an asyncio loop) where the kernel needs 10-50 us, and it cannot send
 several requests in one sendmsg. pyroute2 is still used where speed does not matter (init).
 Each thread keeps one root-netns socket (:func:`root_netlink`).

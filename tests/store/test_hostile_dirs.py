@@ -24,8 +24,8 @@ from hostile import HostileUser, hostile_user
 
 from netplugin.core.dirs import UnsafeDirectory, ensure_dir
 from netplugin.core.errors import SystemFailure
+from netplugin.core.fileio import atomic_write
 from netplugin.core.names import PodRef
-from netplugin.store.fsutil import atomic_write
 from netplugin.store.locks import flocked, hold, release
 from netplugin.store.state import StateStore
 

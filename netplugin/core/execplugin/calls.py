@@ -19,12 +19,12 @@ import hashlib
 import hmac
 import os
 import secrets
-import stat
 import threading
 import time
 from collections.abc import Mapping
 
 from netplugin.core.errors import SystemFailure
+from netplugin.core.fileio import FileRefused, create_file, read_bounded
 
 __all__ = ["ENV", "KEY_FILE", "boot_clock", "call_key", "make_token", "token_time", "verify_token"]
 
@@ -47,16 +47,21 @@ _keys_lock = threading.Lock()
 
 
 def _read_key(path: str) -> tuple[tuple[int, int], bytes]:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    refused = SystemFailure(
+        "refusing the call key", path, f"must be a regular file of uid {os.geteuid()} with mode 0600"
+    )
+    seen: list[os.stat_result] = []
+
+    def owned(st: os.stat_result) -> None:
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise refused
+        seen.append(st)
+
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            raise SystemFailure(
-                "refusing the call key", path, f"must be a regular file of uid {os.geteuid()} with mode 0600"
-            )
-        key = os.read(fd, _KEY_BYTES + 1)
-    finally:
-        os.close(fd)
+        key = read_bounded(path, _KEY_BYTES, check=owned)
+    except FileRefused:
+        raise refused from None
+    st = seen[0]
     if len(key) != _KEY_BYTES:
         raise SystemFailure("refusing the call key", path, f"must hold exactly {_KEY_BYTES} bytes")
     return (st.st_dev, st.st_ino), key
@@ -89,21 +94,8 @@ def call_key(state_dir: str, *, create: bool = True) -> bytes | None:
 
 def _create_key(path: str) -> tuple[tuple[int, int], bytes]:
     key = secrets.token_bytes(_KEY_BYTES)
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, key)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)  # fails if another process made the key meanwhile: use theirs
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
+        create_file(path, key, mode=0o600)  # False if another process made the key meanwhile: use theirs
         return _read_key(path)
     except OSError as e:
         if e.errno == errno.ENOENT:

@@ -56,10 +56,11 @@ from dataclasses import dataclass
 
 from netplugin.core.errors import InvalidArgument
 from netplugin.core.names import validate_infra_id, validate_namespace, validate_pod_name
-from netplugin.plugins.bridge.ipam_files import DirLock, IPAMError, listdir, read_owner, unlink, write_record
+from netplugin.plugins.bridge.ipam_files import DirLock, IPAMError, listdir, read_owner, read_text, unlink, write_record
 
 __all__ = [
     "IPAM",
+    "MAX_POD_RECORD",
     "AddressesExhausted",
     "Allocation",
     "CorruptRecord",
@@ -82,6 +83,10 @@ PREFIX_RANGE = {4: (8, 30), 6: (48, 126)}
 _POOL6_LIMIT = 1 << 32
 #: Probe this many addresses one by one before reading all of ips/ at once (dense subnets).
 _PROBE_BEFORE_LISTING = 64
+#: A ``pods/<infra-id>`` record ("CIDR NAMESPACE NAME") is far shorter; anything longer is not one.
+MAX_POD_RECORD = 4095
+#: The ``cursor`` file holds one address.
+_MAX_CURSOR = 63
 
 
 class AddressesExhausted(IPAMError):
@@ -170,8 +175,10 @@ class IPAM:
             except ValueError as e:
                 raise InvalidArgument("gateway", gateway, str(e)) from None
             host = self.gateway.version == self.subnet.version and self.gateway in self.subnet
-            if not host or self.gateway == self.subnet.network_address or (
-                self.subnet.version == 4 and self.gateway == self.subnet.broadcast_address
+            if (
+                not host
+                or self.gateway == self.subnet.network_address
+                or (self.subnet.version == 4 and self.gateway == self.subnet.broadcast_address)
             ):
                 raise InvalidArgument("gateway", gateway, f"must be a host address of {self.subnet}")
         self.lock_timeout = lock_timeout
@@ -335,14 +342,8 @@ class IPAM:
 
     def _read_pod(self, infra_id: str) -> Allocation | None:
         path = os.path.join(self._pods, infra_id)
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                text = f.read(4096)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise IPAMError(f"cannot read {path}: {e.strerror or e}", path=path) from e
-        return self._parse_pod(path, infra_id, text)
+        text = read_text(path, MAX_POD_RECORD)
+        return None if text is None else self._parse_pod(path, infra_id, text)
 
     def _parse_pod(self, path: str, infra_id: str, text: str) -> Allocation:
         def corrupt(why: str) -> CorruptRecord:
@@ -420,9 +421,8 @@ class IPAM:
         """The first address to probe: the one after the cursor, or the pool's first."""
         path = os.path.join(self.directory, "cursor")
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                cursor = ipaddress.ip_address(f.read(64).strip())
-        except (OSError, ValueError):
+            cursor = ipaddress.ip_address((read_text(path, _MAX_CURSOR) or "").strip())
+        except (IPAMError, ValueError):
             return self._first  # absent or torn: start from the beginning, nothing is lost
         n = int(cursor)
         if cursor.version != self.subnet.version or not self._first <= n <= self._last:

@@ -18,9 +18,10 @@ from contextlib import contextmanager
 
 from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import InvalidArgument, NetpluginError
+from netplugin.core.fileio import FileRefused, read_bounded, replace_file
 from netplugin.core.names import validate_infra_id
 
-__all__ = ["DirLock", "IPAMError", "listdir", "read_owner", "unlink", "write_record"]
+__all__ = ["DirLock", "IPAMError", "listdir", "read_owner", "read_text", "unlink", "write_record"]
 
 
 class IPAMError(NetpluginError):
@@ -30,6 +31,9 @@ class IPAMError(NetpluginError):
         super().__init__(message, path=path, **details)
         self.path = path
 
+
+#: an owner record is an infra id and a newline; a longer file is torn
+_MAX_OWNER = 511
 
 _thread_locks: dict[str, threading.Lock] = {}
 _thread_locks_guard = threading.Lock()
@@ -112,18 +116,23 @@ class DirLock:
             delay = min(delay * 2, 0.02)
 
 
-def read_owner(path: str) -> str | None:
-    """The infra id in ``ips/<addr>``; None if absent, "" if torn."""
+def read_text(path: str, limit: int) -> str | None:
+    """At most ``limit`` bytes of a record as text (longer: ``limit + 1``, the record is torn); None if absent."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        return read_bounded(path, limit).decode("utf-8", "replace")
     except FileNotFoundError:
         return None
+    except FileRefused as e:
+        raise IPAMError(f"cannot read {path}: {e.reason}", path=path) from None
     except OSError as e:
         raise IPAMError(f"cannot read {path}: {e.strerror or e}", path=path) from e
-    try:
-        text = os.read(fd, 512).decode("utf-8", "replace")
-    finally:
-        os.close(fd)
+
+
+def read_owner(path: str) -> str | None:
+    """The infra id in ``ips/<addr>``; None if absent, "" if torn."""
+    text = read_text(path, _MAX_OWNER)
+    if text is None:
+        return None
     owner = text[:-1] if text.endswith("\n") else ""
     try:
         validate_infra_id(owner)
@@ -147,18 +156,10 @@ def write_record(path: str, text: str, *, mode: str = "atomic") -> None:
         except OSError as e:
             raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
         return
-    directory, base = os.path.split(path)
-    # The temp name starts with "." so that listings of ips/ and pods/ skip it.
-    tmp = os.path.join(directory, f".{base}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        # hidden: listings of ips/ and pods/ skip dot files, the bash plugin's temp files too
+        replace_file(path, data, mode=0o644, durable=False, hidden=True)
     except OSError as e:
-        unlink(tmp)
         raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
 
 

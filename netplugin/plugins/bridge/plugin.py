@@ -176,18 +176,29 @@ def _configure_bridge(s: BridgeSettings, step: _Step) -> int:
 
 _IFA_F_NODAD = 0x02
 #: the modules whose code makes the plugin: a change to any of them runs init again
-_CODE = ("bridge.py", "bridge_settings.py", "ipam.py", "ipam_files.py", "podipam.py", "netlink.py", "netns.py")
+_CODE = (
+    "netplugin.plugins.bridge.plugin",
+    "netplugin.plugins.bridge.settings",
+    "netplugin.plugins.bridge.ipam",
+    "netplugin.plugins.bridge.ipam_files",
+    "netplugin.plugins.bridge.podipam",
+    "netplugin.core.netlink",
+    "netplugin.core.netns",
+    "netplugin.core.fileio",
+)
 _FORWARDING = {4: "/proc/sys/net/ipv4/ip_forward", 6: "/proc/sys/net/ipv6/conf/all/forwarding"}
 
 
 def _code_version() -> str:
     import hashlib
+    import importlib.util
 
     h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
     # Every module whose code decides what init does; a change to any of them runs init again.
     for name in _CODE:
-        with open(os.path.join(here, name), "rb") as f:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        with open(spec.origin, "rb") as f:
             h.update(f.read())
     return "builtin:netplugin.io/bridge:sha256:" + h.hexdigest()[:16]
 

@@ -16,8 +16,8 @@ import os
 from collections.abc import Sequence
 
 from netplugin.core.names import validate_infra_id, validate_namespace, validate_pod_name
-from netplugin.plugins.bridge.ipam import IPAM, Allocation, CorruptRecord, Network, family_dir
-from netplugin.plugins.bridge.ipam_files import DirLock, read_owner, unlink
+from netplugin.plugins.bridge.ipam import IPAM, MAX_POD_RECORD, Allocation, CorruptRecord, Network, family_dir
+from netplugin.plugins.bridge.ipam_files import DirLock, read_owner, read_text, unlink
 
 __all__ = ["PodIPAM"]
 
@@ -119,10 +119,8 @@ def _release_unconfigured(directory: str, version: int, infra_id: str) -> str | 
     """
     d = family_dir(directory, version)
     pod_path = os.path.join(d, "pods", infra_id)
-    try:
-        with open(pod_path, encoding="utf-8", errors="replace") as f:
-            text = f.read(4096)
-    except FileNotFoundError:
+    text = read_text(pod_path, MAX_POD_RECORD)
+    if text is None:
         return None
     ip = text.split(" ", 1)[0].partition("/")[0]
     try:
