@@ -67,7 +67,8 @@ if TYPE_CHECKING:
     from netplugin.core.config import Config
 
     class _PodStatus(Protocol):
-        ip: str | None
+        @property
+        def ip(self) -> str | None: ...
 
         def to_dict(self) -> dict[str, Any]: ...
 
