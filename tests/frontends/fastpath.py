@@ -16,7 +16,6 @@ ALLOWED_NETPLUGIN = frozenset(
         "netplugin.frontends.cli",
         "netplugin.frontends.cli.fast",
         "netplugin.frontends.cli.exitcodes",
-        "netplugin.frontends.cli.flags",
         "netplugin.frontends.cni",
         "netplugin.frontends.cni.fast",
     }
