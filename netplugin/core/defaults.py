@@ -5,7 +5,8 @@ It imports nothing (not even ``os``): the per-call fast paths (``netplugin`` and
 builds its defaults from it, so a default is written here and nowhere else.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
+# annotations of names imported only for type checking are strings instead.
 
 __all__ = [
     "ACTIONS",
@@ -61,7 +62,7 @@ def socket_path(socket: str | None = None, run_dir: str | None = None) -> str:
 
 def answer_timeout(
     op: str,
-    timeouts: Mapping[str, float] | None = None,
+    timeouts: "Mapping[str, float] | None" = None,
     timeout: float | None = None,
     kill_grace: float = DEFAULT_KILL_GRACE,
 ) -> float | None:

@@ -9,13 +9,16 @@ or the plugin machinery. :func:`exchange` is one request without any other netpl
 lost after the request was sent: SystemFailure, the operation may have run).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
+# annotations of names imported only for type checking are strings instead.
 
 # The C module: ``socket`` adds enum wrappers and ``selectors`` this client does not use, and
 # importing them costs more (a few ms) than everything else here.
 import _socket as socket
+
+# _struct, not struct: the same functions without loading struct.py on every call
+import _struct as struct
 import os
-import struct
 
 from netplugin.core.defaults import answer_timeout
 from netplugin.frontends.rpc import MAX_MESSAGE, dumps, fingerprint, loads
@@ -74,7 +77,7 @@ def connect(path: str, connect_timeout: float = CONNECT_TIMEOUT) -> socket.socke
     return sock
 
 
-def send(sock: socket.socket, body: dict[str, Any], timeout: float | None) -> None:
+def send(sock: socket.socket, body: "dict[str, Any]", timeout: float | None) -> None:
     line = dumps(body).encode() + b"\n"
     try:
         sock.settimeout(timeout)
@@ -84,7 +87,7 @@ def send(sock: socket.socket, body: dict[str, Any], timeout: float | None) -> No
         raise NotSent(f"cannot send the request: {e.strerror or e}") from e
 
 
-def read_response(sock: socket.socket, buf: bytearray, op: str, timeout: float | None) -> dict[str, Any]:
+def read_response(sock: socket.socket, buf: bytearray, op: str, timeout: float | None) -> "dict[str, Any]":
     """The next answer line as a response object (``ok`` and ``result`` or ``error``)."""
     while True:
         end = buf.find(b"\n")
@@ -115,7 +118,7 @@ def read_response(sock: socket.socket, buf: bytearray, op: str, timeout: float |
     return response
 
 
-def exchange(path: str, body: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+def exchange(path: str, body: "dict[str, Any]", *, timeout: float | None) -> "dict[str, Any]":
     """One request on a fresh connection; the raw response object. Raises NotSent or NoAnswer."""
     sock = connect(path)
     try:
@@ -138,7 +141,7 @@ class Connection:
             raise DaemonUnavailable(path, str(e)) from e
         self._buf = bytearray()
 
-    def __enter__(self) -> Connection:
+    def __enter__(self) -> "Connection":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -147,7 +150,7 @@ class Connection:
     def close(self) -> None:
         self._sock.close()
 
-    def call(self, op: str, *, timeout: float | None = None, **args: Any) -> Any:
+    def call(self, op: str, *, timeout: float | None = None, **args: "Any") -> "Any":
         """Send one request and return its ``result``; re-raises the daemon's error as itself."""
         from netplugin.core.errors import DaemonUnavailable, SystemFailure, error_from_dict
 
@@ -172,10 +175,10 @@ def request(
     path: str,
     op: str,
     *,
-    config: Config | None = None,
+    config: "Config | None" = None,
     timeout: float | None = None,
-    **args: Any,
-) -> Any:
+    **args: "Any",
+) -> "Any":
     """One request on a fresh connection. With ``config``, the daemon checks it runs the same settings.
 
     Raises :class:`DaemonUnavailable` when the request was not run (nobody answers on ``path``,

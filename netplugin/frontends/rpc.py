@@ -35,7 +35,8 @@ drive ``_json``'s parser and serializer directly, with the same results as ``jso
 does :func:`loads` import ``json`` (to raise :class:`json.JSONDecodeError` with json's message).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
+# annotations of names imported only for type checking are strings instead.
 
 import _json
 
@@ -67,7 +68,8 @@ if TYPE_CHECKING:
     from netplugin.core.config import Config
 
     class _PodStatus(Protocol):
-        ip: str | None
+        @property
+        def ip(self) -> str | None: ...
 
         def to_dict(self) -> dict[str, Any]: ...
 
@@ -116,7 +118,7 @@ def _fail(msg: str, doc: str, pos: int) -> ValueError:
     return JSONDecodeError(msg, doc, pos)
 
 
-def loads(data: str | bytes) -> Any:
+def loads(data: str | bytes) -> "Any":
     """``json.loads`` for text or UTF-8 bytes; raises ValueError (JSONDecodeError, UnicodeDecodeError)."""
     doc = data.decode("utf-8") if isinstance(data, bytes) else data
     if doc.startswith("\ufeff"):
@@ -157,12 +159,12 @@ def dumps(obj: object, *, sort_keys: bool = False) -> str:
 # --- requests ----------------------------------------------------------------------------------------
 
 
-def request(op: str, **args: Any) -> dict[str, Any]:
+def request(op: str, **args: "Any") -> "dict[str, Any]":
     """The request for ``op``; arguments that are None are left out (the daemon's defaults apply)."""
     return {"v": PROTOCOL_VERSION, "op": op, **{k: v for k, v in args.items() if v is not None}}
 
 
-def settings(config_path: str | None, environ: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, Any]:
+def settings(config_path: str | None, environ: "Mapping[str, str]", overrides: "Mapping[str, str]") -> "dict[str, Any]":
     """A caller's raw settings (instead of its fingerprint): the daemon builds the config from them."""
     return {
         "config_path": config_path,
@@ -171,12 +173,12 @@ def settings(config_path: str | None, environ: Mapping[str, str], overrides: Map
     }
 
 
-def pod_request(op: str, namespace: str, pod: str, infra_id: str, **args: Any) -> dict[str, Any]:
+def pod_request(op: str, namespace: str, pod: str, infra_id: str, **args: "Any") -> "dict[str, Any]":
     """A setup, teardown or status request (``config`` or ``settings`` among ``args``)."""
     return request(op, namespace=namespace, pod=pod, infra_id=infra_id, **args)
 
 
-def cni_request(environ: Mapping[str, str], stdin: str) -> dict[str, Any]:
+def cni_request(environ: "Mapping[str, str]", stdin: str) -> "dict[str, Any]":
     """Op ``cni``: one CNI call, its ``CNI_*`` and ``NETPLUGIN_*`` variables and its network config."""
     forwarded = {k: v for k, v in environ.items() if k.startswith(("CNI_", "NETPLUGIN_"))}
     return request("cni", environ=forwarded, stdin=stdin)
@@ -185,7 +187,7 @@ def cni_request(environ: Mapping[str, str], stdin: str) -> dict[str, Any]:
 # --- answers ------------------------------------------------------------------------------------------
 
 
-def pod_result(op: str, status: _PodStatus | None) -> dict[str, Any] | None:
+def pod_result(op: str, status: "_PodStatus | None") -> "dict[str, Any] | None":
     """A pod action's result from the manager's answer (``status``: the pod's network status or None)."""
     if op == "setup":
         return {"ip": status.ip if status is not None else None}
@@ -194,7 +196,7 @@ def pod_result(op: str, status: _PodStatus | None) -> dict[str, Any] | None:
     return status.to_dict() if status is not None else None
 
 
-def pod_output(op: str, namespace: str, pod: str, infra_id: str, result: Any) -> tuple[Any, str | None]:
+def pod_output(op: str, namespace: str, pod: str, infra_id: str, result: "Any") -> "tuple[Any, str | None]":
     """What the CLI prints for a pod action's result: (the JSON document, the text line or None)."""
     ref = {"namespace": namespace, "pod": pod, "infra_id": infra_id}
     if op == "setup":
@@ -213,7 +215,7 @@ def pod_output(op: str, namespace: str, pod: str, infra_id: str, result: Any) ->
 _NOT_BEHAVIOUR = frozenset({"config_path", "socket", "metrics_address", "use_daemon", "timeout", "timeouts"})
 
 
-def fingerprint(config: Config) -> dict[str, Any]:
+def fingerprint(config: "Config") -> "dict[str, Any]":
     """The settings that decide what an operation does, in JSON form (compared by the daemon)."""
     import json  # the callers that build a Config have paid for more than json already
 
@@ -225,7 +227,7 @@ def fingerprint(config: Config) -> dict[str, Any]:
     return normal
 
 
-def differing_settings(mine: Mapping[str, Any], theirs: object) -> list[str]:
+def differing_settings(mine: "Mapping[str, Any]", theirs: object) -> list[str]:
     """The fingerprint keys in which ``theirs`` differs from ``mine`` (empty: the same settings)."""
     if not isinstance(theirs, dict):
         return sorted(mine)

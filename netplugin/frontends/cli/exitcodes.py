@@ -5,7 +5,8 @@ codes) and its stdlib-only fast path (:mod:`netplugin.frontends.cli.fast`), so t
 disagree. Standard library only.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
+# annotations of names imported only for type checking are strings instead.
 
 __all__ = [
     "EXIT_CODES",

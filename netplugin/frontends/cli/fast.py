@@ -13,15 +13,17 @@ which decides again with the full config (``use_daemon: always`` then fails with
 The socket is ``NETPLUGIN_SOCKET``, else ``<run dir>/netplugin.sock`` with the run dir from
 ``--run-dir``, ``NETPLUGIN_RUN_DIR`` or the default (:func:`netplugin.core.defaults.socket_path`;
 a socket set only in the config file is found by the full CLI). The global options are
-:mod:`netplugin.frontends.cli.flags`' table, the one the full CLI is built from.
+:mod:`netplugin.frontends.cli`' table, the one the full CLI is built from.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
+# annotations of names imported only for type checking are strings instead.
 
 import os
 import sys
 
 from netplugin.core.defaults import socket_path as _socket_path
+from netplugin.frontends.cli import by_name
 from netplugin.frontends.cli.exitcodes import (
     EXIT_CODES,
     EXIT_INTERRUPTED,
@@ -29,7 +31,6 @@ from netplugin.frontends.cli.exitcodes import (
     EXIT_SYSTEM,
     exit_code_for_classes,
 )
-from netplugin.frontends.cli.flags import by_name
 from netplugin.frontends.rpc import POD_OPS, dumps, pod_output, pod_request, settings
 
 __all__ = ["EXIT_CODES", "exit_code_for_classes", "main", "parse_pod_command"]

@@ -1,4 +1,4 @@
-"""Option helpers of the ``netplugin`` commands: the global options (from :mod:`.flags`' table),
+"""Option helpers of the ``netplugin`` commands: the global options (from the package's table),
 ``-o`` after any command, the pod triple, ASCII-only integers.
 """
 
@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from netplugin.frontends.cli.flags import GLOBAL_VALUE_OPTIONS, OUTPUTS
+from netplugin.frontends.cli import GLOBAL_VALUE_OPTIONS, OUTPUTS
 
 __all__ = ["AsciiIntRange", "OutputCommand", "command", "global_options", "pod_arguments"]
 

@@ -31,7 +31,8 @@ and the runtime retries it.
 or ``"local"``.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
+# annotations of names imported only for type checking are strings instead.
 
 import os
 import sys

@@ -354,7 +354,7 @@ def run(
     except Refused:
         raise
     except CniError as e:
-        return 1, e.to_dict(req.cni_version if req else _version_of(stdin))
+        return 1, e.to_dict(req.cni_version if req else e.cni_version)
     except Exception as e:  # the runtime must get CNI JSON, never a traceback
         from netplugin.core.errors import NetpluginError
 
@@ -362,14 +362,6 @@ def run(
         if isinstance(e, NetpluginError):
             return 1, error_for(e, req.command if req else "").to_dict(version)
         return 1, CniError(E_INTERNAL, f"internal error: {type(e).__name__}: {e}").to_dict(version)
-
-
-def _version_of(stdin: bytes) -> str:
-    try:
-        v = json.loads(stdin).get("cniVersion")
-    except (ValueError, AttributeError, RecursionError):
-        return LATEST
-    return v if isinstance(v, str) and v in SUPPORTED_VERSIONS else LATEST
 
 
 #: CNI command -> the daemon metrics' operation
