@@ -21,7 +21,7 @@ import _struct as struct
 import os
 
 from netplugin.core.defaults import answer_timeout
-from netplugin.frontends.rpc import MAX_MESSAGE, dumps, fingerprint, loads
+from netplugin.frontends.rpc import MAX_MESSAGE, encode_line, fingerprint, loads
 from netplugin.frontends.rpc import request as build_request
 
 # Not typing's: importing typing costs this path more than the rest of it (~15 ms).
@@ -78,7 +78,7 @@ def connect(path: str, connect_timeout: float = CONNECT_TIMEOUT) -> socket.socke
 
 
 def send(sock: socket.socket, body: "dict[str, Any]", timeout: float | None) -> None:
-    line = dumps(body).encode() + b"\n"
+    line = encode_line(body)
     try:
         sock.settimeout(timeout)
         sock.sendall(line)

@@ -50,6 +50,7 @@ __all__ = [
     "cni_request",
     "differing_settings",
     "dumps",
+    "encode_line",
     "fingerprint",
     "loads",
     "pod_output",
@@ -157,6 +158,11 @@ def dumps(obj: object, *, sort_keys: bool = False) -> str:
 
 
 # --- requests ----------------------------------------------------------------------------------------
+
+
+def encode_line(message: "dict[str, Any]") -> bytes:
+    """One message as it goes on the socket: compact JSON and a newline (a request line starts with ``{``)."""
+    return dumps(message).encode() + b"\n"
 
 
 def request(op: str, **args: "Any") -> "dict[str, Any]":
