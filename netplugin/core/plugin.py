@@ -102,6 +102,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from netplugin.core.defaults import DEFAULT_KILL_GRACE
 from netplugin.core.names import PodRef
 from netplugin.core.node import NodeInfo
 
@@ -158,7 +159,7 @@ class CallContext:
     #: built-in plugins read their settings (for example NETPLUGIN_BRIDGE_SUBNET) from here
     env: Mapping[str, str] = field(default_factory=dict)
     state_dir: str = ""
-    kill_grace: float = 2.0
+    kill_grace: float = DEFAULT_KILL_GRACE
     max_output: int = 1 << 20
     #: the node this call runs on (its NETPLUGIN_NODE_* variables are in ``env`` too)
     node: NodeInfo | None = None

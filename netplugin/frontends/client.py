@@ -18,10 +18,10 @@ import _socket as socket
 
 # _struct, not struct: the same functions without loading struct.py on every call
 import _struct as struct
-import os
+import posix
 
 from netplugin.core.defaults import answer_timeout
-from netplugin.frontends.rpc import MAX_MESSAGE, dumps, fingerprint, loads
+from netplugin.frontends.rpc import MAX_MESSAGE, encode_line, fingerprint, loads
 from netplugin.frontends.rpc import request as build_request
 
 # Not typing's: importing typing costs this path more than the rest of it (~15 ms).
@@ -71,14 +71,14 @@ def connect(path: str, connect_timeout: float = CONNECT_TIMEOUT) -> socket.socke
     except (OSError, ValueError) as e:  # ValueError: a path too long for AF_UNIX
         sock.close()
         raise NotSent(e.strerror if isinstance(e, OSError) and e.strerror else str(e)) from e
-    if uid not in (0, os.geteuid()):
+    if uid not in (0, posix.geteuid()):
         sock.close()
         raise NotSent(f"the socket is served by uid {uid}, not by root")
     return sock
 
 
 def send(sock: socket.socket, body: "dict[str, Any]", timeout: float | None) -> None:
-    line = dumps(body).encode() + b"\n"
+    line = encode_line(body)
     try:
         sock.settimeout(timeout)
         sock.sendall(line)

@@ -39,6 +39,8 @@ does :func:`loads` import ``json`` (to raise :class:`json.JSONDecodeError` with 
 # annotations of names imported only for type checking are strings instead.
 
 import _json
+import posix
+import sys
 
 __all__ = [
     "CNI_VERSIONS",
@@ -50,11 +52,13 @@ __all__ = [
     "cni_request",
     "differing_settings",
     "dumps",
+    "encode_line",
     "fingerprint",
     "loads",
     "pod_output",
     "pod_request",
     "pod_result",
+    "process_environ",
     "request",
     "settings",
 ]
@@ -157,6 +161,18 @@ def dumps(obj: object, *, sort_keys: bool = False) -> str:
 
 
 # --- requests ----------------------------------------------------------------------------------------
+
+
+def process_environ() -> "dict[str, str]":
+    """This process's environment, decoded as ``os.environ`` decodes it, without importing ``os``
+    (with ``os.path`` and ``_collections_abc`` it costs a fast path ~1.5 ms; requests carry variables)."""
+    enc = sys.getfilesystemencoding()
+    return {k.decode(enc, "surrogateescape"): v.decode(enc, "surrogateescape") for k, v in posix.environ.items()}
+
+
+def encode_line(message: "dict[str, Any]") -> bytes:
+    """One message as it goes on the socket: compact JSON and a newline (a request line starts with ``{``)."""
+    return dumps(message).encode() + b"\n"
 
 
 def request(op: str, **args: "Any") -> "dict[str, Any]":

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from netplugin.core.dirs import ensure_dir
+from netplugin.core.defaults import DEFAULT_KILL_GRACE
 from netplugin.core.errors import StateError
 from netplugin.core.fileio import TMP_INFIX, FileRefused, atomic_write, read_bounded
 from netplugin.core.names import PodRef
@@ -131,7 +132,7 @@ class StateStore:
         *,
         record_status: bool = False,
         timeout_for: Callable[[str], float] | None = None,
-        kill_grace: float = 2.0,
+        kill_grace: float = DEFAULT_KILL_GRACE,
         durable: bool = True,
     ) -> None:
         self.state_dir = state_dir

@@ -43,6 +43,7 @@ from typing import Protocol
 
 from netplugin.core.execplugin._proctree import kill_on_timeout, kill_stragglers, signal_group, wait_readable
 from netplugin.core.execplugin._pump import Pump
+from netplugin.core.defaults import DEFAULT_KILL_GRACE
 
 __all__ = ["Background", "Completed", "Runner", "SpawnError", "run", "start"]
 
@@ -131,7 +132,7 @@ def run(
     stdin: bytes | None = None,
     timeout: float,
     max_output: int = 1 << 20,
-    kill_grace: float = 2.0,
+    kill_grace: float = DEFAULT_KILL_GRACE,
     cwd: str = "/",
     exe_fd: int | None = None,
 ) -> Completed:

@@ -19,7 +19,7 @@ a socket set only in the config file is found by the full CLI). The global optio
 # No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
 # annotations of names imported only for type checking are strings instead.
 
-import os
+import posix
 import sys
 
 from netplugin.core.defaults import socket_path as _socket_path
@@ -31,9 +31,13 @@ from netplugin.frontends.cli.exitcodes import (
     EXIT_SYSTEM,
     exit_code_for_classes,
 )
-from netplugin.frontends.rpc import POD_OPS, dumps, pod_output, pod_request, settings
+from netplugin.frontends.rpc import POD_OPS, dumps, pod_output, pod_request, process_environ, settings
 
 __all__ = ["EXIT_CODES", "exit_code_for_classes", "main", "parse_pod_command"]
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 _VALUE_OPTIONS = by_name()
 
@@ -49,7 +53,7 @@ class PodCommand:
         self.output = output
 
 
-def parse_pod_command(argv: list[str], environ: dict[str, str] | os._Environ[str]) -> PodCommand | None:
+def parse_pod_command(argv: list[str], environ: "Mapping[str, str]") -> PodCommand | None:
     """The pod command on this command line, or None when the full CLI must parse it."""
     overrides: dict[str, str] = {}
     config_path: str | None = None
@@ -81,10 +85,19 @@ def parse_pod_command(argv: list[str], environ: dict[str, str] | os._Environ[str
     return PodCommand(rest[0], rest[1:], overrides, config_path, output)
 
 
-def socket_path(cmd: PodCommand, environ: dict[str, str] | os._Environ[str]) -> str:
+def socket_path(cmd: PodCommand, environ: "Mapping[str, str]") -> str:
     return _socket_path(
         environ.get("NETPLUGIN_SOCKET"), cmd.overrides.get("run_dir") or environ.get("NETPLUGIN_RUN_DIR")
     )
+
+
+def _exists(path: str) -> bool:
+    """``os.path.exists`` without ``os`` (see :func:`netplugin.frontends.rpc.process_environ`)."""
+    try:
+        posix.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _say(text: str, err: bool = False) -> None:
@@ -93,12 +106,12 @@ def _say(text: str, err: bool = False) -> None:
     stream.flush()
 
 
-def via_daemon(cmd: PodCommand, environ: dict[str, str] | os._Environ[str]) -> int | None:
+def via_daemon(cmd: PodCommand, environ: "Mapping[str, str]") -> int | None:
     """Run the command through the daemon: its exit status, or None when the full CLI must run it."""
     if environ.get("NETPLUGIN_USE_DAEMON", "auto") != "auto":
         return None  # never: work alone; always: the full CLI reports an absent daemon (exit 6)
     sock = socket_path(cmd, environ)
-    if not os.path.exists(sock):
+    if not _exists(sock):
         return None
     from netplugin.frontends.client import NoAnswer, NotSent, exchange
 
@@ -148,10 +161,11 @@ def _emit_result(cmd: PodCommand, result: object) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``netplugin``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    cmd = parse_pod_command(args, os.environ)
+    environ = process_environ()
+    cmd = parse_pod_command(args, environ)
     if cmd is not None:
         try:
-            code = via_daemon(cmd, os.environ)
+            code = via_daemon(cmd, environ)
         except BrokenPipeError:
             sys.exit(EXIT_OK)
         except KeyboardInterrupt:

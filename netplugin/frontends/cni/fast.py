@@ -34,13 +34,17 @@ or ``"local"``.
 # No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
 # annotations of names imported only for type checking are strings instead.
 
-import os
+import posix
 import sys
 import time
 
 from netplugin.core.defaults import answer_timeout as _answer_timeout
 from netplugin.core.defaults import socket_path
-from netplugin.frontends.rpc import CNI_VERSIONS, MAX_STDIN, cni_request, dumps, loads
+from netplugin.frontends.rpc import CNI_VERSIONS, MAX_STDIN, cni_request, dumps, loads, process_environ
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 __all__ = ["answer_timeout", "daemon_target", "forward", "main", "run_call"]
 
@@ -69,7 +73,7 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def daemon_target(conf: dict[str, object], environ: dict[str, str] | os._Environ[str]) -> tuple[str, str]:
+def daemon_target(conf: dict[str, object], environ: "Mapping[str, str]") -> tuple[str, str]:
     """(use_daemon, socket path) as far as the call's own inputs say; see the module docstring."""
     nested = _nested(conf)
     mode = _text(_setting(nested, "use_daemon")) or environ.get("NETPLUGIN_USE_DAEMON") or "auto"
@@ -117,7 +121,7 @@ def cni_error(code: int, msg: str, details: str = "", version: str = LATEST) -> 
 
 
 def forward(
-    sock: str, environ: dict[str, str] | os._Environ[str], stdin: bytes, conf: dict[str, object], mode: str
+    sock: str, environ: "Mapping[str, str]", stdin: bytes, conf: dict[str, object], mode: str
 ) -> tuple[int, dict[str, object] | None] | None:
     """The daemon's (exit status, document) for this call, or None when this process must run it."""
     from netplugin.frontends.client import NoAnswer, NotSent, exchange
@@ -162,11 +166,11 @@ def _conf(stdin: bytes) -> dict[str, object] | None:
 def _log(path: str, entry: dict[str, object]) -> None:
     try:
         line = dumps(entry) + "\n"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = posix.open(path, posix.O_WRONLY | posix.O_APPEND | posix.O_CREAT | posix.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, line.encode())
+            posix.write(fd, line.encode())
         finally:
-            os.close(fd)
+            posix.close(fd)
     except (OSError, TypeError, ValueError):
         pass  # a log that cannot be written must not fail the network operation
 
@@ -177,13 +181,13 @@ def _emit(doc: dict[str, object] | None) -> None:
     sys.stdout.flush()
 
 
-def run_call(environ: dict[str, str] | os._Environ[str], stdin: bytes) -> tuple[int, dict[str, object] | None, str]:
+def run_call(environ: "Mapping[str, str]", stdin: bytes) -> tuple[int, dict[str, object] | None, str]:
     """One CNI call: (exit status, document, "daemon" or "local"). Never raises."""
     return _run(environ, stdin, _conf(stdin))
 
 
 def _run(
-    environ: dict[str, str] | os._Environ[str], stdin: bytes, conf: dict[str, object] | None
+    environ: "Mapping[str, str]", stdin: bytes, conf: dict[str, object] | None
 ) -> tuple[int, dict[str, object] | None, str]:
     """:func:`run_call` with the network config already parsed (``conf``: None when it is not an object)."""
     if environ.get("CNI_COMMAND") == "VERSION" and (conf is not None or not stdin.strip()):
@@ -213,6 +217,7 @@ def main(argv: object = None) -> None:
     via = "local"
     doc: dict[str, object] | None
     conf: dict[str, object] | None = None
+    env = process_environ()
     try:
         # Bounded: one byte past the limit is enough for the parser to refuse the config as too large.
         stdin = sys.stdin.buffer.read(MAX_STDIN + 1)
@@ -222,14 +227,13 @@ def main(argv: object = None) -> None:
     else:
         # Parsed once here: the routing, the daemon's answer timeout and the log line all read it.
         conf = _conf(stdin) if stdin else None
-        code, doc, via = _run(os.environ, stdin, conf)
+        code, doc, via = _run(env, stdin, conf)
     try:
         _emit(doc)
     except Exception:  # stdout closed: nothing left to tell the runtime
         code = code or 1
     log = _text(conf.get("logFile")) if conf is not None else None
     if log and conf is not None:
-        env = os.environ
         _log(
             log,
             {
@@ -241,7 +245,7 @@ def main(argv: object = None) -> None:
                 "args": env.get("CNI_ARGS", ""),
                 "cniVersion": conf.get("cniVersion"),
                 "prevResult": isinstance(conf.get("prevResult"), dict),
-                "pid": os.getpid(),
+                "pid": posix.getpid(),
                 "via": via,
                 "ms": round((time.monotonic() - start) * 1000, 1),
                 "result": doc if code else "ok",
