@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from netplugin.core.dirs import ensure_dir
 from netplugin.core.defaults import DEFAULT_KILL_GRACE
+from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import StateError
 from netplugin.core.fileio import TMP_INFIX, FileRefused, atomic_write, read_bounded
 from netplugin.core.names import PodRef
