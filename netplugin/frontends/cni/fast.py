@@ -27,7 +27,9 @@ A connection lost after the request was sent is CNI error 11: the call may or ma
 and the runtime retries it.
 
 ``VERSION`` is always answered here. The ``logFile`` line of each call says ``"via": "daemon"``
-or ``"local"``.
+or ``"local"``, and for a local run ``"daemon"``: why the daemon did not run it (no socket, draining,
+or the keys in which the call's settings differ from the daemon's). A local run whose settings say
+``use_daemon: always`` (a cluster node, whose daemon owns the Node's pod CIDRs) is CNI error 11.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import time
 
 from netplugin.frontends.wire import dumps, loads
 
-__all__ = ["answer_timeout", "daemon_target", "forward", "main", "run_call"]
+__all__ = ["answer_timeout", "daemon_target", "forward", "main", "run_call", "run_call_why"]
 
 #: commands the daemon can run for the shim (VERSION is answered here, without any state)
 FORWARDED = ("ADD", "DEL", "CHECK", "STATUS", "GC")
@@ -127,8 +129,8 @@ def cni_error(code: int, msg: str, details: str = "", version: str = LATEST) -> 
 
 def forward(
     sock: str, environ: dict[str, str] | os._Environ[str], stdin: bytes, conf: dict[str, object], mode: str
-) -> tuple[int, dict[str, object] | None] | None:
-    """The daemon's (exit status, document) for this call, or None when this process must run it."""
+) -> tuple[int, dict[str, object] | None] | str:
+    """The daemon's (exit status, document) for this call, or why this process must run it."""
     from netplugin.frontends.client import PROTOCOL_VERSION, NoAnswer, NotSent, exchange
 
     command = environ.get("CNI_COMMAND", "")
@@ -136,7 +138,7 @@ def forward(
     try:
         text = stdin.decode()
     except UnicodeDecodeError:
-        return None  # the local run reports it
+        return "stdin is not UTF-8"  # the local run reports it
     body = {
         "v": PROTOCOL_VERSION,
         "op": "cni",
@@ -149,7 +151,7 @@ def forward(
         if mode == "always":
             msg = f"the netplugin daemon at {sock} is required (use_daemon: always) but unavailable: {e}"
             return 1, cni_error(E_TRY_AGAIN, msg, version=version)
-        return None
+        return str(e)
     except NoAnswer as e:
         return 1, cni_error(E_TRY_AGAIN, f"netplugin daemon at {sock}: {e}", version=version)
     result = response.get("result")
@@ -158,12 +160,12 @@ def forward(
         return result["code"], doc if isinstance(doc, dict) else None
     # Not run: another daemon's settings, use_daemon: never in its config, draining, or a daemon
     # that predates op "cni". Only the daemon's word "unavailable" counts as such for "always".
+    err = response.get("error")
+    said = err.get("message") if isinstance(err, dict) else None
+    why = str(said or f"the netplugin daemon at {sock} did not run the call")
     if mode == "always":
-        err = response.get("error")
-        said = err.get("message") if isinstance(err, dict) else None
-        why = str(said or f"the netplugin daemon at {sock} did not run the call")
         return 1, cni_error(E_TRY_AGAIN, why, version=version)
-    return None
+    return why
 
 
 def _conf(stdin: bytes) -> dict[str, object] | None:
@@ -194,32 +196,42 @@ def _emit(doc: dict[str, object] | None) -> None:
 
 def run_call(environ: dict[str, str] | os._Environ[str], stdin: bytes) -> tuple[int, dict[str, object] | None, str]:
     """One CNI call: (exit status, document, "daemon" or "local"). Never raises."""
+    code, doc, via, _ = run_call_why(environ, stdin)
+    return code, doc, via
+
+
+def run_call_why(
+    environ: dict[str, str] | os._Environ[str], stdin: bytes
+) -> tuple[int, dict[str, object] | None, str, str | None]:
+    """As :func:`run_call`, and why a local run was not the daemon's (None: not asked)."""
     conf = _conf(stdin)
     if environ.get("CNI_COMMAND") == "VERSION" and (conf is not None or not stdin.strip()):
         asked = conf.get("cniVersion") if conf is not None else None
         version = asked if isinstance(asked, str) and asked in SUPPORTED_VERSIONS else LATEST
-        return 0, {"cniVersion": version, "supportedVersions": list(SUPPORTED_VERSIONS)}, "local"
+        return 0, {"cniVersion": version, "supportedVersions": list(SUPPORTED_VERSIONS)}, "local", None
+    why: str | None = None
     if conf is not None and environ.get("CNI_COMMAND") in FORWARDED:
         mode, sock = daemon_target(conf, environ)
         if mode in ("auto", "always"):
             try:
                 outcome = forward(sock, environ, stdin, conf, mode)
             except Exception as e:  # never a traceback to the runtime; the local run may still work
-                outcome = None
-                print(f"netplugin-cni: daemon path failed ({type(e).__name__}: {e}); working alone", file=sys.stderr)
-            if outcome is not None:
-                return outcome[0], outcome[1], "daemon"
+                outcome = f"daemon path failed ({type(e).__name__}: {e})"
+                print(f"netplugin-cni: {outcome}; working alone", file=sys.stderr)
+            if not isinstance(outcome, str):
+                return outcome[0], outcome[1], "daemon", None
+            why = outcome
     from netplugin.frontends.cni.shim import run
 
-    code, doc = run(environ, stdin)
-    return code, doc, "local"
+    code, doc = run(environ, stdin, unavailable=why)
+    return code, doc, "local", why
 
 
 def main(argv: object = None) -> None:
     """Entry point of ``netplugin-cni``: CNI_* from the environment, the config on stdin."""
     del argv  # CNI passes everything in the environment and on stdin
     start = time.monotonic()
-    via = "local"
+    via, why = "local", None
     doc: dict[str, object] | None
     try:
         # Bounded: one byte past the limit is enough for the parser to refuse the config as too large.
@@ -228,7 +240,7 @@ def main(argv: object = None) -> None:
         stdin = b""
         code, doc = 1, cni_error(E_IO, f"cannot read stdin: {e}")
     else:
-        code, doc, via = run_call(os.environ, stdin)
+        code, doc, via, why = run_call_why(os.environ, stdin)
     try:
         _emit(doc)
     except Exception:  # stdout closed: nothing left to tell the runtime
@@ -250,6 +262,7 @@ def main(argv: object = None) -> None:
                 "prevResult": isinstance(conf.get("prevResult"), dict),
                 "pid": os.getpid(),
                 "via": via,
+                **({"daemon": why} if why else {}),
                 "ms": round((time.monotonic() - start) * 1000, 1),
                 "result": doc if code else "ok",
             },
