@@ -29,6 +29,7 @@ import click
 
 from netplugin.frontends import _cliconv as conv
 from netplugin.frontends import _clitools as tools
+from netplugin.frontends._clidoctor import doctor
 from netplugin.frontends.exitcodes import (
     EXIT_CODES,
     EXIT_INTERNAL,
@@ -357,7 +358,7 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None, serve
     raise click.exceptions.Exit(run_daemon(st.config, reread=lambda: load_config(path, overrides=overrides)))
 
 
-for command in (tools.demo, tools.nodes, tools.bench, tools.install_shim, conv.health, conv.completion):
+for command in (tools.demo, tools.nodes, tools.bench, tools.install_shim, conv.health, conv.completion, doctor):
     cli.add_command(command)
 
 
