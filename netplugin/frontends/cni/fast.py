@@ -151,7 +151,7 @@ def forward(
         if mode == "always":
             msg = f"the netplugin daemon at {sock} is required (use_daemon: always) but unavailable: {e}"
             return 1, cni_error(E_TRY_AGAIN, msg, version=version)
-        return str(e)
+        return f"no netplugin daemon answers at {sock}: {e}"
     except NoAnswer as e:
         return 1, cni_error(E_TRY_AGAIN, f"netplugin daemon at {sock}: {e}", version=version)
     result = response.get("result")
