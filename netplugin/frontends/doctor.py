@@ -124,7 +124,7 @@ def _safe_call_conf(path: str) -> dict[str, Any] | None:
 
 def _shim_problem(path: str) -> str | None:
     from netplugin import __version__
-    from netplugin.frontends.cni.fast import SUPPORTED_VERSIONS
+    from netplugin.frontends.rpc import CNI_VERSIONS
 
     with open(path, "rb") as f:
         head = f.read(1 << 16)
@@ -141,7 +141,7 @@ def _shim_problem(path: str) -> str | None:
         answer = json.loads(done.stdout) if done.returncode == 0 else None
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         return f"{path} does not run: {e}"
-    if not isinstance(answer, dict) or answer.get("supportedVersions") != list(SUPPORTED_VERSIONS):
+    if not isinstance(answer, dict) or answer.get("supportedVersions") != list(CNI_VERSIONS):
         return f"{path} answers VERSION with {done.stdout[:200]!r} {done.stderr[-200:]!r}"
     return None
 
@@ -158,9 +158,9 @@ def check_shim(node: Node) -> Check:
 def inline_differences(call_conf: dict[str, Any]) -> list[str]:
     """Settings keys in which the conflist's own values make the call's config differ from its config file's."""
     from netplugin.core.config import load_config
-    from netplugin.frontends.client import fingerprint
     from netplugin.frontends.cni.netconf import build_config
     from netplugin.frontends.cni.protocol import CniRequest
+    from netplugin.frontends.rpc import fingerprint
 
     path = call_conf.get("configFile")
     call = fingerprint(build_config(CniRequest(command="ADD", conf=call_conf), {}))
@@ -187,9 +187,9 @@ def check_daemon(node: Node) -> Check:
         return Check("daemon", sock, f"the daemon does not serve: {said}", start)
     node.health = answer["result"]
     try:
-        from netplugin.frontends.client import fingerprint
         from netplugin.frontends.cni.netconf import build_config
         from netplugin.frontends.cni.protocol import CniRequest
+        from netplugin.frontends.rpc import fingerprint
 
         mine = fingerprint(build_config(CniRequest(command="ADD", conf=node.call_conf), {}))
     except NetpluginError as e:
@@ -299,7 +299,7 @@ def check_egress(node: Node) -> Check:
 
 
 def check_dirs(node: Node) -> Check:
-    from netplugin.core.trust import UnsafeDirectory, ensure_dir
+    from netplugin.core.dirs import UnsafeDirectory, ensure_dir
 
     found, problems = [], []
     for what, path in (("state", node.config.state_dir), ("run", node.config.run_dir)):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import NetpluginError
-from netplugin.frontends.client import fingerprint
+from netplugin.frontends.rpc import fingerprint
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
