@@ -147,7 +147,7 @@ def _availability(ctx: RunContext, wanted: str) -> tuple[dict[str, str], dict[st
     if daemon_problem:
         missing["D"] = daemon_problem
     elif importlib.util.find_spec("netplugin.plugins.bridge") is None:
-        missing["D"] = "netplugin/plugins/bridge.py does not exist yet"
+        missing["D"] = "netplugin/plugins/bridge does not exist"
     elif not pyroute2:
         missing["D"] = "pyroute2 is not installed (pip install .[daemon])"
     else:
