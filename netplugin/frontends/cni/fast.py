@@ -38,7 +38,7 @@ import time
 
 from netplugin.frontends.wire import dumps, loads
 
-__all__ = ["answer_timeout", "daemon_target", "forward", "main", "run_call"]
+__all__ = ["answer_timeout", "conf_of", "daemon_target", "forward", "log_call", "main", "run_call"]
 
 #: commands the daemon can run for the shim (VERSION is answered here, without any state)
 FORWARDED = ("ADD", "DEL", "CHECK", "STATUS", "GC")
@@ -166,7 +166,7 @@ def forward(
     return None
 
 
-def _conf(stdin: bytes) -> dict[str, object] | None:
+def conf_of(stdin: bytes) -> dict[str, object] | None:
     try:
         conf = loads(stdin)
     except (ValueError, RecursionError):
@@ -186,6 +186,41 @@ def _log(path: str, entry: dict[str, object]) -> None:
         pass  # a log that cannot be written must not fail the network operation
 
 
+def log_call(
+    conf: dict[str, object] | None,
+    environ: dict[str, str] | os._Environ[str],
+    code: int,
+    doc: dict[str, object] | None,
+    via: str,
+    seconds: float,
+    pid: int,
+) -> None:
+    """Append the call's line to the network config's ``logFile``, if it names one (never raises).
+
+    The daemon writes it for the compiled shim, which reads no JSON (``pid`` is then the shim's).
+    """
+    log = _text(conf.get("logFile")) if conf is not None else None
+    if not log or conf is None:
+        return
+    _log(
+        log,
+        {
+            "time": time.time(),
+            "command": environ.get("CNI_COMMAND", ""),
+            "containerID": environ.get("CNI_CONTAINERID", ""),
+            "ifname": environ.get("CNI_IFNAME", ""),
+            "netns": environ.get("CNI_NETNS", ""),
+            "args": environ.get("CNI_ARGS", ""),
+            "cniVersion": conf.get("cniVersion"),
+            "prevResult": isinstance(conf.get("prevResult"), dict),
+            "pid": pid,
+            "via": via,
+            "ms": round(seconds * 1000, 1),
+            "result": doc if code else "ok",
+        },
+    )
+
+
 def _emit(doc: dict[str, object] | None) -> None:
     if doc is not None:
         sys.stdout.write(dumps(doc) + "\n")
@@ -194,7 +229,7 @@ def _emit(doc: dict[str, object] | None) -> None:
 
 def run_call(environ: dict[str, str] | os._Environ[str], stdin: bytes) -> tuple[int, dict[str, object] | None, str]:
     """One CNI call: (exit status, document, "daemon" or "local"). Never raises."""
-    conf = _conf(stdin)
+    conf = conf_of(stdin)
     if environ.get("CNI_COMMAND") == "VERSION" and (conf is not None or not stdin.strip()):
         asked = conf.get("cniVersion") if conf is not None else None
         version = asked if isinstance(asked, str) and asked in SUPPORTED_VERSIONS else LATEST
@@ -233,25 +268,5 @@ def main(argv: object = None) -> None:
         _emit(doc)
     except Exception:  # stdout closed: nothing left to tell the runtime
         code = code or 1
-    conf = _conf(stdin) if stdin else None
-    log = _text(conf.get("logFile")) if conf is not None else None
-    if log and conf is not None:
-        env = os.environ
-        _log(
-            log,
-            {
-                "time": time.time(),
-                "command": env.get("CNI_COMMAND", ""),
-                "containerID": env.get("CNI_CONTAINERID", ""),
-                "ifname": env.get("CNI_IFNAME", ""),
-                "netns": env.get("CNI_NETNS", ""),
-                "args": env.get("CNI_ARGS", ""),
-                "cniVersion": conf.get("cniVersion"),
-                "prevResult": isinstance(conf.get("prevResult"), dict),
-                "pid": os.getpid(),
-                "via": via,
-                "ms": round((time.monotonic() - start) * 1000, 1),
-                "result": doc if code else "ok",
-            },
-        )
+    log_call(conf_of(stdin) if stdin else None, os.environ, code, doc, via, time.monotonic() - start, os.getpid())
     sys.exit(code)
