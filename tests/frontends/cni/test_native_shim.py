@@ -141,3 +141,31 @@ def test_a_call_the_daemon_refuses_falls_back_with_the_same_stdin(
     assert refused.returncode == 1 and err["code"] == 11 and "differ" in err["msg"], err
     never = _call(world, shims["native"], "DEL", world.conf(), NETPLUGIN_USE_DAEMON="never")
     assert never.returncode == 0 and fake.env_of("teardown")["NP_TEST_ORIGIN"] == "shim"
+
+
+@pytest.mark.parametrize(
+    ("env", "native"),
+    [({}, True), ({"CC": "/nonexistent/cc"}, False)],
+    ids=["compiler", "no-compiler"],
+)
+def test_install_sh_installs_the_compiled_shim_or_says_why_not(
+    tmp_path: Path, env: dict[str, str], native: bool
+) -> None:
+    cni_bin = tmp_path / "cni-bin"
+    full = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+    full.update(env)
+    args = ["--no-venv", "--python", os.path.realpath(sys.executable), "--exec-dir", str(tmp_path / "exec"),
+            "--cni-bin-dir", str(cni_bin), "--cni-conf-dir", str(tmp_path / "conf"), "--run-dir", "/run/np-test",
+            "--lib-dir", str(tmp_path / "lib")]
+    done = subprocess.run(["/bin/bash", str(REPO / "scripts" / "install.sh"), *args], capture_output=True, text=True,
+                          env=full, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    shim = (cni_bin / "netplugin-cni").read_bytes()
+    assert shim.startswith(b"\x7fELF") is native
+    assert (cni_bin / "netplugin-cni-python").exists() is native
+    assert ("no compiled shim" in done.stderr) is not native
+    if native:  # the socket and fallback fixed at build, as install.sh was told
+        assert b"/run/np-test/netplugin.sock" in shim and str(cni_bin / "netplugin-cni-python").encode() in shim
+        again = subprocess.run(["/bin/bash", str(REPO / "scripts" / "install.sh"), *args], capture_output=True,
+                               text=True, env=full, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
+        assert "install.sh: nothing to do" in again.stdout, again.stdout  # the build is reproducible

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["CFLAGS", "SANITIZE", "NoCompiler", "build_native", "compiler", "source_path"]
+__all__ = ["CFLAGS", "SANITIZE", "NoCompiler", "build_native", "compiler", "main", "source_path"]
 
 #: warnings as errors, and the hardening Debian's dpkg-buildflags gives (fortify, stack protector,
 #: PIE, full RELRO)
@@ -59,12 +59,13 @@ def source_path() -> str:
 
 
 def compiler() -> str:
-    """``$CC``, else cc, gcc or clang from PATH; NoCompiler when none is there."""
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        found = shutil.which(name) if name else None
+    """``$CC`` when set (only it), else cc, gcc or clang from PATH; NoCompiler when none is there."""
+    chosen = os.environ.get("CC")
+    for name in (chosen,) if chosen else ("cc", "gcc", "clang"):
+        found = shutil.which(name)
         if found:
             return found
-    raise NoCompiler("no C compiler (cc, gcc or clang) on PATH")
+    raise NoCompiler(f"no C compiler ({chosen or 'cc, gcc or clang'}) found")
 
 
 def _c_string(value: str, what: str) -> str:
@@ -109,3 +110,31 @@ def build_native(
         os.chmod(tmp_dest, 0o755)
         os.replace(tmp_dest, dest)
     return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m netplugin.frontends.cni.native DEST [--socket PATH] [--fallback PATH|none]``.
+
+    For install scripts that run an interpreter without netplugin's CLI (stdlib only). Exit 0 built,
+    3 no compiler, 1 the build failed (the compiler's output on stderr), 2 usage.
+    """
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m netplugin.frontends.cni.native")
+    parser.add_argument("dest")
+    parser.add_argument("--socket", default=None)
+    parser.add_argument("--fallback", default="", help="the Python shim to exec, or none (cluster mode)")
+    args = parser.parse_args(argv)
+    try:
+        print(build_native(args.dest, socket=args.socket, fallback="" if args.fallback == "none" else args.fallback))
+    except NoCompiler as e:
+        print(f"netplugin-cni build: {e}", file=sys.stderr)
+        return 3
+    except subprocess.CalledProcessError as e:
+        print(f"netplugin-cni build failed:\n{e.stderr}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as e:
+        print(f"netplugin-cni build: {e}", file=sys.stderr)
+        return 1
+    return 0
