@@ -53,7 +53,9 @@ def fake(plugin_dir: Any) -> Any:
     return p
 
 
-def _call(world: World, shim: Path, command: str, conf: dict[str, Any], **env: str) -> subprocess.CompletedProcess[bytes]:
+def _call(
+    world: World, shim: Path, command: str, conf: dict[str, Any], **env: str
+) -> subprocess.CompletedProcess[bytes]:
     # NETPLUGIN_SOCKET: the compiled shim reads no conflist (the Python shim finds it from runDir).
     done: subprocess.CompletedProcess[bytes] = world.shim(
         command, conf, argv=[str(shim)], NETPLUGIN_SOCKET=world.socket, **env
@@ -154,9 +156,21 @@ def test_install_sh_installs_the_compiled_shim_or_says_why_not(
     cni_bin = tmp_path / "cni-bin"
     full = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
     full.update(env)
-    args = ["--no-venv", "--python", os.path.realpath(sys.executable), "--exec-dir", str(tmp_path / "exec"),
-            "--cni-bin-dir", str(cni_bin), "--cni-conf-dir", str(tmp_path / "conf"), "--run-dir", "/run/np-test",
-            "--lib-dir", str(tmp_path / "lib")]
+    args = [
+        "--no-venv",
+        "--python",
+        os.path.realpath(sys.executable),
+        "--exec-dir",
+        str(tmp_path / "exec"),
+        "--cni-bin-dir",
+        str(cni_bin),
+        "--cni-conf-dir",
+        str(tmp_path / "conf"),
+        "--run-dir",
+        "/run/np-test",
+        "--lib-dir",
+        str(tmp_path / "lib"),
+    ]
     done = subprocess.run(["/bin/bash", str(REPO / "scripts" / "install.sh"), *args], capture_output=True, text=True,
                           env=full, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
     assert done.returncode == 0, done.stderr
