@@ -83,7 +83,7 @@ def read_header(head: bytes, limit: int) -> int:
     """The body length of a frame from its first 8 bytes; FrameError past ``limit`` or on bad magic."""
     if len(head) != HEADER or head[:4] != MAGIC:
         raise FrameError(f"frame: bad magic {head[:4]!r} (want {MAGIC!r})")
-    (size,) = struct.unpack(">I", head[4:])
+    size = int.from_bytes(head[4:], "big")
     if size > limit:
         raise FrameError(f"frame: body of {size} bytes exceeds the limit of {limit}")
     return size

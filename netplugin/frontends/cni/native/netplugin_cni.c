@@ -35,82 +35,11 @@
 
 #include "netplugin_frame.h"
 
-#ifndef NP_SOCKET
-#define NP_SOCKET "/run/netplugin/netplugin.sock"
-#endif
-#ifndef NP_FALLBACK
-#define NP_FALLBACK ""
-#endif
-/* How long the runtime may take to hand over stdin, and to read what is written to stdout. */
-#ifndef NP_IO_TIMEOUT_MS
-#define NP_IO_TIMEOUT_MS 10000
-#endif
-/* The tests' sanitizer build shortens the waits for the daemon; installed builds keep the frame's. */
-#ifndef NP_ANSWER_TIMEOUT_MS
-#define NP_ANSWER_TIMEOUT_MS NPF_ANSWER_TIMEOUT_MS
-#endif
-#define NP_MSG_MAX 512
-
-extern char **environ;
-
-struct buf {
-    unsigned char *p;
-    size_t len, cap;
-};
-
 struct answer {
     int code; /* -1 when unavailable */
     const unsigned char *out, *err, *why;
     size_t out_len, err_len, why_len;
 };
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Milliseconds left until deadline (0 when past it), clamped for poll(2). */
-static int left_ms(int64_t deadline) {
-    int64_t left = deadline - now_ms();
-    if (left <= 0)
-        return 0;
-    return left > 60000 ? 60000 : (int)left;
-}
-
-/* poll one fd for events until deadline: 1 ready, 0 timed out, -1 error (errno set). */
-static int wait_fd(int fd, short events, int64_t deadline) {
-    for (;;) {
-        struct pollfd p = {.fd = fd, .events = events};
-        int left = left_ms(deadline);
-        int r = poll(&p, 1, left);
-        if (r > 0)
-            return 1;
-        if (r == 0) {
-            if (left_ms(deadline) == 0)
-                return 0;
-            continue; /* a clamped slice ended, the deadline has not */
-        }
-        if (errno != EINTR)
-            return -1;
-    }
-}
-
-static int buf_put(struct buf *b, const void *data, size_t n) {
-    if (n > b->cap - b->len)
-        return -1;
-    memcpy(b->p + b->len, data, n);
-    b->len += n;
-    return 0;
-}
-
-static int buf_field(struct buf *b, unsigned char tag, const void *data, size_t n) {
-    unsigned char head[NPF_FIELD] = {tag, (unsigned char)(n >> 24), (unsigned char)(n >> 16),
-                                     (unsigned char)(n >> 8), (unsigned char)n};
-    if (n > UINT32_MAX || buf_put(b, head, sizeof head) != 0)
-        return -1;
-    return buf_put(b, data, n);
-}
 
 static uint32_t get_u32(const unsigned char *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
@@ -185,6 +114,79 @@ int npf_parse_answer(const unsigned char *body, size_t len, struct answer *a, co
 }
 
 #ifndef NPF_NO_MAIN
+
+#ifndef NP_SOCKET
+#define NP_SOCKET "/run/netplugin/netplugin.sock"
+#endif
+#ifndef NP_FALLBACK
+#define NP_FALLBACK ""
+#endif
+/* How long the runtime may take to hand over stdin, and to read what is written to stdout. */
+#ifndef NP_IO_TIMEOUT_MS
+#define NP_IO_TIMEOUT_MS 10000
+#endif
+/* The tests' sanitizer build shortens the waits for the daemon; installed builds keep the frame's. */
+#ifndef NP_ANSWER_TIMEOUT_MS
+#define NP_ANSWER_TIMEOUT_MS NPF_ANSWER_TIMEOUT_MS
+#endif
+#define NP_MSG_MAX 512
+
+extern char **environ;
+
+struct buf {
+    unsigned char *p;
+    size_t len, cap;
+};
+
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Milliseconds left until deadline (0 when past it), clamped for poll(2). */
+static int left_ms(int64_t deadline) {
+    int64_t left = deadline - now_ms();
+    if (left <= 0)
+        return 0;
+    return left > 60000 ? 60000 : (int)left;
+}
+
+/* poll one fd for events until deadline: 1 ready, 0 timed out, -1 error (errno set). */
+static int wait_fd(int fd, short events, int64_t deadline) {
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = events};
+        int left = left_ms(deadline);
+        int r = poll(&p, 1, left);
+        if (r > 0)
+            return 1;
+        if (r == 0) {
+            if (left_ms(deadline) == 0)
+                return 0;
+            continue; /* a clamped slice ended, the deadline has not */
+        }
+        if (errno != EINTR)
+            return -1;
+    }
+}
+
+static int buf_put(struct buf *b, const void *data, size_t n) {
+    if (n > b->cap - b->len)
+        return -1;
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+    return 0;
+}
+
+static int buf_field(struct buf *b, unsigned char tag, const void *data, size_t n) {
+    unsigned char head[NPF_FIELD] = {tag, (unsigned char)(n >> 24), (unsigned char)(n >> 16),
+                                     (unsigned char)(n >> 8), (unsigned char)n};
+    if (n > UINT32_MAX || buf_put(b, head, sizeof head) != 0)
+        return -1;
+    return buf_put(b, data, n);
+}
+
 
 /* Write all of data to fd, PIPE_BUF at a time after poll, so no write blocks past the deadline. */
 static int write_all(int fd, const unsigned char *data, size_t n, int64_t deadline) {
@@ -505,7 +507,10 @@ int main(void) {
         bad |= write_all(STDOUT_FILENO, a.out, a.out_len, io);
     if (a.err_len)
         (void)write_all(STDERR_FILENO, a.err, a.err_len, io);
-    return bad && !a.code ? 1 : a.code;
+    int code = bad && !a.code ? 1 : a.code;
+    free(body);
+    free(c.stdin_data);
+    return code;
 }
 
 #endif /* NPF_NO_MAIN */
