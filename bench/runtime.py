@@ -44,8 +44,10 @@ __all__ = ["RUNTIME_KEYS", "fig_runtime"]
 
 RUNTIME_LABELS = {
     "A": LABELS["A"],
-    "F": "netplugin-cni process -> daemon + exec_plugins/bridge",
-    "G": "netplugin-cni process -> daemon + netplugin.io/bridge (native)",
+    "F": "netplugin-cni (compiled) process -> daemon + exec_plugins/bridge",
+    "G": "netplugin-cni (compiled) process -> daemon + netplugin.io/bridge (native)",
+    "Fpy": "netplugin-cni (Python entry script) -> daemon + exec_plugins/bridge",
+    "Gpy": "netplugin-cni (Python entry script) -> daemon + netplugin.io/bridge (native)",
     "H": "netplugin CLI process -> daemon + a no-op exec plugin",
     "P": "floor: python -I -S -c pass (same interpreter)",
 }
@@ -53,7 +55,9 @@ RUNTIME_KEYS = tuple(RUNTIME_LABELS)
 
 
 def entry_scripts(ctx: RunContext) -> dict[str, str]:
-    """The CNI and CLI entry scripts of this checkout (as ``netplugin install-shim`` writes them)."""
+    """The CNI and CLI entry scripts of this checkout (as ``netplugin install-shim`` writes them), and
+    the compiled shim (``cni-native``, as install.sh builds it, the CNI entry script its fallback)."""
+    from netplugin.frontends.cni.native import build_native
     from netplugin.frontends.entrypoints import install_entry
 
     out = {}
@@ -62,6 +66,10 @@ def entry_scripts(ctx: RunContext) -> dict[str, str]:
         if not path.exists():
             install_entry(kind, str(path))
         out[kind] = str(path)
+    native = ctx.workdir / "entry-cni-native"
+    if not native.exists():
+        build_native(str(native), fallback=out["cni"])
+    out["cni-native"] = str(native)
     return out
 
 
@@ -101,8 +109,9 @@ class _DaemonBacked(ExecContender):
 class ShimContender(_DaemonBacked):
     """F and G: the netplugin-cni entry script exec'd like libcni does (CNI_* env, config on stdin)."""
 
-    def __init__(self, net: Network, key: str, plugin: str, plugin_dir: Path) -> None:
+    def __init__(self, net: Network, key: str, plugin: str, plugin_dir: Path, *, native: bool = True) -> None:
         super().__init__(net, key, plugin, plugin_dir)
+        self.native = native
         self.env.update(CNI_IFNAME="eth0", CNI_PATH="/usr/lib/cni")
         self.config = json.dumps({"cniVersion": "1.0.0", "name": f"{net.bridge}-np", "type": "netplugin-cni"}).encode()
 
@@ -114,7 +123,7 @@ class ShimContender(_DaemonBacked):
             CNI_NETNS=pod.netns,
             CNI_ARGS=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}",
         )
-        return _Call([self.scripts["cni"]], env, self.config)
+        return _Call([self.scripts["cni-native" if self.native else "cni"]], env, self.config)
 
     def check_served(self) -> None:
         """The calls went to the daemon (not run alone): its request counter moved."""
@@ -149,6 +158,8 @@ FACTORIES = {
     "A": CniContender,
     "F": lambda net: ShimContender(net, "F", "bridge", bridge_plugin_dir(net)),
     "G": lambda net: ShimContender(net, "G", "netplugin.io/bridge", _empty_dir(net)),
+    "Fpy": lambda net: ShimContender(net, "Fpy", "bridge", bridge_plugin_dir(net), native=False),
+    "Gpy": lambda net: ShimContender(net, "Gpy", "netplugin.io/bridge", _empty_dir(net), native=False),
     "H": lambda net: CliThinContender(net, "H", "noop", _noop_dir(net)),
     "P": BareInterpreter,
 }
@@ -170,7 +181,7 @@ def fig_runtime(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPo
     n = plan.pods
     adds: dict[str, list[float]] = {k: [] for k in keys}
     dels: dict[str, list[float]] = {k: [] for k in keys}
-    bursts: dict[str, list[float]] = {k: [] for k in keys if k in "AFG"}
+    bursts: dict[str, list[float]] = {k: [] for k in keys if k in ("A", "F", "G", "Fpy", "Gpy")}
     live = _Live(ctx, "runtime", keys)
     with _contenders(ctx, "9", keys, pool, factories=FACTORIES) as cs:  # type: ignore[arg-type]
         pods = {k: c.net.new_pods(n + 1) for k, c in cs.items()}
@@ -191,7 +202,7 @@ def fig_runtime(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPo
                             dels[k].append(t)
             for k in live.order(0):
                 live.call(k, cs[k].teardown, pods[k][0])
-        for k in ("F", "G"):
+        for k in ("F", "G", "Fpy", "Gpy"):
             c = cs.get(k)
             if isinstance(c, ShimContender):
                 live.call(k, c.check_served)

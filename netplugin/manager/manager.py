@@ -62,6 +62,9 @@ class CallOptions:
     #: setup also asks the plugin's status (under the same lock, recorded with the setup) and
     #: returns it, or raises its failure after recording the setup
     want_status: bool = False
+    #: files the caller wrote for this setup (the CNI attachment record) that the setup's intent
+    #: record makes durable in its one group commit (not synced by the caller)
+    durable_with: tuple[str, ...] = ()
 
 
 class Manager:
@@ -268,7 +271,8 @@ class Manager:
             pod_obj = self._lookup(pod, Action.SETUP)
             ctx = self._context(Action.SETUP, pod, pod_obj, call, node=node)
             if self.state is not None:
-                self.state.begin(pod, plugin.name, plugin.version(), ctx.netns, pod_obj=pod_obj)
+                also = call.durable_with if call is not None else ()
+                self.state.begin(pod, plugin.name, plugin.version(), ctx.netns, pod_obj=pod_obj, durable_with=also)
             try:
                 plugin.setup(pod, ctx)
             except NetpluginError as e:

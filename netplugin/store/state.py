@@ -5,12 +5,21 @@ One human-readable JSON file per pod sandbox, ``<state_dir>/pods/<namespace>_<na
 infra id is part of the key, so a pod re-created with a new sandbox gets a new record and the old
 sandbox's record stays until its own teardown (or ``netplugin gc``) removes it.
 
-Life of a record, every write atomic and durable (temp file, fsync, rename, fsync of the dir):
+Life of a record, every write atomic (temp file, rename):
 
 * ``begin``        before the plugin's setup runs: state ``setting-up`` (the intent);
 * ``complete``     after setup succeeded: state ``ready``, with the IP from ``status`` if any;
 * ``mark_teardown`` before the plugin's teardown runs: state ``tearing-down``;
 * ``remove``       after teardown (or a rollback) succeeded: the file is gone.
+
+Durability: one durable point per pod action. ``begin`` is made durable (fsync of the file and
+its directory) before the plugin runs, together with the files the caller names
+(``durable_with``: the CNI shim's attachment record), through the process's group commit
+(:mod:`netplugin.store.commit`), so concurrent setups share their fsyncs. The other transitions
+are atomic but not synced: a crash or SIGKILL of any process keeps them (they are in the page
+cache), and only a crash of the machine can lose them, which also loses every network namespace
+and veth, so a pod whose ``ready``, ``tearing-down`` or removal was lost must be torn down after
+such a crash anyway, and is (``netplugin gc``; teardown is idempotent).
 
 Every transition happens under the pod's lock, so a record that is not ``ready`` while nobody
 holds the lock belongs to an action that was interrupted (crash, kill, failed rollback):
@@ -35,7 +44,7 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -275,11 +284,12 @@ class StateStore:
                 log.warning("corrupt pod record %s: %s (set aside as %s)", e.path, e.reason, dest)
             return None
 
-    def _write(self, rec: PodRecord) -> PodRecord:
+    def _write(self, rec: PodRecord, *, durable: bool = False) -> PodRecord:
+        """Write the record atomically; synced only with ``durable`` (see "Durability" above)."""
         self._checked_dir(create=True)
         path = self.path_for(rec.ref)
         try:
-            atomic_write(path, rec.encode(), mode=0o644, durable=self.durable)
+            atomic_write(path, rec.encode(), mode=0o644, durable=durable and self.durable)
         except Exception as e:
             reason = getattr(e, "reason", None) or str(e)
             raise StateError(path, f"cannot write: {reason}") from e
@@ -302,8 +312,13 @@ class StateStore:
         netns: str,
         *,
         pod_obj: Mapping[str, Any] | None = None,
+        durable_with: Sequence[str] = (),
     ) -> None:
-        """Record the intent to set ``pod`` up, before the plugin runs."""
+        """Record the intent to set ``pod`` up, before the plugin runs: the action's one durable write.
+
+        ``durable_with``: files the caller wrote for this action (not yet synced) that become
+        durable in the same group commit as the record.
+        """
         existing = self._existing(pod)
         self._settle_orphans(existing)
         now = now_iso()
@@ -326,7 +341,11 @@ class StateStore:
             ready_at=None,
             owner=Owner.me(),
         )
-        rec = self._write(rec)
+        rec = self._write(rec, durable=False)
+        if self.durable:
+            from netplugin.store.commit import make_durable
+
+            make_durable([self.path_for(pod), *durable_with])
         with self._lock:
             self._pending[record_filename(pod)] = rec
 
@@ -377,7 +396,6 @@ class StateStore:
             return
         except OSError as e:
             raise StateError(path, f"cannot remove: {e.strerror or e}") from e
-        self._sync_dir(self.dir)
 
     def _sync_dir(self, path: str) -> None:
         if not self.durable:
