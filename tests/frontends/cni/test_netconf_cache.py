@@ -14,7 +14,13 @@ from netplugin.frontends.cni.protocol import parse_request
 
 
 def _req(conf: dict[str, object]) -> object:
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "abc", "CNI_IFNAME": "eth0", "CNI_NETNS": "/proc/self/ns/net", "CNI_PATH": "/y"}
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "abc",
+        "CNI_IFNAME": "eth0",
+        "CNI_NETNS": "/proc/self/ns/net",
+        "CNI_PATH": "/y",
+    }
     return parse_request(env, json.dumps(conf).encode())
 
 
