@@ -6,9 +6,11 @@ psutil or any of netplugin's machinery: it sends the raw settings (``--config``,
 the ``NETPLUGIN_*`` variables) and the daemon builds the config from them exactly as
 :mod:`netplugin.frontends.cli` would, runs the action only when that config's fingerprint
 equals its own and its ``use_daemon`` is not ``never``, and otherwise answers "unavailable".
-Output, messages and exit codes are those of the full CLI. Everything else (other commands,
-``--help``, ``-v``, an unusual option, no daemon, a refusal) goes to :func:`netplugin.frontends.cli.main`,
-which decides again with the full config (``use_daemon: always`` then fails with exit 6 there).
+Output, messages and exit codes are those of the full CLI. With no daemon to ask, the pod command
+runs here (:func:`locally`: the config and the manager, no click). Everything else (other commands,
+``--help``, ``-v``, an unusual option, a refusal, ``use_daemon: always``) goes to
+:func:`netplugin.frontends.cli.main`, which decides again with the full config (``use_daemon:
+always`` then fails with exit 6 there).
 
 The socket is ``NETPLUGIN_SOCKET``, else ``<run dir>/netplugin.sock`` with the run dir from
 ``--run-dir``, ``NETPLUGIN_RUN_DIR`` or ``/run/netplugin`` (a socket set only in the config
@@ -22,6 +24,7 @@ import sys
 
 from netplugin.frontends.exitcodes import (
     EXIT_CODES,
+    EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_SYSTEM,
@@ -29,7 +32,7 @@ from netplugin.frontends.exitcodes import (
 )
 from netplugin.frontends.wire import dumps
 
-__all__ = ["EXIT_CODES", "exit_code_for_classes", "main", "parse_pod_command"]
+__all__ = ["EXIT_CODES", "exit_code_for_classes", "locally", "main", "parse_pod_command"]
 
 POD_COMMANDS = ("setup", "teardown", "status")
 #: global options that take a value, and the config key each sets (None: not a config key)
@@ -44,6 +47,7 @@ _VALUE_OPTIONS = {
     "-o": None,
 }
 DEFAULT_RUN_DIR = "/run/netplugin"
+
 
 class PodCommand:
     """A command line this module can serve: the action, the pod and the raw settings."""
@@ -170,6 +174,60 @@ def _emit_result(cmd: PodCommand, result: object) -> None:
         _say(str(result.get("ip")))
 
 
+def _classes(cls: type) -> list[str]:
+    names = []
+    for c in cls.__mro__:
+        names.append(c.__name__)
+        if c.__name__ == "NetpluginError":
+            break
+    return names
+
+
+def locally(cmd: PodCommand, environ: dict[str, str] | os._Environ[str]) -> int | None:
+    """Run the command in this process, as the full CLI would but without click (~40 ms of imports):
+    its exit status, or None when the full CLI must run it (a daemon it should ask, or use_daemon:
+    always, which it reports as exit 6). Output, messages and exit codes are the full CLI's."""
+    from netplugin.core.config import load_config
+    from netplugin.core.errors import NetpluginError
+    from netplugin.core.names import PodRef
+
+    try:
+        cfg = load_config(cmd.config_path, environ=environ, overrides=cmd.overrides)
+        if cfg.use_daemon == "always" or (cfg.use_daemon == "auto" and os.path.exists(cfg.socket_path)):
+            return None
+        from netplugin.manager.manager import Manager
+
+        ref = PodRef(cmd.namespace, cmd.pod, cmd.infra_id)
+        m = Manager(cfg)
+        result: object = None
+        if cmd.action == "setup":
+            status = m.setup(ref)
+            result = {"ip": status.ip if status else None}
+        elif cmd.action == "teardown":
+            m.teardown(ref)
+        else:
+            found = m.status(ref)
+            result = found.to_dict() if found is not None else None
+    except NetpluginError as e:
+        code = exit_code_for_classes(_classes(type(e)))
+        if cmd.output == "json":
+            _say(dumps({"exit_code": code, **e.to_dict()}, sort_keys=True), err=True)
+        else:
+            _say(f"netplugin: error: {e.message}", err=True)
+        return code
+    except (BrokenPipeError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # a bug: the full CLI's message and code, never a traceback
+        code = EXIT_INTERNAL
+        if cmd.output == "json":
+            _say(dumps({"error": "InternalError", "message": str(e), "exit_code": code}, sort_keys=True), err=True)
+        else:
+            _say(f"netplugin: error: internal error: {type(e).__name__}: {e} (run with -v for details)", err=True)
+        return code
+    _emit_result(cmd, result)
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``netplugin``."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -177,6 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     if cmd is not None:
         try:
             code = via_daemon(cmd, os.environ)
+            if code is None and os.environ.get("NETPLUGIN_USE_DAEMON", "auto") != "always":
+                code = locally(cmd, os.environ)
         except BrokenPipeError:
             sys.exit(EXIT_OK)
         except KeyboardInterrupt:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
-import logging
 import os
 import stat
 import threading
@@ -79,7 +78,12 @@ __all__ = [
     "record_filename",
 ]
 
-log = logging.getLogger("netplugin.state")
+
+def _log() -> Any:
+    """The store's logger, imported when a record needs repair: logging costs a CLI call ~8 ms."""
+    import logging
+
+    return logging.getLogger("netplugin.state")
 
 
 _TMP_MARK = RECORD_SUFFIX + ".tmp."  # fsutil.atomic_write names its temp files "<path>.tmp.<pid>.<tid>"
@@ -260,7 +264,7 @@ class StateStore:
         note = f"{path}: {reason}\nset aside at {now_iso()} by pid {os.getpid()}\n"
         atomic_write(dest + ".reason", note.encode(), mode=0o644, durable=self.durable)
         self._sync_dir(self.dir)
-        log.info("corrupt pod record %s set aside as %s: %s", path, dest, reason)
+        _log().info("corrupt pod record %s set aside as %s: %s", path, dest, reason)
         return dest
 
     def remove_temp(self, path: str) -> bool:
@@ -281,7 +285,7 @@ class StateStore:
         except StateError as e:
             if os.path.lexists(e.path):
                 dest = self.set_aside(e.path, e.reason)
-                log.warning("corrupt pod record %s: %s (set aside as %s)", e.path, e.reason, dest)
+                _log().warning("corrupt pod record %s: %s (set aside as %s)", e.path, e.reason, dest)
             return None
 
     def _write(self, rec: PodRecord, *, durable: bool = False) -> PodRecord:
@@ -381,7 +385,7 @@ class StateStore:
             if rec is not None and rec.state == READY and rec.ip != ip:
                 self._write(replace(rec, ip=ip, updated=now_iso()))
         except StateError as e:
-            log.warning("cannot record the IP of %s: %s", pod, e.message)
+            _log().warning("cannot record the IP of %s: %s", pod, e.message)
 
     def remove(self, pod: PodRef) -> None:
         """Forget the pod (after its teardown or rollback succeeded)."""
