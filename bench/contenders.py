@@ -93,7 +93,11 @@ def cli_command() -> tuple[list[str], str]:
     if script.is_file() and os.access(script, os.X_OK):
         done = subprocess.run(
             [sys.executable, "-c", "import netplugin; print(netplugin.__file__)"],
-            capture_output=True, text=True, cwd="/", timeout=60, stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            cwd="/",
+            timeout=60,
+            stdin=subprocess.DEVNULL,
         )
         origin = Path(done.stdout.strip()).resolve() if done.returncode == 0 and done.stdout.strip() else None
         if origin is not None and REPO in origin.parents:
@@ -321,23 +325,25 @@ class CniContender(ExecContender):
 
     def __init__(self, net: Network) -> None:
         super().__init__(net)
-        self.config = json.dumps({
-            "cniVersion": "1.0.0",
-            "name": f"{net.bridge}-net",
-            "type": "bridge",
-            "bridge": net.bridge,
-            "isGateway": True,
-            # the netplugin bridge plugins give every pod a default route via the gateway: same work
-            "isDefaultGateway": True,
-            "hairpinMode": True,
-            "ipMasq": False,
-            "mtu": 1500,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [[{"subnet": str(net.subnet), "gateway": net.gateway}]],
-                "dataDir": str(net.dir / "cni-ipam"),
-            },
-        }).encode()
+        self.config = json.dumps(
+            {
+                "cniVersion": "1.0.0",
+                "name": f"{net.bridge}-net",
+                "type": "bridge",
+                "bridge": net.bridge,
+                "isGateway": True,
+                # the netplugin bridge plugins give every pod a default route via the gateway: same work
+                "isDefaultGateway": True,
+                "hairpinMode": True,
+                "ipMasq": False,
+                "mtu": 1500,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": str(net.subnet), "gateway": net.gateway}]],
+                    "dataDir": str(net.dir / "cni-ipam"),
+                },
+            }
+        ).encode()
         self.base_env = clean_environ()
         self.base_env.update(CNI_IFNAME="eth0", CNI_PATH=CNI_DIR)
 
@@ -433,13 +439,23 @@ class DirectBridgeContender(ExecContender):
 
     def call(self, action: str, pod: Pod) -> _Call:
         env = dict(self.env)
-        env.update(NETPLUGIN_ACTION=action, NETPLUGIN_POD_NAMESPACE=pod.namespace, NETPLUGIN_POD_NAME=pod.name,
-                   NETPLUGIN_INFRA_ID=pod.infra_id, NETPLUGIN_NETNS=pod.netns)
+        env.update(
+            NETPLUGIN_ACTION=action,
+            NETPLUGIN_POD_NAMESPACE=pod.namespace,
+            NETPLUGIN_POD_NAME=pod.name,
+            NETPLUGIN_INFRA_ID=pod.infra_id,
+            NETPLUGIN_NETNS=pod.netns,
+        )
         return _Call([self.exe, action, pod.namespace, pod.name, pod.infra_id], env)
 
     def start(self) -> None:
-        done = subprocess.run([self.exe, "init"], env={**self.env, "NETPLUGIN_ACTION": "init"},
-                              capture_output=True, stdin=subprocess.DEVNULL, timeout=60)
+        done = subprocess.run(
+            [self.exe, "init"],
+            env={**self.env, "NETPLUGIN_ACTION": "init"},
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+        )
         if done.returncode != 0:
             raise BenchError(f"X init failed: {done.stderr.decode(errors='replace')[-400:]}")
 
@@ -482,8 +498,13 @@ class Daemon:
         logf = open(self.log, "wb")  # noqa: SIM115 - the child keeps it; closed below
         try:
             self.proc = subprocess.Popen(
-                [*self.cli, "serve"], env=self.env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                close_fds=True, start_new_session=True,
+                [*self.cli, "serve"],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
+                close_fds=True,
+                start_new_session=True,
             )
         finally:
             logf.close()
@@ -705,7 +726,12 @@ class FloorContender(Contender):
         fd = os.open(pod.netns, os.O_RDONLY | os.O_CLOEXEC)
         try:
             self._ipr.link(
-                "add", ifname=host, kind="veth", mtu=1500, master=self._bridge_index, state="up",
+                "add",
+                ifname=host,
+                kind="veth",
+                mtu=1500,
+                master=self._bridge_index,
+                state="up",
                 peer={"ifname": "eth0", "net_ns_fd": fd, "mtu": 1500},
             )
         finally:

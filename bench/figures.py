@@ -86,8 +86,19 @@ class Plan:
     @classmethod
     def make(cls, quick: bool, pods: int | None) -> Plan:
         if quick:
-            return cls(True, pods or 3, burst=5, burst_rounds=1, drain=5, drain_rounds=1, levels=(2, 8),
-                       level_samples=3, cold_runs=5, cold_warmups=1, overhead_runs=5)
+            return cls(
+                True,
+                pods or 3,
+                burst=5,
+                burst_rounds=1,
+                drain=5,
+                drain_rounds=1,
+                levels=(2, 8),
+                level_samples=3,
+                cold_runs=5,
+                cold_warmups=1,
+                overhead_runs=5,
+            )
         return cls(False, pods or 60)
 
 
@@ -179,8 +190,15 @@ class _Live:
         return f"FAILED after {n} sample(s): {self.failed[key][:160]}"
 
 
-def _row(live: _Live, key: str, label: str, samples: Sequence[float], cols: Sequence[str],
-         note: str = "", **extra: float | None) -> Row:
+def _row(
+    live: _Live,
+    key: str,
+    label: str,
+    samples: Sequence[float],
+    cols: Sequence[str],
+    note: str = "",
+    **extra: float | None,
+) -> Row:
     """A row of stats (median, p90, min, max as ``cols`` asks); empty when there are no samples."""
     values: dict[str, float | None] = {c: None for c in cols}
     if samples:
@@ -221,8 +239,15 @@ def fig_pods(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool)
                             teardowns[k].append(t)
             for k in live.order(0):
                 live.call(k, cs[k].teardown, pods[k][0])
-    fs = Figure("setup", f"Per-pod setup ({n} pods, after one warm-up pod)", "ms", ["median", "p90", "first"],
-                ratio_column="median", samples=setups, plot="setup.png")
+    fs = Figure(
+        "setup",
+        f"Per-pod setup ({n} pods, after one warm-up pod)",
+        "ms",
+        ["median", "p90", "first"],
+        ratio_column="median",
+        samples=setups,
+        plot="setup.png",
+    )
     fs.rows = [_row(live, k, LABELS[k], setups[k], ["median", "p90"], first=first.get(k)) for k in keys]
     fs.notes = [
         "first = the very first setup on a fresh network, not part of the median: for A and B it creates the "
@@ -233,8 +258,15 @@ def fig_pods(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool)
         "exec'd by the benchmark with the environment netplugin gives it (no ratio target: it shows how much "
         "of B and C is the plugin itself).",
     ]
-    ft = Figure("teardown", f"Per-pod teardown ({n} pods, netns still present)", "ms", ["median", "p90"],
-                ratio_column="median", samples=teardowns, plot="teardown.png")
+    ft = Figure(
+        "teardown",
+        f"Per-pod teardown ({n} pods, netns still present)",
+        "ms",
+        ["median", "p90"],
+        ratio_column="median",
+        samples=teardowns,
+        plot="teardown.png",
+    )
     ft.rows = [_row(live, k, LABELS[k], teardowns[k], ["median", "p90"]) for k in keys]
     ft.notes = ["The kernel's veth deletion (RCU grace periods, ~15-25 ms) dominates every contender's teardown."]
     return [fs, ft]
@@ -264,8 +296,15 @@ def fig_burst(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool
                     samples[k].append(ms(t))
                 live.call(k, c.drain, pods)
                 c.net.drop_pods(pods)
-    fig = Figure("burst", f"Burst: {n} setups issued at once (makespan, {rounds} round(s))", "ms",
-                 ["median", "min", "max"], ratio_column="median", samples=samples, plot="burst.png")
+    fig = Figure(
+        "burst",
+        f"Burst: {n} setups issued at once (makespan, {rounds} round(s))",
+        "ms",
+        ["median", "min", "max"],
+        ratio_column="median",
+        samples=samples,
+        plot="burst.png",
+    )
     for k in keys:
         note = "one thread: back to back, not concurrent" if k == "E" else ""
         fig.rows.append(_row(live, k, CONTENDERS[k], samples[k], ["median", "min", "max"], note))
@@ -322,8 +361,16 @@ def fig_drain(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool
                     samples[v].append(ms(t))
             for v, ps in pods.items():
                 cs[v[0]].net.drop_pods(ps)
-    fig = Figure("drain", f"Drain: tear down {n} pods ({rounds} round(s))", "ms", ["median", "min", "max", "per pod"],
-                 ratio_column="median", samples=samples, plot="drain.png", params={"pods": n, "rounds": rounds})
+    fig = Figure(
+        "drain",
+        f"Drain: tear down {n} pods ({rounds} round(s))",
+        "ms",
+        ["median", "min", "max", "per pod"],
+        ratio_column="median",
+        samples=samples,
+        plot="drain.png",
+        params={"pods": n, "rounds": rounds},
+    )
     how = {
         "A": "sequential DELs, as the target states",
         "A-par": "all DELs started at once",
@@ -335,8 +382,9 @@ def fig_drain(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool
     }
     for v in variants:
         per_pod = statistics.median(samples[v]) / n if samples[v] else None
-        fig.rows.append(_row(live, v, CONTENDERS[v[0]], samples[v], ["median", "min", "max"], how[v],
-                             **{"per pod": per_pod}))
+        fig.rows.append(
+            _row(live, v, CONTENDERS[v[0]], samples[v], ["median", "min", "max"], how[v], **{"per pod": per_pod})
+        )
     fig.notes = [
         "The target compares D's drain with A's sequential DELs (row A). B is not run: the CLI has no drain; "
         "it would be n sequential `netplugin teardown` processes, n times its per-pod teardown above.",
@@ -405,8 +453,10 @@ def fig_scale(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool
                 if lv > present and pop not in live.failed:
                     live.call(pop, cs[pop].populate, cs[pop].net.new_pods(lv - present))
                     present = lv
-                ctx.progress(f"  scale {'+'.join(block)}: {lv} pods present (populated in "
-                             f"{time.monotonic() - t0:.1f}s); measuring {k} setups each")
+                ctx.progress(
+                    f"  scale {'+'.join(block)}: {lv} pods present (populated in "
+                    f"{time.monotonic() - t0:.1f}s); measuring {k} setups each"
+                )
                 new = {key: cs[key].net.new_pods(k) for key in block}
                 with _quiet_gc():
                     for i in range(k):
@@ -422,9 +472,16 @@ def fig_scale(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool
                     if v is not None:
                         rss.setdefault(key, {})[f"N={lv}"] = v / 2**20
     cols = [f"N={lv}" for lv in levels]
-    fig = Figure("scale", f"Per-pod setup with N pods already present (median of {k})", "ms",
-                 [*cols, "growth", "growth beyond E"], ratio_column=cols[-1], unitless=["growth"],
-                 samples={f"{key}@{lv}": samples[key][lv] for key in keys for lv in levels}, plot="scale.png")
+    fig = Figure(
+        "scale",
+        f"Per-pod setup with N pods already present (median of {k})",
+        "ms",
+        [*cols, "growth", "growth beyond E"],
+        ratio_column=cols[-1],
+        unitless=["growth"],
+        samples={f"{key}@{lv}": samples[key][lv] for key in keys for lv in levels},
+        plot="scale.png",
+    )
     for key in keys:
         vals: dict[str, float | None] = {
             f"N={lv}": statistics.median(samples[key][lv]) if samples[key][lv] else None for lv in levels
@@ -450,19 +507,23 @@ def fig_scale(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool
         "E, the floor, shows what the kernel alone does as pods accumulate (every port added to a bridge "
         "walks the bridge's port list, for example); growth beyond E's is the contender's own.",
         f"A Linux bridge takes at most {BRIDGE_MAX_PORTS} ports (BR_MAX_PORTS; the next port fails with "
-        "\"Exchange full\"): no bridge plugin, reference or netplugin's, can hold more pods on one bridge.",
+        '"Exchange full"): no bridge plugin, reference or netplugin\'s, can hold more pods on one bridge.',
     ]
     if shared:
-        fig.notes.append("B and C share one network and one netplugin state (both are netplugin on one node); "
-                         "its pods present were set up through C's daemon.")
+        fig.notes.append(
+            "B and C share one network and one netplugin state (both are netplugin on one node); "
+            "its pods present were set up through C's daemon."
+        )
     rss_fig = None
     if rss:
         rcols = list(next(iter(rss.values())).keys())
         rss_fig = Figure("rss", "Daemon resident memory (psutil RSS)", "MiB", rcols, plot="rss.png")
         for key, vals2 in rss.items():
             rss_fig.rows.append(Row(key, CONTENDERS[key], {c: vals2.get(c) for c in rcols}))
-        rss_fig.notes = ["Measured in the scale figure's daemons: after their first pod, then after each level. "
-                         "A has no long-running process (no ratio)."]
+        rss_fig.notes = [
+            "Measured in the scale figure's daemons: after their first pod, then after each level. "
+            "A has no long-running process (no ratio)."
+        ]
     return fig, rss_fig
 
 
@@ -494,12 +555,22 @@ def fig_coldstart(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: Subnet
         cni_env.update(CNI_COMMAND="VERSION", CNI_PATH="/usr/lib/cni")
         # The same CLI on an interpreter started with -S: no .pth start-up hooks (an editable install's
         # finder, a machine's own hooks), only the paths; what a plain install costs without them.
-        bare = (f"import sys; sys.path[:0] = {[str(REPO), sysconfig.get_paths()['purelib']]!r}; "
-                "from netplugin.frontends.cli import main; main()")
+        bare = (
+            f"import sys; sys.path[:0] = {[str(REPO), sysconfig.get_paths()['purelib']]!r}; "
+            "from netplugin.frontends.cli import main; main()"
+        )
         variants: dict[str, Callable[[int], list[str]]] = {
             "B": lambda i: [*ctx.cli, "setup", "bench", f"p-cold-{i}", f"{ctx.tag}-cold-{i}"],
-            "B-S": lambda i: [sys.executable, "-S", "-c", bare, "setup", "bench", f"p-cold-s-{i}",
-                              f"{ctx.tag}-cold-s-{i}"],
+            "B-S": lambda i: [
+                sys.executable,
+                "-S",
+                "-c",
+                bare,
+                "setup",
+                "bench",
+                f"p-cold-s-{i}",
+                f"{ctx.tag}-cold-s-{i}",
+            ],
             "py": lambda i: [sys.executable, "-c", "pass"],
             "py-S": lambda i: [sys.executable, "-S", "-c", "pass"],
         }
@@ -519,8 +590,14 @@ def fig_coldstart(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: Subnet
         def once(v: str, i: int) -> float:
             stdin = b'{"cniVersion":"1.0.0"}' if v == "A" else None
             t0 = time.perf_counter()
-            done = subprocess.run(variants[v](i), env=envs[v], input=stdin, capture_output=True,
-                                  stdin=None if stdin is not None else subprocess.DEVNULL, timeout=60)
+            done = subprocess.run(
+                variants[v](i),
+                env=envs[v],
+                input=stdin,
+                capture_output=True,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
+                timeout=60,
+            )
             t = ms(time.perf_counter() - t0)
             if done.returncode != 0:
                 raise BenchError(f"cold start {v} failed: {done.stderr.decode(errors='replace')[-400:]}")
@@ -533,8 +610,11 @@ def fig_coldstart(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: Subnet
             for i in range(runs):
                 for v in rotate(list(variants), i):
                     samples[v].append(once(v, i))
-        it_argv = [sys.executable, "-X", "importtime", *ctx.cli[1:]] if ctx.cli[0] == sys.executable else \
-            [sys.executable, "-X", "importtime", ctx.cli[0]]
+        it_argv = (
+            [sys.executable, "-X", "importtime", *ctx.cli[1:]]
+            if ctx.cli[0] == sys.executable
+            else [sys.executable, "-X", "importtime", ctx.cli[0]]
+        )
         totals = []
         for i in range(5 if not plan.quick else 1):
             totals.append(_importtime([*it_argv, "setup", "bench", f"p-it-{i}", f"{ctx.tag}-it-{i}"], env))
@@ -544,8 +624,15 @@ def fig_coldstart(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: Subnet
         if daemon is not None:
             daemon.stop()
         net.close()
-    fig = Figure("coldstart", f"CLI cold start: `netplugin setup` with the no-op plugin ({runs} runs)", "ms",
-                 ["median", "p90"], ratio_column="median", samples=samples, plot="coldstart.png")
+    fig = Figure(
+        "coldstart",
+        f"CLI cold start: `netplugin setup` with the no-op plugin ({runs} runs)",
+        "ms",
+        ["median", "p90"],
+        ratio_column="median",
+        samples=samples,
+        plot="coldstart.png",
+    )
     labels = {
         "B": "netplugin setup (kubernetes.io/no-op), a new process",
         "B-d": "the same through a running daemon (use_daemon always: thin client + round trip)",
@@ -561,7 +648,8 @@ def fig_coldstart(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: Subnet
         f"Started as {' '.join(ctx.cli)} (pyc and page cache warm: {plan.cold_warmups} unmeasured run(s) of each "
         "first).",
         f"`-X importtime` (median of runs): top-level imports {total:.1f} ms in all; largest: "
-        + ", ".join(f"{m} {v:.1f}" for m, v in top[:8]) + ".",
+        + ", ".join(f"{m} {v:.1f}" for m, v in top[:8])
+        + ".",
     ]
     return fig
 
@@ -586,8 +674,14 @@ def fig_overhead(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetP
 
         def direct(p: Pod) -> object:
             env = dict(cli_env)
-            env.update(NETPLUGIN_ACTION="setup", NETPLUGIN_PLUGIN="trivial", NETPLUGIN_POD_NAMESPACE=p.namespace,
-                       NETPLUGIN_POD_NAME=p.name, NETPLUGIN_INFRA_ID=p.infra_id, NETPLUGIN_NETNS=p.netns)
+            env.update(
+                NETPLUGIN_ACTION="setup",
+                NETPLUGIN_PLUGIN="trivial",
+                NETPLUGIN_POD_NAMESPACE=p.namespace,
+                NETPLUGIN_POD_NAME=p.name,
+                NETPLUGIN_INFRA_ID=p.infra_id,
+                NETPLUGIN_NETNS=p.netns,
+            )
             done = run([exe, "setup", p.namespace, p.name, p.infra_id], env=env, timeout=30)
             if not done.ok:
                 raise BenchError(f"trivial plugin failed: {done.stderr[-300:]!r}")
@@ -615,8 +709,14 @@ def fig_overhead(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetP
         if daemon is not None:
             daemon.stop()
         net.close()
-    fig = Figure("overhead", f"netplugin's overhead over running the plugin directly (trivial plugin, {runs} runs)",
-                 "ms", ["median", "p90", "overhead"], samples=samples, plot="overhead.png")
+    fig = Figure(
+        "overhead",
+        f"netplugin's overhead over running the plugin directly (trivial plugin, {runs} runs)",
+        "ms",
+        ["median", "p90", "overhead"],
+        samples=samples,
+        plot="overhead.png",
+    )
     base = statistics.median(samples["direct"])
     labels = {
         "direct": "the plugin exec'd directly with netplugin.core.invoke.run",
@@ -634,4 +734,3 @@ def fig_overhead(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetP
         "No A row: CNI plugins are called by the runtime directly, there is no layer to compare.",
     ]
     return fig
-

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .cluster import fig_cluster
+from .containerd import fig_containerd
 from .contenders import CNI_BRIDGE, CNI_DIR, CONTENDERS, Daemon, RunContext, clean_environ, cli_command, leftovers
 from .figures import Plan, fig_burst, fig_coldstart, fig_drain, fig_overhead, fig_pods, fig_scale
 from .report import Figure, Meta, evaluate_targets, render, write_json
@@ -27,15 +28,19 @@ from .util import REPO, BenchError, Cleanup, NetnsFactory, SubnetPool
 
 __all__ = ["FIGURES", "run"]
 
-FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale", "runtime", "cluster")
+FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale", "runtime", "containerd", "cluster")
 CNI_HINT = "install Debian's reference plugins: apt-get install -y containernetworking-plugins (into /usr/lib/cni)"
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description="netplugin's benchmarks (run as root).")
     p.add_argument("--quick", action="store_true", help="smoke-test sizes (a few pods; under a minute)")
-    p.add_argument("--out", metavar="DIR", help="write BENCHMARKS.md, results.json and plots/ here "
-                   "(default: the checkout: BENCHMARKS.md, bench/plots/, bench/out/)")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write BENCHMARKS.md, results.json and plots/ here "
+        "(default: the checkout: BENCHMARKS.md, bench/plots/, bench/out/)",
+    )
     p.add_argument("--pods", type=int, metavar="N", help="pods in the per-pod figure (default 60; quick 3)")
     p.add_argument("--only", metavar="FIGS", help=f"comma-separated subset of: {', '.join(FIGURES)}")
     p.add_argument("--contenders", metavar="KEYS", default="ABCDE", help="subset of ABCDE (default: all available)")
@@ -103,8 +108,12 @@ def _probe_daemon(ctx: RunContext) -> str | None:
     d.mkdir(mode=0o755)
     (d / "exec").mkdir(mode=0o755)
     env = clean_environ()
-    env.update(NETPLUGIN_PLUGIN_DIR=str(d / "exec"), NETPLUGIN_STATE_DIR=str(d / "state"),
-               NETPLUGIN_RUN_DIR=str(d / "run"), NETPLUGIN_HOST="none")
+    env.update(
+        NETPLUGIN_PLUGIN_DIR=str(d / "exec"),
+        NETPLUGIN_STATE_DIR=str(d / "state"),
+        NETPLUGIN_RUN_DIR=str(d / "run"),
+        NETPLUGIN_HOST="none",
+    )
     if ctx.cli[0] == sys.executable:
         env["PYTHONPATH"] = str(REPO)
     daemon = Daemon(env, str(d / "probe.sock"), ctx.cli, d / "daemon.log")
@@ -125,8 +134,14 @@ def _availability(ctx: RunContext, wanted: str) -> tuple[dict[str, str], dict[st
         missing["A"] = f"{CNI_BRIDGE} or host-local not found: {CNI_HINT}"
     else:
         ok["A"] = f"{CNI_BRIDGE} ({_cmd(['dpkg-query', '-W', '-f', '${Version}', 'containernetworking-plugins'])})"
-    done = subprocess.run([*ctx.cli, "--version"], capture_output=True, text=True, env=clean_environ(),
-                          stdin=subprocess.DEVNULL, timeout=60)
+    done = subprocess.run(
+        [*ctx.cli, "--version"],
+        capture_output=True,
+        text=True,
+        env=clean_environ(),
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
     if done.returncode != 0:
         missing["B"] = f"`netplugin --version` failed: {done.stderr.strip()[-300:]}"
     else:
@@ -245,6 +260,7 @@ def run(argv: list[str] | None = None) -> int:
             ("coldstart", lambda: [fig_coldstart(ctx, plan, keys, pool)]),
             ("scale", lambda: [f for f in fig_scale(ctx, plan, keys, pool) if f is not None]),
             ("runtime", lambda: fig_runtime(ctx, plan, keys, pool)),
+            ("containerd", lambda: fig_containerd(ctx, plan, pool)),
             ("cluster", lambda: fig_cluster(plan.quick, _say)),
         ]
         for name, step in steps:
@@ -287,14 +303,14 @@ def run(argv: list[str] | None = None) -> int:
             "run tag": tag,
             "netplugin CLI": cli_desc,
             "sizes": f"per-pod {plan.pods} pods; burst {plan.burst} x {plan.burst_rounds} rounds; "
-                     f"drain {plan.drain} x {plan.drain_rounds} rounds; levels {', '.join(map(str, plan.levels))} "
-                     f"with {plan.level_samples} setups each; cold start {plan.cold_runs} runs; "
-                     f"overhead {plan.overhead_runs} runs",
+            f"drain {plan.drain} x {plan.drain_rounds} rounds; levels {', '.join(map(str, plan.levels))} "
+            f"with {plan.level_samples} setups each; cold start {plan.cold_runs} runs; "
+            f"overhead {plan.overhead_runs} runs",
             "subnets": "random /24s (figures 1-3, 5, 6) and /21s (scale) inside 10.202.0.0/16",
             "netplugin settings": "environment variables (no config file), host none (no pod lookup), "
-                                  "use_daemon never for the CLI",
+            "use_daemon never for the CLI",
             "A config": "cniVersion 1.0.0, bridge with isGateway, isDefaultGateway, hairpinMode, ipMasq off, "
-                        "mtu 1500; host-local with the same subnet size as the other contenders",
+            "mtu 1500; host-local with the same subnet size as the other contenders",
             "figure durations": ", ".join(f"{k} {v}" for k, v in durations.items()),
         },
         problems=problems,

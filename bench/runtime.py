@@ -4,9 +4,10 @@ A container runtime execs ``netplugin-cni`` for every ADD and DEL; what it waits
 process, start to exit. These rows time exactly that, interleaved in one run with contender A
 (the reference CNI bridge + host-local, exec'd the same way):
 
-* F: ``netplugin-cni`` (the entry script ``netplugin install-shim`` writes: ``python -I -S``),
-  forwarding to a daemon of the same settings that runs the bash bridge plugin;
+* F: the compiled ``netplugin-cni`` (C, one binary frame to the daemon; issue 18), forwarding to a
+  daemon of the same settings that runs the bash bridge plugin;
 * G: the same with the daemon's in-process native plugin (``netplugin.io/bridge``);
+* Fpy, Gpy: F and G with the Python entry script (``python -I -S``) instead, kept for comparison;
 * H: ``netplugin setup|teardown`` (the CLI entry script) through a daemon whose exec plugin does
   nothing (``exit 0``), so that H minus P is the CLI's thin path itself: its imports, the request,
   the daemon's locks, records and exec;
@@ -236,23 +237,44 @@ def _figures(
     dels: dict[str, list[float]],
     bursts: dict[str, list[float]],
 ) -> list[Figure]:
-    fa = Figure("runtime-add", f"The runtime's view: ADD / setup as a process ({n} pods, daemon up)", "ms",
-                ["median", "p90"], ratio_column="median", samples=adds)
+    fa = Figure(
+        "runtime-add",
+        f"The runtime's view: ADD / setup as a process ({n} pods, daemon up)",
+        "ms",
+        ["median", "p90"],
+        ratio_column="median",
+        samples=adds,
+    )
     fa.rows = [_row(live, k, RUNTIME_LABELS[k], adds[k], ["median", "p90"]) for k in keys]
     fa.notes = [
         "Each sample is one process from exec to exit, as libcni (A, F, G) or an operator (H) runs it. F and G "
-        "are the entry script `netplugin install-shim` writes (python -I -S, explicit path): the shim reads its "
-        "config, forwards the call over the daemon's socket with the standard library only, and prints the "
-        "daemon's answer. H is `netplugin setup` through a daemon whose exec plugin does nothing (the CLI's "
-        "stdlib-only path; H - P is its whole cost). P is the bare interpreter on the same binary.",
+        "are the compiled netplugin-cni (C, `netplugin install-shim --kind cni-native`, as install.sh installs it): "
+        "it sends the CNI_*/NETPLUGIN_* variables and stdin in one binary frame over the daemon's socket and writes "
+        "the daemon's answer. Fpy and Gpy are the Python entry script `netplugin install-shim` writes (python -I -S; "
+        "the compiled shim's fallback), kept for comparison. H is `netplugin setup` through a daemon whose exec "
+        "plugin does nothing (the CLI's stdlib-only path; H - P is its whole cost). P is the bare interpreter.",
     ]
-    fd = Figure("runtime-del", f"The runtime's view: DEL / teardown as a process ({n} pods, netns present)", "ms",
-                ["median", "p90"], ratio_column="median", samples=dels)
+    fd = Figure(
+        "runtime-del",
+        f"The runtime's view: DEL / teardown as a process ({n} pods, netns present)",
+        "ms",
+        ["median", "p90"],
+        ratio_column="median",
+        samples=dels,
+    )
     fd.rows = [_row(live, k, RUNTIME_LABELS[k], dels[k], ["median", "p90"]) for k in keys]
-    fb = Figure("runtime-burst", f"The runtime's view: {plan.burst} ADD processes at once (makespan, "
-                f"{plan.burst_rounds} round(s))", "ms", ["median", "min", "max"], ratio_column="median",
-                samples=bursts, params={"burst": plan.burst})
+    fb = Figure(
+        "runtime-burst",
+        f"The runtime's view: {plan.burst} ADD processes at once (makespan, {plan.burst_rounds} round(s))",
+        "ms",
+        ["median", "min", "max"],
+        ratio_column="median",
+        samples=bursts,
+        params={"burst": plan.burst},
+    )
     fb.rows = [_row(live, k, RUNTIME_LABELS[k], bursts[k], ["median", "min", "max"]) for k in keys if k in bursts]
-    fb.notes = ["Every process started back to back (Popen), then all waited for; makespan from the first start "
-                "to the last exit. F and G: the daemon runs the 20 calls concurrently, one worker each."]
+    fb.notes = [
+        "Every process started back to back (Popen), then all waited for; makespan from the first start "
+        "to the last exit. F and G: the daemon runs the 20 calls concurrently, one worker each."
+    ]
     return [fa, fd, fb]
