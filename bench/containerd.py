@@ -25,8 +25,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .contenders import CNI_DIR, RunContext
-from .figures import Plan, _Live, _row
+from .contenders import CNI_DIR
+from .context import RunContext
+from .harness import Live, Plan, stat_row
 from .report import Figure
 from .util import REPO, BenchError, SubnetPool, ms
 
@@ -111,7 +112,7 @@ def fig_containerd(ctx: RunContext, plan: Plan, pool: SubnetPool) -> list[Figure
             {"type": "bridge", "bridge": cni_bridge, "isGateway": True, "ipam": {
                 "type": "host-local", "subnet": str(cni_subnet), "dataDir": str(ctx.workdir / "ctd-host-local")}}]},
     }  # fmt: skip
-    live = _Live(ctx, "containerd", list(CONTAINERD_LABELS))
+    live = Live(ctx, "containerd", list(CONTAINERD_LABELS))
     runs: dict[str, list[float]] = {k: [] for k in CONTAINERD_LABELS}
     stops: dict[str, list[float]] = {k: [] for k in CONTAINERD_LABELS}
     for r in range(rounds + 1):  # round 0 warms up each row (pause image, init, bridges): not kept
@@ -155,7 +156,7 @@ def _close(ctd: Any, daemon: subprocess.Popen[bytes], bridges: tuple[str, ...]) 
                 subprocess.run(["ip", "link", "del", b], capture_output=True, timeout=60)
 
 
-def _figures(live: _Live, runs: dict[str, list[float]], stops: dict[str, list[float]], n: int, rounds: int,
+def _figures(live: Live, runs: dict[str, list[float]], stops: dict[str, list[float]], n: int, rounds: int,
              served: int) -> list[Figure]:  # fmt: skip
     cols = ["median", "p90"]
     fig_run = Figure("containerd-run", f"containerd RunPodSandbox ({n} x {rounds} per row, interleaved)", "ms",
@@ -163,7 +164,7 @@ def _figures(live: _Live, runs: dict[str, list[float]], stops: dict[str, list[fl
     fig_stop = Figure("containerd-stop", f"containerd StopPodSandbox ({n} x {rounds} per row, interleaved)", "ms",
                       cols, ratio_column="median", samples=stops)  # fmt: skip
     for fig, data in ((fig_run, runs), (fig_stop, stops)):
-        rows = [_row(live, k, CONTAINERD_LABELS[k], data[k], cols) for k in CONTAINERD_LABELS]
+        rows = [stat_row(live, k, CONTAINERD_LABELS[k], data[k], cols) for k in CONTAINERD_LABELS]
         floor = next((r.values.get("median") for r in rows if r.key == "HOST"), None)
         for row in rows:
             med = row.values.get("median")

@@ -50,7 +50,8 @@ def _bars(plt: Any, fig: Figure, path: Path) -> None:
     positive = [v for v in vals if v > 0]
     if positive and max(positive) / min(positive) > 20:
         ax.set_yscale("log")  # one slow contender would flatten all the others
-    ax.set_ylabel(f"{col} ({fig.unit})" + (", log scale" if ax.get_yscale() == "log" else "") if fig.unit else col)
+    ax.set_ylabel(f"{col} ({fig.unit})" + (", log scale" if ax.get_yscale() == "log" else "")
+                  if fig.unit else col)
     ax.set_title(fig.title, fontsize=10)
     ax.margins(y=0.2)
     f.tight_layout()
@@ -68,9 +69,8 @@ def _scale(plt: Any, fig: Figure, path: Path) -> None:
         ys = [r.values.get(c) for c in cols]
         ax.plot(levels, ys, marker="o", label=f"{r.key}: {r.label}", color=_color(r.key))
         if ys[0]:
-            rel.plot(
-                levels, [None if y is None else y / ys[0] for y in ys], marker="o", label=r.key, color=_color(r.key)
-            )
+            rel.plot(levels, [None if y is None else y / ys[0] for y in ys], marker="o", label=r.key,
+                     color=_color(r.key))
     for a in (ax, rel):
         a.set_xscale("log")
         a.set_xticks(levels, [str(lv) for lv in levels])

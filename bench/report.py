@@ -112,16 +112,8 @@ def evaluate_targets(figures: Sequence[Figure]) -> list[Target]:
         text = f"{key} per-pod setup median ≤ {limit}x A's ADD median"
         r = setup.ratio(key) if setup else None
         if r is None:
-            out.append(
-                Target(
-                    f"setup-{key}",
-                    text,
-                    "not measured",
-                    f"{limit}x",
-                    None,
-                    f"{key} or A unavailable" if setup else "figure not run",
-                )
-            )
+            out.append(Target(f"setup-{key}", text, "not measured", f"{limit}x", None,
+                              f"{key} or A unavailable" if setup else "figure not run"))
             continue
         assert setup is not None
         detail = f"{key} {_fmt(setup.value(key, 'median'))} ms vs A {_fmt(setup.value('A', 'median'))} ms"
@@ -152,83 +144,37 @@ def evaluate_targets(figures: Sequence[Figure]) -> list[Target]:
         detail = f"{cols[-1]}: {_fmt(hi)} ms, {cols[0]}: {_fmt(lo)} ms"
         e_growth = scale.value("E", "growth")
         if e_growth is not None:
-            detail += (
-                f"; the floor E grows {e_growth:.2f}x, this row {_fmt(scale.value(key, 'growth beyond E'))} ms "
-                "more than E"
-            )
-        out.append(
-            Target(
-                f"scale-{key}",
-                f"{key}: per-pod setup with {cols[-1][2:]} pods present ≤ 1.1x that with {cols[0][2:]}",
-                f"{r:.2f}x",
-                "≤ 1.1x",
-                r <= 1.1,
-                detail,
-            )
-        )
-        if key == "D" and e_growth is not None:  # issue 18: D grows no more than the kernel floor E + 0.1
-            out.append(
-                Target(
-                    "scale-D-vs-E",
-                    f"D: growth from {cols[0][2:]} to {cols[-1][2:]} pods ≤ E's growth + 0.1",
-                    f"{r:.2f}x",
-                    f"≤ {e_growth + 0.1:.2f}x",
-                    r <= e_growth + 0.1,
-                    detail,
-                )
-            )
+            detail += (f"; the floor E grows {e_growth:.2f}x, this row {_fmt(scale.value(key, 'growth beyond E'))} ms "
+                       "more than E")
+        out.append(Target(f"scale-{key}", f"{key}: per-pod setup with {cols[-1][2:]} pods present ≤ 1.1x "
+                          f"that with {cols[0][2:]}", f"{r:.2f}x", "≤ 1.1x", r <= 1.1, detail))
+        if key == "D" and e_growth is not None:  # issue 18: D grows no more than the kernel floor E, + 0.1
+            out.append(Target("scale-D-vs-E", f"D: growth from {cols[0][2:]} to {cols[-1][2:]} pods ≤ E's + 0.1",
+                              f"{r:.2f}x", f"≤ {e_growth + 0.1:.2f}x", r <= e_growth + 0.1, detail))
 
     cold = _get(figs, "coldstart")
     v = cold.value("B", "median") if cold else None
-    out.append(
-        Target(
-            "coldstart",
-            "CLI cold start of a no-op setup, no daemon ≤ 120 ms (median)",
-            "not measured" if v is None else f"{_fmt(v)} ms",
-            "≤ 120 ms",
-            None if v is None else v <= 120.0,
-        )
-    )
+    out.append(Target("coldstart", "CLI cold start of a no-op setup, no daemon ≤ 120 ms (median)",
+                      "not measured" if v is None else f"{_fmt(v)} ms", "≤ 120 ms",
+                      None if v is None else v <= 120.0))
 
     api = _get(figs, "cluster-api")
     v = api.value("D-warm", "per pod") if api else None
-    out.append(
-        Target(
-            "cluster-api",
-            "API requests per pod setup on a warm daemon = 0",
-            "not measured" if v is None else f"{v:g}",
-            "0",
-            None if v is None else v == 0,
-        )
-    )
+    out.append(Target("cluster-api", "API requests per pod setup on a warm daemon = 0",
+                      "not measured" if v is None else f"{v:g}", "0", None if v is None else v == 0))
     routes = _get(figs, "cluster-routes")
-    worst = (
-        max((routes.value(k, "max") or 0.0 for k in ("join-1", "change-1", "leave-1")), default=None)
-        if routes
-        else None
-    )
-    out.append(
-        Target(
-            "cluster-routes",
-            "a node joining, changing or leaving reaches every node's routes within 2 s (50 nodes)",
-            "not measured" if worst is None else f"{_fmt(worst)} ms (max)",
-            "≤ 2000 ms",
-            None if worst is None else worst <= 2000.0,
-        )
-    )
+    worst = max((routes.value(k, "max") or 0.0 for k in ("join-1", "change-1", "leave-1")), default=None) \
+        if routes else None
+    out.append(Target("cluster-routes", "a node joining, changing or leaving reaches every node's routes "
+                      "within 2 s (50 nodes)", "not measured" if worst is None else f"{_fmt(worst)} ms (max)",
+                      "≤ 2000 ms", None if worst is None else worst <= 2000.0))
     out += _runtime_targets(figs)
 
     ov = _get(figs, "overhead")
     v = ov.value("C", "overhead") if ov else None
-    out.append(
-        Target(
-            "overhead",
-            "daemon overhead of a setup request over a direct plugin exec ≤ 2 ms (median difference)",
-            "not measured" if v is None else f"{_fmt(v)} ms",
-            "≤ 2 ms",
-            None if v is None else v <= 2.0,
-        )
-    )
+    out.append(Target("overhead", "daemon overhead of a setup request over a direct plugin exec ≤ 2 ms (median "
+                      "difference)", "not measured" if v is None else f"{_fmt(v)} ms", "≤ 2 ms",
+                      None if v is None else v <= 2.0))
     return out
 
 
@@ -254,34 +200,26 @@ def _runtime_targets(figs: dict[str, Figure]) -> list[Target]:
     if h is None or p is None:
         out.append(Target("cli-thin", text, "not measured", "≤ +10 ms", None, "H or P unavailable"))
     else:
-        out.append(
-            Target("cli-thin", text, f"+{_fmt(h - p)} ms", "≤ +10 ms", h - p <= 10.0, f"H {_fmt(h)} ms, P {_fmt(p)} ms")
-        )
+        out.append(Target("cli-thin", text, f"+{_fmt(h - p)} ms", "≤ +10 ms", h - p <= 10.0,
+                          f"H {_fmt(h)} ms, P {_fmt(p)} ms"))
     n = burst.params.get("burst", 20) if burst else 20
     for key, limit in (("G", 0.8), ("F", 1.2)):
         text = f"{n} concurrent compiled shim ADD processes ({key}) ≤ {limit}x A's burst makespan (medians)"
         out.append(_ratio_target(burst, f"shim-burst-{key}", key, limit, text))
+    return [*out, _containerd_target(figs)]
+
+
+def _containerd_target(figs: dict[str, Figure]) -> Target:
+    """Issue 18: RunPodSandbox's time above the host-network floor, netplugin (N) against the stock bridge (A)."""
     run = _get(figs, "containerd-run")
-    text = (
-        "containerd RunPodSandbox with netplugin (N): its time above the host-network floor ≤ 1.0x the stock bridge's"
-    )
+    text = "containerd RunPodSandbox with netplugin (N): time above the host-network floor ≤ 1.0x the stock bridge's"
     n_above = run.value("N", "above floor") if run else None
     a_above = run.value("A", "above floor") if run else None
     if n_above is None or a_above is None or a_above <= 0:
-        out.append(Target("containerd-run", text, "not measured", "≤ 1.0x", None, "N, A or HOST unavailable"))
-    else:
-        r = n_above / a_above
-        out.append(
-            Target(
-                "containerd-run",
-                text,
-                f"{r:.2f}x",
-                "≤ 1.0x",
-                r <= 1.0,
-                f"N {_fmt(n_above)} ms vs A {_fmt(a_above)} ms above the floor",
-            )
-        )
-    return out
+        return Target("containerd-run", text, "not measured", "≤ 1.0x", None, "N, A or HOST unavailable")
+    r = n_above / a_above
+    return Target("containerd-run", text, f"{r:.2f}x", "≤ 1.0x", r <= 1.0,
+                  f"N {_fmt(n_above)} ms vs A {_fmt(a_above)} ms above the floor")
 
 
 def findings(figures: Sequence[Figure]) -> list[str]:
@@ -295,47 +233,35 @@ def findings(figures: Sequence[Figure]) -> list[str]:
 
     a, c, d, e, x = (v("setup", k) for k in "ACDEX")
     if c is not None and x is not None:
-        out.append(
-            f"Setup: the bash plugin alone (X) takes {_fmt(x)} ms; the daemon around it (C) adds "
-            f"{_fmt(c - x)} ms." + (f" A's ADD takes {_fmt(a)} ms." if a is not None else "")
-        )
+        out.append(f"Setup: the bash plugin alone (X) takes {_fmt(x)} ms; the daemon around it (C) adds "
+                   f"{_fmt(c - x)} ms." + (f" A's ADD takes {_fmt(a)} ms." if a is not None else ""))
     if d is not None and e is not None:
-        out.append(
-            f"Setup: the native plugin in the daemon (D) takes {_fmt(d)} ms, {d - e:+.2f} ms from the pyroute2 "
-            f"floor (E, {_fmt(e)} ms). D does more (IPAM, locks, state records, the request) but sends its "
-            "pod-side netlink requests without pyroute2's generic machinery, so it can come close to E or "
-            "under it: E is the floor of the same operations through pyroute2, not of the kernel."
-        )
+        out.append(f"Setup: the native plugin in the daemon (D) takes {_fmt(d)} ms, {d - e:+.2f} ms from the pyroute2 "
+                   f"floor (E, {_fmt(e)} ms). D does more (IPAM, locks, state records, the request) but sends its "
+                   "pod-side netlink requests without pyroute2's generic machinery, so it can come close to E or "
+                   "under it: E is the floor of the same operations through pyroute2, not of the kernel.")
     cs, cst, direct = v("overhead", "C"), v("overhead", "C-status"), v("overhead", "direct")
     if cs is not None and cst is not None and direct is not None:
-        out.append(
-            f"Overhead: a daemon status request (plugin exec'd, no state written) costs {_fmt(cst - direct)} "
-            f"ms over the direct exec; a setup request {_fmt(cs - direct)} ms. The {_fmt(cs - cst)} ms "
-            "between them is the setup path's own work (its durable state records and init check)."
-        )
+        out.append(f"Overhead: a daemon status request (plugin exec'd, no state written) costs {_fmt(cst - direct)} "
+                   f"ms over the direct exec; a setup request {_fmt(cs - direct)} ms. The {_fmt(cs - cst)} ms "
+                   "between them is the setup path's own work (its durable state records and init check).")
     b, py, pys, bs = v("coldstart", "B"), v("coldstart", "py"), v("coldstart", "py-S"), v("coldstart", "B-S")
     if b is not None and py is not None:
-        text = (
-            f"Cold start: the interpreter alone (`python -c pass`) takes {_fmt(py)} ms of the CLI's {_fmt(b)} ms, "
-            f"so netplugin's own imports and work are {_fmt(b - py)} ms."
-        )
+        text = (f"Cold start: the interpreter alone (`python -c pass`) takes {_fmt(py)} ms of the CLI's {_fmt(b)} ms, "
+                f"so netplugin's own imports and work are {_fmt(b - py)} ms.")
         if pys is not None:
-            text += (
-                f" `python -S -c pass` takes {_fmt(pys)} ms: {_fmt(py - pys)} ms are this installation's "
-                "site start-up (.pth hooks: e.g. an editable install's finder)."
-            )
+            text += (f" `python -S -c pass` takes {_fmt(pys)} ms: {_fmt(py - pys)} ms are this installation's "
+                     "site start-up (.pth hooks: e.g. an editable install's finder).")
         if bs is not None:
             text += f" The CLI on an interpreter started with -S: {_fmt(bs)} ms."
         out.append(text)
     ra, rf, rg, rh, rp = (v("runtime-add", k) for k in "AFGHP")
     if rp is not None and rg is not None and ra is not None:
-        text = (
-            f"Runtime's view: the bare interpreter (P) takes {_fmt(rp)} ms of the shim's {_fmt(rg)} ms ADD "
-            f"with the native plugin (G), {rp / ra:.2f}x A's whole ADD; the other {_fmt(rg - rp)} ms are the "
-            "shim's imports, the request and the daemon's work (plugin, durable pod and attachment records)."
-        )
+        text = (f"Runtime's view: the bare interpreter (P) takes {_fmt(rp)} ms of the shim's {_fmt(rg)} ms ADD "
+                f"with the native plugin (G), {rp / ra:.2f}x A's whole ADD; the other {_fmt(rg - rp)} ms are the "
+                "shim's imports, the request and the daemon's work (plugin, durable pod and attachment records).")
         if rf is not None:
-            text += f" With the bash plugin (F): {_fmt(rf - rg)} ms more (the plugin's own processes)."
+            text += f" With the bash plugin (F) the daemon execs it twice (setup, status): {_fmt(rf - rg)} ms more."
         if rh is not None:
             text += f" The CLI's thin path with a no-op plugin (H) costs {_fmt(rh - rp)} ms over P."
         out.append(text)
@@ -358,16 +284,16 @@ def _status(t: Target) -> str:
 
 def _figure_md(fig: Figure, plots_rel: str | None) -> list[str]:
     lines = [f"### {fig.title}", ""]
-    header = ["", "contender", *[f"{c} ({fig.unit})" if fig.unit and c not in fig.unitless else c for c in fig.columns]]
+    header = ["", "contender", *[f"{c} ({fig.unit})" if fig.unit and c not in fig.unitless else c
+                                 for c in fig.columns]]
     if fig.ratio_column is not None:
         header.append(f"{fig.ratio_column} / A")
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "|".join(["---"] * len(header)) + "|")
     for r in fig.rows:
         cells = [r.key, r.label + (f" ({r.note})" if r.note else "")]
-        cells += [
-            _ratio(r.values.get(c)) if c in fig.unitless else _fmt(r.values.get(c), fig.unit) for c in fig.columns
-        ]
+        cells += [_ratio(r.values.get(c)) if c in fig.unitless else _fmt(r.values.get(c), fig.unit)
+                  for c in fig.columns]
         if fig.ratio_column is not None:
             cells.append(_ratio(fig.ratio(r.key)))
         lines.append("| " + " | ".join(cells) + " |")
@@ -404,15 +330,10 @@ def render(meta: Meta, figures: Sequence[Figure], targets: Sequence[Target], plo
             lines.append(f"- **{key}**: {label}. {meta.available[key]}")
         else:
             lines.append(f"- **{key}**: {label}. UNAVAILABLE in this run: {meta.unavailable.get(key, 'unknown')}")
-    lines += [
-        "",
-        "## Targets",
-        "",
-        f"{met} met, {missed} missed, {unmeasured} not measured. A missed target is a finding, reported as measured.",
-        "",
-        "| target | measured | limit | result | detail |",
-        "|---|---|---|---|---|",
-    ]
+    lines += ["", "## Targets", "",
+              f"{met} met, {missed} missed, {unmeasured} not measured. A missed target is a finding, "
+              "reported as measured.", "",
+              "| target | measured | limit | result | detail |", "|---|---|---|---|---|"]
     for t in targets:
         lines.append(f"| {t.text} | {t.measured} | {t.limit} | {_status(t)} | {t.detail} |")
     found = findings(figures)

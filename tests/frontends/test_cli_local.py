@@ -9,8 +9,12 @@ from typing import Any
 
 import pytest
 
-FULL = "import sys; from netplugin.frontends.cli import main; main(sys.argv[1:])"
-MODULES = "import sys, runpy; sys.argv[0] = 'netplugin'\ntry:\n    runpy.run_module('netplugin', run_name='__main__')\nfinally:\n    print('click' in sys.modules, file=sys.stderr)"
+FULL = "import sys; from netplugin.frontends.cli.app import main; main(sys.argv[1:])"
+MODULES = (
+    "import sys, runpy; sys.argv[0] = 'netplugin'\n"
+    "try:\n    runpy.run_module('netplugin', run_name='__main__')\n"
+    "finally:\n    print('click' in sys.modules, file=sys.stderr)"
+)
 
 
 def _both(cli_env: dict[str, str], args: list[str], **env: str) -> tuple[Any, Any]:

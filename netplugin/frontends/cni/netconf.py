@@ -68,8 +68,8 @@ _cache_lock = threading.Lock()
 def _cache_key(req: CniRequest, environ: Mapping[str, str]) -> tuple[Any, ...] | None:
     """What build_config's result depends on: the setting keys, NETPLUGIN_* and the config file's
     identity (inode, size, mtime, ctime: an edited or replaced file is read again). None: uncachable."""
-    from netplugin.core.config import DEFAULT_CONFIG
-    from netplugin.frontends.wire import dumps
+    from netplugin.core.defaults import DEFAULT_CONFIG
+    from netplugin.frontends.rpc import dumps
 
     try:
         settings = dumps({k: req.conf[k] for k in _SETTING_KEYS if k in req.conf}, sort_keys=True)

@@ -1,4 +1,4 @@
-"""Calls of the compiled CNI shim: one binary frame in, one frame out (see :mod:`..shimframe`).
+"""Calls of the compiled CNI shim: one binary frame in, one frame out (the frame: :mod:`netplugin.frontends.rpc`).
 
 The call runs exactly as the Python shim's op ``cni`` (:func:`.forwarded.run_cni`): the same
 settings check (the call's config must be the daemon's), the container's turn, the pod metrics,
@@ -17,14 +17,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from netplugin.core.errors import DaemonUnavailable
-from netplugin.frontends.shimframe import (
+from netplugin.frontends.rpc import (
+    FRAME_MAGIC,
     FRAME_MAX_REQUEST,
-    HEADER,
     FrameError,
     decode_request,
+    dumps,
     encode_answer,
     encode_unavailable,
-    read_header,
+    read_frame_header,
 )
 
 __all__ = ["read_frame", "run_frame"]
@@ -41,8 +42,8 @@ async def read_frame(
     closes mid-frame gets nothing. Either way nothing runs.
     """
     try:
-        head = first + await reader.readexactly(HEADER - 1)
-        size = read_header(head, FRAME_MAX_REQUEST)
+        head = first + await reader.readexactly(len(FRAME_MAGIC) + 4 - 1)  # the rest of magic and length
+        size = read_frame_header(head, FRAME_MAX_REQUEST)
         return await reader.readexactly(size)
     except asyncio.IncompleteReadError:
         return None
@@ -54,8 +55,6 @@ async def read_frame(
 
 
 def _answer(code: int, doc: dict[str, Any] | None) -> bytes:
-    from netplugin.frontends.wire import dumps
-
     return encode_answer(code, (dumps(doc) + "\n").encode() if doc is not None else b"")
 
 

@@ -62,7 +62,6 @@ from netplugin import __version__
 from netplugin.core._yaml import load_json
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
 from netplugin.core.names import PodRef
-from netplugin.frontends.client import MAX_MESSAGE, OPS, POD_OPS, PROTOCOL_VERSION, fingerprint
 from netplugin.frontends.daemon.forwarded import check_settings, run_cni, run_cni_call
 from netplugin.frontends.daemon.framed import read_frame, run_frame
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
@@ -70,7 +69,17 @@ from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
 from netplugin.frontends.daemon.nodes import NodeKeeper
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.daemon.turns import Turns
-from netplugin.frontends.shimframe import MAGIC, encode_unavailable
+from netplugin.frontends.rpc import (
+    FRAME_MAGIC,
+    MAX_MESSAGE,
+    OPS,
+    POD_OPS,
+    PROTOCOL_VERSION,
+    differing_settings,
+    encode_unavailable,
+    fingerprint,
+    pod_result,
+)
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -185,13 +194,11 @@ class Daemon:
     def _pod_op(self, op: str, pod: PodRef) -> Any:
         m = self.manager
         if op == "setup":
-            status = m.setup(pod)
-            return {"ip": status.ip if status else None}
+            return pod_result(op, m.setup(pod))
         if op == "teardown":
             m.teardown(pod)
-            return None
-        result = m.status(pod)
-        return result.to_dict() if result is not None else None
+            return pod_result(op, None)
+        return pod_result(op, m.status(pod))
 
     def _plugin_ok(self) -> None:
         """An action succeeded, so the plugin is usable (a problem logged at start or reload is over)."""
@@ -243,12 +250,7 @@ class Daemon:
         if op not in OPS:
             raise InvalidArgument("op", op, f"must be one of {', '.join(OPS)}")
         theirs = req.get("config")
-        if theirs is not None and theirs != self.fingerprint:
-            differ = sorted(
-                k
-                for k in set(self.fingerprint) | set(theirs if isinstance(theirs, dict) else {})
-                if not isinstance(theirs, dict) or theirs.get(k) != self.fingerprint.get(k)
-            )
+        if theirs is not None and (differ := differing_settings(self.fingerprint, theirs)):
             raise DaemonUnavailable(self.socket_path, f"it runs with different settings ({', '.join(differ)})")
         return req
 
@@ -324,7 +326,7 @@ class Daemon:
                 return
             while True:
                 first = await reader.read(1)
-                if first == MAGIC[:1]:  # the compiled shim's binary frame (a JSON line starts with "{")
+                if first == FRAME_MAGIC[:1]:  # the compiled shim's binary frame (a JSON line starts with "{")
                     if await self._framed(first, reader, writer, pid):
                         continue
                     return

@@ -321,9 +321,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                 raise RuntimeError(f"containerd did not load network {conflist['name']}:\n{self.log_tail()}")
             time.sleep(0.1)
 
-    def run_pod(
-        self, namespace: str, name: str, uid: str, attempt: int = 0, *, host_network: bool = False
-    ) -> Sandbox:
+    def run_pod(self, namespace: str, name: str, uid: str, attempt: int = 0, *, host_network: bool = False) -> Sandbox:
         """RunPodSandbox, then PodSandboxStatus. Raises grpc.RpcError as the kubelet would see it."""
         return self.status(self.run_pod_sandbox(namespace, name, uid, attempt, host_network=host_network))
 

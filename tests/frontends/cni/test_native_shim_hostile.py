@@ -21,19 +21,22 @@ from pathlib import Path
 import pytest
 
 from netplugin.frontends.cni.native import SANITIZE, build_native, compiler, source_path
-from netplugin.frontends.shimframe import (
+from netplugin.frontends.rpc import (
+    FRAME_MAGIC as MAGIC,
+)
+from netplugin.frontends.rpc import (
     FRAME_MAX_ANSWER,
     FRAME_MAX_ENV,
     FRAME_MAX_REQUEST,
     FRAME_MAX_STDIN,
-    HEADER,
-    MAGIC,
     c_header,
     decode_request,
     encode_answer,
     encode_unavailable,
-    read_header,
+    read_frame_header,
 )
+
+HEADER = 8  # magic + u32 body length
 
 HERE = Path(__file__).resolve().parent
 WAIT = ("-DNP_ANSWER_TIMEOUT_MS=1500", "-DNP_IO_TIMEOUT_MS=1500")
@@ -75,7 +78,7 @@ class FakeDaemon:
                 return
             with conn:
                 try:
-                    size = read_header(self._read(conn, HEADER), FRAME_MAX_REQUEST)
+                    size = read_frame_header(self._read(conn, HEADER), FRAME_MAX_REQUEST)
                     body = self._read(conn, size)
                     self.requests.append(decode_request(body))
                     self.behaviour(conn, body)

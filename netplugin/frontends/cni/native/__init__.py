@@ -1,7 +1,7 @@
 """Building the compiled ``netplugin-cni`` (C, libc only) from the source shipped in this package.
 
 The source (``netplugin_cni.c``) includes a header generated from
-:mod:`netplugin.frontends.shimframe`, so the frame's numbers have one home. :func:`build_native`
+:mod:`netplugin.frontends.rpc`, so the frame's numbers have one home. :func:`build_native`
 compiles it with warnings as errors and hardening flags, with the socket path and the fallback
 (the Python shim to exec, or none: cluster mode, CNI error 11) fixed at build time. Why C: it needs
 only the compiler every distribution ships, no runtime and no toolchain download (Rust or Go would
@@ -90,7 +90,7 @@ def build_native(
     run a call, or "" for cluster mode (CNI error 11). Raises NoCompiler, ValueError for a path
     that cannot be a C string, or subprocess.CalledProcessError with the compiler's output.
     """
-    from netplugin.frontends.shimframe import c_header
+    from netplugin.frontends.rpc import c_header
 
     cc = compiler()
     args = [f"-DNP_FALLBACK={_c_string(fallback, 'fallback')}", *defines]
