@@ -22,6 +22,7 @@ from typing import Any
 from .bigcluster import fig_bigcluster
 from .cluster import fig_cluster
 from .coldstart import fig_coldstart
+from .containerd import fig_containerd
 from .contenders import CNI_BRIDGE, CNI_DIR, CONTENDERS
 from .context import RunContext, clean_environ, cli_command, leftovers, with_checkout
 from .daemon import Daemon
@@ -35,7 +36,7 @@ from .util import REPO, BenchError, Cleanup, NetnsFactory, SubnetPool
 
 __all__ = ["FIGURES", "run"]
 
-FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale", "runtime", "cluster", "bigcluster")
+FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale", "runtime", "containerd", "cluster", "bigcluster")
 CNI_HINT = "install Debian's reference plugins: apt-get install -y containernetworking-plugins (into /usr/lib/cni)"
 
 
@@ -245,6 +246,7 @@ def _run_figures(ctx: RunContext, plan: Plan, args: argparse.Namespace, out: _Ou
         ("coldstart", lambda: [fig_coldstart(ctx, plan, keys, pool)]),
         ("scale", lambda: [f for f in fig_scale(ctx, plan, keys, pool) if f is not None]),
         ("runtime", lambda: fig_runtime(ctx, plan, keys, pool)),
+        ("containerd", lambda: fig_containerd(ctx, plan, pool)),
         ("cluster", lambda: fig_cluster(plan.quick, _say)),
         ("bigcluster", lambda: fig_bigcluster(plan.quick, _say)),
     ]

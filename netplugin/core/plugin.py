@@ -82,6 +82,11 @@ Exit status and output
 
         {"kind": "PodNetworkStatus", "ip": "10.1.2.3", "ips": ["10.1.2.3", "fd00::3"]}
 
+    Optional: ``setup`` may print the same document, with ``"kind": "PodNetworkStatus"``, as its
+    whole stdout. netplugin then takes the pod's status from it and makes no ``status`` call
+    after the setup (the CNI shim's ADD and the recorded IP need one). Any other setup output,
+    or an invalid document, is ignored as before, and ``status`` is called.
+
 Time limits
     Every action has a time limit (defaults: setup and teardown 30 s, init and
     status 10 s). At the limit the plugin's whole process tree gets SIGTERM,
@@ -177,7 +182,9 @@ class Plugin(Protocol):
 
     def init(self, ctx: CallContext) -> None: ...
 
-    def setup(self, pod: PodRef, ctx: CallContext) -> None: ...
+    def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
+        """Set the pod up; returns its status when the plugin gives it with the setup (else None)."""
+        ...
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None: ...
 

@@ -65,6 +65,9 @@ class CallOptions:
     #: setup also asks the plugin's status (under the same lock, recorded with the setup) and
     #: returns it, or raises its failure after recording the setup
     want_status: bool = False
+    #: files the caller wrote for this setup (the CNI attachment record) that the setup's intent
+    #: record makes durable in its one group commit (not synced by the caller)
+    durable_with: tuple[str, ...] = ()
 
 
 class Manager:
@@ -276,16 +279,17 @@ class Manager:
             pod_obj = self._lookup(pod, Action.SETUP)
             ctx = self._context(Action.SETUP, pod, pod_obj, call, node=node)
             if self.state is not None:
-                self.state.begin(pod, plugin.name, plugin.version(), ctx.netns, pod_obj=pod_obj)
+                also = call.durable_with if call is not None else ()
+                self.state.begin(pod, plugin.name, plugin.version(), ctx.netns, pod_obj=pod_obj, durable_with=also)
             try:
-                plugin.setup(pod, ctx)
+                reported = plugin.setup(pod, ctx)
             except NetpluginError as e:
                 self._rollback(plugin, pod, pod_obj, e, node, call)
                 raise
-            status = None
+            status = reported  # a plugin that gives its status with setup needs no status call
             status_error: PluginError | None = None
             want = call is not None and call.want_status
-            if want or (self.state is not None and self.state.record_status):
+            if status is None and (want or (self.state is not None and self.state.record_status)):
                 # one more exec on the pod-start path, for the record's IP (and the caller's)
                 try:
                     status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, call, node=node))

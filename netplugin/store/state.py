@@ -5,12 +5,21 @@ One human-readable JSON file per pod sandbox, ``<state_dir>/pods/<namespace>_<na
 infra id is part of the key, so a pod re-created with a new sandbox gets a new record and the old
 sandbox's record stays until its own teardown (or ``netplugin gc``) removes it.
 
-Life of a record, every write atomic and durable (temp file, fsync, rename, fsync of the dir):
+Life of a record, every write atomic (temp file, rename):
 
 * ``begin``        before the plugin's setup runs: state ``setting-up`` (the intent);
 * ``complete``     after setup succeeded: state ``ready``, with the IP from ``status`` if any;
 * ``mark_teardown`` before the plugin's teardown runs: state ``tearing-down``;
 * ``remove``       after teardown (or a rollback) succeeded: the file is gone.
+
+Durability: one durable point per pod action. ``begin`` is made durable (fsync of the file and
+its directory) before the plugin runs, together with the files the caller names
+(``durable_with``: the CNI shim's attachment record), through the process's group commit
+(:mod:`netplugin.store.commit`), so concurrent setups share their fsyncs. The other transitions
+are atomic but not synced: a crash or SIGKILL of any process keeps them (they are in the page
+cache), and only a crash of the machine can lose them, which also loses every network namespace
+and veth, so a pod whose ``ready``, ``tearing-down`` or removal was lost must be torn down after
+such a crash anyway, and is (``netplugin gc``; teardown is idempotent).
 
 Every transition happens under the pod's lock, so a record that is not ``ready`` while nobody
 holds the lock belongs to an action that was interrupted (crash, kill, failed rollback):
@@ -31,10 +40,9 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
-import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -70,7 +78,12 @@ __all__ = [
     "record_filename",
 ]
 
-log = logging.getLogger("netplugin.state")
+
+def _log() -> Any:
+    """The store's logger, imported when a record needs repair: logging costs a CLI call ~8 ms."""
+    import logging
+
+    return logging.getLogger("netplugin.state")
 
 
 _TMP_MARK = RECORD_SUFFIX + TMP_INFIX  # the temp files of atomic_write
@@ -236,7 +249,7 @@ class StateStore:
         note = f"{path}: {reason}\nset aside at {now_iso()} by pid {os.getpid()}\n"
         atomic_write(dest + ".reason", note.encode(), mode=0o644, durable=self.durable)
         self._sync_dir(self.dir)
-        log.info("corrupt pod record %s set aside as %s: %s", path, dest, reason)
+        _log().info("corrupt pod record %s set aside as %s: %s", path, dest, reason)
         return dest
 
     def remove_temp(self, path: str) -> bool:
@@ -257,14 +270,15 @@ class StateStore:
         except StateError as e:
             if os.path.lexists(e.path):
                 dest = self.set_aside(e.path, e.reason)
-                log.warning("corrupt pod record %s: %s (set aside as %s)", e.path, e.reason, dest)
+                _log().warning("corrupt pod record %s: %s (set aside as %s)", e.path, e.reason, dest)
             return None
 
-    def _write(self, rec: PodRecord) -> PodRecord:
+    def _write(self, rec: PodRecord, *, durable: bool = False) -> PodRecord:
+        """Write the record atomically; synced only with ``durable`` (see "Durability" above)."""
         self._checked_dir(create=True)
         path = self.path_for(rec.ref)
         try:
-            atomic_write(path, rec.encode(), mode=0o644, durable=self.durable)
+            atomic_write(path, rec.encode(), mode=0o644, durable=durable and self.durable)
         except Exception as e:
             reason = getattr(e, "reason", None) or str(e)
             raise StateError(path, f"cannot write: {reason}") from e
@@ -287,8 +301,13 @@ class StateStore:
         netns: str,
         *,
         pod_obj: Mapping[str, Any] | None = None,
+        durable_with: Sequence[str] = (),
     ) -> None:
-        """Record the intent to set ``pod`` up, before the plugin runs."""
+        """Record the intent to set ``pod`` up, before the plugin runs: the action's one durable write.
+
+        ``durable_with``: files the caller wrote for this action (not yet synced) that become
+        durable in the same group commit as the record.
+        """
         existing = self._existing(pod)
         self._settle_orphans(existing)
         now = now_iso()
@@ -311,7 +330,11 @@ class StateStore:
             ready_at=None,
             owner=Owner.me(),
         )
-        rec = self._write(rec)
+        rec = self._write(rec, durable=False)
+        if self.durable:
+            from netplugin.store.commit import make_durable
+
+            make_durable([self.path_for(pod), *durable_with])
         with self._lock:
             self._pending[record_filename(pod)] = rec
 
@@ -347,7 +370,7 @@ class StateStore:
             if rec is not None and rec.state == READY and rec.ip != ip:
                 self._write(replace(rec, ip=ip, updated=now_iso()))
         except StateError as e:
-            log.warning("cannot record the IP of %s: %s", pod, e.message)
+            _log().warning("cannot record the IP of %s: %s", pod, e.message)
 
     def remove(self, pod: PodRef) -> None:
         """Forget the pod (after its teardown or rollback succeeded)."""
@@ -362,7 +385,6 @@ class StateStore:
             return
         except OSError as e:
             raise StateError(path, f"cannot remove: {e.strerror or e}") from e
-        self._sync_dir(self.dir)
 
     def _sync_dir(self, path: str) -> None:
         if not self.durable:

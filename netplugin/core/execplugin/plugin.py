@@ -148,8 +148,18 @@ class ExecPlugin:
     def init(self, ctx: CallContext) -> None:
         self._run(Action.INIT, None, ctx)
 
-    def setup(self, pod: PodRef, ctx: CallContext) -> None:
-        self._run(Action.SETUP, pod, ctx)
+    def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
+        done = self._run(Action.SETUP, pod, ctx)
+        text = done.stdout.strip()
+        if done.stdout_truncated or not text.startswith(b"{"):
+            return None
+        try:  # the contract's optional status document; anything else is ignored (status is asked)
+            doc = json.loads(text)
+            if isinstance(doc, dict) and doc.get("kind") == "PodNetworkStatus":
+                return parse_status(text, plugin=self.name, pod=str(pod))
+        except (ValueError, RecursionError, PluginOutputError):
+            pass
+        return None
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None:
         self._run(Action.TEARDOWN, pod, ctx)

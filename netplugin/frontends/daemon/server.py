@@ -64,7 +64,8 @@ from netplugin import __version__
 from netplugin.core._yaml import load_json
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
 from netplugin.core.names import PodRef
-from netplugin.frontends.daemon.forwarded import check_settings, run_cni
+from netplugin.frontends.daemon.forwarded import check_settings, run_cni, run_cni_call
+from netplugin.frontends.daemon.framed import read_frame, run_frame
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
 from netplugin.frontends.daemon.nodes import NodeKeeper
@@ -72,11 +73,13 @@ from netplugin.frontends.daemon.reconfig import Live, reload_settings
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.daemon.turns import Turns
 from netplugin.frontends.rpc import (
+    FRAME_MAGIC,
     MAX_MESSAGE,
     OPS,
     POD_OPS,
     PROTOCOL_VERSION,
     differing_settings,
+    encode_unavailable,
     pod_result,
 )
 
@@ -90,9 +93,6 @@ log = logging.getLogger("netplugin.daemon")
 
 # Plugins are mostly waited on (subprocesses), so threads are cheap; this bounds a burst.
 MAX_WORKERS = 64
-
-
-# --- the daemon ------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -351,12 +351,19 @@ class Daemon:
                 log.warning("refused a connection from uid %d (pid %d)", uid, pid)
                 return
             while True:
+                first = await reader.read(1)
+                if first == FRAME_MAGIC[:1]:  # the compiled shim's binary frame (a JSON line starts with "{")
+                    if await self._framed(first, reader, writer, pid):
+                        continue
+                    return
                 try:
-                    line = await reader.readuntil(b"\n")
+                    line = first if first in (b"", b"\n") else first + await reader.readuntil(b"\n")
                 except asyncio.IncompleteReadError:
                     return  # the caller is done (or gave up mid-line: nothing to run)
                 except asyncio.LimitOverrunError:
                     log.warning("request too long from pid %d; closing", pid)
+                    return
+                if not line:
                     return
                 self._busy(+1)
                 try:
@@ -371,6 +378,27 @@ class Daemon:
         finally:
             self._conns.discard(task)
             writer.close()
+
+    async def _framed(self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int) -> bool:
+        """One frame of the compiled shim: read whole (or nothing runs), run as op ``cni``, answer."""
+        body = await read_frame(first, reader, writer, pid)
+        if body is None:
+            return False
+        self._busy(+1)
+        try:
+            self.stats.requests += 1
+            answer, outcome = encode_unavailable("it is shutting down"), "DaemonUnavailable"
+            if not self._stopping:
+                args = (self.manager, self.fingerprint, self.socket_path, self.metrics.timed)
+                answer, outcome = await run_frame(body, pid, self._turns.turn, asyncio.to_thread, run_cni_call, *args)
+                if outcome == "ok":
+                    self._plugin_ok()
+            self.metrics.requests.labels("cni", outcome).inc()
+            writer.write(answer)
+            await writer.drain()
+        finally:
+            self._busy(-1)
+        return True
 
     def _busy(self, delta: int) -> None:
         self.stats.busy += delta

@@ -353,8 +353,10 @@ class NativeBridgePlugin:
 
     # --- setup -----------------------------------------------------------------------------------------
 
-    def setup(self, pod: PodRef, ctx: CallContext) -> None:
-        """Veth pair (peer created in the netns) on the bridge, address, default route. Idempotent."""
+    def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus:
+        """Veth pair (peer created in the netns) on the bridge, address, default route. Idempotent.
+
+        Returns the pod's status (its addresses, the primary first), so no status call follows."""
         with self._action("setup", pod, ctx.timeout) as step:
             step.what = "read the settings"
             s = self.settings(ctx.env, ctx.state_dir)
@@ -364,11 +366,13 @@ class NativeBridgePlugin:
             except FileNotFoundError:
                 raise BridgeError(f"network namespace {ctx.netns} does not exist") from None
             try:
-                self._setup(pod, ctx, s, nsfd, step)
+                ips = tuple(dict.fromkeys(str(ip) for ip in self._setup(pod, ctx, s, nsfd, step)))
             finally:
                 os.close(nsfd)
+            return PodNetworkStatus(ip=ips[0], ips=ips)
 
-    def _setup(self, pod: PodRef, ctx: CallContext, s: BridgeSettings, nsfd: int, step: _Step) -> None:
+    def _setup(self, pod: PodRef, ctx: CallContext, s: BridgeSettings, nsfd: int, step: _Step) -> list[Any]:
+        """Returns the pod's addresses in the settings' family order."""
         step.what = f"check bridge {s.name}"
         bridge = _bridge_up_index(s.name)
         if bridge is None:
@@ -414,6 +418,7 @@ class NativeBridgePlugin:
                 what = ", ".join(f"{a.cidr} via {gw}" for a, gw in zip(allocs, gws, strict=True))
                 step.what = f"configure {s.ifname} in {ctx.netns} ({what})"
                 ns.configure_pod(peer, [(a.ip, a.prefixlen, gw) for a, gw in zip(allocs, gws, strict=True)])
+            return [a.ip for a in allocs]
         except BaseException:
             # Undo only what this call did: a repeated setup must not break the running pod.
             if created is not None:
