@@ -20,7 +20,8 @@
 #                      [--bin-dir DIR] [--systemd-dir DIR] [--no-venv | --venv-only] [--lib-dir DIR]
 #                      [--exec-dir DIR] [--cni-bin-dir DIR] [--cni-conf-dir DIR]
 #                      [--state-dir DIR] [--run-dir DIR] [--config FILE] [--plugin NAME]
-#                      [--plugin-env KEY=VALUE]... [--config-from FILE] [--cni-log-file FILE] [--dry-run]
+#                      [--plugin-env KEY=VALUE]... [--config-from FILE] [--cni-log-file FILE]
+#                      [--native-shim FILE] [--shim-fallback python|none] [--dry-run]
 #
 #   --prefix DIR        the venv (default /opt/netplugin)                              [NETPLUGIN_PREFIX]
 #   --python PATH       the interpreter that makes the venv, or with --no-venv the one the shim
@@ -50,6 +51,13 @@
 #   --config-from FILE  copy FILE as the config instead (the DaemonSet's ConfigMap); its dirs must
 #                       be the ones given; excludes --plugin and --plugin-env
 #   --cni-log-file FILE the conflist's logFile: the shim appends one JSON line per call
+#   --native-shim FILE  a compiled netplugin-cni built elsewhere (the image's build stage), installed
+#                       with this node's socket and fallback written in, instead of compiling one
+#                       here (a node or an init container without a C compiler)  [NETPLUGIN_NATIVE_SHIM]
+#   --shim-fallback python|none  what the compiled shim does when the daemon does not run a call:
+#                       exec the Python shim (default; standalone nodes), or none: CNI error 11, so
+#                       a node with its daemon up runs no Python per call (cluster mode)
+#                                                                                  [NETPLUGIN_SHIM_FALLBACK]
 #   --dry-run           print what would change and change nothing
 #
 # pip reads its usual PIP_* variables (PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX) for offline nodes.
@@ -79,6 +87,8 @@ lib_dir=${NETPLUGIN_LIB_DIR:-}
 config=/etc/netplugin/netplugin.yaml
 config_from=
 cni_log_file=
+native_shim_from=${NETPLUGIN_NATIVE_SHIM:-}
+shim_fallback_mode=${NETPLUGIN_SHIM_FALLBACK:-python}
 plugin_name=
 plugin_name_given=0
 plugin_env=()
@@ -111,7 +121,7 @@ while [ $# -gt 0 ]; do
     case $arg in
     --prefix | --python | --wheel | --source | --extras | --bin-dir | --systemd-dir | --lib-dir | \
         --exec-dir | --cni-bin-dir | --cni-conf-dir | --state-dir | --run-dir | --config | --plugin | \
-        --plugin-env | --config-from | --cni-log-file)
+        --plugin-env | --config-from | --cni-log-file | --native-shim | --shim-fallback)
         if [ "$has_value" = 0 ]; then
             [ $# -ge 2 ] || die "$arg needs a value" 2
             value=$2
@@ -134,6 +144,8 @@ while [ $# -gt 0 ]; do
         --config) config=$value ;;
         --config-from) config_from=$value ;;
         --cni-log-file) cni_log_file=$value ;;
+        --native-shim) native_shim_from=$value ;;
+        --shim-fallback) shim_fallback_mode=$value ;;
         --plugin)
             plugin_name=$value
             plugin_name_given=1
@@ -169,6 +181,11 @@ check_path --state-dir "$state_dir"
 check_path --run-dir "$run_dir"
 check_path --config "$config"
 [ -z "$cni_log_file" ] || check_path --cni-log-file "$cni_log_file"
+[ -z "$native_shim_from" ] || [ -f "$native_shim_from" ] || die "--native-shim $native_shim_from: no such file" 2
+case $shim_fallback_mode in
+python | none) ;;
+*) die "--shim-fallback must be python or none (got '$shim_fallback_mode')" 2 ;;
+esac
 if [ -n "$config_from" ]; then
     [ -f "$config_from" ] || die "--config-from $config_from: no such file" 2
     if [ "$plugin_name_given" = 1 ] || [ "$plugin_env_given" = 1 ]; then
@@ -500,18 +517,22 @@ else
         fi
     } >"$shim_src"
 fi
-# The compiled shim (C, libc only) when this node has a C compiler: it is netplugin-cni, and the
-# Python shim becomes netplugin-cni-python, which it execs when the daemon does not run a call
-# (NETPLUGIN_SHIM_FALLBACK=none: CNI error 11 instead, a cluster node needing no Python per call).
+# The compiled shim (C, libc only), compiled here when this node has a C compiler or taken from
+# --native-shim: it is netplugin-cni, and the Python shim becomes netplugin-cni-python, which it
+# execs when the daemon does not run a call (--shim-fallback none: CNI error 11 instead, a cluster
+# node needing no Python per call).
 make_tmp
 native_shim=$made
 shim_fallback=$cni_bin_dir/netplugin-cni-python
-[ "${NETPLUGIN_SHIM_FALLBACK:-python}" != none ] || shim_fallback=none
+[ "$shim_fallback_mode" != none ] || shim_fallback=none
+native_args=("$native_shim" --socket "$run_dir/netplugin.sock" --fallback "$shim_fallback")
+[ -z "$native_shim_from" ] || native_args+=(--from "$native_shim_from")
 if [ "$dry_run" = 0 ] && "$shim_python" -I -B -c 'import sys; sys.path[:0] = [p for p in sys.argv[1:2] if p]; del sys.argv[1]
-from netplugin.frontends.cni.native import main; sys.exit(main())' "$shim_path" "$native_shim" \
-    --socket "$run_dir/netplugin.sock" --fallback "$shim_fallback" >/dev/null; then
+from netplugin.frontends.cni.native import main; sys.exit(main())' "$shim_path" "${native_args[@]}" >/dev/null; then
     install_file "$shim_src" "$cni_bin_dir/netplugin-cni-python" 0755
     install_file "$native_shim" "$cni_bin_dir/netplugin-cni" 0755
+elif [ "$dry_run" = 0 ] && [ -n "$native_shim_from" ]; then
+    die "cannot install the compiled shim --native-shim $native_shim_from (above)"
 else
     [ "$dry_run" = 1 ] || echo "install.sh: note: no compiled shim (no C compiler?): netplugin-cni is the Python shim" >&2
     install_file "$shim_src" "$cni_bin_dir/netplugin-cni" 0755

@@ -3,7 +3,9 @@
 The source (``netplugin_cni.c``) includes a header generated from
 :mod:`netplugin.frontends.rpc`, so the frame's numbers have one home. :func:`build_native`
 compiles it with warnings as errors and hardening flags, with the socket path and the fallback
-(the Python shim to exec, or none: cluster mode, CNI error 11) fixed at build time. Why C: it needs
+(the Python shim to exec, or none: cluster mode, CNI error 11) in two slots of the binary;
+:func:`install_built` installs a binary built elsewhere (the image's build stage) with this node's
+socket and fallback written into those slots, so a node without a compiler needs none. Why C: it needs
 only the compiler every distribution ships, no runtime and no toolchain download (Rust or Go would
 need theirs on the node or in the image's build stage), and the program is ~400 lines of poll,
 read, write and a length-prefixed frame, where libc is all one needs.
@@ -16,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["CFLAGS", "SANITIZE", "NoCompiler", "build_native", "compiler", "main", "source_path"]
+__all__ = ["CFLAGS", "SANITIZE", "SLOT_MARKS", "SLOT_SIZE", "NoCompiler", "build_native", "compiler", "install_built", "main", "source_path"]
 
 #: warnings as errors, and the hardening Debian's dpkg-buildflags gives (fortify, stack protector,
 #: PIE, full RELRO)
@@ -48,6 +50,15 @@ SANITIZE = (
     "-fno-sanitize-recover=all",
     "-fno-omit-frame-pointer",
 )
+
+
+#: bytes per slot (marker, value, NUL): a socket path is at most 107 bytes (sun_path), a fallback
+#: path is the Python shim's in the CNI bin dir
+SLOT_SIZE = 256
+#: each slot's marker, which occurs exactly once in a built binary
+SLOT_MARKS = {"socket": "@netplugin-cni:socket=", "fallback": "@netplugin-cni:fallback="}
+#: a built shim is ~30 KiB; anything far larger is not one
+MAX_BINARY = 4 << 20
 
 
 class NoCompiler(Exception):
@@ -93,7 +104,8 @@ def build_native(
     from netplugin.frontends.rpc import c_header
 
     cc = compiler()
-    args = [f"-DNP_FALLBACK={_c_string(fallback, 'fallback')}", *defines]
+    args = [f"-DNP_FALLBACK={_c_string(fallback, 'fallback')}", f"-DNP_SLOT_SIZE={SLOT_SIZE}", *defines]
+    args += [f"-DNP_{name.upper()}_MARK={_c_string(mark, 'marker')}" for name, mark in SLOT_MARKS.items()]
     if socket:
         args.append(f"-DNP_SOCKET={_c_string(socket, 'socket')}")
     with tempfile.TemporaryDirectory(prefix="netplugin-cni-build.") as tmp:
@@ -102,18 +114,50 @@ def build_native(
         out = os.path.join(tmp, "netplugin-cni")
         cmd = [cc, *flags, "-I", tmp, *args, "-o", out, source_path(), *extra_sources]
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
-        os.chmod(out, 0o755)
-        if os.path.isdir(dest):
-            dest = os.path.join(dest, "netplugin-cni")
-        tmp_dest = f"{dest}.tmp{os.getpid()}"
-        shutil.copyfile(out, tmp_dest)
-        os.chmod(tmp_dest, 0o755)
-        os.replace(tmp_dest, dest)
+        with open(out, "rb") as f:
+            return _write(dest, f.read())
+
+
+def _write(dest: str, data: bytes) -> str:
+    """``data`` to ``dest`` (a directory: its ``netplugin-cni``), atomically, mode 0755."""
+    if os.path.isdir(dest):
+        dest = os.path.join(dest, "netplugin-cni")
+    tmp_dest = f"{dest}.tmp{os.getpid()}"
+    with open(tmp_dest, "wb") as f:
+        f.write(data)
+    os.chmod(tmp_dest, 0o755)
+    os.replace(tmp_dest, dest)
     return dest
 
 
+def install_built(built: str, dest: str, *, socket: str | None = None, fallback: str = "") -> str:
+    """Install the compiled shim ``built`` (made by :func:`build_native`, anywhere) as ``dest`` with
+    ``socket`` (None: the one it has) and ``fallback`` ("" for cluster mode) written into its slots.
+
+    Raises ValueError when ``built`` is not such a binary (a slot's marker missing or repeated) or a
+    value does not fit its slot, OSError when it cannot be read or ``dest`` written.
+    """
+    with open(built, "rb") as f:
+        data = bytearray(f.read(MAX_BINARY + 1))
+    if len(data) > MAX_BINARY or not data.startswith(b"\x7fELF"):
+        raise ValueError(f"{built}: not a compiled netplugin-cni (not an ELF file of at most {MAX_BINARY} bytes)")
+    for name, value in (("socket", socket), ("fallback", fallback)):
+        mark = SLOT_MARKS[name].encode()
+        if data.count(mark) != 1:
+            raise ValueError(f"{built}: not a compiled netplugin-cni of this netplugin (its {name} slot is missing)")
+        if value is None:
+            continue
+        raw = _c_string(value, name)[1:-1].encode()
+        start = data.index(mark) + len(mark)
+        room = SLOT_SIZE - len(mark) - 1
+        if len(raw) > room:
+            raise ValueError(f"{name} {value!r}: longer than its slot's {room} bytes")
+        data[start : start - len(mark) + SLOT_SIZE] = raw.ljust(SLOT_SIZE - len(mark), b"\0")
+    return _write(dest, bytes(data))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m netplugin.frontends.cni.native DEST [--socket PATH] [--fallback PATH|none]``.
+    """``python -m netplugin.frontends.cni.native DEST [--socket PATH] [--fallback PATH|none] [--from BUILT]``.
 
     For install scripts that run an interpreter without netplugin's CLI (stdlib only). Exit 0 built,
     3 no compiler, 1 the build failed (the compiler's output on stderr), 2 usage.
@@ -125,9 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dest")
     parser.add_argument("--socket", default=None)
     parser.add_argument("--fallback", default="", help="the Python shim to exec, or none (cluster mode)")
+    parser.add_argument("--from", dest="built", default=None, help="install this compiled shim instead of compiling")
     args = parser.parse_args(argv)
+    fallback = "" if args.fallback == "none" else args.fallback
     try:
-        print(build_native(args.dest, socket=args.socket, fallback="" if args.fallback == "none" else args.fallback))
+        if args.built:
+            print(install_built(args.built, args.dest, socket=args.socket, fallback=fallback))
+        else:
+            print(build_native(args.dest, socket=args.socket, fallback=fallback))
     except NoCompiler as e:
         print(f"netplugin-cni build: {e}", file=sys.stderr)
         return 3

@@ -7,12 +7,12 @@
  * netplugin_frame.h, generated from netplugin/frontends/rpc.py) over the daemon's unix
  * socket, writes the daemon's stdout and stderr, and exits with the daemon's status.
  *
- * The socket is NETPLUGIN_SOCKET, else NP_SOCKET (fixed when the binary is built). When the daemon
- * is absent, answers "unavailable" (U: draining, other settings, use_daemon: never) or cannot be
+ * The socket is NETPLUGIN_SOCKET, else the socket slot (NP_SOCKET when built; rewritten when a built
+ * binary is installed, see the slots below). When the daemon is absent, answers "unavailable" (U: draining, other settings, use_daemon: never) or cannot be
  * given the call, the fallback runs:
- *   - NP_FALLBACK set (standalone nodes): exec the Python shim at that path with the same
+ *   - the fallback slot set (standalone nodes): exec the Python shim at that path with the same
  *     environment and the same stdin (replayed from a memfd);
- *   - NP_FALLBACK empty (cluster mode): CNI error 11 (try again later) as CNI JSON on stdout.
+ *   - the fallback slot empty (cluster mode): CNI error 11 (try again later) as CNI JSON on stdout.
  * A connection lost after the request was sent is CNI error 11 either way: the call may have run.
  *
  * Every read, write, connect and wait is bounded (poll with a deadline); every size is checked
@@ -121,6 +121,26 @@ int npf_parse_answer(const unsigned char *body, size_t len, struct answer *a, co
 #ifndef NP_FALLBACK
 #define NP_FALLBACK ""
 #endif
+/* The socket and the fallback are fixed when the binary is installed: an image builds it once and
+ * every node installs it with its own run dir (netplugin.frontends.cni.native.install_built rewrites
+ * these slots). Each slot is its marker, then a NUL-terminated value, NP_SLOT_SIZE bytes in all;
+ * build_native defines the markers and the size. Writable and not static, so that no compiler folds
+ * the values they had at build time into the code. */
+#if !defined(NP_SLOT_SIZE) || !defined(NP_SOCKET_MARK) || !defined(NP_FALLBACK_MARK)
+#error "build with netplugin.frontends.cni.native.build_native (it defines the slots' markers and size)"
+#endif
+_Static_assert(sizeof(NP_SOCKET_MARK NP_SOCKET) <= NP_SLOT_SIZE, "NP_SOCKET does not fit its slot");
+_Static_assert(sizeof(NP_FALLBACK_MARK NP_FALLBACK) <= NP_SLOT_SIZE, "NP_FALLBACK does not fit its slot");
+char np_socket_slot[NP_SLOT_SIZE] = NP_SOCKET_MARK NP_SOCKET;
+char np_fallback_slot[NP_SLOT_SIZE] = NP_FALLBACK_MARK NP_FALLBACK;
+
+/* A slot's value; its last byte is forced to NUL, so a damaged slot still ends inside itself. */
+static const char *slot_value(char *slot, size_t mark_len) {
+    slot[NP_SLOT_SIZE - 1] = '\0';
+    return slot + mark_len;
+}
+#define NP_SOCKET_SLOT slot_value(np_socket_slot, sizeof NP_SOCKET_MARK - 1)
+#define NP_FALLBACK_SLOT slot_value(np_fallback_slot, sizeof NP_FALLBACK_MARK - 1)
 /* How long the runtime may take to hand over stdin, and to read what is written to stdout. */
 #ifndef NP_IO_TIMEOUT_MS
 #define NP_IO_TIMEOUT_MS 10000
@@ -247,7 +267,7 @@ struct call {
 
 /* Not run by the daemon: exec the Python shim with the same environment and stdin, or fail (11). */
 static void fall_back(const struct call *c, const char *why) {
-    const char *fallback = NP_FALLBACK;
+    const char *fallback = NP_FALLBACK_SLOT;
     if (!fallback[0]) {
         char msg[NP_MSG_MAX];
         if (c->command && strcmp(c->command, "VERSION") == 0) {
@@ -442,11 +462,11 @@ int main(void) {
     signal(SIGPIPE, SIG_IGN);
     c.command = getenv("CNI_COMMAND");
     const char *env_sock = getenv("NETPLUGIN_SOCKET");
-    c.sock = env_sock && env_sock[0] ? env_sock : NP_SOCKET;
+    c.sock = env_sock && env_sock[0] ? env_sock : NP_SOCKET_SLOT;
     read_stdin(&c);
 
     const char *mode = getenv("NETPLUGIN_USE_DAEMON");
-    if (mode && strcmp(mode, "never") == 0 && NP_FALLBACK[0])
+    if (mode && strcmp(mode, "never") == 0 && NP_FALLBACK_SLOT[0])
         fall_back(&c, "NETPLUGIN_USE_DAEMON is never");
     const char *why = NULL;
     size_t req_len = 0;
