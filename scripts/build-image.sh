@@ -12,12 +12,14 @@
 # Steps, each cached by a hash of its inputs:
 #   1. base: mmdebstrap a minimal Debian (python3, python3-venv, iproute2, util-linux, nftables,
 #      procps) into a tarball and `podman import` it as localhost/netplugin-base:<hash of the recipe>;
-#      reused while that image exists (about 45 s to make, once per machine);
+#      reused while that image exists (about 45 s to make, once per machine); the builder base
+#      likewise (the same Debian with gcc and libc6-dev) as localhost/netplugin-builder:<hash>, for
+#      the Containerfile's stage that compiles the C netplugin-cni (the final image has no compiler);
 #   2. wheels: netplugin's wheel built from a copy of this tree (SOURCE_DATE_EPOCH fixed, so the same
 #      tree gives the same bytes) and the wheels of its dependencies with the daemon extra, for
 #      CPython 3.11 on manylinux x86_64 (pip download: PyPI or pip's cache);
-#   3. image: `podman build --network=none --pull=never` of ./Containerfile on the base, labelled
-#      io.netplugin.inputs=<hash of base, Containerfile and wheels>; an image of that tag with the
+#   3. image: `podman build --network=none --pull=never` of ./Containerfile on the bases, labelled
+#      io.netplugin.inputs=<hash of bases, Containerfile and wheels>; an image of that tag with the
 #      same label is reused as it is.
 # Prints "IMAGE-ID DIGEST" on stdout (the digest pins the image in etc/kubernetes/kustomization.yaml);
 # progress goes to stderr.
@@ -34,6 +36,8 @@ python=${PYTHON:-python3}
 # podman here runs as a root without CAP_SYS_RESOURCE: its default rlimits cannot be set.
 ulimits=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
 base_packages=python3,python3-venv,iproute2,util-linux,nftables,procps,ca-certificates
+# What compiling the C shim needs (netplugin's build runs on python3, which the base has).
+builder_packages=$base_packages,gcc,libc6-dev
 
 die() {
     echo "build-image.sh: $*" >&2
@@ -74,29 +78,41 @@ trap cleanup EXIT
 
 label() { podman image inspect --format "{{index .Labels \"$2\"}}" "$1" 2>/dev/null || true; }
 
-# --- 1. the base ------------------------------------------------------------------------------------
-recipe="mmdebstrap --variant=minbase --include=$base_packages $suite $mirror"
-base_key=$(printf '%s\n' "$recipe" | sha256sum | cut -c1-16)
-base=localhost/netplugin-base:$base_key
-if [ "$rebuild" = 0 ] && podman image exists "$base"; then
-    log "base $base (cached)"
-else
+# --- 1. the bases -----------------------------------------------------------------------------------
+# make_base NAME PACKAGES: localhost/NAME:<hash of its recipe>, made unless it exists; sets $made_key.
+made_key=
+make_base() {
+    local name=$1 packages=$2 recipe key image start
+    recipe="mmdebstrap --variant=minbase --include=$packages $suite $mirror"
+    key=$(printf '%s\n' "$recipe" | sha256sum | cut -c1-16)
+    image=localhost/$name:$key
+    made_key=$key
+    if [ "$rebuild" = 0 ] && podman image exists "$image"; then
+        log "$name $image (cached)"
+        return
+    fi
     command -v mmdebstrap >/dev/null || die "mmdebstrap is not installed (apt-get install mmdebstrap)"
-    log "base: $recipe"
+    log "$name: $recipe"
     start=$SECONDS
     # Docs, man pages and locales are dead weight in a container; apt's lists and caches too.
     # shellcheck disable=SC2016 # "$1" is mmdebstrap's, expanded by the hook's own shell
-    mmdebstrap --quiet --mode=root --variant=minbase --include="$base_packages" \
+    mmdebstrap --quiet --mode=root --variant=minbase --include="$packages" \
         --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
         --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
         --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
-        "$suite" "$work/base.tar" "$mirror" >&2 || die "mmdebstrap failed"
-    podman import --quiet --message "netplugin base: $recipe" \
+        "$suite" "$work/$name.tar" "$mirror" >&2 || die "mmdebstrap failed ($name)"
+    podman import --quiet --message "$name: $recipe" \
         --change "LABEL io.netplugin.recipe=\"$recipe\"" --change 'CMD ["/bin/bash"]' \
-        "$work/base.tar" "$base" >/dev/null || die "podman import failed"
-    rm -f -- "$work/base.tar"
-    log "base $base made in $((SECONDS - start)) s"
-fi
+        "$work/$name.tar" "$image" >/dev/null || die "podman import failed ($name)"
+    rm -f -- "$work/$name.tar"
+    log "$name $image made in $((SECONDS - start)) s"
+}
+make_base netplugin-base "$base_packages"
+base_key=$made_key
+base=localhost/netplugin-base:$base_key
+make_base netplugin-builder "$builder_packages"
+builder_key=$made_key
+builder=localhost/netplugin-builder:$builder_key
 
 # --- 2. the wheels ----------------------------------------------------------------------------------
 ctx=$work/context
@@ -119,7 +135,7 @@ cp -- "$here/Containerfile" "$ctx/Containerfile"
 
 # --- 3. the image -----------------------------------------------------------------------------------
 inputs=$( (
-    echo "$base_key"
+    echo "$base_key $builder_key"
     sha256sum "$ctx/Containerfile" | cut -d' ' -f1
     cd "$ctx/wheels" && sha256sum -- * | sort -k2
 ) | sha256sum | cut -c1-32)
@@ -129,7 +145,7 @@ else
     start=$SECONDS
     previous=$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
     podman build --quiet --network=none --pull=never "${ulimits[@]}" \
-        --build-arg "BASE=$base" --build-arg "VERSION=$version" \
+        --build-arg "BASE=$base" --build-arg "BUILDER=$builder" --build-arg "VERSION=$version" \
         --label "io.netplugin.inputs=$inputs" --tag "$tag" --file "$ctx/Containerfile" "$ctx" >/dev/null ||
         die "podman build failed"
     log "image $tag built in $((SECONDS - start)) s"
