@@ -77,9 +77,14 @@ def configmap_settings() -> dict[str, Any]:
     return settings
 
 
-def init_install_argv(remap: Callable[[str], str], configmap_file: Path, python: str) -> list[str]:
+def init_install_argv(
+    remap: Callable[[str], str], configmap_file: Path, python: str, native_shim: Path | None = None
+) -> list[str]:
     """The init container's install.sh argv: this tree's script, every host path remapped, the
-    ConfigMap's file (as mounted) at ``configmap_file`` and the node's interpreter ``python``."""
+    ConfigMap's file (as mounted) at ``configmap_file`` and the node's interpreter ``python``.
+
+    The image's compiled shim (``--native-shim``) is ``native_shim``, a binary built here the way the
+    image's build stage builds it; None drops the option, so that install.sh compiles one itself."""
     [init] = daemonset()["spec"]["template"]["spec"]["initContainers"]
     argv = [*init.get("command", []), *init.get("args", [])]
     [at] = [i for i, a in enumerate(argv) if a.endswith("scripts/install.sh")]
@@ -93,7 +98,14 @@ def init_install_argv(remap: Callable[[str], str], configmap_file: Path, python:
             i += 1
             continue
         value = args[i + 1]
-        if flag == "--source":
+        if flag == "--native-shim":
+            if native_shim is not None:
+                out += [flag, str(native_shim)]
+            i += 2
+            continue
+        if flag == "--shim-fallback":  # a mode, not a path
+            pass
+        elif flag == "--source":
             value = str(REPO)
         elif flag == "--python":
             value = python

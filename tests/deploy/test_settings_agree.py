@@ -9,8 +9,9 @@ built exactly as the two readers build them:
   ``cni`` op do, with a runtime's environment (no NETPLUGIN_* variables).
 
 They must be equal in every setting that decides what an operation does (the fingerprint the daemon
-compares), the socket the shim finds must be the daemon's, and the conflist must carry no setting of
-its own. The drift cases show that each kind of disagreement is caught, naming the key.
+compares), the socket the shim finds must be the daemon's (the Python shim's through the conflist's
+runDir, the compiled shim's from the slot install.sh wrote into it), and the conflist must carry no
+setting of its own. A cluster node's compiled shim is in cluster mode (no fallback: CNI error 11). The drift cases show that each kind of disagreement is caught, naming the key.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from shipped import REPO, configmap_settings, init_install_argv, main_container,
 from netplugin.core.config import DEFAULT_CONFIG, DEFAULT_RUN_DIR, load_config
 from netplugin.core.errors import ConfigError
 from netplugin.frontends.cni.fast import daemon_target
+from netplugin.frontends.cni.native import build_native, install_built, slots
 from netplugin.frontends.cni.netconf import build_config
 from netplugin.frontends.cni.protocol import CniRequest
 from netplugin.frontends.rpc import fingerprint
@@ -42,8 +44,12 @@ def _call_conf(conflist: dict[str, Any]) -> dict[str, Any]:
     return {**plugin, "name": conflist["name"], "cniVersion": conflist["cniVersion"]}
 
 
-def disagreement(call_conf: dict[str, Any], argv: list[str], env: dict[str, str]) -> list[str]:
-    """What differs between the daemon started as ``argv``/``env`` and a call made with ``call_conf``."""
+Node = tuple[dict[str, Any], list[str], dict[str, str], Path]
+
+
+def disagreement(call_conf: dict[str, Any], argv: list[str], env: dict[str, str], shim: Path | None = None) -> list[str]:
+    """What differs between the daemon started as ``argv``/``env`` and a call made with ``call_conf``
+    through the installed ``shim`` (the compiled one: its socket slot)."""
     assert argv[1:3] == ["serve", "--config"] and len(argv) == 4, argv  # no other flag: all in the file
     netplugin_env = {k: v for k, v in env.items() if k.startswith("NETPLUGIN_")}
     daemon = load_config(argv[3], environ=netplugin_env)
@@ -55,6 +61,8 @@ def disagreement(call_conf: dict[str, Any], argv: list[str], env: dict[str, str]
     out = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     if daemon_target(call_conf, {})[1] != daemon.socket_path:
         out.append("socket")
+    if shim is not None and slots(str(shim))["socket"] != daemon.socket_path:
+        out.append("shim-socket")
     out += sorted(f"conflist:{k}" for k in set(call_conf) - NO_SETTINGS - {"name", "cniVersion"})
     out += sorted(f"environment:{k}" for k in netplugin_env)
     return out
@@ -63,7 +71,7 @@ def disagreement(call_conf: dict[str, Any], argv: list[str], env: dict[str, str]
 # --- a single node: install.sh, its conflist and config, and the unit -------------------------------
 
 
-def _single_node(tmp_path: Path) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+def _single_node(tmp_path: Path) -> Node:
     root = tmp_path / "node"
     config = root / "etc" / "netplugin" / "netplugin.yaml"
     argv = ["bash", str(REPO / "scripts" / "install.sh"), "--no-venv", "--python", sys.executable]
@@ -75,7 +83,7 @@ def _single_node(tmp_path: Path) -> tuple[dict[str, Any], list[str], dict[str, s
     start, env, _ = unit_command(UNIT)
     # The unit as installed names this node's config file (install.sh writes its --config there).
     assert start[-2:] == ["--config", DEFAULT_CONFIG]
-    return _call_conf(conflist), [*start[:-1], str(config)], env
+    return _call_conf(conflist), [*start[:-1], str(config)], env, root / "cni-bin-dir" / "netplugin-cni"
 
 
 def test_shipped_conflist_and_unit_name_the_same_file() -> None:
@@ -88,7 +96,10 @@ def test_shipped_conflist_and_unit_name_the_same_file() -> None:
 
 
 def test_single_node_settings_agree(tmp_path: Path) -> None:
-    assert disagreement(*_single_node(tmp_path)) == []
+    call, argv, env, shim = _single_node(tmp_path)
+    assert disagreement(call, argv, env, shim) == []
+    # A standalone node's compiled shim runs the Python shim when the daemon does not run a call.
+    assert slots(str(shim))["fallback"] == str(shim.parent / "netplugin-cni-python")
 
 
 @pytest.mark.parametrize(
@@ -102,16 +113,24 @@ def test_single_node_settings_agree(tmp_path: Path) -> None:
     ],
 )
 def test_single_node_drift_is_caught(tmp_path: Path, drift: Any, caught: str) -> None:
-    call, argv, env = _single_node(tmp_path)
+    call, argv, env, shim = _single_node(tmp_path)
     drift(call, argv, env)
-    assert caught in disagreement(call, argv, env)
+    assert caught in disagreement(call, argv, env, shim)
+
+
+def test_a_compiled_shim_with_another_socket_is_caught(tmp_path: Path) -> None:
+    call, argv, env, shim = _single_node(tmp_path)
+    install_built(str(shim), str(shim), socket="/run/elsewhere/netplugin.sock")
+    assert disagreement(call, argv, env, shim) == ["shim-socket"]
 
 
 # --- a cluster node: the init container's install steps, the ConfigMap, the DaemonSet's command ------
 
 
-def _cluster_node(tmp_path: Path, settings: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+def _cluster_node(tmp_path: Path, settings: dict[str, Any]) -> Node:
     root = tmp_path / "node"
+    # The image's compiled shim, built as its build stage builds it (default socket, no fallback).
+    image_shim = Path(build_native(str(tmp_path / "image-netplugin-cni"), fallback=""))
 
     def remap(path: str) -> str:
         return str(root) + path
@@ -120,19 +139,23 @@ def _cluster_node(tmp_path: Path, settings: dict[str, Any]) -> tuple[dict[str, A
     cm.parent.mkdir()
     dirs = {k: remap(settings[k]) for k in ("plugin_dir", "state_dir", "run_dir")}
     cm.write_text(yaml.safe_dump({**settings, **dirs}))
-    done = run_install(init_install_argv(remap, cm, sys.executable), NETPLUGIN_LIB_PYTHON=sys.executable)
+    argv = init_install_argv(remap, cm, sys.executable, native_shim=image_shim)
+    assert "--native-shim" in argv  # the DaemonSet installs the image's compiled shim
+    done = run_install(argv, NETPLUGIN_LIB_PYTHON=sys.executable)
     assert done.returncode == 0, done.stdout + done.stderr
     conflist = json.loads((root / "etc" / "cni" / "net.d" / "10-netplugin.conflist").read_text())
     c = main_container()
     argv = [*c.get("command", []), *c.get("args", [])]
     env = {e["name"]: e.get("value", "") for e in c.get("env", []) if "value" in e}
-    return _call_conf(conflist), [*argv[:-1], remap(argv[-1])], env
+    return _call_conf(conflist), [*argv[:-1], remap(argv[-1])], env, root / "opt" / "cni" / "bin" / "netplugin-cni"
 
 
 def test_cluster_settings_agree_and_are_a_cluster(tmp_path: Path) -> None:
     settings = configmap_settings()
-    call, argv, env = _cluster_node(tmp_path, settings)
-    assert disagreement(call, argv, env) == []
+    call, argv, env, shim = _cluster_node(tmp_path, settings)
+    assert disagreement(call, argv, env, shim) == []
+    # Cluster mode: the compiled shim never falls back to Python; with no daemon it says try again.
+    assert slots(str(shim))["fallback"] == ""
     cfg = load_config(argv[-1], environ={})
     # What every node needs without editing: the Node's own pod CIDRs, the cluster's routes, the daemon.
     assert (cfg.host, cfg.plugin, cfg.env.get("NETPLUGIN_BRIDGE_SUBNET")) == ("kube", "netplugin.io/bridge", "node")
@@ -147,6 +170,6 @@ def test_cluster_settings_agree_and_are_a_cluster(tmp_path: Path) -> None:
     ],
 )
 def test_cluster_drift_is_caught(tmp_path: Path, drift: Any, caught: str) -> None:
-    call, argv, env = _cluster_node(tmp_path, configmap_settings())
+    call, argv, env, shim = _cluster_node(tmp_path, configmap_settings())
     drift(call, argv, env)
-    assert caught in disagreement(call, argv, env)
+    assert caught in disagreement(call, argv, env, shim)

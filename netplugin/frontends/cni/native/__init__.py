@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["CFLAGS", "SANITIZE", "SLOT_MARKS", "SLOT_SIZE", "NoCompiler", "build_native", "compiler", "install_built", "main", "source_path"]
+__all__ = ["CFLAGS", "SANITIZE", "SLOT_MARKS", "SLOT_SIZE", "NoCompiler", "build_native", "compiler", "install_built", "main", "slots", "source_path"]
 
 #: warnings as errors, and the hardening Debian's dpkg-buildflags gives (fortify, stack protector,
 #: PIE, full RELRO)
@@ -130,6 +130,31 @@ def _write(dest: str, data: bytes) -> str:
     return dest
 
 
+def _read_built(path: str) -> bytearray:
+    with open(path, "rb") as f:
+        data = bytearray(f.read(MAX_BINARY + 1))
+    if len(data) > MAX_BINARY or not data.startswith(b"\x7fELF"):
+        raise ValueError(f"{path}: not a compiled netplugin-cni (not an ELF file of at most {MAX_BINARY} bytes)")
+    for name, mark in SLOT_MARKS.items():
+        if data.count(mark.encode()) != 1:
+            raise ValueError(f"{path}: not a compiled netplugin-cni of this netplugin (its {name} slot is missing)")
+    return data
+
+
+def slots(path: str) -> dict[str, str]:
+    """The socket and the fallback ("": cluster mode) the compiled shim at ``path`` has in its slots.
+
+    Raises ValueError when ``path`` is not a compiled netplugin-cni, OSError when it cannot be read.
+    """
+    data = _read_built(path)
+    out = {}
+    for name, mark in SLOT_MARKS.items():
+        start = data.index(mark.encode()) + len(mark)
+        value = bytes(data[start : start - len(mark) + SLOT_SIZE - 1])
+        out[name] = value.split(b"\0", 1)[0].decode()
+    return out
+
+
 def install_built(built: str, dest: str, *, socket: str | None = None, fallback: str = "") -> str:
     """Install the compiled shim ``built`` (made by :func:`build_native`, anywhere) as ``dest`` with
     ``socket`` (None: the one it has) and ``fallback`` ("" for cluster mode) written into its slots.
@@ -137,14 +162,9 @@ def install_built(built: str, dest: str, *, socket: str | None = None, fallback:
     Raises ValueError when ``built`` is not such a binary (a slot's marker missing or repeated) or a
     value does not fit its slot, OSError when it cannot be read or ``dest`` written.
     """
-    with open(built, "rb") as f:
-        data = bytearray(f.read(MAX_BINARY + 1))
-    if len(data) > MAX_BINARY or not data.startswith(b"\x7fELF"):
-        raise ValueError(f"{built}: not a compiled netplugin-cni (not an ELF file of at most {MAX_BINARY} bytes)")
+    data = _read_built(built)
     for name, value in (("socket", socket), ("fallback", fallback)):
         mark = SLOT_MARKS[name].encode()
-        if data.count(mark) != 1:
-            raise ValueError(f"{built}: not a compiled netplugin-cni of this netplugin (its {name} slot is missing)")
         if value is None:
             continue
         raw = _c_string(value, name)[1:-1].encode()
