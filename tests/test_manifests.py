@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from netplugin.core import config as npconfig
+from netplugin.core.defaults import SOCKET_NAME
 
 REPO = Path(__file__).resolve().parent.parent
 KUBE_DIR = REPO / "etc" / "kubernetes"
@@ -369,3 +370,21 @@ def test_manifests_pass_kubernetes_validate_strict() -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("passed") == len(_docs()), out.stdout
+
+
+def test_init_container_installs_the_images_compiled_shim_in_cluster_mode(
+    configmap_config: npconfig.Config, init_container: dict[str, Any]
+) -> None:
+    argv = [*init_container.get("command", []), *init_container.get("args", [])]
+    [script_at] = [i for i, a in enumerate(argv) if a.endswith("scripts/install.sh")]
+    rest = [a for a in argv[script_at + 1 :] if a != "--no-venv"]
+    flags = dict(zip(rest[::2], rest[1::2], strict=True))
+    # The binary the image's build stage compiled (the Containerfile copies it there), not a mount.
+    copies = re.findall(r"^COPY --from=shim /netplugin-cni (\S+)$", (REPO / "Containerfile").read_text(), re.M)
+    assert flags["--native-shim"] in copies, copies
+    mounts = [m["mountPath"] for m in init_container["volumeMounts"]]
+    assert not any(flags["--native-shim"].startswith(m.rstrip("/") + "/") for m in mounts)
+    # Cluster mode: no Python per call; without the daemon, CNI error 11 (never a shim on its own).
+    assert flags["--shim-fallback"] == "none"
+    # The socket install.sh writes into the shim (<run dir>/netplugin.sock) is the daemon's.
+    assert os.path.join(flags["--run-dir"], SOCKET_NAME) == configmap_config.socket_path

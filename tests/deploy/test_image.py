@@ -2,10 +2,14 @@
 
 * The init container: the image's installer, unprivileged (all capabilities dropped but CHOWN,
   DAC_OVERRIDE, FOWNER; read-only root; no network), copies the plugins, the CNI shim and the modules
-  the shim needs onto the "node" (test dirs); the shim then runs on the host's own /usr/bin/python3.
+  the Python shim needs onto the "node" (test dirs), with the DaemonSet's shim options: the image's
+  compiled netplugin-cni (its build stage's; the image itself has no compiler) in cluster mode, with
+  the node's socket written in. netplugin-cni-python runs on the host's own /usr/bin/python3.
 * The daemon: `netplugin serve` in the image with host network, host PID, privileged, and the host's
   exec/state/run dirs and /run/netns mounted at their own paths. Pods are set up and torn down from
   the host, through the daemon's socket: veths in the pods' namespaces, the daemon's metrics count them.
+  The runtime's path, the compiled shim, is run with every Python on the host hidden: with the daemon up
+  it is served, with the daemon stopped it answers CNI error 11.
 
 The image build is cached (scripts/build-image.sh keys each step by a hash of its inputs): the first
 run on a machine makes the Debian base (about a minute), later ones take about 30 s.
@@ -14,7 +18,6 @@ Subnets: a random free /24 of 10.207.0.0/16 (the demo's range, README); names np
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import secrets
@@ -30,6 +33,10 @@ from typing import Any
 import pytest
 import yaml
 from nettest import free_third_octet, host_veth_name, link_exists
+from shipped import daemonset
+
+from netplugin.core.defaults import SOCKET_NAME
+from netplugin.frontends.cni.native import slots
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "scripts" / "build-image.sh"
@@ -136,6 +143,16 @@ def _volume(path: Path, opts: str = "") -> list[str]:
     return ["-v", f"{path}:{path}{':' + opts if opts else ''}"]
 
 
+def _shim_options() -> list[str]:
+    """The DaemonSet init container's options for the compiled shim (paths inside the image)."""
+    [init] = daemonset()["spec"]["template"]["spec"]["initContainers"]
+    argv = [*init.get("command", []), *init.get("args", [])]
+    out = []
+    for flag in ("--native-shim", "--shim-fallback"):
+        out += [flag, argv[argv.index(flag) + 1]]
+    return out
+
+
 def _init_container(image: str, node: Node) -> subprocess.CompletedProcess[str]:
     """What the DaemonSet's init container runs, with its securityContext."""
     argv = ["podman", "run", "--rm", "--network=none", "--read-only", "--tmpfs", "/tmp", *ULIMITS]
@@ -146,7 +163,7 @@ def _init_container(image: str, node: Node) -> subprocess.CompletedProcess[str]:
     argv += ["--source", "/usr/share/netplugin", "--python", "/usr/bin/python3", "--lib-dir", str(node.lib)]
     argv += ["--exec-dir", str(node.exec_dir), "--cni-bin-dir", str(node.cni_bin), "--cni-conf-dir", str(node.cni_conf)]
     argv += ["--state-dir", str(node.state), "--run-dir", str(node.run_dir)]
-    argv += ["--config", str(node.config), "--config-from", str(node.configmap)]
+    argv += ["--config", str(node.config), "--config-from", str(node.configmap), *_shim_options()]
     return _run(argv, timeout=300)
 
 
@@ -171,8 +188,22 @@ def _start_daemon(image: str, node: Node) -> str:
     raise AssertionError(f"the daemon in {name} never answered health:\n{logs.stdout}{logs.stderr}")
 
 
+def _pythons() -> list[str]:
+    """Every Python interpreter on this host's usual paths (their real files)."""
+    found = {os.path.realpath(sys.executable)}
+    for d in ("/usr/bin", "/usr/local/bin", "/bin"):
+        if os.path.isdir(d):
+            found |= {os.path.realpath(os.path.join(d, f)) for f in os.listdir(d) if f.startswith("python")}
+    return sorted(p for p in found if os.path.isfile(p))
+
+
+#: runs "$@" in a private mount namespace where each interpreter given after it is /dev/null
+_WITHOUT_PYTHON = 'while [ "$1" != -- ]; do mount --bind /dev/null "$1" || exit 99; shift; done; shift; exec "$@"'
+
+
 def _shim(node: Node, command: str, ns: str, pod: str) -> subprocess.CompletedProcess[str]:
-    """A CNI call, as a runtime makes it, to the shim the init container put on the node."""
+    """A CNI call, as a runtime makes it, to the shim the init container put on the node; every
+    Python on the host is hidden from it (a cluster node with its daemon up needs none)."""
     conf = {
         "cniVersion": "1.0.0",
         "name": f"np{node.tag}",
@@ -189,7 +220,8 @@ def _shim(node: Node, command: str, ns: str, pod: str) -> subprocess.CompletedPr
         "CNI_PATH": str(node.cni_bin),
         "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}",
     }
-    return _run([str(node.cni_bin / "netplugin-cni")], input=json.dumps(conf), env=env, cwd=node.root)
+    hide = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", _WITHOUT_PYTHON, "sh", *_pythons()]
+    return _run([*hide, "--", str(node.cni_bin / "netplugin-cni")], input=json.dumps(conf), env=env, cwd=node.root)
 
 
 def _metric(node: Node, name: str, operation_type: str) -> float:
@@ -214,16 +246,36 @@ def test_init_container_puts_plugins_and_a_working_shim_onto_the_node(image: str
     conf = json.loads((node.cni_conf / "10-netplugin.conflist").read_text())
     assert conf["plugins"][0] == {"type": "netplugin-cni", "configFile": str(node.config), "runDir": str(node.run_dir)}
     assert node.config.read_text() == node.configmap.read_text()
-    # The shim runs on the host's interpreter with the modules copied from the image, nothing else.
+    # The runtime's shim is the image's compiled one (an ELF binary, not a script), with this node's
+    # socket written in and no fallback (cluster mode); the Python shim runs on the host's
+    # interpreter with the modules copied from the image, nothing else.
     shim = node.cni_bin / "netplugin-cni"
-    assert shim.read_text().count("exec /usr/bin/python3 -I -S ") == 1
-    version = _run([str(shim)], env={"PATH": "/usr/bin:/bin", "CNI_COMMAND": "VERSION"}, cwd=node.root)
-    assert version.returncode == 0, version.stderr
-    assert "1.0.0" in json.loads(version.stdout)["supportedVersions"]
+    assert shim.read_bytes()[:4] == b"\x7fELF"
+    assert (shim.stat().st_uid, shim.stat().st_mode & 0o7777) == (0, 0o755)
+    assert slots(str(shim)) == {"socket": str(node.run_dir / SOCKET_NAME), "fallback": ""}
+    assert (node.cni_bin / "netplugin-cni-python").read_text().count("exec /usr/bin/python3 -I -S ") == 1
+    for exe in (shim, node.cni_bin / "netplugin-cni-python"):
+        version = _run([str(exe)], env={"PATH": "/usr/bin:/bin", "CNI_COMMAND": "VERSION"}, cwd=node.root)
+        assert version.returncode == 0, version.stderr
+        assert "1.0.0" in json.loads(version.stdout)["supportedVersions"]
     # A second run changes nothing (the init container runs at every pod start).
     again = _init_container(image, node)
     assert again.returncode == 0, again.stderr
     assert "install.sh: nothing to do" in again.stdout
+
+
+def test_the_image_carries_no_compiler(image: str) -> None:
+    probe = (
+        "import glob, shutil, sys; "
+        "sys.exit(any(shutil.which(c) for c in ('cc', 'gcc', 'clang')) or bool(glob.glob('/usr/lib/gcc/*/*/cc1')))"
+    )
+    out = _run(["podman", "run", "--rm", "--network=none", *ULIMITS, image, "python3", "-c", probe])
+    assert out.returncode == 0, out.stdout + out.stderr
+    # ... only the compiled shim its build stage made.
+    version = _run(
+        ["podman", "run", "--rm", "--network=none", *ULIMITS, "-e", "CNI_COMMAND=VERSION", image, _shim_options()[1]]
+    )
+    assert version.returncode == 0 and "supportedVersions" in version.stdout, version.stdout + version.stderr
 
 
 def test_daemon_in_the_image_serves_pods_set_up_from_the_host(image: str, node: Node) -> None:
@@ -256,9 +308,8 @@ def test_daemon_in_the_image_serves_pods_set_up_from_the_host(image: str, node: 
         assert not link_exists(host_veth_name(ns))
     assert _metric(node, "network_plugin_operations_total", "tear_down_pod") == 2.0
 
-    # The kubelet's path: the runtime calls the shim on the host (installed by the init container,
-    # running the host's python3). A shim that can forward (issue 9) hands the call to the daemon.
-    forwards = importlib.util.find_spec("netplugin.frontends.cni.fast") is not None
+    # The kubelet's path: the runtime calls the shim on the host (the compiled one the init container
+    # installed), with no Python to run: the daemon serves the call.
     add = _shim(node, "ADD", early, "web-0")
     assert add.returncode == 0, add.stdout + add.stderr
     [ip] = [i["address"] for i in json.loads(add.stdout)["ips"]]
@@ -267,9 +318,8 @@ def test_daemon_in_the_image_serves_pods_set_up_from_the_host(image: str, node: 
     delete = _shim(node, "DEL", early, "web-0")
     assert delete.returncode == 0, delete.stdout + delete.stderr
     assert not link_exists(host_veth_name(early))
-    if forwards:
-        assert _metric(node, "network_plugin_operations_total", "set_up_pod") == 3.0
-        assert _metric(node, "network_plugin_operations_total", "tear_down_pod") == 3.0
+    assert _metric(node, "network_plugin_operations_total", "set_up_pod") == 3.0
+    assert _metric(node, "network_plugin_operations_total", "tear_down_pod") == 3.0
     assert list((node.state / "pods").glob("*.json")) == []
 
     # SIGTERM (what the kubelet sends): the daemon drains, removes its socket and exits 0.
@@ -278,3 +328,11 @@ def test_daemon_in_the_image_serves_pods_set_up_from_the_host(image: str, node: 
     state = _run(["podman", "inspect", "--format", "{{.State.ExitCode}}", name])
     assert state.stdout.strip() == "0"
     assert not (node.run_dir / "netplugin.sock").exists()
+
+    # Cluster mode without its daemon: CNI error 11 (the runtime retries), never a call run alone,
+    # and still no Python.
+    orphan = _shim(node, "ADD", late, "web-1")
+    assert orphan.returncode != 0, orphan.stdout
+    err = json.loads(orphan.stdout)
+    assert err["code"] == 11 and "cluster mode" in err["msg"] and str(node.run_dir / SOCKET_NAME) in err["msg"], err
+    assert not link_exists(host_veth_name(late))

@@ -11,7 +11,8 @@ built exactly as the two readers build them:
 They must be equal in every setting that decides what an operation does (the fingerprint the daemon
 compares), the socket the shim finds must be the daemon's (the Python shim's through the conflist's
 runDir, the compiled shim's from the slot install.sh wrote into it), and the conflist must carry no
-setting of its own. A cluster node's compiled shim is in cluster mode (no fallback: CNI error 11). The drift cases show that each kind of disagreement is caught, naming the key.
+setting of its own. A cluster node's compiled shim is in cluster mode (no fallback: CNI error 11).
+The drift cases show that each kind of disagreement is caught, naming the key.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def _call_conf(conflist: dict[str, Any]) -> dict[str, Any]:
 Node = tuple[dict[str, Any], list[str], dict[str, str], Path]
 
 
-def disagreement(call_conf: dict[str, Any], argv: list[str], env: dict[str, str], shim: Path | None = None) -> list[str]:
+def disagreement(
+    call_conf: dict[str, Any], argv: list[str], env: dict[str, str], shim: Path | None = None
+) -> list[str]:
     """What differs between the daemon started as ``argv``/``env`` and a call made with ``call_conf``
     through the installed ``shim`` (the compiled one: its socket slot)."""
     assert argv[1:3] == ["serve", "--config"] and len(argv) == 4, argv  # no other flag: all in the file

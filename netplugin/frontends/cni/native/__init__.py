@@ -18,7 +18,19 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["CFLAGS", "SANITIZE", "SLOT_MARKS", "SLOT_SIZE", "NoCompiler", "build_native", "compiler", "install_built", "main", "slots", "source_path"]
+__all__ = [
+    "CFLAGS",
+    "SANITIZE",
+    "SLOT_MARKS",
+    "SLOT_SIZE",
+    "NoCompiler",
+    "build_native",
+    "compiler",
+    "install_built",
+    "main",
+    "slots",
+    "source_path",
+]
 
 #: warnings as errors, and the hardening Debian's dpkg-buildflags gives (fortify, stack protector,
 #: PIE, full RELRO)
