@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from netplugin.frontends.cni.native import build_native
+from netplugin.frontends.cni.native import build_native, install_built, slots
 from tests.frontends.cni.test_daemon_path import REPO, World
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
@@ -145,13 +145,46 @@ def test_a_call_the_daemon_refuses_falls_back_with_the_same_stdin(
     assert never.returncode == 0 and fake.env_of("teardown")["NP_TEST_ORIGIN"] == "shim"
 
 
+def test_a_build_installed_elsewhere_finds_the_daemon_by_its_slot(
+    world: World, fake: Any, shims: dict[str, Path], tmp_path: Path
+) -> None:
+    # One build (the image's: default socket, no fallback), installed with this node's socket.
+    installed = Path(install_built(str(shims["cluster"]), str(tmp_path / "netplugin-cni"), socket=world.socket))
+    assert slots(str(installed)) == {"socket": world.socket, "fallback": ""}
+    world.start_daemon()
+    add = world.shim("ADD", world.conf(), argv=[str(installed)])  # no NETPLUGIN_SOCKET: the slot's
+    assert add.returncode == 0, add
+    assert fake.env_of("setup")["NP_TEST_ORIGIN"] == "daemon"
+
+
 @pytest.mark.parametrize(
-    ("env", "native"),
-    [({}, True), ({"CC": "/nonexistent/cc"}, False)],
-    ids=["compiler", "no-compiler"],
+    ("built", "value", "message"),
+    [
+        pytest.param("/bin/sh", {}, "not a compiled netplugin-cni", id="not-ours"),
+        pytest.param(None, {"socket": "/run/" + "x" * 300}, "longer than its slot", id="socket-too-long"),
+        pytest.param(None, {"fallback": 'a"b'}, "must not contain quotes", id="fallback-quote"),
+    ],
+)
+def test_install_built_refuses_what_does_not_fit(
+    shims: dict[str, Path], tmp_path: Path, built: str | None, value: dict[str, str], message: str
+) -> None:
+    dest = tmp_path / "netplugin-cni"
+    with pytest.raises(ValueError, match=message):
+        install_built(built or str(shims["cluster"]), str(dest), **value)
+    assert not dest.exists()
+
+
+@pytest.mark.parametrize(
+    ("env", "extra", "native", "fallback"),
+    [
+        ({}, [], True, "python"),
+        ({"CC": "/nonexistent/cc"}, [], False, ""),
+        ({"CC": "/nonexistent/cc"}, ["--native-shim", "BUILT", "--shim-fallback", "none"], True, ""),
+    ],
+    ids=["compiler", "no-compiler", "prebuilt-cluster"],
 )
 def test_install_sh_installs_the_compiled_shim_or_says_why_not(
-    tmp_path: Path, env: dict[str, str], native: bool
+    tmp_path: Path, shims: dict[str, Path], env: dict[str, str], extra: list[str], native: bool, fallback: str
 ) -> None:
     cni_bin = tmp_path / "cni-bin"
     full = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
@@ -170,6 +203,7 @@ def test_install_sh_installs_the_compiled_shim_or_says_why_not(
         "/run/np-test",
         "--lib-dir",
         str(tmp_path / "lib"),
+        *(str(shims["cluster"]) if a == "BUILT" else a for a in extra),
     ]
     done = subprocess.run(["/bin/bash", str(REPO / "scripts" / "install.sh"), *args], capture_output=True, text=True,
                           env=full, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
@@ -178,8 +212,30 @@ def test_install_sh_installs_the_compiled_shim_or_says_why_not(
     assert shim.startswith(b"\x7fELF") is native
     assert (cni_bin / "netplugin-cni-python").exists() is native
     assert ("no compiled shim" in done.stderr) is not native
-    if native:  # the socket and fallback fixed at build, as install.sh was told
-        assert b"/run/np-test/netplugin.sock" in shim and str(cni_bin / "netplugin-cni-python").encode() in shim
+    if native:  # the socket and fallback in its slots, as install.sh was told
+        python_shim = str(cni_bin / "netplugin-cni-python") if fallback == "python" else ""
+        installed = slots(str(cni_bin / "netplugin-cni"))
+        assert installed == {"socket": "/run/np-test/netplugin.sock", "fallback": python_shim}
         again = subprocess.run(["/bin/bash", str(REPO / "scripts" / "install.sh"), *args], capture_output=True,
                                text=True, env=full, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
         assert "install.sh: nothing to do" in again.stdout, again.stdout  # the build is reproducible
+
+
+@pytest.mark.parametrize(
+    ("bad", "code", "says"),
+    [
+        pytest.param(["--native-shim", "/bin/sh"], 1, "cannot install the compiled shim --native-shim", id="not-ours"),
+        pytest.param(["--native-shim", "MISSING"], 2, "no such file", id="missing"),
+        pytest.param(["--shim-fallback", "bash"], 2, "--shim-fallback must be python or none", id="bad-fallback"),
+    ],
+)
+def test_install_sh_refuses_a_native_shim_that_is_not_one(tmp_path: Path, bad: list[str], code: int, says: str) -> None:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+    argv = ["/bin/bash", str(REPO / "scripts" / "install.sh"), "--no-venv"]
+    argv += ["--python", os.path.realpath(sys.executable)]
+    for flag in ("--exec-dir", "--cni-bin-dir", "--cni-conf-dir", "--lib-dir", "--state-dir", "--run-dir"):
+        argv += [flag, str(tmp_path / flag.strip("-"))]
+    argv += [str(tmp_path / "missing") if a == "MISSING" else a for a in bad]
+    done = subprocess.run(argv, capture_output=True, text=True, env=full, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == code and says in done.stderr, done.stderr
+    assert not (tmp_path / "cni-bin-dir" / "netplugin-cni").exists()  # no shim installed at all
