@@ -6,6 +6,7 @@
               first by file name, as libcni and containerd do): it must be netplugin's;
 ``shim``      the ``netplugin-cni`` that conflist runs (in the CNI bin dirs): ours, answering
               ``VERSION`` with the versions this netplugin speaks, and of this netplugin's version;
+              the compiled one reads no conflist: the socket written into it must be the conflist's;
 ``daemon``    whether a call made from that conflist reaches the daemon: its socket, its answer,
               not draining, and the call's settings equal the daemon's (else the keys that differ);
 ``settings``  the conflist carries no settings of its own (or they equal the config file's), and
@@ -151,8 +152,26 @@ def check_shim(node: Node) -> Check:
     fix = "reinstall it: scripts/install.sh, or netplugin install-shim DIR"
     if not found:
         return Check("shim", f"no {_SHIM} in {', '.join(node.bin_dirs)}", "the runtime cannot run netplugin", fix)
-    problem = _shim_problem(found[0])
+    problem = _shim_problem(found[0]) or _slot_problem(found[0], node)
     return Check("shim", f"{found[0]}", problem, fix if problem else None)
+
+
+def _slot_problem(path: str, node: Node) -> str | None:
+    """A compiled shim calls the socket written into it: the one a call from the conflist must reach."""
+    from netplugin.frontends.cni.fast import daemon_target
+    from netplugin.frontends.cni.native import slots
+
+    with open(path, "rb") as f:
+        if f.read(4) != b"\x7fELF" or node.call_conf is None:
+            return None
+    try:
+        written = slots(path)["socket"]
+    except ValueError as e:
+        return str(e)
+    sock = daemon_target(node.call_conf, {})[1]
+    if written != sock:
+        return f"{path} (compiled) calls the daemon at {written}, but the conflist's socket is {sock}"
+    return None
 
 
 def inline_differences(call_conf: dict[str, Any]) -> list[str]:

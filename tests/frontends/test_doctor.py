@@ -90,6 +90,12 @@ def _no_shim(n: DoctorNode) -> None:
     (n.bin_dir / "netplugin-cni").unlink()
 
 
+def _compiled_shim_elsewhere(n: DoctorNode) -> None:
+    from netplugin.frontends.cni.native import build_native
+
+    build_native(str(n.bin_dir / "netplugin-cni"), socket="/run/np-elsewhere/netplugin.sock", fallback="")
+
+
 def _unsafe_state_dir(n: DoctorNode) -> None:
     n.state.mkdir(mode=0o777)
     os.chmod(n.state, 0o777)
@@ -106,6 +112,7 @@ CASES: list[tuple[str, Callable[[DoctorNode], None], str, str]] = [
     ("not-our-shim", _not_our_shim, "shim", "is not netplugin's shim"),
     ("old-shim", _old_shim, "shim", "was written by netplugin 0.0.0-old"),
     ("no-shim", _no_shim, "shim", "the runtime cannot run netplugin"),
+    ("compiled-shim-other-socket", _compiled_shim_elsewhere, "shim", "calls the daemon at /run/np-elsewhere/"),
     ("unsafe-state-dir", _unsafe_state_dir, "dirs", "writable"),
     ("bad-plugin", _bad_plugin, "plugin", "not found"),
 ]
