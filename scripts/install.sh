@@ -527,10 +527,10 @@ shim_fallback=$cni_bin_dir/netplugin-cni-python
 [ "$shim_fallback_mode" != none ] || shim_fallback=none
 native_args=("$native_shim" --socket "$run_dir/netplugin.sock" --fallback "$shim_fallback")
 [ -z "$native_shim_from" ] || native_args+=(--from "$native_shim_from")
-# The netplugin being installed builds it (its C source and frame header), from the source tree
-# when there is one, else the one the shim imports.
+# The netplugin being installed builds it (its C source and frame header): the one the shim
+# imports from the venv or --lib-dir, else (the interpreter's own) the source tree's if there is one.
 native_path=$shim_path
-[ ! -d "$source_dir/netplugin" ] || native_path=$source_dir
+[ -n "$native_path" ] || [ ! -d "$source_dir/netplugin" ] || native_path=$source_dir
 if [ "$dry_run" = 0 ] && "$shim_python" -I -B -c 'import sys; sys.path[:0] = [p for p in sys.argv[1:2] if p]; del sys.argv[1]
 from netplugin.frontends.cni.native import main; sys.exit(main())' "$native_path" "${native_args[@]}" >/dev/null; then
     install_file "$shim_src" "$cni_bin_dir/netplugin-cni-python" 0755

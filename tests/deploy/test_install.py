@@ -204,7 +204,9 @@ def test_install_repo_plugins_pass_discovery(tmp_path: Path) -> None:
     cands = scan(str(targets["--exec-dir"]))
     assert sorted(os.path.basename(os.path.dirname(c.path)) for c in cands) == shipped
     assert [c.problem for c in cands] == [None] * len(shipped)
-    wrapper = (targets["--cni-bin-dir"] / "netplugin-cni").read_text()
+    # The compiled shim (gcc is a CI dependency), built from this tree; the Python shim beside it.
+    assert (targets["--cni-bin-dir"] / "netplugin-cni").read_bytes().startswith(b"\x7fELF")
+    wrapper = (targets["--cni-bin-dir"] / "netplugin-cni-python").read_text()
     assert "from netplugin.frontends.cni import main" in wrapper
     assert "PYTHONPATH" not in wrapper.replace("# ", "")  # no --lib-dir: the node's installed netplugin
 

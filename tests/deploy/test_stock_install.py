@@ -144,7 +144,10 @@ def test_conflist_names_the_config_and_the_config_the_dirs(node: Node) -> None:
 
 
 def test_shim_runs_isolated_from_the_venv(node: Node, tmp_path: Path) -> None:
-    shim = node.cni_bin / "netplugin-cni"
+    # The runtime's shim is the compiled one (gcc is a CI dependency); the Python shim beside it is
+    # what it execs when the daemon does not run a call.
+    assert (node.cni_bin / "netplugin-cni").read_bytes().startswith(b"\x7fELF")
+    shim = node.cni_bin / "netplugin-cni-python"
     text = shim.read_text()
     # Isolated (-I) and without site (-S), with the venv's site-packages spelled out: either the
     # entry script `netplugin install-shim` writes, or install.sh's own.
