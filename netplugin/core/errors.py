@@ -59,7 +59,12 @@ class InvalidArgument(NetpluginError):
     """A value given by the caller is malformed; nothing was run."""
 
     def __init__(self, field: str, value: object, reason: str) -> None:
-        super().__init__(f"invalid {field} {value!r}: {reason}", field=field, value=str(value), reason=reason)
+        # Cut to 80 characters (README, "Input limits"): a 1 MB op must not make a 2 MB answer and log line.
+        from netplugin.core._yaml import short_repr
+
+        shown = short_repr(value)
+        text = value if isinstance(value, str) and len(value) <= 80 else shown
+        super().__init__(f"invalid {field} {shown}: {reason}", field=field, value=str(text), reason=reason)
         self.field = field
         self.value = value
         self.reason = reason

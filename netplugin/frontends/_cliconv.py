@@ -153,4 +153,5 @@ def health(ctx: click.Context, wait: float) -> None:
 
     state: Any = ctx.find_root().obj  # the CLI's State: its config and output format
     h = request(state.config.socket_path, "health", timeout=wait)
-    state.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s")
+    stuck = f"; {len(h['stuck'])} plugin call(s) stuck past their time limits" if h.get("stuck") else ""
+    state.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s{stuck}")

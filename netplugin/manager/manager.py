@@ -29,13 +29,21 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from netplugin.core.config import Config
 from netplugin.core.discovery import Candidate, scan
-from netplugin.core.errors import HostError, NetpluginError, PluginError, PluginInvalid, PluginNotFound
+from netplugin.core.errors import (
+    HostError,
+    InvalidArgument,
+    NetpluginError,
+    PluginError,
+    PluginInvalid,
+    PluginNotFound,
+)
 from netplugin.core.names import PodRef, escape_plugin_name, validate_plugin_name
 from netplugin.core.node import NodeInfo, node_name
 from netplugin.core.plugin import NOOP_NAME, Action, CallContext, ExecPlugin, Plugin, PodNetworkStatus, base_env
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
 from netplugin.plugins import BUILTINS
+from netplugin.plugins.netns import netns_problem
 from netplugin.store.fsutil import atomic_write, read_small
 from netplugin.store.locks import ensure_dir, flocked, pod_lock_path
 
@@ -260,7 +268,15 @@ class Manager:
             yield
 
     def setup(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
-        """Set up the pod's network. Returns its status when the state store wants it recorded."""
+        """Set up the pod's network. Returns its status when the state store wants it recorded.
+
+        Before anything runs, a netns that is this process's or the node's own (or a FIFO or
+        device) is refused: InvalidArgument ``netns`` (see :func:`netns_problem`).
+        """
+        netns = call.netns if call is not None and call.netns is not None else self.config.netns_path(pod.infra_id)
+        problem = netns_problem(netns)
+        if problem is not None:
+            raise InvalidArgument("netns", netns, problem)
         plugin = self.plugin
         node = self.node()
         self.init(node=node)

@@ -140,12 +140,16 @@ def write_record(path: str, text: str, *, mode: str = "atomic") -> None:
         flags |= os.O_EXCL if mode == "exclusive" else os.O_TRUNC
         try:
             fd = os.open(path, flags, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
         except OSError as e:
             raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
+        try:
+            _write_all(fd, data)
+        except OSError as e:
+            if mode == "exclusive":
+                unlink(path)  # O_EXCL made it ours: a torn address file must not stay (ENOSPC)
+            raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
+        finally:
+            os.close(fd)
         return
     directory, base = os.path.split(path)
     # The temp name starts with "." so that listings of ips/ and pods/ skip it.
@@ -153,13 +157,19 @@ def write_record(path: str, text: str, *, mode: str = "atomic") -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
-            os.write(fd, data)
+            _write_all(fd, data)
         finally:
             os.close(fd)
         os.replace(tmp, path)
     except OSError as e:
         unlink(tmp)
         raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def unlink(path: str) -> None:

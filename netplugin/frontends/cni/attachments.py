@@ -42,6 +42,8 @@ __all__ = [
     "list_attachments",
     "record_attachment",
     "recorded_attachment",
+    "refuse_foreign_netns",
+    "remove_stale_temps",
     "valid_attachments",
 ]
 
@@ -178,7 +180,56 @@ def claim_attachment(cfg: Config, network: str, att: Attachment) -> None:
                     f"{before.pod}; CNI_ARGS now name pod {att.namespace}/{att.name}: a DEL must come first",
                     "the existing attachment is left as it is",
                 )
+        _refuse_shared_netns(cfg.state_dir, att)
         record_attachment(cfg, network, att)
+
+
+def refuse_foreign_netns(netns: str) -> None:
+    """CniError 4 when ``netns`` is this process's or the node's own network namespace (or no
+    namespace file at all, but missing): see :func:`netplugin.plugins.netns.netns_problem`."""
+    from netplugin.core._yaml import short_repr
+    from netplugin.plugins.netns import netns_problem
+
+    problem = netns_problem(netns)
+    if problem is not None:
+        raise CniError(E_ENV, f"invalid CNI_NETNS {short_repr(netns)}: {problem}")
+
+
+def _refuse_shared_netns(state_dir: str, att: Attachment) -> None:
+    """CniError 4 when another container's recorded attachment is in the same network namespace.
+
+    Compared by what the paths name now (nsfs device and inode), so another path to the same
+    namespace (``/proc/PID/ns/net``, a bind mount) is caught, and a stale record whose namespace
+    is gone never blocks a new pod that happens to get its recycled inode number.
+    """
+    from netplugin.core._yaml import short_repr
+    from netplugin.plugins.netns import netns_identity
+
+    try:
+        mine = netns_identity(att.netns)
+    except OSError:
+        return  # no namespace to share: the plugin reports it
+    root = os.path.join(state_dir, "cni")
+    try:
+        networks = sorted(n for n in os.listdir(root) if not n.startswith("."))
+    except FileNotFoundError:
+        return
+    for network in networks:
+        for other in list_attachments(state_dir, network)[0]:
+            if other.container_id == att.container_id or not other.netns:
+                continue
+            try:
+                same = netns_identity(other.netns) == mine
+            except OSError:
+                continue
+            if same:
+                raise CniError(
+                    E_ENV,
+                    f"invalid CNI_NETNS {short_repr(att.netns)}: it is the network namespace of container "
+                    f"{other.container_id} (pod {other.pod}, network {network!r}); a container may not "
+                    "attach to another container's namespace",
+                    "the existing attachment is left as it is",
+                )
 
 
 def recorded_attachment(cfg: Config, network: str, container_id: str, ifname: str) -> Attachment | None:
@@ -209,6 +260,21 @@ def forget_attachment(cfg: Config, network: str, container_id: str, ifname: str)
         pass
     except OSError as e:
         raise SystemFailure("cannot remove", path, e.strerror or str(e)) from e
+
+
+def remove_stale_temps(state_dir: str, network: str) -> list[str]:
+    """Remove the temp files of record writes whose writer died (a SIGKILL mid-ADD); the problems."""
+    from netplugin.core.fileio import stale_temps
+
+    problems = []
+    for path in stale_temps(attachment_dir(state_dir, network), max_depth=0):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            problems.append(f"cannot remove {path}: {e.strerror or e}")
+    return problems
 
 
 def list_attachments(state_dir: str, network: str) -> tuple[list[Attachment], list[str]]:

@@ -58,8 +58,10 @@ def link_mac(netns: str, ifname: str) -> str | None:
         import socket
         import struct
 
+        from netplugin.plugins.netns import open_netns
+
         try:
-            fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+            fd = open_netns(netns)  # never blocks, only nsfs
         except OSError:
             return
         try:

@@ -121,6 +121,8 @@ from netplugin.frontends.cni.attachments import (
     claim_attachment,
     forget_attachment,
     list_attachments,
+    refuse_foreign_netns,
+    remove_stale_temps,
     valid_attachments,
 )
 from netplugin.frontends.cni.netconf import build_config, call_options, pod_ref_for
@@ -240,6 +242,7 @@ def _add(ops: _Ops) -> dict[str, Any]:
     pod = pod_ref_for(req)
     m = ops.manager
     network = _network(req)
+    refuse_foreign_netns(req.netns)
     if network:
         att = Attachment(req.container_id, req.ifname, req.netns, pod.namespace, pod.name)
         claim_attachment(cfg, network, att)  # a second attachment of the container: CNI error 4
@@ -326,6 +329,7 @@ def _gc(ops: _Ops) -> None:
     if not isinstance(network, str) or not network:
         raise CniError(E_CONFIG, "GC needs the network name in the network config")
     attachments, failures = list_attachments(cfg.state_dir, network)
+    failures += remove_stale_temps(cfg.state_dir, network)
     for att in attachments:
         if (att.container_id, att.ifname) in valid or (att.container_id, "") in valid:
             continue
@@ -381,6 +385,8 @@ def _dispatch(req: CniRequest, environ: Mapping[str, str], daemon: DaemonSide | 
     if req.command == "VERSION":
         return _version(req)
     check_version_rules(req)
+    if req.refused:
+        return None  # a DEL of an attachment whose ADD was refused: nothing of it exists
     from netplugin.core.errors import ConfigError, NetpluginError
 
     try:

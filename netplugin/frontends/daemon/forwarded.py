@@ -10,6 +10,7 @@ have met alone.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,7 +19,10 @@ from netplugin.core.errors import DaemonUnavailable, InvalidArgument
 from netplugin.frontends.client import fingerprint
 from netplugin.manager.manager import Manager
 
-__all__ = ["check_settings", "run_cni"]
+__all__ = ["check_settings", "environ_problem", "run_cni"]
+
+#: what a process environment can carry as a name (a key with "=" or NUL cannot be passed on)
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _str_map(value: Any, what: str) -> dict[str, str]:
@@ -49,6 +53,18 @@ def check_settings(settings: Any, own: dict[str, Any], socket_path: str) -> Conf
     return cfg
 
 
+def environ_problem(environ: Mapping[str, str]) -> str | None:
+    """Why a forwarded call's environment cannot be a process's, or None."""
+    from netplugin.core._yaml import short_repr
+
+    for key, value in environ.items():
+        if not _VAR_NAME.fullmatch(key):
+            return f"environ key {short_repr(key)} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"
+        if "\0" in value:
+            return f"environ {key} contains NUL"
+    return None
+
+
 def run_cni(
     req: dict[str, Any],
     manager: Manager,
@@ -63,6 +79,11 @@ def run_cni(
     stdin = req.get("stdin")
     if not isinstance(stdin, str):
         raise InvalidArgument("stdin", type(stdin).__name__, "must be a string")
+    problem = environ_problem(environ)
+    if problem is not None:  # CNI error 4 before anything runs, as a bad CNI_* variable
+        from netplugin.frontends.cni.protocol import E_ENV, LATEST, CniError
+
+        return {"code": 1, "doc": CniError(E_ENV, problem).to_dict(LATEST)}
     try:
         code, doc = run(environ, stdin.encode(), daemon=DaemonSide(manager, own, timed))
     except Refused as e:

@@ -69,6 +69,7 @@ from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
 from netplugin.frontends.daemon.nodes import NodeKeeper
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.daemon.turns import Turns
+from netplugin.plugins.bounded import stuck_calls
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -235,6 +236,8 @@ class Daemon:
             "metrics_address": self.metrics_address,
             "config": self.fingerprint,
             "node": self.nodes.status(),
+            # in-process plugin actions past their time limits (threads cannot be killed)
+            "stuck": [c.to_dict() for c in stuck_calls()],
         }
 
     def check(self, req: Any) -> dict[str, Any]:
