@@ -43,6 +43,7 @@ from netplugin.core.plugin import NOOP_NAME, Action, CallContext, ExecPlugin, Pl
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
 from netplugin.plugins import BUILTINS
+from netplugin.plugins.bounded import BoundedPlugin
 from netplugin.plugins.netns import netns_problem
 from netplugin.store.fsutil import atomic_write, read_small
 from netplugin.store.locks import ensure_dir, flocked, pod_lock_path
@@ -116,7 +117,9 @@ class Manager:
         name = name or NOOP_NAME
         validate_plugin_name(name)
         if name in BUILTINS:
-            return BUILTINS[name](self.config)
+            builtin = BUILTINS[name](self.config)
+            # In-process actions get their time limit as exec plugins do (the no-op cannot hang).
+            return builtin if name == NOOP_NAME else BoundedPlugin(builtin)
         found = scan(self.config.plugin_dir, check_permissions=self.config.check_permissions, reserved=BUILTINS)
         for cand in found:
             if cand.name == name:

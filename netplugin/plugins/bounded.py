@@ -3,9 +3,9 @@
 An exec plugin that hangs is killed at its limit (:mod:`netplugin.core.invoke`). A built-in
 plugin runs in the caller's thread, where nothing can be killed: a call stuck in the kernel (an
 ``open(2)`` of a FIFO, a hung filesystem) would hold the CLI, the CNI shim or a daemon worker,
-with the pod's lock, for ever. :func:`run_bounded` runs the action in a thread of its own and
-waits at most the action's limit; past it the caller gets ``TimeoutError`` (the plugin turns it
-into PluginTimeout) and goes on, and the thread is left to finish on its own. Such threads cannot
+with the pod's lock, for ever. The manager wraps every built-in but the no-op in
+:class:`BoundedPlugin`: :func:`run_bounded` runs each action in a thread of its own and waits at
+most the action's limit; past it the caller gets PluginTimeout and goes on, and the thread is left to finish on its own. Such threads cannot
 be killed, so they are listed by :func:`stuck_calls` until they end: the daemon's ``health``
 shows them, so a node that piles them up is seen, not silent.
 """
@@ -16,9 +16,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["StuckCall", "run_bounded", "stuck_calls"]
+from netplugin.core.errors import PluginTimeout
+
+if TYPE_CHECKING:
+    from netplugin.core.names import PodRef
+    from netplugin.core.plugin import CallContext, Plugin, PodNetworkStatus
+
+__all__ = ["BoundedPlugin", "StuckCall", "run_bounded", "stuck_calls"]
 
 T = TypeVar("T")
 
@@ -74,3 +80,49 @@ def run_bounded(what: str, limit: float, fn: Callable[[], T]) -> T:
         return value  # type: ignore[return-value]
     assert isinstance(value, BaseException)
     raise value
+
+
+class BoundedPlugin:
+    """An in-process plugin whose actions run under :func:`run_bounded` with the action's limit.
+
+    Past the limit the caller gets PluginTimeout (CNI 11, CLI exit 4), as for an exec plugin;
+    everything but the four actions is the wrapped plugin's own.
+    """
+
+    def __init__(self, inner: Plugin) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def __repr__(self) -> str:
+        return f"BoundedPlugin({self.inner!r})"
+
+    def version(self) -> str:
+        return self.inner.version()
+
+    def _run(self, action: str, pod: PodRef | None, ctx: CallContext, fn: Callable[[], T]) -> T:
+        what = f"{self.name} {action}" + (f" of pod {pod}" if pod is not None else "")
+        try:
+            return run_bounded(what, ctx.timeout, fn)
+        except TimeoutError:
+            raise PluginTimeout(
+                plugin=self.name,
+                action=action,
+                timeout=ctx.timeout,
+                pod=str(pod) if pod is not None else None,
+                left_running="an in-process call cannot be killed: it runs on, listed by the daemon's health",
+            ) from None
+
+    def init(self, ctx: CallContext) -> None:
+        self._run("init", None, ctx, lambda: self.inner.init(ctx))
+
+    def setup(self, pod: PodRef, ctx: CallContext) -> None:
+        self._run("setup", pod, ctx, lambda: self.inner.setup(pod, ctx))
+
+    def teardown(self, pod: PodRef, ctx: CallContext) -> None:
+        self._run("teardown", pod, ctx, lambda: self.inner.teardown(pod, ctx))
+
+    def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
+        return self._run("status", pod, ctx, lambda: self.inner.status(pod, ctx))

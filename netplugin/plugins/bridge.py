@@ -62,7 +62,6 @@ from netplugin.core.errors import NetpluginError, PluginError, PluginFailed, Plu
 from netplugin.core.extras import require
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext, PodNetworkStatus
-from netplugin.plugins.bounded import run_bounded
 from netplugin.plugins.bridge_settings import SETTING_KEYS, BridgeError, BridgeSettings, host_veth_name, load_settings
 from netplugin.plugins.netlink import IFF_UP, KernelError, RawNetlink, drop_root_netlink, netns_netlink, root_netlink
 from netplugin.plugins.netns import netns_socket, open_netns
@@ -177,9 +176,7 @@ def _configure_bridge(s: BridgeSettings, step: _Step) -> int:
 
 _IFA_F_NODAD = 0x02
 #: the modules whose code makes the plugin: a change to any of them runs init again
-_CODE = (
-    "bridge.py", "bridge_settings.py", "ipam.py", "ipam_files.py", "podipam.py", "netlink.py", "netns.py", "bounded.py"
-)
+_CODE = ("bridge.py", "bridge_settings.py", "ipam.py", "ipam_files.py", "podipam.py", "netlink.py", "netns.py")
 _FORWARDING = {4: "/proc/sys/net/ipv4/ip_forward", 6: "/proc/sys/net/ipv6/conf/all/forwarding"}
 
 
@@ -319,8 +316,7 @@ class NativeBridgePlugin:
         """Bridge up with the gateway addresses (MAC pinned), forwarding on, IPAM dirs checked."""
         with self._action("init", None, ctx.timeout) as step:
             step.what = "read the settings"
-            s = self.settings(ctx.env, ctx.state_dir)
-            run_bounded("init", ctx.timeout, lambda: self._init(s, step))
+            self._init(self.settings(ctx.env, ctx.state_dir), step)
 
     def _init(self, s: BridgeSettings, step: _Step) -> int:
         """IPAM check, bridge, forwarding; returns the bridge's ifindex. Idempotent."""
@@ -352,17 +348,14 @@ class NativeBridgePlugin:
             step.what = "read the settings"
             s = self.settings(ctx.env, ctx.state_dir)
             step.what = ""
-            run_bounded(f"setup {pod}", ctx.timeout, lambda: self._open_and_setup(pod, ctx, s, step))
-
-    def _open_and_setup(self, pod: PodRef, ctx: CallContext, s: BridgeSettings, step: _Step) -> None:
-        try:
-            nsfd = open_netns(ctx.netns)  # never blocks (a FIFO there), and only nsfs
-        except FileNotFoundError:
-            raise BridgeError(f"network namespace {ctx.netns} does not exist") from None
-        try:
-            self._setup(pod, ctx, s, nsfd, step)
-        finally:
-            os.close(nsfd)
+            try:
+                nsfd = open_netns(ctx.netns)  # never blocks (a FIFO there), and only nsfs
+            except FileNotFoundError:
+                raise BridgeError(f"network namespace {ctx.netns} does not exist") from None
+            try:
+                self._setup(pod, ctx, s, nsfd, step)
+            finally:
+                os.close(nsfd)
 
     def _setup(self, pod: PodRef, ctx: CallContext, s: BridgeSettings, nsfd: int, step: _Step) -> None:
         step.what = f"check bridge {s.name}"
@@ -438,16 +431,13 @@ class NativeBridgePlugin:
             host = host_veth_name(pod.infra_id)
             # Deleting either end removes the pair; when the netns is gone the kernel already did (or
             # is about to: the pair dies asynchronously with the netns).
-            run_bounded(f"teardown {pod}", ctx.timeout, lambda: self._teardown(pod, ctx, s, host, step))
-
-    def _teardown(self, pod: PodRef, ctx: CallContext, s: BridgeSettings, host: str, step: _Step) -> None:
-        step.what = f"delete veth {host}"
-        index = _root_ifindex(host)
-        if index is not None:
-            self.reaper.delete(host, index, ctx.timeout)
-        # Only now: the address must not be handed out while the old pod still has it.
-        step.what = f"release the addresses of {pod.infra_id}"
-        self.ipam(s).release(pod.infra_id, timeout=ctx.timeout)
+            step.what = f"delete veth {host}"
+            index = _root_ifindex(host)
+            if index is not None:
+                self.reaper.delete(host, index, ctx.timeout)
+            # Only now: the address must not be handed out while the old pod still has it.
+            step.what = f"release the addresses of {pod.infra_id}"
+            self.ipam(s).release(pod.infra_id, timeout=ctx.timeout)
 
     # --- status ----------------------------------------------------------------------------------------
 
@@ -458,16 +448,13 @@ class NativeBridgePlugin:
             step.what = "read the settings"
             s = self.settings(ctx.env, ctx.state_dir, subnets_optional=True)
             step.what = f"read {s.ifname} in {ctx.netns}"
-            return run_bounded(f"status {pod}", ctx.timeout, lambda: self._status(ctx, s))
-
-    def _status(self, ctx: CallContext, s: BridgeSettings) -> PodNetworkStatus | None:
-        try:
-            ns = RawNetlink(netns_socket(ctx.netns))
-        except FileNotFoundError:
-            return None
-        with ns:
-            found = ns.link(s.ifname)
-            addrs = ns.addresses(found[0]) if found is not None else {}
-        order = [n.version for n in s.subnets] + [4, 6]
-        ips = tuple(dict.fromkeys(addrs[v] for v in order if v in addrs))
-        return PodNetworkStatus(ip=ips[0], ips=ips) if ips else None
+            try:
+                ns = RawNetlink(netns_socket(ctx.netns))
+            except FileNotFoundError:
+                return None
+            with ns:
+                found = ns.link(s.ifname)
+                addrs = ns.addresses(found[0]) if found is not None else {}
+            order = [n.version for n in s.subnets] + [4, 6]
+            ips = tuple(dict.fromkeys(addrs[v] for v in order if v in addrs))
+            return PodNetworkStatus(ip=ips[0], ips=ips) if ips else None
