@@ -48,7 +48,7 @@ class World:
         link = f"np{self.tag}d"
         for argv in (
             ["link", "set", "lo", "up"],
-            ["link", "add", link, "type", "dummy"],
+            ["link", "add", link, "type", "veth", "peer", "name", f"np{self.tag}e"],  # no dummy module everywhere
             ["addr", "add", f"{self.underlay}.2/24", "dev", link],
             ["link", "set", link, "up"],
             ["route", "add", "default", "via", f"{self.underlay}.1"],
@@ -65,15 +65,16 @@ class World:
         return f"/run/netns/{name}"
 
     def default_route(self, netns: str | None = None) -> str:
-        return _ip("-n", netns or self.name, "-4", "route", "show", "default").stdout.strip()
+        """The IPv4 default route of the world, or of ``netns`` (a name or a /run/netns path)."""
+        return _ip("-n", os.path.basename(netns or self.name), "-4", "route", "show", "default").stdout.strip()
 
     def links(self, netns: str | None = None) -> list[str]:
-        out = _ip("-n", netns or self.name, "-o", "link", "show").stdout
+        out = _ip("-n", os.path.basename(netns or self.name), "-o", "link", "show").stdout
         return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         """``argv`` inside the world: its netns, and a PID namespace whose PID 1 is there too."""
-        return ["ip", "netns", "exec", self.name, "unshare", "-p", "-f", "--mount-proc", "--", *argv]
+        return ["ip", "netns", "exec", self.name, "unshare", "-p", "-f", "--mount-proc", "--propagation", "slave", "--", *argv]
 
     def run(self, argv: Sequence[str], *, env: dict[str, str], stdin: bytes = b"",
             timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
