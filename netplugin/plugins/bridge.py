@@ -347,7 +347,7 @@ class NativeBridgePlugin:
         with self._action("setup", pod, ctx.timeout) as step:
             step.what = "read the settings"
             s = self.settings(ctx.env, ctx.state_dir)
-            step.what = ""
+            step.what = f"open network namespace {ctx.netns}"
             try:
                 nsfd = open_netns(ctx.netns)  # never blocks (a FIFO there), and only nsfs
             except FileNotFoundError:
