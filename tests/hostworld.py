@@ -74,7 +74,9 @@ class World:
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         """``argv`` inside the world: its netns, and a PID namespace whose PID 1 is there too."""
-        return ["ip", "netns", "exec", self.name, "unshare", "-p", "-f", "--mount-proc", "--propagation", "slave", "--", *argv]
+        # slave: mounts the test makes later (a pod's /run/netns bind mount) are seen inside too
+        pidns = ["unshare", "-p", "-f", "--mount-proc", "--propagation", "slave", "--"]
+        return ["ip", "netns", "exec", self.name, *pidns, *argv]
 
     def run(self, argv: Sequence[str], *, env: dict[str, str], stdin: bytes = b"",
             timeout: float = 120) -> subprocess.CompletedProcess[bytes]:

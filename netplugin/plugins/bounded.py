@@ -5,9 +5,10 @@ plugin runs in the caller's thread, where nothing can be killed: a call stuck in
 ``open(2)`` of a FIFO, a hung filesystem) would hold the CLI, the CNI shim or a daemon worker,
 with the pod's lock, for ever. The manager wraps every built-in but the no-op in
 :class:`BoundedPlugin`: :func:`run_bounded` runs each action in a thread of its own and waits at
-most the action's limit; past it the caller gets PluginTimeout and goes on, and the thread is left to finish on its own. Such threads cannot
-be killed, so they are listed by :func:`stuck_calls` until they end: the daemon's ``health``
-shows them, so a node that piles them up is seen, not silent.
+most the action's limit; past it the caller gets PluginTimeout and goes on, and the thread is
+left to finish on its own. Such threads cannot be killed, so they are listed by
+:func:`stuck_calls` until they end: the daemon's ``health`` shows them, so a node that piles
+them up is seen, not silent.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -178,11 +178,12 @@ def test_a_second_container_cannot_take_over_another_pods_netns(
         route_a = world.default_route(pod_a)
         assert route_a.startswith("default via ") and " dev eth0 " in route_a + " ", route_a
         for path in (pod_a, str(alias)):
-            err = _error(n.cni("ADD", "podbcontainer", path, ifname="eth1", args="K8S_POD_NAMESPACE=web;K8S_POD_NAME=b"))
+            b_args = "K8S_POD_NAMESPACE=web;K8S_POD_NAME=b"
+            err = _error(n.cni("ADD", "podbcontainer", path, ifname="eth1", args=b_args))
             assert err["code"] == 4 and "network namespace of container podacontainer" in err["msg"], err
             assert world.default_route(pod_a) == route_a
             assert "eth1" not in world.links(pod_a)
-            done = n.cni("DEL", "podbcontainer", path, ifname="eth1", args="K8S_POD_NAMESPACE=web;K8S_POD_NAME=b")
+            done = n.cni("DEL", "podbcontainer", path, ifname="eth1", args=b_args)
             assert done.returncode == 0, done
             assert world.default_route(pod_a) == route_a and "eth0" in world.links(pod_a)
     finally:
@@ -199,8 +200,12 @@ def test_the_plugins_never_replace_a_default_route_they_did_not_make(
     n = node(plugin)
     pod = world.add_netns(f"np{world.tag}r")
     name = pod.rsplit("/", 1)[1]
-    for argv in (["link", "add", "up0", "type", "veth", "peer", "name", "up1"], ["addr", "add", f"{world.underlay}.9/24", "dev", "up0"],
-                 ["link", "set", "up0", "up"], ["route", "add", "default", "via", f"{world.underlay}.1"]):
+    for argv in (
+        ["link", "add", "up0", "type", "veth", "peer", "name", "up1"],
+        ["addr", "add", f"{world.underlay}.9/24", "dev", "up0"],
+        ["link", "set", "up0", "up"],
+        ["route", "add", "default", "via", f"{world.underlay}.1"],
+    ):
         assert subprocess.run(["ip", "-n", name, *argv]).returncode == 0
     before = world.default_route(pod)
     done = n.cli("setup", "web", "web-0", "c0ffee03", netns=pod)
@@ -285,7 +290,12 @@ def test_a_fifo_netns_is_refused_quickly_and_never_takes_the_daemons_workers(
 
 @pytest.mark.parametrize(
     ("ifname", "why"),
-    [("ethé", "printable ASCII"), ("e" * 16, "at most 15 bytes"), ("ＥＴＨ０", "printable ASCII"), ("eth\u00a00", "whitespace")],
+    [
+        ("eth\u00e9", "printable ASCII"),
+        ("e" * 16, "at most 15 bytes"),
+        ("\uff25\uff34\uff28\uff10", "printable ASCII"),  # fullwidth ETH0
+        ("eth\u00a00", "whitespace"),
+    ],
 )
 def test_a_bad_ifname_is_refused_and_its_del_succeeds(
     world: World, node: Callable[[str], Node], ifname: str, why: str  # noqa: F811
