@@ -121,6 +121,7 @@ from netplugin.frontends.cni.attachments import (
     claim_attachment,
     forget_attachment,
     list_attachments,
+    prune_netns_index,
     refuse_foreign_netns,
     remove_stale_temps,
     valid_attachments,
@@ -330,6 +331,7 @@ def _gc(ops: _Ops) -> None:
         raise CniError(E_CONFIG, "GC needs the network name in the network config")
     attachments, failures = list_attachments(cfg.state_dir, network)
     failures += remove_stale_temps(cfg.state_dir, network)
+    prune_netns_index(cfg.state_dir)
     for att in attachments:
         if (att.container_id, att.ifname) in valid or (att.container_id, "") in valid:
             continue
