@@ -26,9 +26,9 @@ imported lazily, on the first YAML document.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from typing import Any
+
+from netplugin.core.errors import short_repr  # defined there: errors quote values with it
 
 __all__ = [
     "MAX_CHARS",
@@ -38,6 +38,7 @@ __all__ = [
     "load_json",
     "load_yaml",
     "read_document",
+    "shape_problem",
     "short_repr",
 ]
 
@@ -55,17 +56,6 @@ class DocumentError(ValueError):
     """A document netplugin refuses to read; ``str()`` is a one-line reason."""
 
 
-def short_repr(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters, without ever building the whole repr."""
-    import reprlib
-
-    r = reprlib.Repr()
-    r.maxstring = r.maxother = r.maxlong = limit
-    r.maxlevel = 3
-    text = r.repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _check_size(data: bytes | str, max_bytes: int | None) -> None:
     if max_bytes is not None and len(data) > max_bytes:
         raise DocumentError(f"is larger than the limit of {max_bytes} bytes")
@@ -78,22 +68,13 @@ def read_document(path: str, max_bytes: int) -> bytes:
     only regular files and character devices (``/dev/null`` as an empty config) are read, and
     reading stops one byte past the limit. Raises OSError (I/O) or :class:`DocumentError`.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    # Imported here: short_repr and load_json users (the CNI protocol) read no files.
+    from netplugin.core.fileio import FileRefused, read_bounded
+
     try:
-        mode = os.fstat(fd).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
-            raise DocumentError("is not a regular file")
-        chunks: list[bytes] = []
-        left = max_bytes + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
+        data = read_bounded(path, max_bytes, follow=True, devices=True)
+    except FileRefused:
+        raise DocumentError("is not a regular file") from None
     _check_size(data, max_bytes)
     return data
 
@@ -273,15 +254,19 @@ def load_yaml(data: bytes | str, *, max_bytes: int | None = None) -> Any:
 # --- JSON ----------------------------------------------------------------------------------------
 
 
-def _shape_problem(doc: Any) -> str | None:
-    """Deeper than MAX_DEPTH or more than MAX_NODES nodes? (an iterative walk of the parsed value)"""
+def shape_problem(doc: Any, max_nodes: int | None = MAX_NODES) -> str | None:
+    """Deeper than MAX_DEPTH or more than ``max_nodes`` nodes? (an iterative walk of a parsed value)
+
+    ``max_nodes=None`` checks the depth only (a document whose size bounds its cost already).
+    """
     todo: list[tuple[Any, int]] = [(doc, 0)]
     count = 0
+    limit = -1 if max_nodes is None else max_nodes
     while todo:
         value, depth = todo.pop()
         count += 1
-        if count > MAX_NODES:
-            return f"has more than {MAX_NODES} nodes"
+        if count == limit + 1:
+            return f"has more than {max_nodes} nodes"
         if isinstance(value, dict):
             value = value.values()
         elif not isinstance(value, list):
@@ -292,10 +277,14 @@ def _shape_problem(doc: Any) -> str | None:
     return None
 
 
-def load_json(data: bytes | str, *, max_bytes: int | None = None, duplicates: bool = False) -> Any:
+def load_json(
+    data: bytes | str, *, max_bytes: int | None = None, duplicates: bool = False, max_nodes: int | None = MAX_NODES
+) -> Any:
     """Parse one JSON document within the limits above. Raises :class:`DocumentError`.
 
     Duplicate object keys are refused unless ``duplicates`` (then the last one wins, as in Go).
+    ``max_nodes=None``: no node count, for documents that are many objects in one (a LIST page
+    of a Kubernetes collection: its byte size bounds it, and each object is checked on its own).
     """
     _check_size(data, max_bytes)
     try:
@@ -306,7 +295,7 @@ def load_json(data: bytes | str, *, max_bytes: int | None = None, duplicates: bo
         raise
     except ValueError as e:  # JSONDecodeError, bad UTF-8 (UnicodeDecodeError), huge integers
         raise DocumentError(" ".join(str(e).split())[:200]) from None
-    problem = _shape_problem(doc)
+    problem = shape_problem(doc, max_nodes)
     if problem:
         raise DocumentError(problem)
     return doc

@@ -6,7 +6,7 @@ caller needs to act on them (the plugin, the action, the exit status, the tail
 of the plugin's stderr, the offending field). Messages are stable: people grep
 logs for them, so change them only on purpose.
 
-Only ``netplugin.frontends.cli`` (and the CNI shim, which speaks CNI error JSON) turns
+Only ``netplugin.frontends.cli.app`` (and the CNI shim, which speaks CNI error JSON) turns
 these into exit codes and text; library code never prints or exits.
 """
 
@@ -31,7 +31,19 @@ __all__ = [
     "StateError",
     "SystemFailure",
     "error_from_dict",
+    "short_repr",
 ]
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, without ever building the whole repr."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = r.maxlong = limit
+    r.maxlevel = 3
+    text = r.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class NetpluginError(Exception):
@@ -60,8 +72,6 @@ class InvalidArgument(NetpluginError):
 
     def __init__(self, field: str, value: object, reason: str) -> None:
         # Cut to 80 characters (README, "Input limits"): a 1 MB op must not make a 2 MB answer and log line.
-        from netplugin.core._yaml import short_repr
-
         shown = short_repr(value)
         text = value if isinstance(value, str) and len(value) <= 80 else shown
         super().__init__(f"invalid {field} {shown}: {reason}", field=field, value=str(text), reason=reason)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from netplugin.core.config import Config
+from netplugin.core.dirs import ensure_dir
 from netplugin.core.discovery import Candidate, scan
 from netplugin.core.errors import (
     HostError,
@@ -37,19 +38,21 @@ from netplugin.core.errors import (
     PluginInvalid,
     PluginNotFound,
 )
+from netplugin.core.execplugin.environ import base_env
+from netplugin.core.execplugin.plugin import ExecPlugin
+from netplugin.core.fileio import atomic_write, read_small
 from netplugin.core.names import PodRef, escape_plugin_name, validate_plugin_name
+from netplugin.core.netns import netns_problem
 from netplugin.core.node import NodeInfo, node_name
-from netplugin.core.plugin import NOOP_NAME, Action, CallContext, ExecPlugin, Plugin, PodNetworkStatus, base_env
+from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
 from netplugin.plugins import BUILTINS
 from netplugin.plugins.bounded import BoundedPlugin
-from netplugin.plugins.netns import netns_problem
-from netplugin.store.fsutil import atomic_write, read_small
-from netplugin.store.locks import ensure_dir, flocked, pod_lock_path
+from netplugin.store.locks import flocked, pod_lock_path
 
 if TYPE_CHECKING:
-    from netplugin.core.invoke import Runner
+    from netplugin.core.execplugin.invoke import Runner
     from netplugin.store.state import StateStore
 
 __all__ = ["CallOptions", "Manager"]

@@ -107,18 +107,19 @@ def attachment_path(state_dir: str, network: str, container_id: str, ifname: str
 
 
 def record_attachment(cfg: Config, network: str, att: Attachment) -> None:
-    from netplugin.store.fsutil import atomic_write
-    from netplugin.store.locks import ensure_dir
+    from netplugin.core.dirs import ensure_dir
+    from netplugin.core.fileio import atomic_write
 
-    ensure_dir(attachment_dir(cfg.state_dir, network), 0o755, base=cfg.state_dir)
+    ensure_dir(attachment_dir(cfg.state_dir, network), base=cfg.state_dir)
     path = attachment_path(cfg.state_dir, network, att.container_id, att.ifname)
     atomic_write(path, json.dumps(att.to_dict()).encode() + b"\n", mode=0o644)
 
 
 def _index_lock(state_dir: str) -> Any:
-    from netplugin.store.locks import ensure_dir, flocked
+    from netplugin.core.dirs import ensure_dir
+    from netplugin.store.locks import flocked
 
-    ensure_dir(os.path.join(state_dir, "cni"), 0o755, base=state_dir)
+    ensure_dir(os.path.join(state_dir, "cni"), base=state_dir)
     return flocked(os.path.join(state_dir, "cni", ".lock"), base=state_dir)
 
 
@@ -189,9 +190,9 @@ def claim_attachment(cfg: Config, network: str, att: Attachment) -> None:
 
 def refuse_foreign_netns(netns: str) -> None:
     """CniError 4 when ``netns`` is this process's or the node's own network namespace (or no
-    namespace file at all, but missing): see :func:`netplugin.plugins.netns.netns_problem`."""
+    namespace file at all, but missing): see :func:`netplugin.core.netns.netns_problem`."""
     from netplugin.core._yaml import short_repr
-    from netplugin.plugins.netns import netns_problem
+    from netplugin.core.netns import netns_problem
 
     problem = netns_problem(netns)
     if problem is not None:
@@ -205,7 +206,7 @@ def _netns_index(state_dir: str, ident: tuple[int, int]) -> str:
 def _index_owner(index: str) -> str:
     """The container whose attachment record ``index`` is a hard link of ("" when none)."""
     from netplugin.core.errors import NetpluginError
-    from netplugin.store.fsutil import read_small
+    from netplugin.core.fileio import read_small
 
     try:
         doc = json.loads(read_small(index))
@@ -228,7 +229,7 @@ def _shared_netns(cfg: Config, att: Attachment) -> tuple[int, int] | None:
     entry, or a namespace inode number the kernel reused, never blocks a new pod.
     """
     from netplugin.core._yaml import short_repr
-    from netplugin.plugins.netns import netns_identity
+    from netplugin.core.netns import netns_identity
 
     try:
         mine = netns_identity(att.netns)
@@ -255,15 +256,15 @@ def _shared_netns(cfg: Config, att: Attachment) -> tuple[int, int] | None:
 
 
 def _index_netns(cfg: Config, network: str, att: Attachment, ident: tuple[int, int]) -> None:
+    from netplugin.core.dirs import ensure_dir
     from netplugin.core.errors import SystemFailure
-    from netplugin.store.locks import ensure_dir
 
     index = _netns_index(cfg.state_dir, ident)
     record = attachment_path(cfg.state_dir, network, att.container_id, att.ifname)
     try:
         if os.path.exists(index) and os.path.samefile(index, record):
             return  # an ADD retried
-        ensure_dir(os.path.dirname(index), 0o755, base=cfg.state_dir)
+        ensure_dir(os.path.dirname(index), base=cfg.state_dir)
         try:
             os.link(record, index)
         except FileExistsError:  # a stale entry, checked by _shared_netns: replace it
@@ -293,7 +294,7 @@ def recorded_attachment(cfg: Config, network: str, container_id: str, ifname: st
     """The attachment ADD recorded, or None when there is no (usable) record."""
     from netplugin.core._yaml import DocumentError, load_json
     from netplugin.core.errors import NetpluginError
-    from netplugin.store.fsutil import read_small
+    from netplugin.core.fileio import read_small
 
     path = attachment_path(cfg.state_dir, network, container_id, ifname)
     try:
@@ -337,7 +338,7 @@ def remove_stale_temps(state_dir: str, network: str) -> list[str]:
 def list_attachments(state_dir: str, network: str) -> tuple[list[Attachment], list[str]]:
     """The attachments recorded for ``network``, and the problems met reading them."""
     from netplugin.core.errors import NetpluginError
-    from netplugin.store.fsutil import read_small
+    from netplugin.core.fileio import read_small
 
     directory = attachment_dir(state_dir, network)
     try:

@@ -16,7 +16,7 @@ from typing import Any
 
 from netplugin.core.config import Config, load_config
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument
-from netplugin.frontends.client import fingerprint
+from netplugin.frontends.rpc import differing_settings, fingerprint
 from netplugin.manager.manager import Manager
 
 __all__ = ["check_settings", "environ_problem", "run_cni"]
@@ -31,10 +31,6 @@ def _str_map(value: Any, what: str) -> dict[str, str]:
     return dict(value)
 
 
-def _differ(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> str:
-    return ", ".join(sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k)))
-
-
 def check_settings(settings: Any, own: dict[str, Any], socket_path: str) -> Config:
     """The caller's config from its raw ``settings``; DaemonUnavailable unless it is the daemon's."""
     if not isinstance(settings, dict):
@@ -47,9 +43,9 @@ def check_settings(settings: Any, own: dict[str, Any], socket_path: str) -> Conf
     cfg = load_config(path or None, environ=environ, overrides=overrides)
     if cfg.use_daemon == "never":
         raise DaemonUnavailable(socket_path, "the caller's settings say use_daemon: never")
-    theirs = fingerprint(cfg)
-    if theirs != own:
-        raise DaemonUnavailable(socket_path, f"it runs with different settings ({_differ(own, theirs)})")
+    differ = differing_settings(own, fingerprint(cfg))
+    if differ:
+        raise DaemonUnavailable(socket_path, f"it runs with different settings ({', '.join(differ)})")
     return cfg
 
 

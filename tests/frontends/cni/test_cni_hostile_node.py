@@ -230,7 +230,7 @@ def test_a_fifo_netns_never_blocks_the_native_plugin_alone(world: World, tmp_pat
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     code = (
-        "from netplugin.plugins.bridge import NativeBridgePlugin\n"
+        "from netplugin.plugins.bridge.plugin import NativeBridgePlugin\n"
         "from netplugin.core.plugin import CallContext\n"
         "from netplugin.core.names import PodRef\n"
         "from netplugin.core.errors import PluginFailed\n"

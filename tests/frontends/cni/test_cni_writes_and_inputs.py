@@ -62,9 +62,9 @@ def _killed_writer_leaves(path: str) -> str:
     """A real writer SIGKILLed between creating its temp file and renaming it: the temp it leaves."""
     code = (
         "import os, signal, threading\n"
-        "from netplugin.store import fsutil\n"
+        "from netplugin.core import fileio\n"
         f"tmp = f'{path}.tmp.{{os.getpid()}}.{{threading.get_ident()}}'\n"
-        "fd = fsutil._create(tmp, 0o644); os.write(fd, b'{'); print(tmp, flush=True)\n"
+        "fd = fileio._create(tmp, 0o644); os.write(fd, b'{'); print(tmp, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
