@@ -143,8 +143,8 @@ def _temps(d: Path) -> list[str]:
 def test_native_ipam_enospc_leaves_no_torn_address_file(tiny_fs: Any) -> None:
     import ipaddress
 
-    from netplugin.plugins.ipam_files import IPAMError
-    from netplugin.plugins.podipam import PodIPAM
+    from netplugin.plugins.bridge.ipam_files import IPAMError
+    from netplugin.plugins.bridge.podipam import PodIPAM
 
     d = tiny_fs("size=64k")
     ipam = PodIPAM(str(d / "br"), [ipaddress.ip_network("10.201.9.0/24")], ["10.201.9.1"], lock_timeout=5)
