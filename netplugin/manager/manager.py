@@ -180,6 +180,11 @@ class Manager:
             return True  # unchanged file: skip hashing it
         return bool(marker.get("version") == plugin.version())
 
+    def init_done(self) -> bool:
+        """Whether init already ran this boot for this plugin's version and settings (nothing runs)."""
+        plugin = self.plugin
+        return self._marker_ok(self._marker_path(plugin), boot_id(), plugin, self.node(strict=False))
+
     def init(self, *, force: bool = False, node: NodeInfo | None = None) -> bool:
         """Run the plugin's init unless it already ran this boot for this version. True if it ran.
 
