@@ -265,8 +265,7 @@ class Daemon:
             "config_path": self.config.config_path,
             "settings": self.settings_status,
             "node": self.nodes.status(),
-            # in-process plugin actions past their time limits (threads cannot be killed)
-            "stuck": [c.to_dict() for c in stuck_calls()],
+            "stuck": [c.to_dict() for c in stuck_calls()],  # in-process actions past their limits
         }
 
     def check(self, req: Any) -> dict[str, Any]:
