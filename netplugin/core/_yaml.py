@@ -28,6 +28,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from netplugin.core.errors import short_repr  # defined there: errors quote values with it
+
 __all__ = [
     "MAX_CHARS",
     "MAX_DEPTH",
@@ -52,17 +54,6 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 class DocumentError(ValueError):
     """A document netplugin refuses to read; ``str()`` is a one-line reason."""
-
-
-def short_repr(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters, without ever building the whole repr."""
-    import reprlib
-
-    r = reprlib.Repr()
-    r.maxstring = r.maxother = r.maxlong = limit
-    r.maxlevel = 3
-    text = r.repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_size(data: bytes | str, max_bytes: int | None) -> None:

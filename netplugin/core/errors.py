@@ -31,7 +31,19 @@ __all__ = [
     "StateError",
     "SystemFailure",
     "error_from_dict",
+    "short_repr",
 ]
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, without ever building the whole repr."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = r.maxlong = limit
+    r.maxlevel = 3
+    text = r.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class NetpluginError(Exception):
@@ -59,7 +71,10 @@ class InvalidArgument(NetpluginError):
     """A value given by the caller is malformed; nothing was run."""
 
     def __init__(self, field: str, value: object, reason: str) -> None:
-        super().__init__(f"invalid {field} {value!r}: {reason}", field=field, value=str(value), reason=reason)
+        # Cut to 80 characters (README, "Input limits"): a 1 MB op must not make a 2 MB answer and log line.
+        shown = short_repr(value)
+        text = value if isinstance(value, str) and len(value) <= 80 else shown
+        super().__init__(f"invalid {field} {shown}: {reason}", field=field, value=str(text), reason=reason)
         self.field = field
         self.value = value
         self.reason = reason

@@ -11,12 +11,25 @@ link under the temp name is never written through) with exactly the given mode, 
 umask; the temp file is removed when anything fails. ``os.replace`` replaces a symbolic link at
 the destination instead of following it. The directory is one of netplugin's own (checked by
 the caller with :func:`netplugin.core.dirs.ensure_dir`).
+
+Temp files of writes that never finished (a SIGKILL between create and rename): every writer
+names its temp after its process, so :func:`stale_temps` finds those whose writer is dead, in the
+three shapes netplugin's writers use:
+
+* ``<containerID>:<ifname>.json.tmp.<pid>.<tid>``: a CNI attachment record (pod records' temps
+  are the state store's, ``StateStore.scan``). The ``:`` matters: an IPAM record is named after
+  an infra id, which may end in ``.json.tmp.1.2`` but never contains ``:``;
+* ``.<name>.<pid>.<tid>.tmp``: the native bridge's IPAM (hidden temps, :func:`temp_name`);
+* ``.<name>.<pid>.tmp``: the bash bridge's IPAM (``replace_file``).
+
+``netplugin gc`` and the CNI shim's GC remove them.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import threading
 from collections.abc import Callable
@@ -31,7 +44,9 @@ __all__ = [
     "read_bounded",
     "read_small",
     "replace_file",
+    "stale_temps",
     "temp_name",
+    "temp_writer_pids",
 ]
 
 #: what a temp file adds after the destination's name: "<path>.tmp.<pid>.<thread-id>"
@@ -199,3 +214,61 @@ def create_file(path: str, data: bytes, *, mode: int = 0o600) -> bool:
         os.unlink(tmp)
     _sync_dir(path)
     return True
+
+
+# --- temp files of dead writers ---------------------------------------------------------------------
+
+_SHAPES = (
+    re.compile(r"[^:]+:[^:]+\.json\.tmp\.(\d+)\.\d+"),
+    re.compile(r"\..+\.(\d+)\.\d+\.tmp"),
+    re.compile(r"\..+\.(\d+)\.tmp"),
+)
+
+
+def temp_writer_pids(name: str) -> list[int]:
+    """The possible writers' pids when ``name`` is one of netplugin's temp file names, else [].
+
+    More than one when the shapes are ambiguous (``.a.5.1234.tmp``: the native IPAM's pid 5, or
+    the bash IPAM's pid 1234): the file is stale only when every one of them is dead.
+    """
+    return [int(m.group(1)) for m in (shape.fullmatch(name) for shape in _SHAPES) if m]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+def stale_temps(root: str, *, max_depth: int = 4) -> list[str]:
+    """Temp files under ``root`` (at most ``max_depth`` directories down) whose writer is dead.
+
+    Symbolic links are neither followed nor listed; only regular files count. A directory that
+    cannot be listed is skipped (gc reports what it removes, not what it could not see).
+    """
+    found: list[str] = []
+    todo = [(root, 0)]
+    while todo:
+        directory, depth = todo.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            if stat.S_ISDIR(mode):
+                if depth < max_depth:
+                    todo.append((entry.path, depth + 1))
+                continue
+            pids = temp_writer_pids(entry.name) if stat.S_ISREG(mode) else []
+            if pids and not any(map(_alive, pids)):
+                found.append(entry.path)
+    return sorted(found)

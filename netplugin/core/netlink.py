@@ -47,6 +47,7 @@ _RTM_GETADDR = 22
 
 
 _RTM_NEWROUTE = 24
+_RTM_GETROUTE = 26
 
 
 _NLM_F_REQUEST = 0x1
@@ -117,6 +118,7 @@ _RTA_OIF = 4
 
 
 _RTA_GATEWAY = 5
+_RTA_TABLE = 15
 
 
 _RT_TABLE_MAIN = 254
@@ -314,7 +316,10 @@ class RawNetlink:
 
     def configure_pod(self, index: int, addrs: Sequence[tuple[str, int, str]]) -> None:
         """lo up; per ``(ip, prefixlen, gateway)``: ``ip addr replace IP/PREFIXLEN`` (IPv6: ``nodad``);
-        link up; per family ``ip route replace default via GATEWAY``.
+        link up; per family ``ip route add default via GATEWAY``: never ``replace``, so a default
+        route netplugin did not make (the node's own, another pod's) is never taken over. One
+        that exists already is accepted only when it is this very route (a repeated setup);
+        otherwise KernelError EEXIST says whose it is.
 
         One sendmsg: the kernel runs the requests in order and acks each one. IPv6 addresses skip
         duplicate address detection, so they are usable as soon as this returns (the IPAM made
@@ -346,7 +351,7 @@ class RawNetlink:
                     f"add default route via {gateway}",
                     (
                         _RTM_NEWROUTE,
-                        replace,
+                        _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_EXCL,
                         _RTMSG.pack(family, 0, 0, 0, _RT_TABLE_MAIN, _RTPROT_BOOT, 0, _RTN_UNICAST, 0)
                         + _attr(_RTA_GATEWAY, socket.inet_pton(family, gateway))
                         + _u32_attr(_RTA_OIF, index),
@@ -355,9 +360,34 @@ class RawNetlink:
             )
         steps.append(("set link up", (_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(index, IFF_UP, IFF_UP))))
         steps.extend(routes)
-        for (what, _), (err, _answer) in zip(steps, self.transact([req for _, req in steps]), strict=True):
+        gateways = {len(steps) - len(addrs) + i: gw for i, (_ip, _plen, gw) in enumerate(addrs)}
+        for n, ((what, _), (err, _answer)) in enumerate(zip(steps, self.transact([r for _, r in steps]), strict=True)):
+            if err == errno.EEXIST and n in gateways:
+                found = self.default_route(socket.AF_INET6 if ":" in gateways[n] else socket.AF_INET)
+                if found == (gateways[n], index):
+                    continue  # ours, from an earlier setup of this pod
+                theirs = f"via {found[0]} dev {found[1]}" if found else "(unreadable)"
+                why = f"the namespace already has a default route {theirs} not made by netplugin"
+                raise KernelError(err, f"{what}: {why}")
             if err:
                 raise KernelError(err, f"{what}: {os.strerror(err)}")
+
+    def default_route(self, family: int) -> tuple[str, int] | None:
+        """(gateway, output ifindex) of the main table's default route of ``family``, or None."""
+        found: tuple[str, int] | None = None
+        body = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
+        for answer in self.dump(_RTM_GETROUTE, body, "list routes"):
+            fam, dst_len, _src, _tos, table, _proto, _scope, _type, _flags = _RTMSG.unpack_from(answer)
+            raw_table = _find_attr(answer, _RTMSG.size, _RTA_TABLE)
+            if raw_table is not None and len(raw_table) >= 4:
+                table = _U32.unpack_from(raw_table)[0]
+            if found is not None or fam != family or dst_len != 0 or table != _RT_TABLE_MAIN:
+                continue  # keep reading: the dump must be drained
+            gw = _find_attr(answer, _RTMSG.size, _RTA_GATEWAY)
+            oif = _find_attr(answer, _RTMSG.size, _RTA_OIF)
+            gateway = socket.inet_ntop(family, gw) if gw is not None else ""
+            found = (gateway, _U32.unpack_from(oif)[0] if oif is not None and len(oif) >= 4 else 0)
+        return found
 
     def addresses(self, index: int) -> dict[int, str]:
         """``{4: first IPv4 address, 6: first global IPv6 address}`` of link ``index`` (those it has)."""

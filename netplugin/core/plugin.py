@@ -67,7 +67,8 @@ Exit status and output
     1 MiB); a failure's error quotes the tail of stderr. A plugin must not
     leave processes running in its session: whatever is left when it exits,
     in any process group and whatever its environment, is killed and the
-    action fails (a daemon must detach with ``setsid``).
+    action fails (a daemon must detach with ``setsid``; a child still on its
+    way out of the session gets half a second, so ``setsid d & exit 0`` works).
     ``status`` prints nothing (success, no information) or one JSON document on
     stdout::
 

@@ -318,7 +318,11 @@ def run_gc(manager: Manager, *, dry_run: bool = False, check_host: bool = True) 
         except NetpluginError as e:
             report.actions.append(GcAction("set-aside", c.path, c.reason, "failed", error=e.message))
 
-    for tmp in scan.stale_temps:
+    from netplugin.core.fileio import stale_temps
+
+    # Also the CNI attachment index's and the bridge plugins' IPAM temp files (state-dir subtrees).
+    others = [p for p in stale_temps(store.state_dir) if os.path.dirname(p) != store.dir]
+    for tmp in [*scan.stale_temps, *others]:
         reason = "temporary file of an interrupted write"
         if dry_run:
             report.actions.append(GcAction("remove-temp", tmp, reason, "planned"))

@@ -30,16 +30,25 @@ from typing import TYPE_CHECKING, Any, Literal
 from netplugin.core.config import Config
 from netplugin.core.dirs import ensure_dir
 from netplugin.core.discovery import Candidate, scan
-from netplugin.core.errors import HostError, NetpluginError, PluginError, PluginInvalid, PluginNotFound
+from netplugin.core.errors import (
+    HostError,
+    InvalidArgument,
+    NetpluginError,
+    PluginError,
+    PluginInvalid,
+    PluginNotFound,
+)
 from netplugin.core.execplugin.environ import base_env
 from netplugin.core.execplugin.plugin import ExecPlugin
 from netplugin.core.fileio import atomic_write, read_small
 from netplugin.core.names import PodRef, escape_plugin_name, validate_plugin_name
+from netplugin.core.netns import netns_problem
 from netplugin.core.node import NodeInfo, node_name
 from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
 from netplugin.plugins import BUILTINS
+from netplugin.plugins.bounded import BoundedPlugin
 from netplugin.store.locks import flocked, pod_lock_path
 
 if TYPE_CHECKING:
@@ -114,7 +123,9 @@ class Manager:
         name = name or NOOP_NAME
         validate_plugin_name(name)
         if name in BUILTINS:
-            return BUILTINS[name](self.config)
+            builtin = BUILTINS[name](self.config)
+            # In-process actions get their time limit as exec plugins do (the no-op cannot hang).
+            return builtin if name == NOOP_NAME else BoundedPlugin(builtin)
         found = scan(self.config.plugin_dir, check_permissions=self.config.check_permissions, reserved=BUILTINS)
         for cand in found:
             if cand.name == name:
@@ -271,7 +282,15 @@ class Manager:
             yield
 
     def setup(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
-        """Set up the pod's network. Returns its status when the state store wants it recorded."""
+        """Set up the pod's network. Returns its status when the state store wants it recorded.
+
+        Before anything runs, a netns that is this process's or the node's own (or a FIFO or
+        device) is refused: InvalidArgument ``netns`` (see :func:`netns_problem`).
+        """
+        netns = call.netns if call is not None and call.netns is not None else self.config.netns_path(pod.infra_id)
+        problem = netns_problem(netns)
+        if problem is not None:
+            raise InvalidArgument("netns", netns, problem)
         plugin = self.plugin
         node = self.node()
         self.init(node=node)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from netplugin.core._yaml import short_repr
 from netplugin.core.errors import InvalidArgument
 from netplugin.core.names import (
     MAX_INFRA_ID,
@@ -107,7 +108,9 @@ def test_invalid_values_name_the_field_and_the_value(
     assert err.field == field
     assert err.value == value
     assert reason in err.reason
-    assert err.message.startswith(f"invalid {field} {value!r}: ")
+    # Quoted cut to 80 characters (README, "Input limits"): a huge value never makes a huge message.
+    assert err.message.startswith(f"invalid {field} {short_repr(value)}: ")
+    assert len(err.to_dict()["value"]) <= 80 and len(err.message) < 80 + len(field) + len(err.reason) + 20
     assert err.to_dict()["field"] == field
 
 

@@ -124,13 +124,52 @@ def kill_on_timeout(proc: _Waitable, pidfd: int, kill_grace: float) -> list[str]
     return notes
 
 
+#: How long processes still in a call's session after its leader exited get to leave it before the
+#: sweep. ``setsid mydaemon </dev/null >/dev/null 2>&1 & exit 0`` forks a child that calls setsid
+#: only after the plugin may have exited (measured: nearly always, 19-20 of 20 runs without this).
+LEAVE_GRACE = 0.5
+
+
+def _still_in(sid: int, pids: Sequence[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if os.getsid(pid) == sid and not _is_zombie(pid):
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def _await_leaving(sid: int, grace: float) -> list[tuple[int, int]]:
+    """The session's members once ``grace`` is over or none is left; each one re-checked with getsid.
+
+    Polls only the known members (getsid is ~3 us a process), and rescans /proc when they are all
+    gone, so a child one of them forked meanwhile is still seen.
+    """
+    end = time.monotonic() + grace
+    members = live_session_members(sid)
+    while members:
+        pids = [p for p, _ in members]
+        while _still_in(sid, pids) and time.monotonic() < end:
+            time.sleep(0.005)
+        members = live_session_members(sid)
+        if time.monotonic() >= end:
+            break
+    return members
+
+
 def kill_stragglers(sid: int, kill_grace: float) -> int:
     """Kill what is still in the session after its leader exited; returns how many there were.
 
     Whatever group a straggler moved to (``set -m``) and whatever environment it kept
-    (``env -i``), it stays in the call's session unless it called ``setsid``.
+    (``env -i``), it stays in the call's session unless it called ``setsid``. One that is on its
+    way out (``setsid daemon &``) gets :data:`LEAVE_GRACE`: whoever is still a member then is
+    killed, everyone else is left alone. Costs nothing when the session is empty.
     """
     stray = live_session_members(sid)
+    if stray:
+        stray = _await_leaving(sid, LEAVE_GRACE)
     if stray:
         _signal_members(stray, signal.SIGTERM)
         end = time.monotonic() + min(kill_grace, 0.5)

@@ -51,4 +51,5 @@ def health(st: State, wait: float) -> None:
     from netplugin.frontends.client import request
 
     h = request(st.config.socket_path, "health", timeout=wait)
-    st.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s")
+    stuck = f"; {len(h['stuck'])} plugin call(s) stuck past their time limits" if h.get("stuck") else ""
+    st.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s{stuck}")

@@ -40,8 +40,11 @@ __all__ = [
     "claim_attachment",
     "forget_attachment",
     "list_attachments",
+    "prune_netns_index",
     "record_attachment",
     "recorded_attachment",
+    "refuse_foreign_netns",
+    "remove_stale_temps",
     "valid_attachments",
 ]
 
@@ -184,7 +187,113 @@ def claim_attachment(cfg: Config, network: str, att: Attachment) -> str:
                     f"{before.pod}; CNI_ARGS now name pod {att.namespace}/{att.name}: a DEL must come first",
                     "the existing attachment is left as it is",
                 )
-        return record_attachment(cfg, network, att)
+        ident = _shared_netns(cfg, att)
+        path = record_attachment(cfg, network, att)
+        if ident is not None:
+            _index_netns(cfg, network, att, ident)
+        return path
+
+
+def refuse_foreign_netns(netns: str) -> None:
+    """CniError 4 when ``netns`` is this process's or the node's own network namespace (or no
+    namespace file at all, but missing): see :func:`netplugin.core.netns.netns_problem`."""
+    from netplugin.core._yaml import short_repr
+    from netplugin.core.netns import netns_problem
+
+    problem = netns_problem(netns)
+    if problem is not None:
+        raise CniError(E_ENV, f"invalid CNI_NETNS {short_repr(netns)}: {problem}")
+
+
+def _netns_index(state_dir: str, ident: tuple[int, int]) -> str:
+    return os.path.join(state_dir, "cni", ".netns", f"{ident[0]}-{ident[1]}")
+
+
+def _index_owner(index: str) -> str:
+    """The container whose attachment record ``index`` is a hard link of ("" when none)."""
+    from netplugin.core.errors import NetpluginError
+    from netplugin.core.fileio import read_small
+
+    try:
+        doc = json.loads(read_small(index))
+        return str(doc["containerID"]) if isinstance(doc, dict) else ""
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError, KeyError, NetpluginError):
+        return ""  # torn: no owner, the claim replaces it
+
+
+def _shared_netns(cfg: Config, att: Attachment) -> tuple[int, int] | None:
+    """CniError 4 when another container's recorded attachment is in the same network namespace;
+    else the namespace's identity to index (None when ``att.netns`` is no namespace).
+
+    Namespaces are compared by what the paths name now (nsfs device and inode), so another path
+    to the same namespace (``/proc/PID/ns/net``, a bind mount) is caught. One lookup, not a scan:
+    ``cni/.netns/<dev>-<ino>`` is a hard link of the attachment record that last claimed the
+    namespace (one link(2) per ADD, made under the index lock). It counts only while its
+    container still has an attachment whose netns path names the same namespace now, so a stale
+    entry, or a namespace inode number the kernel reused, never blocks a new pod.
+    """
+    from netplugin.core._yaml import short_repr
+    from netplugin.core.netns import netns_identity
+
+    try:
+        mine = netns_identity(att.netns)
+    except OSError:
+        return None  # no namespace to share: the plugin reports it
+    other = _index_owner(_netns_index(cfg.state_dir, mine))
+    if not other or other == att.container_id:
+        return mine
+    for network, ifname in attachments_of(cfg.state_dir, other):
+        rec = recorded_attachment(cfg, network, other, ifname)
+        try:
+            same = rec is not None and netns_identity(rec.netns) == mine
+        except OSError:
+            continue
+        if same and rec is not None:
+            raise CniError(
+                E_ENV,
+                f"invalid CNI_NETNS {short_repr(att.netns)}: it is the network namespace of container "
+                f"{other} (pod {rec.pod}, network {network!r}); a container may not attach to "
+                "another container's namespace",
+                "the existing attachment is left as it is",
+            )
+    return mine
+
+
+def _index_netns(cfg: Config, network: str, att: Attachment, ident: tuple[int, int]) -> None:
+    from netplugin.core.dirs import ensure_dir
+    from netplugin.core.errors import SystemFailure
+
+    index = _netns_index(cfg.state_dir, ident)
+    record = attachment_path(cfg.state_dir, network, att.container_id, att.ifname)
+    try:
+        if os.path.exists(index) and os.path.samefile(index, record):
+            return  # an ADD retried
+        ensure_dir(os.path.dirname(index), base=cfg.state_dir)
+        try:
+            os.link(record, index)
+        except FileExistsError:  # a stale entry, checked by _shared_netns: replace it
+            os.unlink(index)
+            os.link(record, index)
+    except OSError as e:
+        raise SystemFailure("cannot index", index, e.strerror or str(e)) from e
+
+
+def prune_netns_index(state_dir: str) -> None:
+    """Drop index entries whose attachment record is gone (its last link): CNI GC."""
+    directory = os.path.join(state_dir, "cni", ".netns")
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            if os.lstat(path).st_nlink < 2:
+                os.unlink(path)
+        except FileNotFoundError:
+            continue
 
 
 def recorded_attachment(cfg: Config, network: str, container_id: str, ifname: str) -> Attachment | None:
@@ -215,6 +324,21 @@ def forget_attachment(cfg: Config, network: str, container_id: str, ifname: str)
         pass
     except OSError as e:
         raise SystemFailure("cannot remove", path, e.strerror or str(e)) from e
+
+
+def remove_stale_temps(state_dir: str, network: str) -> list[str]:
+    """Remove the temp files of record writes whose writer died (a SIGKILL mid-ADD); the problems."""
+    from netplugin.core.fileio import stale_temps
+
+    problems = []
+    for path in stale_temps(attachment_dir(state_dir, network), max_depth=0):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            problems.append(f"cannot remove {path}: {e.strerror or e}")
+    return problems
 
 
 def list_attachments(state_dir: str, network: str) -> tuple[list[Attachment], list[str]]:

@@ -87,7 +87,11 @@ E_UNAVAILABLE = 50
 E_INTERNAL = 999
 
 
+#: what the kernel and ``ip`` accept as a name, in ASCII (dev_valid_name: no '/', ':' or space)
+_IFNAME_OK = re.compile(r"[!-~]+\Z")
 _IFNAME_BAD = re.compile(r"[/:\s]")
+#: IFNAMSIZ less the NUL
+MAX_IFNAME = 15
 
 
 _NETWORK_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*\Z")
@@ -122,6 +126,8 @@ class CniRequest:
     args: dict[str, str] = field(default_factory=dict)
     path: str = ""
     conf: dict[str, Any] = field(default_factory=dict)
+    #: DEL only: why the attachment's ADD must have been refused (then DEL does nothing and succeeds)
+    refused: str = ""
 
     @property
     def cni_version(self) -> str:
@@ -145,12 +151,42 @@ def parse_cni_args(raw: str) -> dict[str, str]:
 def _ifname_problem(name: str) -> str | None:
     if not name:
         return "must not be empty"
-    if len(name) > 15:
-        return "must be at most 15 characters"
-    if name in (".", ".."):
-        return "must not be '.' or '..'"
     if _IFNAME_BAD.search(name):
         return "must not contain '/', ':' or whitespace"
+    if not _IFNAME_OK.match(name):
+        return "must be printable ASCII"
+    if len(name) > MAX_IFNAME:
+        return f"must be at most {MAX_IFNAME} bytes (IFNAMSIZ)"
+    if name in (".", ".."):
+        return "must not be '.' or '..'"
+    return None
+
+
+def _prev_result_problem(prev: Any) -> str | None:
+    """Why ``prevResult`` is not a CNI result this shim can extend, or None (chaining, spec "Result")."""
+    if not isinstance(prev, dict):
+        return f"must be an object (got {short_repr(prev)})"
+    for key, kind in (("interfaces", list), ("ips", list), ("routes", list), ("dns", dict)):
+        value = prev.get(key)
+        if value is not None and not isinstance(value, kind):
+            return f"{key} must be {'a list' if kind is list else 'an object'} (got {short_repr(value)})"
+    for key in ("interfaces", "ips", "routes"):
+        for i, entry in enumerate(prev.get(key) or []):
+            if not isinstance(entry, dict):
+                return f"{key}[{i}] must be an object (got {short_repr(entry)})"
+    for i, entry in enumerate(prev.get("ips") or []):
+        address = entry.get("address")
+        if not isinstance(address, str):
+            return f"ips[{i}].address must be a CIDR string (got {short_repr(address)})"
+        import ipaddress
+
+        try:
+            ipaddress.ip_interface(address)
+        except ValueError:
+            return f"ips[{i}].address must be a CIDR string (got {short_repr(address)})"
+        index = entry.get("interface")
+        if index is not None and (isinstance(index, bool) or not isinstance(index, int) or index < 0):
+            return f"ips[{i}].interface must be an interface index (got {short_repr(index)})"
     return None
 
 
@@ -226,8 +262,16 @@ def _check_request(req: CniRequest, environ: Mapping[str, str]) -> CniRequest:
         raise CniError(E_ENV, f"invalid CNI_CONTAINERID {short_repr(req.container_id)}: {e.reason}") from None
     req.ifname = environ.get("CNI_IFNAME", "")
     problem = _ifname_problem(req.ifname)
+    if problem and command == "DEL":
+        # ADD refused this name, so nothing of the attachment exists: DEL succeeds without running.
+        req.refused = f"invalid CNI_IFNAME {short_repr(req.ifname)}: {problem}"
+        return req
     if problem:
         raise CniError(E_ENV, f"invalid CNI_IFNAME {short_repr(req.ifname)}: {problem}")
+    if command != "DEL" and "prevResult" in req.conf:
+        problem = _prev_result_problem(req.conf["prevResult"])
+        if problem:
+            raise CniError(E_CONFIG, f"invalid prevResult: {problem}")
     req.netns = environ.get("CNI_NETNS", "")
     if command != "DEL":
         if not req.netns:

@@ -121,6 +121,9 @@ from netplugin.frontends.cni.attachments import (
     claim_attachment,
     forget_attachment,
     list_attachments,
+    prune_netns_index,
+    refuse_foreign_netns,
+    remove_stale_temps,
     valid_attachments,
 )
 from netplugin.frontends.cni.netconf import build_config, call_options, pod_ref_for
@@ -253,6 +256,7 @@ def _add(ops: _Ops) -> dict[str, Any]:
     pod = pod_ref_for(req)
     m = ops.manager
     network = _network(req)
+    refuse_foreign_netns(req.netns)
     call = replace(ops.call, want_status=True)
     if network:
         att = Attachment(req.container_id, req.ifname, req.netns, pod.namespace, pod.name)
@@ -341,6 +345,8 @@ def _gc(ops: _Ops) -> None:
     if not isinstance(network, str) or not network:
         raise CniError(E_CONFIG, "GC needs the network name in the network config")
     attachments, failures = list_attachments(cfg.state_dir, network)
+    failures += remove_stale_temps(cfg.state_dir, network)
+    prune_netns_index(cfg.state_dir)
     for att in attachments:
         if (att.container_id, att.ifname) in valid or (att.container_id, "") in valid:
             continue
@@ -391,6 +397,8 @@ def _dispatch(
     if req.command == "VERSION":
         return _version(req)
     check_version_rules(req)
+    if req.refused:
+        return None  # a DEL of an attachment whose ADD was refused: nothing of it exists
     from netplugin.core.errors import ConfigError, NetpluginError
 
     try:

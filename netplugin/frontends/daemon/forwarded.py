@@ -10,7 +10,8 @@ have met alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from netplugin.core.config import Config, load_config
@@ -18,7 +19,10 @@ from netplugin.core.errors import DaemonUnavailable, InvalidArgument
 from netplugin.frontends.rpc import differing_settings, fingerprint
 from netplugin.manager.manager import Manager
 
-__all__ = ["check_settings", "run_cni", "run_cni_call"]
+__all__ = ["check_settings", "environ_problem", "run_cni", "run_cni_call"]
+
+#: what a process environment can carry as a name (a key with "=" or NUL cannot be passed on)
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _str_map(value: Any, what: str) -> dict[str, str]:
@@ -43,6 +47,18 @@ def check_settings(settings: Any, own: dict[str, Any], socket_path: str) -> Conf
     if differ:
         raise DaemonUnavailable(socket_path, f"it runs with different settings ({', '.join(differ)})")
     return cfg
+
+
+def environ_problem(environ: Mapping[str, str]) -> str | None:
+    """Why a forwarded call's environment cannot be a process's, or None."""
+    from netplugin.core._yaml import short_repr
+
+    for key, value in environ.items():
+        if not _VAR_NAME.fullmatch(key):
+            return f"environ key {short_repr(key)} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"
+        if "\0" in value:
+            return f"environ {key} contains NUL"
+    return None
 
 
 def run_cni(
@@ -73,6 +89,11 @@ def run_cni_call(
 
     DaemonUnavailable, before anything ran, when the call's settings are not the daemon's.
     """
+    problem = environ_problem(environ)
+    if problem is not None:  # CNI error 4 before anything runs, as a bad CNI_* variable
+        from netplugin.frontends.cni.protocol import E_ENV, LATEST, CniError
+
+        return 1, CniError(E_ENV, problem).to_dict(LATEST)
     from netplugin.frontends.cni.shim import DaemonSide, Refused, run
 
     try:

@@ -82,6 +82,7 @@ from netplugin.frontends.rpc import (
     encode_unavailable,
     pod_result,
 )
+from netplugin.plugins.bounded import stuck_calls
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -264,6 +265,7 @@ class Daemon:
             "config_path": self.config.config_path,
             "settings": self.settings_status,
             "node": self.nodes.status(),
+            "stuck": [c.to_dict() for c in stuck_calls()],  # in-process actions past their limits
         }
 
     def check(self, req: Any) -> dict[str, Any]:

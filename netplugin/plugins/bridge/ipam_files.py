@@ -149,18 +149,28 @@ def write_record(path: str, text: str, *, mode: str = "atomic") -> None:
         flags |= os.O_EXCL if mode == "exclusive" else os.O_TRUNC
         try:
             fd = os.open(path, flags, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
         except OSError as e:
             raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
+        try:
+            _write_all(fd, data)
+        except OSError as e:
+            if mode == "exclusive":
+                unlink(path)  # O_EXCL made it ours: a torn address file must not stay (ENOSPC)
+            raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
+        finally:
+            os.close(fd)
         return
     try:
         # hidden: listings of ips/ and pods/ skip dot files, the bash plugin's temp files too
         replace_file(path, data, mode=0o644, durable=False, hidden=True)
     except OSError as e:
         raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def unlink(path: str) -> None:

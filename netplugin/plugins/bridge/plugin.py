@@ -62,7 +62,7 @@ from netplugin.core.errors import NetpluginError, PluginError, PluginFailed, Plu
 from netplugin.core.extras import require
 from netplugin.core.names import PodRef
 from netplugin.core.netlink import IFF_UP, KernelError, RawNetlink, drop_root_netlink, netns_netlink, root_netlink
-from netplugin.core.netns import netns_socket
+from netplugin.core.netns import netns_socket, open_netns
 from netplugin.core.plugin import CallContext, PodNetworkStatus
 from netplugin.plugins.bridge.podipam import PodIPAM
 from netplugin.plugins.bridge.reaper import LinkReaper
@@ -360,9 +360,9 @@ class NativeBridgePlugin:
         with self._action("setup", pod, ctx.timeout) as step:
             step.what = "read the settings"
             s = self.settings(ctx.env, ctx.state_dir)
-            step.what = ""
+            step.what = f"open network namespace {ctx.netns}"
             try:
-                nsfd = os.open(ctx.netns, os.O_RDONLY | os.O_CLOEXEC)
+                nsfd = open_netns(ctx.netns)  # never blocks (a FIFO there), and only nsfs
             except FileNotFoundError:
                 raise BridgeError(f"network namespace {ctx.netns} does not exist") from None
             try:

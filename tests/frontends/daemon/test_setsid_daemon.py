@@ -1,0 +1,88 @@
+"""A plugin's ``setsid`` daemon, started the obvious way, is left alone (issue 21, class 7).
+
+The obvious plugin code is ``setsid mydaemon </dev/null >/dev/null 2>&1 &`` and ``exit 0``: the
+background child calls setsid only after the plugin may have exited, so a sweep of the call's
+session that runs at once kills it (and fails the setup for a "leftover"). The plugin here does
+exactly that, with no waiting of any kind; 50 setups in a row, through the CLI and the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+RUNS = 50
+
+NAIVE = """#!/bin/bash
+if [ "$1" = setup ]; then
+    setsid sleep 300 </dev/null >/dev/null 2>&1 &
+    echo $! >> "$(dirname "$0")/daemons"
+fi
+exit 0
+"""
+
+# A child that stays in the session is still the call's leftover: swept, and the setup fails.
+STAYS = """#!/bin/bash
+if [ "$1" = setup ]; then
+    sleep 300 </dev/null >/dev/null 2>&1 &
+    echo $! >> "$(dirname "$0")/daemons"
+fi
+exit 0
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def daemons(plugin_dir: Any) -> Iterator[Any]:
+    """Installs a plugin (by script) and kills whatever it recorded in ``daemons`` at the end."""
+    installed: list[Any] = []
+
+    def install(name: str, script: str) -> Any:
+        p = plugin_dir.install(name, script=script)
+        installed.append(p)
+        return p
+
+    yield install
+    for p in installed:
+        path = p.dir / "daemons"
+        for line in path.read_text().split() if path.exists() else []:
+            try:
+                os.kill(int(line), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.parametrize("via", ["cli", "daemon"])
+def test_a_naive_setsid_daemon_survives_50_setups_in_a_row(cli: Any, start_daemon: Any, daemons: Any,
+                                                           via: str) -> None:
+    p = daemons("sd", NAIVE)
+    env = {"NETPLUGIN_PLUGIN": "sd"}
+    if via == "daemon":
+        start_daemon(env=env)
+    failed = []
+    for i in range(RUNS):
+        r = cli("setup", "default", f"web-{i}", f"infra{i}", mode="always" if via == "daemon" else "never", env=env)
+        if r.returncode != 0:
+            failed.append(r.stderr)
+    pids = [int(x) for x in (p.dir / "daemons").read_text().split()]
+    dead = [pid for pid in pids if not _alive(pid)]
+    assert (failed, len(pids), dead) == ([], RUNS, []), f"{len(failed)} of {RUNS} setups failed: {failed[:2]}"
+
+
+def test_a_child_that_stays_in_the_session_is_still_swept(cli: Any, daemons: Any) -> None:
+    p = daemons("stay", STAYS)
+    r = cli("setup", "default", "web-0", "infra0", mode="never", env={"NETPLUGIN_PLUGIN": "stay"})
+    assert r.returncode == 1 and "left 1 process(es) running" in r.stderr, r
+    (pid,) = [int(x) for x in (p.dir / "daemons").read_text().split()]
+    assert not _alive(pid)
