@@ -87,6 +87,22 @@ Time limits
     status 10 s). At the limit the plugin's whole process tree gets SIGTERM,
     then after a grace (2 s) SIGKILL; the action fails with a timeout error.
 
+Chains (config ``plugins: [a, b, c]``; ``plugin: a`` is a chain of one)
+    Every member is selected and validated up front (one bad member invalidates the chain, and
+    the error names every bad one) and gets its own ``init`` (once per boot and version).
+    ``setup`` runs the members in order; when member k fails or times out, ``teardown`` runs on
+    k, then k-1 ... 1 (members after k never run), and the error names member k and any
+    rollback failure. ``teardown`` runs every member in reverse order, goes on past failures and
+    reports all of them. ``status`` is the first member's, in order, that reports an address.
+    The time limit of an action covers the whole chain: each member gets what is left of it.
+    A member's ``init`` may declare the pod actions it handles, ``{"actions": ["setup",
+    "teardown"]}``; it is never called for the others. A ``setup`` may print its status document
+    with ``hostInterface`` added; later members get what earlier ones reported in
+    ``NETPLUGIN_PREV_RESULT`` (JSON), ``NETPLUGIN_PREV_IPS`` and ``NETPLUGIN_PREV_HOST_INTERFACE``,
+    with ``NETPLUGIN_CHAIN`` and ``NETPLUGIN_CHAIN_INDEX`` (:mod:`netplugin.core.chaining`).
+    The pod record keeps each member's progress, so gc finishes an interrupted chain's rollback
+    for exactly the members that ran.
+
 Built-in plugins
     Plugins written in Python implement :class:`Plugin` and are registered by
     name with ``netplugin.plugins.register_builtin``; they are found before the
@@ -106,6 +122,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from netplugin.core import calls
+from netplugin.core.chaining import CHAIN_ENV, host_interface, parse_actions
 from netplugin.core.errors import PluginFailed, PluginOutputError, PluginTimeout
 from netplugin.core.names import PodRef
 from netplugin.core.node import NodeInfo
@@ -145,6 +162,7 @@ _OWN_ENV = frozenset(
         "NETPLUGIN_NODE_NAME",
         "NETPLUGIN_NODE_POD_CIDRS",
         "NETPLUGIN_NODE_INTERNAL_IPS",
+        *CHAIN_ENV,
     }
 )
 
@@ -163,6 +181,8 @@ class PodNetworkStatus:
     ip: str
     #: every address, ``ip`` first, at most one per family (Kubernetes' podIPs); () means ``(ip,)``
     ips: tuple[str, ...] = ()
+    #: the host-side interface the plugin created for the pod (reported by ``setup``, for later members)
+    host_interface: str | None = None
 
     def __post_init__(self) -> None:
         if not self.ips:
@@ -173,6 +193,8 @@ class PodNetworkStatus:
         out: dict[str, Any] = {"apiVersion": "v1beta1", "kind": "PodNetworkStatus", "ip": self.ip}
         if len(self.ips) > 1:
             out["ips"] = list(self.ips)
+        if self.host_interface:
+            out["hostInterface"] = self.host_interface
         return out
 
 
@@ -203,9 +225,13 @@ class Plugin(Protocol):
         """Identifies the plugin's code; ``init`` runs again when it changes."""
         ...
 
-    def init(self, ctx: CallContext) -> None: ...
+    def init(self, ctx: CallContext) -> frozenset[str] | None:
+        """Prepare the node; may return the pod actions it handles (its mask; None: all)."""
+        ...
 
-    def setup(self, pod: PodRef, ctx: CallContext) -> None: ...
+    def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
+        """Wire the pod; may return what it set up (IPs, host interface) for later chain members."""
+        ...
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None: ...
 
@@ -215,8 +241,8 @@ class Plugin(Protocol):
 # --- status parsing --------------------------------------------------------------------------------
 
 
-def parse_status(stdout: bytes, *, plugin: str, pod: str = "") -> PodNetworkStatus | None:
-    """Parse a ``status`` action's stdout. Empty output means "no information" (None).
+def parse_status(stdout: bytes, *, plugin: str, pod: str = "", action: str = "status") -> PodNetworkStatus | None:
+    """Parse a ``status`` action's stdout (or a ``setup``'s). Empty output means "no information" (None).
 
     Raises :class:`PluginOutputError` naming the offending value.
     """
@@ -227,9 +253,9 @@ def parse_status(stdout: bytes, *, plugin: str, pod: str = "") -> PodNetworkStat
     def bad(msg: str) -> PluginOutputError:
         where = f" for pod {pod}" if pod else ""
         return PluginOutputError(
-            f"network plugin {plugin!r} status{where}: {msg}",
+            f"network plugin {plugin!r} {action}{where}: {msg}",
             plugin=plugin,
-            action="status",
+            action=action,
             stdout_tail=text_bytes[-_TAIL:].decode("utf-8", "replace"),
         )
 
@@ -246,14 +272,15 @@ def parse_status(stdout: bytes, *, plugin: str, pod: str = "") -> PodNetworkStat
     if version not in ("", "v1beta1"):
         raise bad(f"unknown 'apiVersion' {version!r} (expected 'v1beta1')")
     ips = _status_ips(doc.get("ips"), bad)
+    hif = host_interface(doc.get("hostInterface"), plugin=plugin, action=action, out=text_bytes)
     if "ip" not in doc:
         if not ips:
             raise bad("no 'ip' in status")
-        return PodNetworkStatus(ip=ips[0], ips=ips)
+        return PodNetworkStatus(ip=ips[0], ips=ips, host_interface=hif)
     ip = _status_ip(doc["ip"], "'ip'", bad)
     if ips and ips[0] != ip:
         raise bad(f"invalid 'ip' {doc['ip']!r}: must be the first of 'ips' {list(ips)!r}")
-    return PodNetworkStatus(ip=ip, ips=ips)
+    return PodNetworkStatus(ip=ip, ips=ips, host_interface=hif)
 
 
 def _status_ip(value: Any, what: str, bad: Callable[[str], PluginOutputError]) -> str:
@@ -441,11 +468,14 @@ class ExecPlugin:
             )
         return done
 
-    def init(self, ctx: CallContext) -> None:
-        self._run(Action.INIT, None, ctx)
+    def init(self, ctx: CallContext) -> frozenset[str] | None:
+        return parse_actions(self._run(Action.INIT, None, ctx).stdout, plugin=self.name)
 
-    def setup(self, pod: PodRef, ctx: CallContext) -> None:
-        self._run(Action.SETUP, pod, ctx)
+    def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
+        out = self._run(Action.SETUP, pod, ctx).stdout
+        if not out.lstrip().startswith(b"{"):
+            return None  # progress text of a plugin that reports nothing (the kubelet logged it)
+        return parse_status(out, plugin=self.name, pod=str(pod), action="setup")
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None:
         self._run(Action.TEARDOWN, pod, ctx)

@@ -12,6 +12,11 @@ Life of a record, every write atomic and durable (temp file, fsync, rename, fsyn
 * ``mark_teardown`` before the plugin's teardown runs: state ``tearing-down``;
 * ``remove``       after teardown (or a rollback) succeeded: the file is gone.
 
+A chain's record also lists its members, each with its own progress (``chain``, see
+:class:`~netplugin.store.records.MemberState`): ``begin`` writes it right before the first member's
+setup starts, :meth:`StateStore.progress` before each later member's setup starts and after each
+member's teardown succeeded, so that gc tears down exactly the members that ran.
+
 Every transition happens under the pod's lock, so a record that is not ``ready`` while nobody
 holds the lock belongs to an action that was interrupted (crash, kill, failed rollback):
 ``netplugin gc`` tears such pods down. Each record names its *owner*, the process that last
@@ -50,6 +55,7 @@ from netplugin.store.records import (
     RECORD_SUFFIX,
     SETTING_UP,
     TEARING_DOWN,
+    MemberState,
     Owner,
     PodRecord,
     now_iso,
@@ -302,8 +308,9 @@ class StateStore:
         netns: str,
         *,
         pod_obj: Mapping[str, Any] | None = None,
+        members: tuple[MemberState, ...] = (),
     ) -> None:
-        """Record the intent to set ``pod`` up, before the plugin runs."""
+        """Record the intent to set ``pod`` up, before the plugin (the chain's first member) runs."""
         existing = self._existing(pod)
         self._settle_orphans(existing)
         now = now_iso()
@@ -325,22 +332,43 @@ class StateStore:
             updated=now,
             ready_at=None,
             owner=Owner.me(),
+            members=members,
         )
         rec = self._write(rec)
         with self._lock:
             self._pending[record_filename(pod)] = rec
 
-    def complete(self, pod: PodRef, ip: str | None) -> None:
-        """Record that setup succeeded (with the pod's IP when known)."""
+    def _current(self, pod: PodRef, *, pop: bool) -> PodRecord:
+        """The record of a setup in progress (kept since ``begin``; read again when not)."""
         key = record_filename(pod)
         with self._lock:
-            rec = self._pending.pop(key, None)
+            rec = self._pending.pop(key, None) if pop else self._pending.get(key)
         if rec is None:
             rec = self.get(pod)
             if rec is None:
                 raise StateError(self.path_for(pod), "the setup record disappeared before setup completed")
+        return rec
+
+    def progress(self, pod: PodRef, members: tuple[MemberState, ...]) -> None:
+        """Record how far each chain member got (before the next one runs), keeping the pod's state."""
+        key = record_filename(pod)
+        with self._lock:
+            rec = self._pending.get(key)
+        if rec is None:
+            rec = self.get(pod)
+            if rec is None:
+                return  # a teardown of a pod without a record: nothing to keep track of
+        rec = self._write(replace(rec, members=members, updated=now_iso(), owner=Owner.me()))
+        with self._lock:
+            if key in self._pending:
+                self._pending[key] = rec
+
+    def complete(self, pod: PodRef, ip: str | None, *, members: tuple[MemberState, ...] | None = None) -> None:
+        """Record that setup succeeded (with the pod's IP when known, and the members' final progress)."""
+        rec = self._current(pod, pop=True)
         now = now_iso()
-        self._write(replace(rec, state=READY, ip=ip, updated=now, ready_at=now, owner=Owner.me()))
+        done = rec.members if members is None else members
+        self._write(replace(rec, state=READY, ip=ip, updated=now, ready_at=now, owner=Owner.me(), members=done))
 
     def mark_teardown(self, pod: PodRef) -> list[int]:
         """Record that teardown is starting. No record: nothing to mark. Returns orphans it waited for."""
