@@ -381,3 +381,20 @@ def test_a_kill_between_or_inside_members_then_gc_tears_down_exactly_those_that_
     assert c.calls("teardown") == reversed_names(ran, "teardown")
     assert "m3 setup" not in c.calls()
     assert store.get(POD) is None
+
+
+# --- the listing shows the chain and each member's state ----------------------------------------------------
+
+
+def test_netplugin_pods_shows_each_member_and_its_state(chain: Any, run_cli: Any, netns_dir: Path) -> None:
+    c = chain(3)
+    c.member(3).set("setup", exit=1)
+    c.member(2).set("teardown", exit=1)
+    env = {"NETPLUGIN_PLUGINS": "m1,m2,m3", "NETPLUGIN_NETNS_TEMPLATE": str(netns_dir / "{infra_id}")}
+    assert run_cli("setup", *ARGV.split(), env=env).returncode != 0
+    table = run_cli("pods", env=env).stdout.splitlines()
+    assert table[1].split()[3] == "setup-interrupted"
+    assert table[1].split()[5] == "m1:torn-down,m2:ready,m3:torn-down"
+    [pod] = json.loads(run_cli("-o", "json", "pods", env=env).stdout)["pods"]
+    assert [(m["plugin"], m["state"]) for m in pod["chain"]] == [
+        ("m1", "torn-down"), ("m2", "ready"), ("m3", "torn-down")]
