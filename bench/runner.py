@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .chain import fig_chain
 from .cluster import fig_cluster
 from .contenders import CNI_BRIDGE, CNI_DIR, CONTENDERS, Daemon, RunContext, clean_environ, cli_command, leftovers
 from .figures import Plan, fig_burst, fig_coldstart, fig_drain, fig_overhead, fig_pods, fig_scale
@@ -27,7 +28,7 @@ from .util import REPO, BenchError, Cleanup, NetnsFactory, SubnetPool
 
 __all__ = ["FIGURES", "run"]
 
-FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale", "runtime", "cluster")
+FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale", "runtime", "cluster", "chain")
 CNI_HINT = "install Debian's reference plugins: apt-get install -y containernetworking-plugins (into /usr/lib/cni)"
 
 
@@ -246,6 +247,7 @@ def run(argv: list[str] | None = None) -> int:
             ("scale", lambda: [f for f in fig_scale(ctx, plan, keys, pool) if f is not None]),
             ("runtime", lambda: fig_runtime(ctx, plan, keys, pool)),
             ("cluster", lambda: fig_cluster(plan.quick, _say)),
+            ("chain", lambda: fig_chain(ctx, plan, keys, pool)),
         ]
         for name, step in steps:
             if name not in only:
