@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from bridgenet import EXEC_PLUGINS, BridgeNet, Pod, link_exists
+from nettest import tcp_rate
 
 from netplugin.core.errors import PluginFailed
 from netplugin.core.names import PodRef
@@ -28,43 +28,8 @@ kernel = pytest.mark.kernel
 BANDWIDTH = EXEC_PLUGINS / "bandwidth" / "bandwidth"
 IN, OUT = "kubernetes.io/ingress-bandwidth", "kubernetes.io/egress-bandwidth"
 
-# Receives until EOF and prints "<bytes> <seconds from first byte to EOF>".
-_SINK = """
-import socket, sys, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(1); print("ready", flush=True)
-c, _ = s.accept(); n = 0; first = None
-while True:
-    b = c.recv(1 << 16)
-    if not b: break
-    if first is None: first = time.monotonic()
-    n += len(b)
-print(n, time.monotonic() - first, flush=True)
-"""
-_SOURCE = """
-import socket, sys
-with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30) as c:
-    c.sendall(b"x" * int(sys.argv[3]))
-"""
-
-
-def transfer(src: Pod, dst: Pod, dst_ip: str, nbytes: int, port: int = 5201) -> float:
-    """Bits per second of one TCP transfer of ``nbytes`` from ``src`` to ``dst``, as ``dst`` saw it."""
-    sink = subprocess.Popen(["ip", "netns", "exec", dst.netns, sys.executable, "-c", _SINK, str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert sink.stdout is not None and sink.stdout.readline().strip() == "ready"
-        r = subprocess.run(["ip", "netns", "exec", src.netns, sys.executable, "-c", _SOURCE, dst_ip, str(port),
-                            str(nbytes)], capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
-        out, err = sink.communicate(timeout=120)
-    finally:
-        if sink.poll() is None:
-            sink.kill()
-            sink.communicate()
-    got, seconds = out.split()
-    assert int(got) == nbytes, err
-    return nbytes * 8 / float(seconds)
+def transfer(src: Pod, dst: Pod, dst_ip: str, nbytes: int) -> float:
+    return tcp_rate(src.netns, dst.netns, dst_ip, nbytes)
 
 
 @dataclass

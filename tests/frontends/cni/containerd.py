@@ -321,7 +321,9 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                 raise RuntimeError(f"containerd did not load network {conflist['name']}:\n{self.log_tail()}")
             time.sleep(0.1)
 
-    def run_pod(self, namespace: str, name: str, uid: str, attempt: int = 0) -> Sandbox:
+    def run_pod(
+        self, namespace: str, name: str, uid: str, attempt: int = 0, annotations: dict[str, str] | None = None
+    ) -> Sandbox:
         """RunPodSandbox, then PodSandboxStatus. Raises grpc.RpcError as the kubelet would see it."""
         pb = self.pb
         meta = pb.PodSandboxMetadata(name=name, uid=uid, namespace=namespace, attempt=attempt)
@@ -330,6 +332,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             hostname=name,
             log_directory=str(self.root / "pod-logs" / f"{namespace}_{name}_{uid}"),
             labels={"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": namespace},
+            annotations=annotations or {},
             linux=pb.LinuxPodSandboxConfig(),
         )
         resp = self._stub.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=120)
