@@ -23,14 +23,15 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from netplugin.core.chaining import ALL_POD_ACTIONS, MemberResult, PrevResult
-from netplugin.core.errors import NetpluginError, PluginTimeout
+from netplugin.core.errors import NetpluginError, PluginInvalid, PluginTimeout
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.store.records import MEMBER_PENDING, MEMBER_SKIPPED, MEMBER_TORN_DOWN, READY, SETTING_UP, MemberState
 
-__all__ = ["ChainRun", "Member", "Observer", "attach_failures", "fresh_states"]
+__all__ = ["ChainRun", "Member", "Observer", "absent_member", "attach_failures", "fresh_states"]
 
 #: (member name, action, seconds, outcome: "ok" | "error" | "timeout")
 Observer = Callable[[str, str, float, str], None]
@@ -205,6 +206,26 @@ class ChainRun:
                 if got is not None:
                     return got
         return None
+
+
+class _Absent:
+    """Stands in for a recorded member that never ran and is no longer installed: never called."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def version(self) -> str:
+        return "absent"
+
+    def _never(self, *_: object) -> None:
+        raise PluginInvalid(self.name, "is no longer installed")
+
+    init = setup = teardown = status = _never
+
+
+def absent_member(name: str) -> Member:
+    """A member that handles no action, for a plugin that is gone but never ran for the pod."""
+    return Member(cast(Plugin, _Absent(name)), frozenset())
 
 
 def fresh_states(members: Sequence[Member]) -> list[MemberState]:

@@ -33,10 +33,10 @@ from netplugin.core.names import PodRef
 from netplugin.core.plugin import NOOP_NAME
 from netplugin.hosts.base import NullHost
 from netplugin.hosts.static import StaticHost
-from netplugin.manager.chain import ChainRun
+from netplugin.manager.chain import ChainRun, Member, absent_member
 from netplugin.store.listing import pod_busy
 from netplugin.store.orphans import POD_ACTIONS, plugin_processes, settle
-from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, PodRecord
+from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, MemberState, PodRecord
 from netplugin.store.state import StateStore
 
 if TYPE_CHECKING:
@@ -264,6 +264,16 @@ def _pod_object(manager: Manager, rec: PodRecord) -> dict[str, Any] | None:
     return obj if not rec.uid or uid == rec.uid else None
 
 
+def _member(manager: Manager, plugins: _Plugins, state: MemberState) -> Member:
+    """A recorded member for gc: one that never ran need not be installed any more (it is never called)."""
+    if state.ran:
+        return manager.member(plugins.get(state.plugin))
+    try:
+        return manager.member(plugins.get(state.plugin))
+    except NetpluginError:
+        return absent_member(state.plugin)
+
+
 def _teardown(
     manager: Manager, store: StateStore, rec: PodRecord, host: Host | None, plugins: _Plugins, report: GcReport
 ) -> None:
@@ -282,7 +292,7 @@ def _teardown(
             return  # e.g. the setup we waited for completed
         action = GcAction("teardown", _describe(ref), reason, "done", pod=ref)
         try:
-            members = tuple(manager.member(plugins.get(m.plugin)) for m in current.chain)
+            members = tuple(_member(manager, plugins, m) for m in current.chain)
             pod_obj = _pod_object(manager, current)
             action.pids = store.mark_teardown(ref)
             node = manager.node(strict=False)

@@ -398,3 +398,21 @@ def test_netplugin_pods_shows_each_member_and_its_state(chain: Any, run_cli: Any
     [pod] = json.loads(run_cli("-o", "json", "pods", env=env).stdout)["pods"]
     assert [(m["plugin"], m["state"]) for m in pod["chain"]] == [
         ("m1", "torn-down"), ("m2", "ready"), ("m3", "torn-down")]
+
+
+def test_gc_needs_only_the_members_that_ran_to_be_installed(chain: Any, store: StateStore) -> None:
+    c = chain(3)
+    c.member(2).set("setup", exit=1)
+    c.member(1).set("teardown", exit=1)  # the rollback cannot finish: m1 still owes its teardown
+    m = c.make()
+    with pytest.raises(PluginFailed):
+        m.setup(POD)
+    import shutil
+
+    shutil.rmtree(c.member(3).dir)  # m3 never ran for the pod; it was uninstalled since
+    c.member(1).clear("teardown")
+    c.log.unlink()
+    report = run_gc(m)
+    assert [(a.outcome, a.error) for a in report.actions] == [("done", None)]
+    assert c.calls("teardown") == ["m1 teardown"]
+    assert store.get(POD) is None
