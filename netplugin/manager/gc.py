@@ -270,7 +270,7 @@ def _member(manager: Manager, plugins: _Plugins, state: MemberState) -> Member:
         return manager.member(plugins.get(state.plugin))
     try:
         return manager.member(plugins.get(state.plugin))
-    except NetpluginError:
+    except (NetpluginError, OSError):  # not found, invalid, or its file went away since it was selected
         return absent_member(state.plugin)
 
 
