@@ -20,19 +20,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from .contenders import (
-    CniContender,
-    Contender,
-    DaemonContender,
-    Network,
-    RunContext,
-    _Call,
-    _finish,
-    _spawn,
-    bridge_plugin_dir,
-    install_exec_plugin,
-)
-from .figures import Factory, Plan, _contenders, _Live, _quiet_gc, _row
+from .context import Network, RunContext, bridge_plugin_dir, install_exec_plugin
+from .daemon import DaemonContender
+from .harness import Factory, Live, Plan, open_contenders, per_pod_series, stat_row
+from .processes import Call, CniContender, _finish, _spawn
 from .report import Figure
 from .util import REPO, BenchError, Pod, SubnetPool
 
@@ -63,7 +54,7 @@ class CniChainContender(CniContender):
         self.name = f"{net.bridge}-net"
         self.results: dict[str, bytes] = {}
 
-    def _bandwidth(self, action: str, pod: Pod, prev: bytes) -> _Call:
+    def _bandwidth(self, action: str, pod: Pod, prev: bytes) -> Call:
         conf = {
             "cniVersion": "1.0.0",
             "name": self.name,
@@ -74,7 +65,7 @@ class CniChainContender(CniContender):
         }
         env = dict(self.base_env, CNI_COMMAND="ADD" if action == "setup" else "DEL",
                    CNI_CONTAINERID=pod.infra_id, CNI_NETNS=pod.netns)
-        return _Call([CNI_BANDWIDTH], env, json.dumps(conf).encode())
+        return Call([CNI_BANDWIDTH], env, json.dumps(conf).encode())
 
     def setup(self, pod: Pod) -> None:
         p = _spawn(self.call("setup", pod))
@@ -112,34 +103,15 @@ def fig_chain(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool
     """Per-pod setup and teardown through a two-member chain, A vs C and D."""
     keys = [k for k in CHAIN_KEYS if k in keys]
     n = plan.pods
-    setups: dict[str, list[float]] = {k: [] for k in keys}
-    teardowns: dict[str, list[float]] = {k: [] for k in keys}
-    live = _Live(ctx, "chain", keys)
-    with _contenders(ctx, "7", keys, pool, factories=CHAIN_FACTORIES) as cs:
-        conts: dict[str, Contender] = cs
-        pods = {k: c.net.new_pods(n + 1) for k, c in conts.items()}
+    live = Live(ctx, "chain", keys)
+    with open_contenders(ctx, "7", keys, pool, factories=CHAIN_FACTORIES) as cs:
         ctx.progress(f"  chain: 1 warm-up + {n} pods x {len(keys)} contenders")
-        with _quiet_gc():
-            for k in keys:  # the first setup creates the bridge (and the ifb module's first device)
-                live.call(k, conts[k].setup, pods[k][0])
-            for i in range(1, n + 1):
-                for k in live.order(i):
-                    t = live.timed(k, conts[k].setup, pods[k][i])
-                    if t is not None:
-                        setups[k].append(t)
-            for i in range(1, n + 1):
-                for k in live.order(i):
-                    if i <= len(setups[k]):
-                        t = live.timed(k, conts[k].teardown, pods[k][i])
-                        if t is not None:
-                            teardowns[k].append(t)
-            for k in live.order(0):
-                live.call(k, conts[k].teardown, pods[k][0])
+        _, setups, teardowns = per_pod_series(live, cs, n)
     out = []
     for fid, title, samples in (("chain-setup", "setup", setups), ("chain-teardown", "teardown", teardowns)):
         f = Figure(fid, f"Chain: per-pod {title} with a bridge and a bandwidth plugin ({n} pods)", "ms",
                    ["median", "p90"], ratio_column="median", samples=samples, plot=f"{fid}.png")
-        f.rows = [_row(live, k, CHAIN_LABELS[k], samples[k], ["median", "p90"]) for k in keys]
+        f.rows = [stat_row(live, k, CHAIN_LABELS[k], samples[k], ["median", "p90"]) for k in keys]
         f.params = {"pods": n}
         f.notes = [
             f"Every pod shaped both ways at {RATE // 1_000_000} Mbit/s, burst {BURST // 8_000} kB: the same tbf, ifb "

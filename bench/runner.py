@@ -15,15 +15,22 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .chain import fig_chain
 from .cluster import fig_cluster
-from .contenders import CNI_BRIDGE, CNI_DIR, CONTENDERS, Daemon, RunContext, clean_environ, cli_command, leftovers
-from .figures import Plan, fig_burst, fig_coldstart, fig_drain, fig_overhead, fig_pods, fig_scale
+from .coldstart import fig_coldstart
+from .contenders import CNI_BRIDGE, CNI_DIR, CONTENDERS
+from .context import RunContext, clean_environ, cli_command, leftovers, with_checkout
+from .daemon import Daemon
+from .harness import Plan
+from .overhead import fig_overhead
+from .pods import fig_burst, fig_drain, fig_pods
 from .report import Figure, Meta, evaluate_targets, render, write_json
 from .runtime import fig_runtime
+from .scale import fig_scale
 from .util import REPO, BenchError, Cleanup, NetnsFactory, SubnetPool
 
 __all__ = ["FIGURES", "run"]
@@ -106,8 +113,7 @@ def _probe_daemon(ctx: RunContext) -> str | None:
     env = clean_environ()
     env.update(NETPLUGIN_PLUGIN_DIR=str(d / "exec"), NETPLUGIN_STATE_DIR=str(d / "state"),
                NETPLUGIN_RUN_DIR=str(d / "run"), NETPLUGIN_HOST="none")
-    if ctx.cli[0] == sys.executable:
-        env["PYTHONPATH"] = str(REPO)
+    with_checkout(env, ctx.cli)
     daemon = Daemon(env, str(d / "probe.sock"), ctx.cli, d / "daemon.log")
     try:
         daemon.start(timeout=20)
@@ -185,30 +191,136 @@ def _kill_children() -> None:
     psutil.wait_procs(doomed, timeout=5)
 
 
-def run(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def _refusal(args: argparse.Namespace) -> str | None:
+    """Why the run cannot start (not root, a tool missing, bad arguments), or None."""
     if os.geteuid() != 0:
-        print("bench: must run as root (it creates network namespaces, veths and bridges)", file=sys.stderr)
-        return 2
+        return "must run as root (it creates network namespaces, veths and bridges)"
     for tool in ("ip", "flock", "nsenter"):
         if shutil.which(tool) is None:
-            print(f"bench: {tool} is not installed (scripts/install-deps.sh installs it)", file=sys.stderr)
-            return 2
-    only = [f.strip() for f in args.only.split(",")] if args.only else list(FIGURES)
-    unknown = [f for f in only if f not in FIGURES]
+            return f"{tool} is not installed (scripts/install-deps.sh installs it)"
+    unknown = [f for f in _only(args) if f not in FIGURES]
     if unknown:
-        print(f"bench: unknown figure(s) {', '.join(unknown)}; known: {', '.join(FIGURES)}", file=sys.stderr)
-        return 2
+        return f"unknown figure(s) {', '.join(unknown)}; known: {', '.join(FIGURES)}"
     if args.pods is not None and not 1 <= args.pods <= 250:
-        print("bench: --pods must be 1-250 (the per-pod figure uses one /24)", file=sys.stderr)
-        return 2
-    plan = Plan.make(args.quick, args.pods)
+        return "--pods must be 1-250 (the per-pod figure uses one /24)"
+    return None
+
+
+def _only(args: argparse.Namespace) -> list[str]:
+    return [f.strip() for f in args.only.split(",")] if args.only else list(FIGURES)
+
+
+def _outputs(args: argparse.Namespace) -> tuple[Path, Path, Path]:
+    """Where the report, the plots and the JSON go: --out, or the checkout."""
     if args.out:
         out = Path(args.out).resolve()
-        report_path, plots_dir, json_path = out / "BENCHMARKS.md", out / "plots", out / "results.json"
-    else:
-        report_path, plots_dir = REPO / "BENCHMARKS.md", REPO / "bench" / "plots"
-        json_path = REPO / "bench" / "out" / "results.json"
+        return out / "BENCHMARKS.md", out / "plots", out / "results.json"
+    return REPO / "BENCHMARKS.md", REPO / "bench" / "plots", REPO / "bench" / "out" / "results.json"
+
+
+@dataclass
+class _Outcome:
+    """What the figures produced, and what went wrong on the way."""
+
+    figures: list[Figure] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    durations: dict[str, str] = field(default_factory=dict)
+    ok: dict[str, str] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+    interrupted: bool = False
+
+
+def _run_figures(ctx: RunContext, plan: Plan, args: argparse.Namespace, out: _Outcome) -> None:
+    """The available contenders, then each figure asked for, in order; a failed figure is a problem, not the end."""
+    out.ok, out.missing = _availability(ctx, args.contenders.upper())
+    for k, why in out.missing.items():
+        _say(f"contender {k} unavailable: {why}")
+    keys = [k for k in CONTENDERS if k in out.ok]
+    pool = SubnetPool()
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("pods", lambda: fig_pods(ctx, plan, keys, pool)),
+        ("burst", lambda: [fig_burst(ctx, plan, keys, pool)]),
+        ("drain", lambda: [fig_drain(ctx, plan, keys, pool)]),
+        ("overhead", lambda: [fig_overhead(ctx, plan, keys, pool)]),
+        ("coldstart", lambda: [fig_coldstart(ctx, plan, keys, pool)]),
+        ("scale", lambda: [f for f in fig_scale(ctx, plan, keys, pool) if f is not None]),
+        ("runtime", lambda: fig_runtime(ctx, plan, keys, pool)),
+        ("cluster", lambda: fig_cluster(plan.quick, _say)),
+        ("chain", lambda: fig_chain(ctx, plan, keys, pool)),
+    ]
+    only = _only(args)
+    for name, step in steps:
+        if name not in only:
+            continue
+        _say(f"figure {name}")
+        t0 = time.monotonic()
+        try:
+            out.figures += step()
+        except BenchError as e:
+            out.problems.append(f"figure {name} failed: {e}")
+            _say(f"figure {name} FAILED: {e}")
+        out.durations[name] = f"{time.monotonic() - t0:.1f} s"
+        _say(f"figure {name} done in {out.durations[name]}")
+
+
+def _meta(plan: Plan, started: str, duration: float, tag: str, cli_desc: str, out: _Outcome) -> Meta:
+    return Meta(
+        mode="quick" if plan.quick else "full",
+        started=started,
+        duration_s=duration,
+        machine=_machine(),
+        available=out.ok,
+        unavailable=out.missing,
+        settings={
+            "run tag": tag,
+            "netplugin CLI": cli_desc,
+            "sizes": f"per-pod {plan.pods} pods; burst {plan.burst} x {plan.burst_rounds} rounds; "
+                     f"drain {plan.drain} x {plan.drain_rounds} rounds; levels {', '.join(map(str, plan.levels))} "
+                     f"with {plan.level_samples} setups each; cold start {plan.cold_runs} runs; "
+                     f"overhead {plan.overhead_runs} runs",
+            "subnets": "random /24s (figures 1-3, 5, 6) and /21s (scale) inside 10.202.0.0/16",
+            "netplugin settings": "environment variables (no config file), host none (no pod lookup), "
+                                  "use_daemon never for the CLI",
+            "A config": "cniVersion 1.0.0, bridge with isGateway, isDefaultGateway, hairpinMode, ipMasq off, "
+                        "mtu 1500; host-local with the same subnet size as the other contenders",
+            "figure durations": ", ".join(f"{k} {v}" for k, v in out.durations.items()),
+        },
+        problems=out.problems,
+    )
+
+
+def _write(args: argparse.Namespace, meta: Meta, figures: list[Figure]) -> None:
+    """BENCHMARKS.md, results.json and (with matplotlib) the plots; the targets' verdicts on stderr."""
+    report_path, plots_dir, json_path = _outputs(args)
+    targets = evaluate_targets(figures)
+    plots_rel: str | None = None
+    if not args.no_plots:
+        from .plots import available, plot_all
+
+        if available():
+            plot_all(figures, plots_dir)
+            plots_rel = os.path.relpath(plots_dir, report_path.parent)
+        else:
+            _say("matplotlib is not installed: no plots (pip install .[bench])")
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(render(meta, figures, targets, plots_rel))
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(json_path, meta, figures, targets)
+    _say(f"wrote {report_path} and {json_path} in {meta.duration_s:.0f} s")
+    for t in targets:
+        state = "not measured" if t.met is None else "met" if t.met else "MISSED"
+        _say(f"  target {t.id}: {t.measured} (limit {t.limit}): {state}")
+    for p in meta.problems:
+        _say(f"  problem: {p}")
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    refusal = _refusal(args)
+    if refusal:
+        print(f"bench: {refusal}", file=sys.stderr)
+        return 2
+    plan = Plan.make(args.quick, args.pods)
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -225,102 +337,26 @@ def run(argv: list[str] | None = None) -> int:
     ctx = RunContext(tag, workdir, netns, cleanup, cli=cli, progress=_say)
     forward = Path("/proc/sys/net/ipv4/ip_forward")
     saved_forward = forward.read_text().strip() if forward.exists() else None
-    figures: list[Figure] = []
-    problems: list[str] = []
-    durations: dict[str, str] = {}
-    interrupted = False
-    ok: dict[str, str] = {}
-    missing: dict[str, str] = {}
+    out = _Outcome()
     try:
         _say(f"bench {tag}: {'quick' if plan.quick else 'full'} run, scratch dir {workdir}")
-        ok, missing = _availability(ctx, args.contenders.upper())
-        for k, why in missing.items():
-            _say(f"contender {k} unavailable: {why}")
-        keys = [k for k in CONTENDERS if k in ok]
-        pool = SubnetPool()
-        steps: list[tuple[str, Callable[[], Any]]] = [
-            ("pods", lambda: fig_pods(ctx, plan, keys, pool)),
-            ("burst", lambda: [fig_burst(ctx, plan, keys, pool)]),
-            ("drain", lambda: [fig_drain(ctx, plan, keys, pool)]),
-            ("overhead", lambda: [fig_overhead(ctx, plan, keys, pool)]),
-            ("coldstart", lambda: [fig_coldstart(ctx, plan, keys, pool)]),
-            ("scale", lambda: [f for f in fig_scale(ctx, plan, keys, pool) if f is not None]),
-            ("runtime", lambda: fig_runtime(ctx, plan, keys, pool)),
-            ("cluster", lambda: fig_cluster(plan.quick, _say)),
-            ("chain", lambda: fig_chain(ctx, plan, keys, pool)),
-        ]
-        for name, step in steps:
-            if name not in only:
-                continue
-            _say(f"figure {name}")
-            t0 = time.monotonic()
-            try:
-                figures += step()
-            except BenchError as e:
-                problems.append(f"figure {name} failed: {e}")
-                _say(f"figure {name} FAILED: {e}")
-            durations[name] = f"{time.monotonic() - t0:.1f} s"
-            _say(f"figure {name} done in {durations[name]}")
+        _run_figures(ctx, plan, args, out)
     except KeyboardInterrupt:
-        interrupted = True
-        problems.append("interrupted: the report holds the figures completed before")
+        out.interrupted = True
+        out.problems.append("interrupted: the report holds the figures completed before")
         _say("interrupted; cleaning up")
     finally:
         _kill_children()
-        problems = ctx.problems + problems + cleanup.run()
+        out.problems = ctx.problems + out.problems + cleanup.run()
         netns.close()
         if saved_forward is not None and forward.read_text().strip() != saved_forward:
             forward.write_text(saved_forward + "\n")
         left = leftovers(tag)
         if left:
-            problems.append("left behind: " + ", ".join(left[:20]))
+            out.problems.append("left behind: " + ", ".join(left[:20]))
         shutil.rmtree(workdir, ignore_errors=True)
         signal.signal(signal.SIGTERM, old_term)
-
-    duration = time.monotonic() - t_start
-    meta = Meta(
-        mode="quick" if plan.quick else "full",
-        started=started,
-        duration_s=duration,
-        machine=_machine(),
-        available=ok,
-        unavailable=missing,
-        settings={
-            "run tag": tag,
-            "netplugin CLI": cli_desc,
-            "sizes": f"per-pod {plan.pods} pods; burst {plan.burst} x {plan.burst_rounds} rounds; "
-                     f"drain {plan.drain} x {plan.drain_rounds} rounds; levels {', '.join(map(str, plan.levels))} "
-                     f"with {plan.level_samples} setups each; cold start {plan.cold_runs} runs; "
-                     f"overhead {plan.overhead_runs} runs",
-            "subnets": "random /24s (figures 1-3, 5, 6) and /21s (scale) inside 10.202.0.0/16",
-            "netplugin settings": "environment variables (no config file), host none (no pod lookup), "
-                                  "use_daemon never for the CLI",
-            "A config": "cniVersion 1.0.0, bridge with isGateway, isDefaultGateway, hairpinMode, ipMasq off, "
-                        "mtu 1500; host-local with the same subnet size as the other contenders",
-            "figure durations": ", ".join(f"{k} {v}" for k, v in durations.items()),
-        },
-        problems=problems,
-    )
-    targets = evaluate_targets(figures)
-    plots_rel: str | None = None
-    if not args.no_plots:
-        from .plots import available, plot_all
-
-        if available():
-            plot_all(figures, plots_dir)
-            plots_rel = os.path.relpath(plots_dir, report_path.parent)
-        else:
-            _say("matplotlib is not installed: no plots (pip install .[bench])")
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(render(meta, figures, targets, plots_rel))
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(json_path, meta, figures, targets)
-    _say(f"wrote {report_path} and {json_path} in {duration:.0f} s")
-    for t in targets:
-        state = "not measured" if t.met is None else "met" if t.met else "MISSED"
-        _say(f"  target {t.id}: {t.measured} (limit {t.limit}): {state}")
-    for p in problems:
-        _say(f"  problem: {p}")
-    if interrupted:
+    _write(args, _meta(plan, started, time.monotonic() - t_start, tag, cli_desc, out), out.figures)
+    if out.interrupted:
         return 130
-    return 1 if problems else 0
+    return 1 if out.problems else 0

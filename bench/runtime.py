@@ -21,24 +21,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from .contenders import (
-    LABELS,
-    CniContender,
-    Daemon,
-    ExecContender,
-    Network,
-    RunContext,
-    _Call,
-    bridge_plugin_dir,
-    install_exec_plugin,
-    netplugin_env,
-)
-from .figures import TRIVIAL_PLUGIN, Plan, _contenders, _Live, _quiet_gc, _row
+from .contenders import LABELS
+from .context import Network, RunContext, bridge_plugin_dir, install_exec_plugin
+from .daemon import DaemonOwner, health_request
+from .harness import TRIVIAL_PLUGIN, Factory, Live, Plan, burst_rounds, open_contenders, per_pod_series, stat_row
+from .processes import Call, CniContender, ExecContender
 from .report import Figure
-from .util import REPO, BenchError, Pod, SubnetPool, ms
+from .util import BenchError, Pod, SubnetPool
 
 __all__ = ["RUNTIME_KEYS", "fig_runtime"]
 
@@ -65,16 +57,11 @@ def entry_scripts(ctx: RunContext) -> dict[str, str]:
     return out
 
 
-class _DaemonBacked(ExecContender):
+class _DaemonBacked(DaemonOwner, ExecContender):
     """A process per action, talking to a daemon of this contender's own with the same settings."""
 
     def __init__(self, net: Network, key: str, plugin: str, plugin_dir: Path) -> None:
-        super().__init__(net)
-        self.key = key  # type: ignore[misc]  # an instance attribute shadows the ClassVar on purpose
-        env = netplugin_env(net, plugin, plugin_dir=plugin_dir, extra={"NETPLUGIN_USE_DAEMON": "auto"})
-        if self.ctx.cli[0] == sys.executable:
-            env["PYTHONPATH"] = str(REPO)
-        self.daemon = Daemon(env, str(net.dir / f"daemon-{key}.sock"), self.ctx.cli, net.dir / f"daemon-{key}.log")
+        super().__init__(net, key, plugin, plugin_dir, extra={"NETPLUGIN_USE_DAEMON": "auto"})
         # The caller's settings are the daemon's (its socket included); PYTHONPATH is ignored by -I.
         self.env = dict(self.daemon.env)
         self.scripts = entry_scripts(self.ctx)
@@ -82,20 +69,6 @@ class _DaemonBacked(ExecContender):
     @property
     def label(self) -> str:
         return RUNTIME_LABELS[self.key]
-
-    def start(self) -> None:
-        self.ctx.cleanup.push(f"daemon {self.key} on {self.net.bridge}", self.stop)
-        self.daemon.start()
-
-    def rss(self) -> int | None:
-        return self.daemon.rss()
-
-    def stop(self) -> None:
-        self.daemon.stop()
-        try:
-            os.unlink(self.daemon.socket)
-        except OSError:
-            pass
 
 
 class ShimContender(_DaemonBacked):
@@ -106,7 +79,7 @@ class ShimContender(_DaemonBacked):
         self.env.update(CNI_IFNAME="eth0", CNI_PATH="/usr/lib/cni")
         self.config = json.dumps({"cniVersion": "1.0.0", "name": f"{net.bridge}-np", "type": "netplugin-cni"}).encode()
 
-    def call(self, action: str, pod: Pod) -> _Call:
+    def call(self, action: str, pod: Pod) -> Call:
         env = dict(self.env)
         env.update(
             CNI_COMMAND="ADD" if action == "setup" else "DEL",
@@ -114,13 +87,11 @@ class ShimContender(_DaemonBacked):
             CNI_NETNS=pod.netns,
             CNI_ARGS=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}",
         )
-        return _Call([self.scripts["cni"]], env, self.config)
+        return Call([self.scripts["cni"]], env, self.config)
 
     def check_served(self) -> None:
         """The calls went to the daemon (not run alone): its request counter moved."""
-        from .contenders import _request_line
-
-        health = self.daemon.request(_request_line("health"), "health")
+        health = self.daemon.request(health_request(), "health")
         if not health.get("requests"):
             raise BenchError(f"{self.key}: the daemon served no request; the shim worked alone")
 
@@ -128,8 +99,8 @@ class ShimContender(_DaemonBacked):
 class CliThinContender(_DaemonBacked):
     """H: ``netplugin setup|teardown NS POD INFRA`` through the daemon (the CLI's stdlib-only path)."""
 
-    def call(self, action: str, pod: Pod) -> _Call:
-        return _Call([self.scripts["cli"], action, pod.namespace, pod.name, pod.infra_id], self.env)
+    def call(self, action: str, pod: Pod) -> Call:
+        return Call([self.scripts["cli"], action, pod.namespace, pod.name, pod.infra_id], self.env)
 
 
 class BareInterpreter(ExecContender):
@@ -137,15 +108,15 @@ class BareInterpreter(ExecContender):
 
     key = "P"
 
-    def call(self, action: str, pod: Pod) -> _Call:
-        return _Call([os.path.realpath(sys.executable), "-I", "-S", "-c", "pass"], {"PATH": "/usr/bin:/bin"})
+    def call(self, action: str, pod: Pod) -> Call:
+        return Call([os.path.realpath(sys.executable), "-I", "-S", "-c", "pass"], {"PATH": "/usr/bin:/bin"})
 
     @property
     def label(self) -> str:
         return RUNTIME_LABELS["P"]
 
 
-FACTORIES = {
+FACTORIES: dict[str, Factory] = {
     "A": CniContender,
     "F": lambda net: ShimContender(net, "F", "bridge", bridge_plugin_dir(net)),
     "G": lambda net: ShimContender(net, "G", "netplugin.io/bridge", _empty_dir(net)),
@@ -168,66 +139,32 @@ def fig_runtime(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPo
     """Per-pod ADD and DEL as processes (A F G H P, interleaved), then bursts of ADDs (A F G)."""
     keys = [k for k in RUNTIME_KEYS if k != "A" or "A" in keys]
     n = plan.pods
-    adds: dict[str, list[float]] = {k: [] for k in keys}
-    dels: dict[str, list[float]] = {k: [] for k in keys}
     bursts: dict[str, list[float]] = {k: [] for k in keys if k in "AFG"}
-    live = _Live(ctx, "runtime", keys)
-    with _contenders(ctx, "9", keys, pool, factories=FACTORIES) as cs:  # type: ignore[arg-type]
-        pods = {k: c.net.new_pods(n + 1) for k, c in cs.items()}
+    live = Live(ctx, "runtime", keys)
+    with open_contenders(ctx, "9", keys, pool, factories=FACTORIES) as cs:
         ctx.progress(f"  runtime: 1 warm-up + {n} pods x {len(keys)} contenders, then bursts")
-        with _quiet_gc():
-            for k in keys:  # the bridge and the page cache of each entry script: not timed
-                live.call(k, cs[k].setup, pods[k][0])
-            for i in range(1, n + 1):
-                for k in live.order(i):
-                    t = live.timed(k, cs[k].setup, pods[k][i])
-                    if t is not None:
-                        adds[k].append(t)
-            for i in range(1, n + 1):
-                for k in live.order(i):
-                    if i <= len(adds[k]):
-                        t = live.timed(k, cs[k].teardown, pods[k][i])
-                        if t is not None:
-                            dels[k].append(t)
-            for k in live.order(0):
-                live.call(k, cs[k].teardown, pods[k][0])
+        # the first ADD creates the bridge and warms the page cache of each entry script: not reported
+        _first, adds, dels = per_pod_series(live, cs, n)
         for k in ("F", "G"):
             c = cs.get(k)
             if isinstance(c, ShimContender):
                 live.call(k, c.check_served)
-        _bursts(ctx, plan, cs, bursts, live)
+        burst_rounds(live, cs, bursts, plan.burst, plan.burst_rounds)
     return _figures(n, plan, keys, live, adds, dels, bursts)
-
-
-def _bursts(ctx: RunContext, plan: Plan, cs: Mapping[str, object], out: dict[str, list[float]], live: _Live) -> None:
-    size = plan.burst
-    for r in range(plan.burst_rounds):
-        for k in live.order(r):
-            if k not in out:
-                continue
-            c = cs[k]
-            assert isinstance(c, ExecContender)
-            batch = c.net.new_pods(size)
-            with _quiet_gc():
-                t = live.call(k, c.burst, batch)
-            if t is not None:
-                out[k].append(ms(t))
-            live.call(k, c.drain, batch)
-            c.net.drop_pods(batch)
 
 
 def _figures(
     n: int,
     plan: Plan,
     keys: Sequence[str],
-    live: _Live,
+    live: Live,
     adds: dict[str, list[float]],
     dels: dict[str, list[float]],
     bursts: dict[str, list[float]],
 ) -> list[Figure]:
     fa = Figure("runtime-add", f"The runtime's view: ADD / setup as a process ({n} pods, daemon up)", "ms",
                 ["median", "p90"], ratio_column="median", samples=adds)
-    fa.rows = [_row(live, k, RUNTIME_LABELS[k], adds[k], ["median", "p90"]) for k in keys]
+    fa.rows = [stat_row(live, k, RUNTIME_LABELS[k], adds[k], ["median", "p90"]) for k in keys]
     fa.notes = [
         "Each sample is one process from exec to exit, as libcni (A, F, G) or an operator (H) runs it. F and G "
         "are the entry script `netplugin install-shim` writes (python -I -S, explicit path): the shim reads its "
@@ -237,11 +174,11 @@ def _figures(
     ]
     fd = Figure("runtime-del", f"The runtime's view: DEL / teardown as a process ({n} pods, netns present)", "ms",
                 ["median", "p90"], ratio_column="median", samples=dels)
-    fd.rows = [_row(live, k, RUNTIME_LABELS[k], dels[k], ["median", "p90"]) for k in keys]
+    fd.rows = [stat_row(live, k, RUNTIME_LABELS[k], dels[k], ["median", "p90"]) for k in keys]
     fb = Figure("runtime-burst", f"The runtime's view: {plan.burst} ADD processes at once (makespan, "
                 f"{plan.burst_rounds} round(s))", "ms", ["median", "min", "max"], ratio_column="median",
                 samples=bursts, params={"burst": plan.burst})
-    fb.rows = [_row(live, k, RUNTIME_LABELS[k], bursts[k], ["median", "min", "max"]) for k in keys if k in bursts]
+    fb.rows = [stat_row(live, k, RUNTIME_LABELS[k], bursts[k], ["median", "min", "max"]) for k in keys if k in bursts]
     fb.notes = ["Every process started back to back (Popen), then all waited for; makespan from the first start "
                 "to the last exit. F and G: the daemon runs the 20 calls concurrently, one worker each."]
     return [fa, fd, fb]

@@ -1,5 +1,8 @@
 """Plumbing shared by the benchmark: statistics, run-unique names, fast netns creation, cleanup.
 
+Entering a network namespace is :mod:`netplugin.core.netns`'s job (a netlink socket inside a pod's
+netns, the netns helper thread's way back); only creating one (unshare, bind mount) is here.
+
 Everything the benchmark creates carries the run's tag (``np`` + 6 random hex digits) and lives
 in 10.202.0.0/16, the block reserved for benchmarks; nothing here touches an interface, address
 or route it did not create.
@@ -12,7 +15,6 @@ import errno
 import ipaddress
 import os
 import random
-import socket
 import statistics
 import subprocess
 import threading
@@ -22,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+
+from netplugin.core.netns import CLONE_NEWNET, setns
 
 __all__ = [
     "BENCH_BLOCK",
@@ -37,7 +41,6 @@ __all__ = [
     "ip",
     "links_with_prefix",
     "ms",
-    "netns_socket",
     "netns_with_prefix",
     "rotate",
     "wait_until",
@@ -49,7 +52,6 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH_BLOCK = ipaddress.IPv4Network("10.202.0.0/16")
 NETNS_DIR = "/var/run/netns"
 
-_CLONE_NEWNET = 0x40000000
 _MS_BIND = 4096
 _MNT_DETACH = 2
 
@@ -224,13 +226,15 @@ class NetnsFactory:
         saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
             try:
-                self._check(self._libc.unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+                self._check(self._libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
                 self._check(
                     self._libc.mount(b"/proc/thread-self/ns/net", path.encode(), b"none", _MS_BIND, None),
                     f"bind mount {path}",
                 )
             finally:
-                if self._libc.setns(saved, _CLONE_NEWNET) != 0:
+                try:
+                    setns(saved)
+                except OSError:
                     self._broken = True
         except BaseException:
             try:
@@ -264,24 +268,3 @@ class NetnsFactory:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-
-
-def netns_socket(path: str) -> socket.socket:
-    """A NETLINK_ROUTE socket inside the netns at ``path``: only this thread switches, only for ``socket()``."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if libc.setns(target, _CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"setns {path}: {os.strerror(err)}")
-            try:
-                return socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 0)
-            finally:
-                if libc.setns(saved, _CLONE_NEWNET) != 0:
-                    os.abort()  # a thread left in a pod's netns would do the rest of the run there
-        finally:
-            os.close(saved)
-    finally:
-        os.close(target)

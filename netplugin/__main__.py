@@ -1,3 +1,3 @@
-from netplugin.frontends.thin import main
+from netplugin.frontends.cli.fast import main
 
 main()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from nettest import kernel_gate
 
-from netplugin.core.invoke import Completed, SpawnError
+from netplugin.core.execplugin.invoke import Completed, SpawnError
 from netplugin.manager.manager import Manager
 from netplugin.store.state import StateStore
 
@@ -195,7 +195,7 @@ class RunnerCall:
 
 @dataclass
 class FakeRunner:
-    """Stands in for :func:`netplugin.core.invoke.run` (the ``Runner`` protocol); nothing is executed.
+    """Stands in for :func:`netplugin.core.execplugin.invoke.run` (the ``Runner`` protocol); nothing is executed.
 
     ``respond("status", stdout=b"...", returncode=0, ...)`` sets the Completed fields of every later
     call of that action; ``spawn_error("setup", errno)`` makes them fail to start.

@@ -7,9 +7,13 @@ Layers (see ARCHITECTURE.md), lowest first:
     2  netplugin.manager
     3  netplugin.frontends
 
+    4  bench                                            a front end of its own (the benchmark harness)
+
 A module may import from its own layer package or a lower layer. Every import counts: module
-level, inside functions, and under ``TYPE_CHECKING``. The checker runs on the real package and
-on small planted trees, which prove that it catches an upward edge, a sibling edge and a circle.
+level, inside functions, and under ``TYPE_CHECKING``. ``bench`` stands above every layer: it may
+import any of netplugin, and netplugin never imports it. The size caps hold for netplugin and
+bench alike. The checkers run on the real tree and on small planted trees, which prove that they
+catch an upward edge, a sibling edge, a circle and an oversized module or function, in both.
 """
 
 from __future__ import annotations
@@ -23,15 +27,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "netplugin"
 RANKS = {"core": 0, "store": 1, "hosts": 1, "plugins": 1, "nodenet": 1, "manager": 2, "frontends": 3}
+#: top-level packages above every layer of netplugin, with their rank: they import netplugin, never the reverse
+ABOVE = {"bench": 4}
+TOPS = (PACKAGE, *ABOVE)
 MAX_MODULE_LINES = 520
 MAX_FUNCTION_LINES = 80
 # A function longer than the limit says why in its docstring, with this phrase.
 LONG_REASON = "Long because"
 
 
+def _sources(root: Path) -> list[Path]:
+    """Every module of netplugin and of the packages above it, under ``root``."""
+    return [p for top in TOPS for p in sorted((root / top).rglob("*.py"))]
+
+
 def _modules(root: Path) -> dict[str, Path]:
     out = {}
-    for path in sorted((root / PACKAGE).rglob("*.py")):
+    for path in _sources(root):
         parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -40,7 +52,7 @@ def _modules(root: Path) -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path, known: set[str]) -> Iterator[tuple[str, int]]:
-    """Every netplugin module ``name`` imports, with the line: ``from x import y`` counts x.y if it is a module."""
+    """Every netplugin or bench module ``name`` imports, with the line: ``from x import y`` counts x.y if a module."""
     is_pkg = path.name == "__init__.py"
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         targets: list[str] = []
@@ -54,18 +66,24 @@ def _imports(name: str, path: Path, known: set[str]) -> Iterator[tuple[str, int]
                 base = ".".join([*pkg, base] if base else pkg)
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         for t in targets:
-            if t == PACKAGE or t.startswith(PACKAGE + "."):
+            if t.split(".")[0] in TOPS:
                 # a module whose parent package is imported too: importing a.b.c runs a/__init__, a/b/__init__
                 yield t, node.lineno
 
 
 def _layer(module: str) -> str | None:
     parts = module.split(".")
+    if parts[0] in ABOVE:
+        return parts[0]
     return parts[1] if len(parts) > 1 and parts[1] in RANKS else None
 
 
+def _rank(layer: str) -> int:
+    return ABOVE.get(layer, RANKS.get(layer, -1))
+
+
 def check_tree(root: Path) -> list[str]:
-    """Every layering problem of the package under ``root``: upward or sibling edges, and circles."""
+    """Every layering problem of the packages under ``root``: upward or sibling edges, and circles."""
     mods = _modules(root)
     known = set(mods)
     problems: list[str] = []
@@ -78,16 +96,16 @@ def check_tree(root: Path) -> list[str]:
                 continue
             graph[mod].add(target)
             src, dst = _layer(mod), _layer(target)
-            if mod.count(".") == 1 and src is None:
-                continue  # netplugin/__init__ and __main__ stand above every layer
+            if mod.count(".") == 1 and src is None and dst not in ABOVE:
+                continue  # netplugin/__init__ and __main__ stand above every layer (not above bench)
             if dst is None:
                 if target != PACKAGE:
                     problems.append(f"{path}:{line}: {mod} imports {target}, which is in no layer")
                 continue
-            if src is None:
+            if src is None and mod.count(".") != 1:
                 problems.append(f"{path}:{line}: {mod} is in no layer ({', '.join(RANKS)})")
-            elif dst != src and RANKS[dst] >= RANKS[src]:
-                kind = "sideways" if RANKS[dst] == RANKS[src] else "upward"
+            elif dst != src and _rank(dst) >= _rank(src or PACKAGE):
+                kind = "sideways" if _rank(dst) == _rank(src or PACKAGE) else "upward"
                 problems.append(f"{path}:{line}: {kind} import: {mod} ({src}) imports {target} ({dst})")
     problems += [f"import circle: {' -> '.join(c)}" for c in _cycles(graph)]
     return problems
@@ -138,9 +156,10 @@ def test_every_subpackage_is_a_layer() -> None:
     assert {"core", "store", "hosts", "plugins", "manager", "frontends"} <= subpackages
 
 
-def test_rooms_stay_small() -> None:
+def check_rooms(root: Path) -> list[str]:
+    """Every module over the line cap and every function over its cap without a "Long because" reason."""
     too_big = []
-    for path in sorted((REPO / PACKAGE).rglob("*.py")):
+    for path in _sources(root):
         src = path.read_text()
         if len(src.splitlines()) > MAX_MODULE_LINES:
             too_big.append(f"{path}: {len(src.splitlines())} lines")
@@ -149,16 +168,32 @@ def test_rooms_stay_small() -> None:
                 length = (node.end_lineno or node.lineno) - node.lineno + 1
                 if length > MAX_FUNCTION_LINES and LONG_REASON not in (ast.get_docstring(node) or ""):
                     too_big.append(f"{path}:{node.lineno}: {node.name} is {length} lines")
-    assert too_big == []
+    return too_big
+
+
+def test_rooms_stay_small() -> None:
+    assert check_rooms(REPO) == []
+
+
+def test_bench_is_checked() -> None:
+    """The real bench/ is part of both checks (a rename of the package would otherwise silence them)."""
+    mods = _modules(REPO)
+    assert "bench.runner" in mods and "netplugin.core" in mods
+    edges = {t for m, path in mods.items() if m.startswith("bench.") for t, _ in _imports(m, path, set(mods))}
+    assert any(t.startswith("netplugin.") for t in edges) and "bench.util" in edges
 
 
 def _plant(root: Path, files: dict[str, str]) -> Path:
+    """A tree of ``files`` under ``root``: paths under netplugin/ unless they start with a package above it."""
     for rel, text in files.items():
-        path = root / PACKAGE / rel
+        top = rel.split("/")[0]
+        path = root / rel if top in ABOVE else root / PACKAGE / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    for d in [root / PACKAGE, *[p for p in (root / PACKAGE).rglob("*") if p.is_dir()]]:
-        (d / "__init__.py").touch()
+    for top in TOPS:
+        if (root / top).is_dir():
+            for d in [root / top, *[p for p in (root / top).rglob("*") if p.is_dir()]]:
+                (d / "__init__.py").touch()
     return root
 
 
@@ -197,11 +232,47 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
             id="relative-circle",
         ),
         pytest.param({"extra/x.py": "", "core/a.py": "import netplugin.extra.x\n"}, "in no layer", id="unknown-layer"),
+        pytest.param(
+            {"frontends/f.py": "def g():\n    from bench.util import ms\n", "bench/util.py": ""},
+            "upward import: netplugin.frontends.f (frontends) imports bench.util (bench)",
+            id="netplugin-imports-bench",
+        ),
+        pytest.param(
+            {"__main__.py": "import bench\n", "bench/util.py": ""},
+            "upward import: netplugin.__main__",
+            id="netplugin-main-imports-bench",
+        ),
+        pytest.param(
+            {"bench/a.py": "from . import b\n", "bench/b.py": "def f():\n    from bench import a\n"},
+            "import circle: bench.a -> bench.b",
+            id="bench-circle",
+        ),
+        pytest.param({"bench/a.py": "import netplugin.extra.x\n", "extra/x.py": ""}, "in no layer", id="bench-unknown"),
+        pytest.param(
+            {
+                "core/execplugin/run.py": "from netplugin.plugins.bridge.plugin import P\n",
+                "plugins/bridge/plugin.py": "",
+            },
+            "upward import: netplugin.core.execplugin.run (core) imports netplugin.plugins.bridge.plugin (plugins)",
+            id="upward-between-subpackages",
+        ),
+        pytest.param(
+            {"plugins/bridge/ipam.py": "from netplugin.store import s\n", "store/s.py": ""},
+            "sideways import: netplugin.plugins.bridge.ipam (plugins)",
+            id="sibling-from-a-subpackage",
+        ),
     ],
 )
 def test_the_checker_catches(tmp_path: Path, files: dict[str, str], expected: str) -> None:
     problems = check_tree(_plant(tmp_path, files))
     assert any(expected in p for p in problems), problems
+
+
+def test_the_contract_module_runs_nothing() -> None:
+    """core/plugin is the contract only: running exec plugins lives in core/execplugin, which it never imports."""
+    mods = _modules(REPO)
+    targets = {t for t, _ in _imports("netplugin.core.plugin", mods["netplugin.core.plugin"], set(mods))}
+    assert not {t for t in targets if t.startswith("netplugin.core.execplugin")}, targets
 
 
 def test_the_checker_accepts_downward_edges(tmp_path: Path) -> None:
@@ -212,6 +283,39 @@ def test_the_checker_accepts_downward_edges(tmp_path: Path) -> None:
             "store/s.py": "from netplugin.core import a\n",
             "manager/m.py": "from netplugin.store import s\nfrom netplugin.core.a import x\n",
             "frontends/f.py": "def g():\n    from netplugin.manager.m import y\n",
+            "bench/b.py": "from netplugin.core import a\nfrom netplugin.frontends.f import g\nfrom .c import z\n",
+            "bench/c.py": "from netplugin.store.s import w\n",
         },
     )
     assert check_tree(root) == []
+
+
+_LONG_BODY = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+
+
+@pytest.mark.parametrize("top", [PACKAGE, "bench"])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("x = 1\n" * (MAX_MODULE_LINES + 1), f"{MAX_MODULE_LINES + 1} lines", id="module"),
+        pytest.param(f"def f():\n{_LONG_BODY}", f"f is {MAX_FUNCTION_LINES + 1} lines", id="function"),
+        pytest.param(f"class C:\n    async def m(self):\n    {_LONG_BODY.replace(chr(10), chr(10) + '    ')}",
+                     "m is", id="method"),
+        pytest.param(f'def f():\n    """Long, but says nothing why."""\n{_LONG_BODY}', "f is", id="reason-missing"),
+    ],
+)
+def test_the_size_check_catches(tmp_path: Path, top: str, text: str, expected: str) -> None:
+    root = _plant(tmp_path, {f"{top}/big.py" if top != PACKAGE else "core/big.py": text})
+    problems = check_rooms(root)
+    assert len(problems) == 1 and expected in problems[0] and f"{top}/" in problems[0], problems
+
+
+@pytest.mark.parametrize("top", [PACKAGE, "bench"])
+def test_the_size_check_accepts_small_rooms_and_stated_reasons(tmp_path: Path, top: str) -> None:
+    files = {
+        "x.py": "x = 1\n" * MAX_MODULE_LINES,
+        "y.py": f'def f():\n    """Long because a table reads best whole."""\n{_LONG_BODY}',
+        "z.py": "def g():\n" + "".join(f"    y{i} = {i}\n" for i in range(MAX_FUNCTION_LINES - 1)),
+    }
+    root = _plant(tmp_path, {(f"{top}/{k}" if top != PACKAGE else f"core/{k}"): v for k, v in files.items()})
+    assert check_rooms(root) == []

@@ -28,8 +28,9 @@ from hypothesis import strategies as st
 
 from netplugin.core.config import ENV_VARS, Config, load_config
 from netplugin.core.errors import ConfigError, HostError, InvalidArgument, PluginOutputError, StateError
+from netplugin.core.execplugin.status import parse_status
 from netplugin.core.names import PodRef, validate_infra_id, validate_namespace, validate_plugin_name, validate_pod_name
-from netplugin.core.plugin import PodNetworkStatus, parse_status
+from netplugin.core.plugin import PodNetworkStatus
 from netplugin.hosts.static import load_manifest
 from netplugin.store.records import KIND, PodRecord, parse_record, record_filename
 from netplugin.store.state import StateStore
@@ -384,7 +385,7 @@ def _cli_environment(home: dict[str, str]) -> Iterator[None]:
 
 
 def run_main(argv: list[str]) -> tuple[int, str, str]:
-    from netplugin.frontends.cli import main
+    from netplugin.frontends.cli.app import main
 
     out, err = io.StringIO(), io.StringIO()
     code: Any = None

@@ -26,8 +26,6 @@ imported lazily, on the first YAML document.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from typing import Any
 
 __all__ = [
@@ -78,22 +76,13 @@ def read_document(path: str, max_bytes: int) -> bytes:
     only regular files and character devices (``/dev/null`` as an empty config) are read, and
     reading stops one byte past the limit. Raises OSError (I/O) or :class:`DocumentError`.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    # Imported here: short_repr and load_json users (the CNI protocol) read no files.
+    from netplugin.core.fileio import FileRefused, read_bounded
+
     try:
-        mode = os.fstat(fd).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
-            raise DocumentError("is not a regular file")
-        chunks: list[bytes] = []
-        left = max_bytes + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
+        data = read_bounded(path, max_bytes, follow=True, devices=True)
+    except FileRefused:
+        raise DocumentError("is not a regular file") from None
     _check_size(data, max_bytes)
     return data
 

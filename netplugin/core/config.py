@@ -16,6 +16,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from netplugin.core.defaults import (
+    ACTIONS,
+    DEFAULT_CONFIG,
+    DEFAULT_KILL_GRACE,
+    DEFAULT_NETNS_TEMPLATE,
+    DEFAULT_NODES_DIR,
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_PODS_DIR,
+    DEFAULT_RUN_DIR,
+    DEFAULT_SOCKET,
+    DEFAULT_STATE_DIR,
+    DEFAULT_TIMEOUTS,
+    socket_path,
+)
 from netplugin.core.errors import ConfigError
 
 __all__ = [
@@ -32,16 +46,6 @@ __all__ = [
     "load_config",
 ]
 
-DEFAULT_PLUGIN_DIR = "/usr/libexec/kubernetes/kubelet-plugins/net/exec"
-DEFAULT_STATE_DIR = "/var/lib/netplugin"
-DEFAULT_RUN_DIR = "/run/netplugin"
-DEFAULT_CONFIG = "/etc/netplugin/netplugin.yaml"
-DEFAULT_SOCKET = DEFAULT_RUN_DIR + "/netplugin.sock"
-DEFAULT_PODS_DIR = "/etc/netplugin/pods"
-DEFAULT_NODES_DIR = "/etc/netplugin/nodes"
-DEFAULT_NETNS_TEMPLATE = "/var/run/netns/{infra_id}"
-ACTIONS = ("init", "setup", "teardown", "status")
-DEFAULT_TIMEOUTS = {"init": 10.0, "setup": 30.0, "teardown": 30.0, "status": 10.0}
 HOST_KINDS = ("static", "none", "kube")
 USE_DAEMON = ("auto", "never", "always")
 
@@ -59,7 +63,7 @@ class Config:
     config_path: str | None = None
     timeout: float | None = None
     timeouts: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TIMEOUTS))
-    kill_grace: float = 2.0
+    kill_grace: float = DEFAULT_KILL_GRACE
     netns_template: str = DEFAULT_NETNS_TEMPLATE
     inherit_env: bool = True
     env: Mapping[str, str] = field(default_factory=dict)
@@ -101,7 +105,7 @@ class Config:
 
     @property
     def socket_path(self) -> str:
-        return self.socket or os.path.join(self.run_dir, "netplugin.sock")
+        return socket_path(self.socket, self.run_dir)
 
     def netns_path(self, infra_id: str) -> str:
         return self.netns_template.format(infra_id=infra_id)

@@ -24,8 +24,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from netplugin.core.errors import DiscoveryError
+from netplugin.core.execplugin.trust import TrustedPath, UntrustedPath, mode_problem, walk
 from netplugin.core.names import plugin_name_problem, unescape_plugin_name
-from netplugin.core.trust import TrustedPath, UntrustedPath, mode_problem, walk
 
 __all__ = ["Candidate", "Executable", "open_executable", "permission_problem", "scan", "shebang"]
 

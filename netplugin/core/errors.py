@@ -6,7 +6,7 @@ caller needs to act on them (the plugin, the action, the exit status, the tail
 of the plugin's stderr, the offending field). Messages are stable: people grep
 logs for them, so change them only on purpose.
 
-Only ``netplugin.frontends.cli`` (and the CNI shim, which speaks CNI error JSON) turns
+Only ``netplugin.frontends.cli.app`` (and the CNI shim, which speaks CNI error JSON) turns
 these into exit codes and text; library code never prints or exits.
 """
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from netplugin.core.config import Config, load_config
 from netplugin.core.datadir import DATA_DIR_ENV, data_dirs
 from netplugin.core.errors import InvalidArgument, NetpluginError, SystemFailure
-from netplugin.core.invoke import Background, SpawnError, run, start
+from netplugin.core.execplugin.invoke import Background, SpawnError, run, start
 from netplugin.core.names import PodRef
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.manager import Manager

@@ -22,7 +22,7 @@ __all__ = ["KINDS", "entry_script", "install_entry"]
 #: kind -> (module, what it is)
 KINDS = {
     "cni": ("netplugin.frontends.cni.fast", "netplugin-cni, the CNI plugin container runtimes run"),
-    "cli": ("netplugin.frontends.thin", "netplugin, the command line"),
+    "cli": ("netplugin.frontends.cli.fast", "netplugin, the command line"),
 }
 
 
@@ -77,6 +77,7 @@ def install_entry(kind: str, dest: str, *, python: str | None = None) -> str:
     Raises SystemFailure when the interpreter cannot be run or the file cannot be written.
     """
     from netplugin.core.errors import SystemFailure
+    from netplugin.core.fileio import replace_file
 
     interpreter = os.path.realpath(python or sys.executable)
     try:
@@ -85,26 +86,8 @@ def install_entry(kind: str, dest: str, *, python: str | None = None) -> str:
         raise SystemFailure("cannot run the interpreter", interpreter, str(e)) from None
     if os.path.isdir(dest):
         dest = os.path.join(dest, "netplugin-cni" if kind == "cni" else "netplugin")
-    tmp = f"{dest}.tmp{os.getpid()}"
     try:
-        _write(tmp, dest, text)
+        replace_file(dest, text.encode(), mode=0o755)
     except OSError as e:
         raise SystemFailure("cannot write the entry script", dest, e.strerror or str(e)) from None
     return dest
-
-
-def _write(tmp: str, dest: str, text: str) -> None:
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o755)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise

@@ -33,22 +33,25 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from netplugin.core.chaining import ALL_POD_ACTIONS
 from netplugin.core.config import Config
+from netplugin.core.dirs import ensure_dir
 from netplugin.core.discovery import Candidate, scan
 from netplugin.core.errors import ChainInvalid, HostError, NetpluginError, PluginError, PluginInvalid, PluginNotFound
+from netplugin.core.execplugin.environ import base_env
+from netplugin.core.execplugin.plugin import ExecPlugin
+from netplugin.core.fileio import atomic_write, read_small
 from netplugin.core.names import PodRef, escape_plugin_name, validate_plugin_name
 from netplugin.core.node import NodeInfo, node_name
-from netplugin.core.plugin import NOOP_NAME, Action, CallContext, ExecPlugin, Plugin, PodNetworkStatus, base_env
+from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
 from netplugin.manager.chain import ChainRun, Member, Observer, attach_failures, fresh_states
 from netplugin.plugins import BUILTINS
-from netplugin.store.fsutil import atomic_write, read_small
-from netplugin.store.locks import ensure_dir, flocked, pod_lock_path
+from netplugin.store.locks import flocked, pod_lock_path
 from netplugin.store.records import MemberState, PodRecord
 
 if TYPE_CHECKING:
     from netplugin.core.discovery import Candidate as _Found
-    from netplugin.core.invoke import Runner
+    from netplugin.core.execplugin.invoke import Runner
     from netplugin.store.state import StateStore
 
 __all__ = ["CallOptions", "Manager"]

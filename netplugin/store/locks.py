@@ -26,18 +26,11 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import SystemFailure
 from netplugin.core.names import PodRef
-from netplugin.core.trust import ensure_dir as _ensure_trusted
 
-__all__ = ["ensure_dir", "flocked", "hold", "pod_lock_path", "release"]
-
-
-def ensure_dir(path: str, mode: int = 0o755, *, base: str | None = None) -> str:
-    """Create (or check) one of netplugin's own directories; see :func:`netplugin.core.trust.ensure_dir`."""
-    done = _ensure_trusted(path, base=base, mode=mode)
-    assert done is not None
-    return done
+__all__ = ["flocked", "hold", "pod_lock_path", "release"]
 
 
 def _open(path: str, base: str | None) -> int:

@@ -5,7 +5,7 @@ started), so it outlives a netplugin that is killed. Such processes are found, a
 such processes:
 
 * a process counts only if its ``NETPLUGIN_CALL_ID`` token verifies (see
-  :mod:`netplugin.core.calls`: an HMAC under a root-only key over the call's own
+  :mod:`netplugin.core.execplugin.calls`: an HMAC under a root-only key over the call's own
   ``NETPLUGIN_*`` variables), it runs as netplugin's uid, and it started no earlier than
   the token says: planted processes with copied ``NETPLUGIN_*`` variables are ignored;
 * the call's leader is the token-bearing session leader whose argv ends with the call's
@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from netplugin.core.calls import ENV as CALL_ENV
-from netplugin.core.calls import boot_clock, call_key, token_time, verify_token
 from netplugin.core.errors import NetpluginError
+from netplugin.core.execplugin.calls import ENV as CALL_ENV
+from netplugin.core.execplugin.calls import boot_clock, call_key, token_time, verify_token
 from netplugin.core.names import PodRef
 from netplugin.core.procs import proc_start
 
@@ -215,7 +215,7 @@ def settle(procs: list[PluginProcess], *, timeout_for: Callable[[str], float], k
 
     The call's leader may run until the deadline the dead netplugin would have enforced (the
     call's start, from its token, plus the action's time limit); then the call's processes get
-    SIGTERM, and after ``kill_grace`` SIGKILL (as on a timeout in :mod:`netplugin.core.invoke`).
+    SIGTERM, and after ``kill_grace`` SIGKILL (as on a timeout in :mod:`netplugin.core.execplugin.invoke`).
     What is left of a call's session once its leader exited is killed right away (as leftovers
     are). ``procs`` never holds detached daemons (see :func:`plugin_processes`).
     """

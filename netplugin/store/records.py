@@ -321,10 +321,11 @@ def _from_doc(doc: Any, path: str) -> PodRecord:
 def parse_record(data: bytes, path: str = "") -> PodRecord:
     """Parse one record file's bytes. Raises :class:`StateError` naming ``path`` and the problem."""
     where = path or "(record)"
-    if not data.strip():
-        raise StateError(where, "empty file (a write was interrupted before it reached the disk?)")
+    # Size first: a bounded read stops one byte past the limit, which may be all blanks.
     if len(data) > MAX_RECORD:
         raise StateError(where, f"larger than {MAX_RECORD} bytes: not a pod record")
+    if not data.strip():
+        raise StateError(where, "empty file (a write was interrupted before it reached the disk?)")
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError

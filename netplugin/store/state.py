@@ -38,17 +38,17 @@ import datetime as _dt
 import errno
 import logging
 import os
-import stat
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from netplugin.core.defaults import DEFAULT_KILL_GRACE
+from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import StateError
+from netplugin.core.fileio import TMP_INFIX, FileRefused, atomic_write, read_bounded
 from netplugin.core.names import PodRef
 from netplugin.core.procs import proc_start
-from netplugin.core.trust import ensure_dir
-from netplugin.store.fsutil import atomic_write
 from netplugin.store.records import (
     MAX_RECORD,
     READY,
@@ -79,7 +79,7 @@ __all__ = [
 log = logging.getLogger("netplugin.state")
 
 
-_TMP_MARK = RECORD_SUFFIX + ".tmp."  # fsutil.atomic_write names its temp files "<path>.tmp.<pid>.<tid>"
+_TMP_MARK = RECORD_SUFFIX + TMP_INFIX  # the temp files of atomic_write
 
 
 # --- parsing -------------------------------------------------------------------------------------
@@ -88,30 +88,15 @@ _TMP_MARK = RECORD_SUFFIX + ".tmp."  # fsutil.atomic_write names its temp files 
 def _read(path: str) -> bytes:
     """The bytes of a record file; FileNotFoundError when absent, StateError when it is not a file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_bounded(path, MAX_RECORD)  # parse_record says "larger than" past the limit
     except FileNotFoundError:
         raise
+    except FileRefused as e:
+        raise StateError(path, e.reason) from None
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise StateError(path, "is a symbolic link, not a pod record") from None
         raise StateError(path, f"cannot read: {e.strerror or e}") from e
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StateError(path, "not a regular file")
-        chunks = []
-        size = 0
-        while size <= MAX_RECORD:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    except OSError as e:
-        raise StateError(path, f"cannot read: {e.strerror or e}") from e
-    finally:
-        os.close(fd)
 
 
 # --- the store -------------------------------------------------------------------------------------
@@ -153,7 +138,7 @@ class StateStore:
         *,
         record_status: bool = False,
         timeout_for: Callable[[str], float] | None = None,
-        kill_grace: float = 2.0,
+        kill_grace: float = DEFAULT_KILL_GRACE,
         durable: bool = True,
     ) -> None:
         self.state_dir = state_dir
@@ -185,7 +170,7 @@ class StateStore:
     def _checked_dir(self, *, create: bool) -> bool:
         """Whether ``pods/`` exists, after making sure it (and the state dir) may be trusted.
 
-        Raises :class:`~netplugin.core.trust.UnsafeDirectory` (never a symlinked ``pods/``, never
+        Raises :class:`~netplugin.core.dirs.UnsafeDirectory` (never a symlinked ``pods/``, never
         a directory another user could write) rather than read or write records there.
         """
         return ensure_dir(self.dir, base=self.state_dir, mode=0o755, create=create) is not None

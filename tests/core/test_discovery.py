@@ -12,7 +12,8 @@ import pytest
 
 from netplugin.core.discovery import Candidate, scan
 from netplugin.core.errors import DiscoveryError, InvalidArgument, PluginInvalid, PluginNotFound
-from netplugin.core.plugin import NOOP_NAME, ExecPlugin
+from netplugin.core.execplugin.plugin import ExecPlugin
+from netplugin.core.plugin import NOOP_NAME
 from netplugin.plugins import BUILTINS
 
 OTHER_UID = 1000

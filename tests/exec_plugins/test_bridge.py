@@ -389,8 +389,8 @@ def test_ipam_refuses_a_changed_subnet(bridge_net: BridgeNet) -> None:
 
 @kernel
 def test_ipam_files_are_shared_with_the_native_ipam(bridge_net: BridgeNet) -> None:
-    # netplugin.plugins.ipam is the native plugin's reader/writer of the same directory and lock.
-    from netplugin.plugins.ipam import IPAM
+    # netplugin.plugins.bridge.ipam is the native plugin's reader/writer of the same directory and lock.
+    from netplugin.plugins.bridge.ipam import IPAM
 
     net = bridge_net
     a, c = net.pods(2)

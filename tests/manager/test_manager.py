@@ -25,8 +25,9 @@ from netplugin.core.errors import (
     PluginOutputError,
     PluginTimeout,
 )
+from netplugin.core.execplugin.plugin import ExecPlugin
 from netplugin.core.names import PodRef
-from netplugin.core.plugin import NOOP_NAME, ExecPlugin, PodNetworkStatus
+from netplugin.core.plugin import NOOP_NAME, PodNetworkStatus
 from netplugin.core.procs import boot_id
 from netplugin.hosts.base import FakeHost, NullHost
 from netplugin.manager.manager import Manager
@@ -444,7 +445,7 @@ def test_call_environment_from_the_config(plugin_dir: Any, make_manager: Any, fa
     m.setup(POD)
     assert fake_runner.actions() == ["init", "setup"]
     setup_env = fake_runner.last("setup").env
-    token = setup_env.pop("NETPLUGIN_CALL_ID")  # opaque: proves the call is netplugin's (see core.calls)
+    token = setup_env.pop("NETPLUGIN_CALL_ID")  # opaque: proves the call is netplugin's (see core.execplugin.calls)
     assert token and token != fake_runner.last("init").env["NETPLUGIN_CALL_ID"]
     assert setup_env == {
         "PATH": "/only/this",

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from hostile import HostileUser, hostile_user
 
+from netplugin.core.dirs import UnsafeDirectory, ensure_dir
 from netplugin.core.errors import SystemFailure
+from netplugin.core.fileio import atomic_write
 from netplugin.core.names import PodRef
-from netplugin.core.trust import UnsafeDirectory, ensure_dir
-from netplugin.store.fsutil import atomic_write
 from netplugin.store.locks import flocked, hold, release
 from netplugin.store.state import StateStore
 
@@ -279,7 +279,7 @@ def test_gc_listing_sees_no_busy_pod_after_its_lock_file_is_gone(node: Path, plu
 
 def test_a_planted_init_marker_link_is_not_read_and_init_runs(node: Path, plugin_dir: Any) -> None:
     # A marker netplugin did not write (here a symbolic link to a forged one) never skips init.
-    from netplugin.core.plugin import ExecPlugin
+    from netplugin.core.execplugin.plugin import ExecPlugin
     from netplugin.core.procs import boot_id
 
     p = plugin_dir.install("p")

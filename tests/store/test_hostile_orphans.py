@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from hostile import HostileUser, hostile_user
 
-from netplugin.core.calls import ENV as CALL_ENV
-from netplugin.core.calls import call_key, make_token, verify_token
 from netplugin.core.errors import PluginFailed
+from netplugin.core.execplugin.calls import ENV as CALL_ENV
+from netplugin.core.execplugin.calls import call_key, make_token, verify_token
 from netplugin.core.names import PodRef
 from netplugin.manager.gc import run_gc
 from netplugin.store.orphans import plugin_processes

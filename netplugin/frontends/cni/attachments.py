@@ -104,18 +104,19 @@ def attachment_path(state_dir: str, network: str, container_id: str, ifname: str
 
 
 def record_attachment(cfg: Config, network: str, att: Attachment) -> None:
-    from netplugin.store.fsutil import atomic_write
-    from netplugin.store.locks import ensure_dir
+    from netplugin.core.dirs import ensure_dir
+    from netplugin.core.fileio import atomic_write
 
-    ensure_dir(attachment_dir(cfg.state_dir, network), 0o755, base=cfg.state_dir)
+    ensure_dir(attachment_dir(cfg.state_dir, network), base=cfg.state_dir)
     path = attachment_path(cfg.state_dir, network, att.container_id, att.ifname)
     atomic_write(path, json.dumps(att.to_dict()).encode() + b"\n", mode=0o644)
 
 
 def _index_lock(state_dir: str) -> Any:
-    from netplugin.store.locks import ensure_dir, flocked
+    from netplugin.core.dirs import ensure_dir
+    from netplugin.store.locks import flocked
 
-    ensure_dir(os.path.join(state_dir, "cni"), 0o755, base=state_dir)
+    ensure_dir(os.path.join(state_dir, "cni"), base=state_dir)
     return flocked(os.path.join(state_dir, "cni", ".lock"), base=state_dir)
 
 
@@ -185,7 +186,7 @@ def recorded_attachment(cfg: Config, network: str, container_id: str, ifname: st
     """The attachment ADD recorded, or None when there is no (usable) record."""
     from netplugin.core._yaml import DocumentError, load_json
     from netplugin.core.errors import NetpluginError
-    from netplugin.store.fsutil import read_small
+    from netplugin.core.fileio import read_small
 
     path = attachment_path(cfg.state_dir, network, container_id, ifname)
     try:
@@ -214,7 +215,7 @@ def forget_attachment(cfg: Config, network: str, container_id: str, ifname: str)
 def list_attachments(state_dir: str, network: str) -> tuple[list[Attachment], list[str]]:
     """The attachments recorded for ``network``, and the problems met reading them."""
     from netplugin.core.errors import NetpluginError
-    from netplugin.store.fsutil import read_small
+    from netplugin.core.fileio import read_small
 
     directory = attachment_dir(state_dir, network)
     try:

@@ -2,7 +2,8 @@
 
 A container runtime starts this process for every CNI call, so its start-up is on every pod's
 start path. On the daemon path it imports only ``os``, ``sys``, ``time``, ``_socket``, ``struct`` and
-``_json`` (through netplugin's :mod:`netplugin.frontends.client` and :mod:`netplugin.frontends.wire`):
+``_json`` (through netplugin's :mod:`netplugin.core.defaults`, :mod:`netplugin.frontends.rpc` and
+:mod:`netplugin.frontends.client`):
 not even ``json`` or ``typing`` (each costs about as much as the interpreter's own start), and
 no click, yaml, psutil, nor the manager or the plugin machinery.
 
@@ -30,30 +31,30 @@ and the runtime retries it.
 or ``"local"``.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
+# annotations of names imported only for type checking are strings instead.
 
-import os
+import posix
 import sys
 import time
 
-from netplugin.frontends.wire import dumps, loads
+from netplugin.core.defaults import answer_timeout as _answer_timeout
+from netplugin.core.defaults import socket_path
+from netplugin.frontends.rpc import CNI_VERSIONS, MAX_STDIN, cni_request, dumps, loads, process_environ
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 __all__ = ["answer_timeout", "daemon_target", "forward", "main", "run_call"]
 
 #: commands the daemon can run for the shim (VERSION is answered here, without any state)
 FORWARDED = ("ADD", "DEL", "CHECK", "STATUS", "GC")
-DEFAULT_RUN_DIR = "/run/netplugin"
 E_IO = 5
 E_TRY_AGAIN = 11
-#: the largest network config read from stdin (protocol.MAX_STDIN; a test keeps them equal)
-MAX_STDIN = 4 << 20
-#: as netplugin.frontends.cni.protocol.SUPPORTED_VERSIONS (a test keeps them equal)
-SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
-LATEST = SUPPORTED_VERSIONS[-1]
-#: the defaults of core.config, to bound the wait for an answer when the network config sets none
-_DEFAULT_TIMEOUTS = {"init": 10.0, "setup": 30.0, "teardown": 30.0, "status": 10.0}
-_DEFAULT_KILL_GRACE = 2.0
-_COMMAND_ACTION = {"ADD": "setup", "DEL": "teardown", "CHECK": "status", "STATUS": "init", "GC": "teardown"}
+LATEST = CNI_VERSIONS[-1]
+#: the daemon op or plugin action each CNI command may wait for (GC: one teardown per stale attachment)
+_COMMAND_OP = {"ADD": "setup", "DEL": "teardown", "CHECK": "status", "STATUS": "init", "GC": "gc"}
 
 
 def _nested(conf: dict[str, object]) -> dict[str, object]:
@@ -72,19 +73,14 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def daemon_target(conf: dict[str, object], environ: dict[str, str] | os._Environ[str]) -> tuple[str, str]:
+def daemon_target(conf: dict[str, object], environ: "Mapping[str, str]") -> tuple[str, str]:
     """(use_daemon, socket path) as far as the call's own inputs say; see the module docstring."""
     nested = _nested(conf)
     mode = _text(_setting(nested, "use_daemon")) or environ.get("NETPLUGIN_USE_DAEMON") or "auto"
-    sock = _text(_setting(nested, "socket")) or environ.get("NETPLUGIN_SOCKET")
-    if not sock:
-        run_dir = (
-            _text(conf.get("runDir"))
-            or _text(_setting(nested, "run_dir"))
-            or environ.get("NETPLUGIN_RUN_DIR")
-            or DEFAULT_RUN_DIR
-        )
-        sock = os.path.join(run_dir, "netplugin.sock")
+    sock = socket_path(
+        _text(_setting(nested, "socket")) or environ.get("NETPLUGIN_SOCKET"),
+        _text(conf.get("runDir")) or _text(_setting(nested, "run_dir")) or environ.get("NETPLUGIN_RUN_DIR"),
+    )
     return mode, sock
 
 
@@ -97,25 +93,24 @@ def _number(value: object) -> float | None:
         return None
 
 
-def answer_timeout(conf: dict[str, object], command: str) -> float:
-    """How long to wait for the daemon: past every time limit the call may hit (as client.response_timeout)."""
+def answer_timeout(conf: dict[str, object], command: str) -> float | None:
+    """How long to wait for the daemon: :func:`netplugin.core.defaults.answer_timeout` with the
+    limits the network config's ``netplugin`` object sets (None: as long as it takes)."""
     nested = _nested(conf)
-    limits = dict(_DEFAULT_TIMEOUTS)
     per_action = _setting(nested, "timeouts")
+    limits: dict[str, float] = {}
     if isinstance(per_action, dict):
         for action, value in per_action.items():
             seconds = _number(value)
-            if action in limits and seconds is not None:
+            if isinstance(action, str) and seconds is not None:
                 limits[action] = seconds
-    overall = _number(_setting(nested, "timeout"))
-    if overall is not None:
-        limits = dict.fromkeys(limits, overall)
-    grace = 2 * (_number(_setting(nested, "kill_grace")) or _DEFAULT_KILL_GRACE) + 5.0
-    action = _COMMAND_ACTION.get(command, "setup")
-    if command == "GC":
-        return 3600.0  # one teardown per stale attachment: no fixed bound
-    # ADD is a setup and a status, each possibly behind the pod's lock, after init.
-    return limits["init"] + 2 * (limits[action] + limits["status"] + grace) + 5.0
+    kill_grace = _number(_setting(nested, "kill_grace"))
+    return _answer_timeout(
+        _COMMAND_OP.get(command, "setup"),
+        limits,
+        _number(_setting(nested, "timeout")),
+        **({} if not kill_grace else {"kill_grace": kill_grace}),
+    )
 
 
 def cni_error(code: int, msg: str, details: str = "", version: str = LATEST) -> dict[str, object]:
@@ -126,10 +121,10 @@ def cni_error(code: int, msg: str, details: str = "", version: str = LATEST) -> 
 
 
 def forward(
-    sock: str, environ: dict[str, str] | os._Environ[str], stdin: bytes, conf: dict[str, object], mode: str
+    sock: str, environ: "Mapping[str, str]", stdin: bytes, conf: dict[str, object], mode: str
 ) -> tuple[int, dict[str, object] | None] | None:
     """The daemon's (exit status, document) for this call, or None when this process must run it."""
-    from netplugin.frontends.client import PROTOCOL_VERSION, NoAnswer, NotSent, exchange
+    from netplugin.frontends.client import NoAnswer, NotSent, exchange
 
     command = environ.get("CNI_COMMAND", "")
     version = _text(conf.get("cniVersion")) or LATEST
@@ -137,14 +132,8 @@ def forward(
         text = stdin.decode()
     except UnicodeDecodeError:
         return None  # the local run reports it
-    body = {
-        "v": PROTOCOL_VERSION,
-        "op": "cni",
-        "environ": {k: v for k, v in environ.items() if k.startswith(("CNI_", "NETPLUGIN_"))},
-        "stdin": text,
-    }
     try:
-        response = exchange(sock, body, timeout=answer_timeout(conf, command))
+        response = exchange(sock, cni_request(environ, text), timeout=answer_timeout(conf, command))
     except NotSent as e:
         if mode == "always":
             msg = f"the netplugin daemon at {sock} is required (use_daemon: always) but unavailable: {e}"
@@ -177,11 +166,11 @@ def _conf(stdin: bytes) -> dict[str, object] | None:
 def _log(path: str, entry: dict[str, object]) -> None:
     try:
         line = dumps(entry) + "\n"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = posix.open(path, posix.O_WRONLY | posix.O_APPEND | posix.O_CREAT | posix.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, line.encode())
+            posix.write(fd, line.encode())
         finally:
-            os.close(fd)
+            posix.close(fd)
     except (OSError, TypeError, ValueError):
         pass  # a log that cannot be written must not fail the network operation
 
@@ -192,13 +181,19 @@ def _emit(doc: dict[str, object] | None) -> None:
     sys.stdout.flush()
 
 
-def run_call(environ: dict[str, str] | os._Environ[str], stdin: bytes) -> tuple[int, dict[str, object] | None, str]:
+def run_call(environ: "Mapping[str, str]", stdin: bytes) -> tuple[int, dict[str, object] | None, str]:
     """One CNI call: (exit status, document, "daemon" or "local"). Never raises."""
-    conf = _conf(stdin)
+    return _run(environ, stdin, _conf(stdin))
+
+
+def _run(
+    environ: "Mapping[str, str]", stdin: bytes, conf: dict[str, object] | None
+) -> tuple[int, dict[str, object] | None, str]:
+    """:func:`run_call` with the network config already parsed (``conf``: None when it is not an object)."""
     if environ.get("CNI_COMMAND") == "VERSION" and (conf is not None or not stdin.strip()):
         asked = conf.get("cniVersion") if conf is not None else None
-        version = asked if isinstance(asked, str) and asked in SUPPORTED_VERSIONS else LATEST
-        return 0, {"cniVersion": version, "supportedVersions": list(SUPPORTED_VERSIONS)}, "local"
+        version = asked if isinstance(asked, str) and asked in CNI_VERSIONS else LATEST
+        return 0, {"cniVersion": version, "supportedVersions": list(CNI_VERSIONS)}, "local"
     if conf is not None and environ.get("CNI_COMMAND") in FORWARDED:
         mode, sock = daemon_target(conf, environ)
         if mode in ("auto", "always"):
@@ -221,6 +216,8 @@ def main(argv: object = None) -> None:
     start = time.monotonic()
     via = "local"
     doc: dict[str, object] | None
+    conf: dict[str, object] | None = None
+    env = process_environ()
     try:
         # Bounded: one byte past the limit is enough for the parser to refuse the config as too large.
         stdin = sys.stdin.buffer.read(MAX_STDIN + 1)
@@ -228,15 +225,15 @@ def main(argv: object = None) -> None:
         stdin = b""
         code, doc = 1, cni_error(E_IO, f"cannot read stdin: {e}")
     else:
-        code, doc, via = run_call(os.environ, stdin)
+        # Parsed once here: the routing, the daemon's answer timeout and the log line all read it.
+        conf = _conf(stdin) if stdin else None
+        code, doc, via = _run(env, stdin, conf)
     try:
         _emit(doc)
     except Exception:  # stdout closed: nothing left to tell the runtime
         code = code or 1
-    conf = _conf(stdin) if stdin else None
     log = _text(conf.get("logFile")) if conf is not None else None
     if log and conf is not None:
-        env = os.environ
         _log(
             log,
             {
@@ -248,7 +245,7 @@ def main(argv: object = None) -> None:
                 "args": env.get("CNI_ARGS", ""),
                 "cniVersion": conf.get("cniVersion"),
                 "prevResult": isinstance(conf.get("prevResult"), dict),
-                "pid": os.getpid(),
+                "pid": posix.getpid(),
                 "via": via,
                 "ms": round((time.monotonic() - start) * 1000, 1),
                 "result": doc if code else "ok",

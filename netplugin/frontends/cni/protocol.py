@@ -17,6 +17,7 @@ from typing import Any
 
 from netplugin.core._yaml import short_repr
 from netplugin.core.errors import NetpluginError
+from netplugin.frontends.rpc import CNI_VERSIONS, MAX_STDIN
 
 __all__ = [
     "COMMANDS",
@@ -42,7 +43,7 @@ __all__ = [
     "parse_request",
 ]
 
-SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+SUPPORTED_VERSIONS = CNI_VERSIONS
 
 
 LATEST = SUPPORTED_VERSIONS[-1]
@@ -56,10 +57,6 @@ NO_NETNS = "/dev/null/no-netns"
 
 
 DEFAULT_NAMESPACE = "default"
-
-
-#: The largest network config read from stdin (a conflist with a prevResult is a few KB).
-MAX_STDIN = 4 << 20
 
 
 # CNI error codes (spec "Error", plus libcni's 999)
@@ -104,6 +101,8 @@ class CniError(Exception):
         self.code = code
         self.msg = msg
         self.details = details
+        #: the version to answer in (the network config's when it names a supported one)
+        self.cni_version = LATEST
 
     def to_dict(self, cni_version: str) -> dict[str, Any]:
         out: dict[str, Any] = {"cniVersion": cni_version, "code": self.code, "msg": self.msg}
@@ -156,24 +155,49 @@ def _ifname_problem(name: str) -> str | None:
 
 
 def parse_request(environ: Mapping[str, str], stdin: bytes) -> CniRequest:
-    """Read and check what the runtime gave us. Raises :class:`CniError` (codes 1, 4, 6, 7)."""
+    """Read and check what the runtime gave us. Raises :class:`CniError` (codes 1, 4, 6, 7).
+
+    The network config is parsed once, first: an error about anything else still answers in
+    the config's ``cniVersion`` (the CniError's ``cni_version``).
+    """
     command = environ.get("CNI_COMMAND", "")
-    if command not in COMMANDS:
-        if not command:
-            raise CniError(E_ENV, "CNI_COMMAND is not set", f"expected one of {', '.join(COMMANDS)}")
-        raise CniError(E_ENV, f"unknown CNI_COMMAND {short_repr(command)}", f"expected one of {', '.join(COMMANDS)}")
     req = CniRequest(command=command)
     text = stdin.strip()
+    bad_conf: CniError | None = None
     if text or command != "VERSION":
-        from netplugin.core._yaml import DocumentError, load_json
+        try:
+            req.conf = _read_conf(text)
+        except CniError as e:
+            bad_conf = e
+    try:
+        if command not in COMMANDS:
+            if not command:
+                raise CniError(E_ENV, "CNI_COMMAND is not set", f"expected one of {', '.join(COMMANDS)}")
+            raise CniError(
+                E_ENV, f"unknown CNI_COMMAND {short_repr(command)}", f"expected one of {', '.join(COMMANDS)}"
+            )
+        if bad_conf is not None:
+            raise bad_conf
+        return _check_request(req, environ)
+    except CniError as e:
+        e.cni_version = req.cni_version
+        raise
 
-        try:  # bounded size and depth; duplicate keys: the last one wins, as in libcni (Go)
-            conf = load_json(text, max_bytes=MAX_STDIN, duplicates=True)
-        except DocumentError as e:
-            raise CniError(E_DECODE, f"network config on stdin is not JSON: {e}") from None
-        if not isinstance(conf, dict):
-            raise CniError(E_DECODE, f"network config must be a JSON object, got {type(conf).__name__}")
-        req.conf = conf
+
+def _read_conf(text: bytes) -> dict[str, Any]:
+    from netplugin.core._yaml import DocumentError, load_json
+
+    try:  # bounded size and depth; duplicate keys: the last one wins, as in libcni (Go)
+        conf = load_json(text, max_bytes=MAX_STDIN, duplicates=True)
+    except DocumentError as e:
+        raise CniError(E_DECODE, f"network config on stdin is not JSON: {e}") from None
+    if not isinstance(conf, dict):
+        raise CniError(E_DECODE, f"network config must be a JSON object, got {type(conf).__name__}")
+    return conf
+
+
+def _check_request(req: CniRequest, environ: Mapping[str, str]) -> CniRequest:
+    command = req.command
     version = req.conf.get("cniVersion")
     if command == "VERSION":
         return req

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,9 +37,6 @@ def _address(ip: str, env: Mapping[str, str]) -> tuple[str, str | None]:
     return f"{addr}/{addr.max_prefixlen}", None
 
 
-_CLONE_NEWNET = 0x40000000
-
-
 _SIOCGIFHWADDR = 0x8927
 
 
@@ -51,42 +47,21 @@ def link_mac(netns: str, ifname: str) -> str | None:
     with SIOCGIFHWADDR on a socket created there; no process is started. /sys cannot be used:
     it shows the netns of whoever mounted it.
     """
-    found: list[str] = []
+    from netplugin.core.netns import run_in_netns
 
-    def look() -> None:
+    def look() -> str:
         import fcntl
         import socket
         import struct
 
-        try:
-            fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            if hasattr(os, "setns"):  # Python 3.12+
-                os.setns(fd, _CLONE_NEWNET)
-            else:
-                import ctypes
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            ifreq = fcntl.ioctl(sock.fileno(), _SIOCGIFHWADDR, struct.pack("256s", ifname.encode()))
+        return ":".join(f"{b:02x}" for b in ifreq[18:24])
 
-                if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
-                    return
-        except OSError:
-            return
-        finally:
-            os.close(fd)
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-                ifreq = fcntl.ioctl(sock.fileno(), _SIOCGIFHWADDR, struct.pack("256s", ifname.encode()))
-        except OSError:
-            return
-        found.append(":".join(f"{b:02x}" for b in ifreq[18:24]))
-
-    import threading
-
-    worker = threading.Thread(target=look, name="netplugin-cni-mac", daemon=True)
-    worker.start()
-    worker.join(5.0)
-    return found[0] if found else None
+    try:
+        return run_in_netns(netns, look, timeout=5.0)
+    except OSError:  # TimeoutError too: the MAC is optional in a CNI result
+        return None
 
 
 def make_result(

@@ -199,13 +199,12 @@ class _Ops:
             self.manager = Manager(cfg, environ=dict(environ))
             self.timed: Callable[[str, Callable[[], Any]], Any] = lambda op, fn: fn()
             return
-        from netplugin.frontends.client import fingerprint
+        from netplugin.frontends.rpc import differing_settings, fingerprint
 
-        mine = fingerprint(cfg)
         if cfg.use_daemon == "never":
             raise Refused("the call's settings say use_daemon: never")
-        if mine != daemon.fingerprint:
-            differ = sorted(k for k in set(mine) | set(daemon.fingerprint) if mine.get(k) != daemon.fingerprint.get(k))
+        differ = differing_settings(fingerprint(cfg), daemon.fingerprint)
+        if differ:
             raise Refused(f"the call's settings differ from the daemon's ({', '.join(differ)})")
         self.manager = daemon.manager
         self.timed = daemon.timed
@@ -355,7 +354,7 @@ def run(
     except Refused:
         raise
     except CniError as e:
-        return 1, e.to_dict(req.cni_version if req else _version_of(stdin))
+        return 1, e.to_dict(req.cni_version if req else e.cni_version)
     except Exception as e:  # the runtime must get CNI JSON, never a traceback
         from netplugin.core.errors import NetpluginError
 
@@ -363,14 +362,6 @@ def run(
         if isinstance(e, NetpluginError):
             return 1, error_for(e, req.command if req else "").to_dict(version)
         return 1, CniError(E_INTERNAL, f"internal error: {type(e).__name__}: {e}").to_dict(version)
-
-
-def _version_of(stdin: bytes) -> str:
-    try:
-        v = json.loads(stdin).get("cniVersion")
-    except (ValueError, AttributeError, RecursionError):
-        return LATEST
-    return v if isinstance(v, str) and v in SUPPORTED_VERSIONS else LATEST
 
 
 #: CNI command -> the daemon metrics' operation

@@ -10,12 +10,12 @@ have met alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from netplugin.core.config import Config, load_config
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument
-from netplugin.frontends.client import fingerprint
+from netplugin.frontends.rpc import differing_settings, fingerprint
 from netplugin.manager.manager import Manager
 
 __all__ = ["check_settings", "run_cni"]
@@ -25,10 +25,6 @@ def _str_map(value: Any, what: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise InvalidArgument(what, type(value).__name__, "must be an object of strings")
     return dict(value)
-
-
-def _differ(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> str:
-    return ", ".join(sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k)))
 
 
 def check_settings(settings: Any, own: dict[str, Any], socket_path: str) -> Config:
@@ -43,9 +39,9 @@ def check_settings(settings: Any, own: dict[str, Any], socket_path: str) -> Conf
     cfg = load_config(path or None, environ=environ, overrides=overrides)
     if cfg.use_daemon == "never":
         raise DaemonUnavailable(socket_path, "the caller's settings say use_daemon: never")
-    theirs = fingerprint(cfg)
-    if theirs != own:
-        raise DaemonUnavailable(socket_path, f"it runs with different settings ({_differ(own, theirs)})")
+    differ = differing_settings(own, fingerprint(cfg))
+    if differ:
+        raise DaemonUnavailable(socket_path, f"it runs with different settings ({', '.join(differ)})")
     return cfg
 
 

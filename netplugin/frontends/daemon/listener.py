@@ -12,8 +12,9 @@ import os
 import socket
 import stat
 
+from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import SystemFailure
-from netplugin.store.locks import ensure_dir, hold, release
+from netplugin.store.locks import hold, release
 
 log = logging.getLogger(__name__)
 

@@ -62,13 +62,21 @@ from netplugin import __version__
 from netplugin.core._yaml import load_json
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
 from netplugin.core.names import PodRef
-from netplugin.frontends.client import MAX_MESSAGE, OPS, POD_OPS, PROTOCOL_VERSION, fingerprint
 from netplugin.frontends.daemon.forwarded import check_settings, run_cni
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
 from netplugin.frontends.daemon.nodes import NodeKeeper
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.daemon.turns import Turns
+from netplugin.frontends.rpc import (
+    MAX_MESSAGE,
+    OPS,
+    POD_OPS,
+    PROTOCOL_VERSION,
+    differing_settings,
+    fingerprint,
+    pod_result,
+)
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -189,13 +197,11 @@ class Daemon:
     def _pod_op(self, op: str, pod: PodRef) -> Any:
         m = self.manager
         if op == "setup":
-            status = m.setup(pod)
-            return {"ip": status.ip if status else None}
+            return pod_result(op, m.setup(pod))
         if op == "teardown":
             m.teardown(pod)
-            return None
-        result = m.status(pod)
-        return result.to_dict() if result is not None else None
+            return pod_result(op, None)
+        return pod_result(op, m.status(pod))
 
     def _plugin_ok(self) -> None:
         """An action succeeded, so the plugin is usable (a problem logged at start or reload is over)."""
@@ -247,12 +253,7 @@ class Daemon:
         if op not in OPS:
             raise InvalidArgument("op", op, f"must be one of {', '.join(OPS)}")
         theirs = req.get("config")
-        if theirs is not None and theirs != self.fingerprint:
-            differ = sorted(
-                k
-                for k in set(self.fingerprint) | set(theirs if isinstance(theirs, dict) else {})
-                if not isinstance(theirs, dict) or theirs.get(k) != self.fingerprint.get(k)
-            )
+        if theirs is not None and (differ := differing_settings(self.fingerprint, theirs)):
             raise DaemonUnavailable(self.socket_path, f"it runs with different settings ({', '.join(differ)})")
         return req
 

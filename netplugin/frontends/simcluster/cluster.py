@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from netplugin.core.defaults import socket_path
 from netplugin.core.errors import NetpluginError, SystemFailure
-from netplugin.core.invoke import run
+from netplugin.core.execplugin.invoke import run
 from netplugin.frontends.client import request
 from netplugin.frontends.simcluster.apiserver import ApiServer, make_node, make_pod
 from netplugin.frontends.simcluster.netns import ip, ip_json, netns_exists, socket_in_netns
@@ -80,7 +81,7 @@ class SimNode:
 
     @property
     def socket_path(self) -> Path:
-        return self.root / "run" / "netplugin.sock"
+        return Path(socket_path(None, str(self.root / "run")))
 
     @property
     def log_path(self) -> Path:

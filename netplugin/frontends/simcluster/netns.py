@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import socket
-import threading
 from typing import Any
 
 from netplugin.core.errors import SystemFailure
-from netplugin.core.invoke import SpawnError, run
+from netplugin.core.execplugin.invoke import SpawnError, run
+from netplugin.core.netns import run_in_netns
 
 __all__ = ["ip", "ip_json", "netns_exists", "socket_in_netns"]
-
-_CLONE_NEWNET = 0x40000000
 
 
 def ip(*args: str, check: bool = True, timeout: float = 20.0) -> str:
@@ -45,34 +42,19 @@ def socket_in_netns(netns: str, family: socket.AddressFamily, address: tuple[Any
     binds, and ends; the socket stays in that namespace for its whole life, and this
     process can serve on it from any thread.
     """
-    result: list[socket.socket | BaseException] = []
 
-    def work() -> None:
+    def bind() -> socket.socket:
+        sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, os.strerror(err))
-            finally:
-                os.close(fd)
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(address)
-            except BaseException:
-                sock.close()
-                raise
-            result.append(sock)
-        except BaseException as e:  # handed to the caller's thread
-            result.append(e)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
-    thread = threading.Thread(target=work, name=f"setns {netns}")
-    thread.start()
-    thread.join()
-    out = result[0]
-    if isinstance(out, BaseException):
+    try:
+        return run_in_netns(f"/var/run/netns/{netns}", bind)
+    except Exception as out:
         reason = out.strerror if isinstance(out, OSError) and out.strerror else str(out)
-        raise SystemFailure(f"cannot open a socket in netns {netns} at", str(address[0]), reason)
-    return out
+        raise SystemFailure(f"cannot open a socket in netns {netns} at", str(address[0]), reason) from out

@@ -118,7 +118,7 @@ def test_thin_client_imports_nothing_heavy(start_daemon: Any, cli: Any) -> None:
         "concurrent.futures",
         "netplugin.manager",
         "netplugin.core.plugin",
-        "netplugin.core.invoke",
+        "netplugin.core.execplugin.invoke",
         "netplugin.store.state",
         "netplugin.frontends.daemon",
     }

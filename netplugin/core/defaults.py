@@ -1,0 +1,88 @@
+"""netplugin's built-in defaults, and the two rules every caller of the daemon shares.
+
+It imports nothing (not even ``os``): the per-call fast paths (``netplugin`` and
+``netplugin-cni`` through the daemon) import it on every call, and :mod:`netplugin.core.config`
+builds its defaults from it, so a default is written here and nowhere else.
+"""
+
+# No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
+# annotations of names imported only for type checking are strings instead.
+
+__all__ = [
+    "ACTIONS",
+    "DEFAULT_CONFIG",
+    "DEFAULT_KILL_GRACE",
+    "DEFAULT_NETNS_TEMPLATE",
+    "DEFAULT_NODES_DIR",
+    "DEFAULT_PLUGIN_DIR",
+    "DEFAULT_PODS_DIR",
+    "DEFAULT_RUN_DIR",
+    "DEFAULT_SOCKET",
+    "DEFAULT_STATE_DIR",
+    "DEFAULT_TIMEOUTS",
+    "SOCKET_NAME",
+    "answer_timeout",
+    "socket_path",
+]
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a fast path more than all the rest
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+DEFAULT_PLUGIN_DIR = "/usr/libexec/kubernetes/kubelet-plugins/net/exec"
+DEFAULT_STATE_DIR = "/var/lib/netplugin"
+DEFAULT_RUN_DIR = "/run/netplugin"
+DEFAULT_CONFIG = "/etc/netplugin/netplugin.yaml"
+DEFAULT_PODS_DIR = "/etc/netplugin/pods"
+DEFAULT_NODES_DIR = "/etc/netplugin/nodes"
+DEFAULT_NETNS_TEMPLATE = "/var/run/netns/{infra_id}"
+#: the daemon's socket, inside the run dir
+SOCKET_NAME = "netplugin.sock"
+DEFAULT_SOCKET = DEFAULT_RUN_DIR + "/" + SOCKET_NAME
+ACTIONS = ("init", "setup", "teardown", "status")
+#: the time limit of each plugin action, in seconds
+DEFAULT_TIMEOUTS = {"init": 10.0, "setup": 30.0, "teardown": 30.0, "status": 10.0}
+#: seconds between SIGTERM and SIGKILL for a plugin past its limit
+DEFAULT_KILL_GRACE = 2.0
+#: how long to wait for an answer to an op that runs no plugin action (health, plugins)
+_QUICK_ANSWER = 30.0
+
+
+def socket_path(socket: str | None = None, run_dir: str | None = None) -> str:
+    """The daemon's socket: ``socket`` when set, else ``<run_dir>/netplugin.sock`` (default run dir).
+
+    Callers pass the first of their own sources that is set (flag, config, environment); the
+    rule itself (and ``os.path.join``'s way of joining, without importing ``os``) is this one.
+    """
+    if socket:
+        return socket
+    base = run_dir or DEFAULT_RUN_DIR
+    return base + SOCKET_NAME if base.endswith("/") else base + "/" + SOCKET_NAME
+
+
+def answer_timeout(
+    op: str,
+    timeouts: "Mapping[str, float] | None" = None,
+    timeout: float | None = None,
+    kill_grace: float = DEFAULT_KILL_GRACE,
+) -> float | None:
+    """How long a caller waits for the daemon's answer to ``op``: past every time limit it may hit.
+
+    ``op`` is a daemon op or a plugin action (init, setup, teardown, status); ``timeouts`` the
+    per-action limits (missing ones default), ``timeout`` the one limit that overrides them all.
+    A pod action may wait for the pod's lock (held by an action bounded by the same limits) and
+    for init, and a setup is followed by a status (a CNI ADD, the CLI's setup): each of those may
+    run to its limit and then its kill grace, twice (the lock holder's turn, then its own). gc and
+    pods have no fixed bound (one teardown per stale pod), so they wait as long as it takes (None).
+    """
+    if op in ("gc", "pods"):
+        return None
+    if op not in ACTIONS:
+        return _QUICK_ANSWER
+    limits = dict(DEFAULT_TIMEOUTS)
+    if timeouts:
+        limits.update((a, float(s)) for a, s in timeouts.items() if a in limits)
+    if timeout is not None:
+        limits = dict.fromkeys(limits, float(timeout))
+    grace = 2 * kill_grace + 5.0
+    return limits["init"] + 2 * (limits[op] + limits["status"] + grace) + 5.0

@@ -1,0 +1,87 @@
+"""Parsing a ``status`` action's stdout into a :class:`~netplugin.core.plugin.PodNetworkStatus`.
+
+The document's shape is part of the contract (:mod:`netplugin.core.plugin`, "Exit status and
+output"); this is the one parser of it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from netplugin.core.chaining import host_interface
+from netplugin.core.errors import PluginOutputError
+from netplugin.core.plugin import PodNetworkStatus
+
+__all__ = ["TAIL", "parse_status"]
+
+#: how many bytes of a plugin's output an error quotes
+TAIL = 2048
+
+
+def parse_status(stdout: bytes, *, plugin: str, pod: str = "", action: str = "status") -> PodNetworkStatus | None:
+    """Parse a ``status`` action's stdout (or a ``setup``'s). Empty output means "no information" (None).
+
+    Raises :class:`PluginOutputError` naming the offending value.
+    """
+    text_bytes = stdout.strip()
+    if not text_bytes:
+        return None
+
+    def bad(msg: str) -> PluginOutputError:
+        where = f" for pod {pod}" if pod else ""
+        return PluginOutputError(
+            f"network plugin {plugin!r} {action}{where}: {msg}",
+            plugin=plugin,
+            action=action,
+            stdout_tail=text_bytes[-TAIL:].decode("utf-8", "replace"),
+        )
+
+    try:
+        doc = json.loads(text_bytes)
+    except (ValueError, RecursionError) as e:
+        raise bad(f"output is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise bad(f"output must be a JSON object, got {type(doc).__name__}")
+    kind = doc.get("kind", "")
+    if kind not in ("", "PodNetworkStatus"):
+        raise bad(f"invalid 'kind' {kind!r} (expected 'PodNetworkStatus')")
+    version = doc.get("apiVersion", "")
+    if version not in ("", "v1beta1"):
+        raise bad(f"unknown 'apiVersion' {version!r} (expected 'v1beta1')")
+    ips = _status_ips(doc.get("ips"), bad)
+    hif = host_interface(doc.get("hostInterface"), plugin=plugin, action=action, out=text_bytes)
+    if "ip" not in doc:
+        if not ips:
+            raise bad("no 'ip' in status")
+        return PodNetworkStatus(ip=ips[0], ips=ips, host_interface=hif)
+    ip = _status_ip(doc["ip"], "'ip'", bad)
+    if ips and ips[0] != ip:
+        raise bad(f"invalid 'ip' {doc['ip']!r}: must be the first of 'ips' {list(ips)!r}")
+    return PodNetworkStatus(ip=ip, ips=ips, host_interface=hif)
+
+
+def _status_ip(value: Any, what: str, bad: Callable[[str], PluginOutputError]) -> str:
+    """One address of a status document, in canonical form."""
+    if not isinstance(value, str):
+        raise bad(f"invalid {what} {value!r}: must be a string")
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise bad(f"invalid {what} {value!r}: not an IPv4 or IPv6 address") from None
+
+
+def _status_ips(value: Any, bad: Callable[[str], PluginOutputError]) -> tuple[str, ...]:
+    """The optional ``ips`` list: addresses, at most one per family."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise bad(f"invalid 'ips' {value!r}: must be a list of addresses")
+    out = tuple(_status_ip(v, "address in 'ips'", bad) for v in value)
+    families = [":" in ip for ip in out]
+    if len(set(families)) != len(families):
+        raise bad(f"invalid 'ips' {value!r}: at most one IPv4 and one IPv6 address")
+    return out

@@ -1,0 +1,48 @@
+"""The daemon's commands: ``serve`` (run it) and ``health`` (the DaemonSet's probe)."""
+
+from __future__ import annotations
+
+import click
+
+from netplugin.frontends.cli.options import command
+from netplugin.frontends.cli.state import State, pass_state
+
+__all__ = ["health", "serve"]
+
+
+@command()
+@click.option(
+    "--socket", "socket_path", metavar="PATH", help="Unix socket to serve [NETPLUGIN_SOCKET; RUN_DIR/netplugin.sock]."
+)
+@click.option(
+    "--metrics-address",
+    metavar="HOST:PORT",
+    help="Prometheus metrics address, port 0 for any, 'none' to disable [NETPLUGIN_METRICS_ADDRESS; 127.0.0.1:9465].",
+)
+@pass_state
+def serve(st: State, socket_path: str | None, metrics_address: str | None) -> None:
+    """Run the daemon in the foreground (systemd: etc/systemd/netplugin.service).
+
+    Other commands use it while its socket answers (see use_daemon). SIGHUP rescans
+    the plugins; SIGTERM finishes the operations in flight, then exits 0.
+    """
+    from netplugin.core.extras import require
+
+    require("netplugin serve", "prometheus_client")
+    st.overrides.update(socket=socket_path, metrics_address=metrics_address)
+    from netplugin.frontends.daemon.server import serve as run_daemon
+
+    raise click.exceptions.Exit(run_daemon(st.config))
+
+
+@command()
+@click.option("--wait", type=click.FloatRange(0.1, 300), default=5.0, show_default=True, help="Seconds to wait.")
+@pass_state
+def health(st: State, wait: float) -> None:
+    """Ask the daemon if it serves: exit 0, or 6 when nobody answers (a stale socket too).
+
+    The DaemonSet's liveness and readiness probes run this."""
+    from netplugin.frontends.client import request
+
+    h = request(st.config.socket_path, "health", timeout=wait)
+    st.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s")

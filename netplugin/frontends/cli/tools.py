@@ -1,0 +1,139 @@
+"""The commands that demonstrate, measure and install: ``demo``, ``bench``, ``install-shim``, ``completion``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from netplugin.frontends.cli.options import AsciiIntRange, command
+from netplugin.frontends.cli.state import State, pass_state
+
+__all__ = ["COMPLETE_VAR", "bench", "completion", "completion_script", "demo", "install_shim"]
+
+#: click's shell-completion variable: ``_NETPLUGIN_COMPLETE=bash_source netplugin`` prints the hook
+COMPLETE_VAR = "_NETPLUGIN_COMPLETE"
+
+
+@command()
+@click.option("--pods", "count", type=AsciiIntRange(1, 200), default=3, show_default=True, help="How many pods.")
+@click.option("--native", is_flag=True, help="Use the in-process netplugin.io/bridge plugin instead of the exec one.")
+@click.option("--plugin-source", metavar="DIR", help="Where the shipped exec plugins are (default: found).")
+@click.option("--subnet", metavar="CIDR", help="Pod subnet (default: a random /24 in 10.207.0.0/16).")
+@click.option(
+    "--nodes",
+    type=AsciiIntRange(2, 8),
+    help="Simulate a cluster of N nodes instead (each a netns with its own daemon; one pod per node).",
+)
+@pass_state
+def demo(st: State, count: int, native: bool, plugin_source: str | None, subnet: str | None, nodes: int | None) -> None:
+    """Set up pods on a real bridge, prove they talk, tear down, prove nothing is left (root)."""
+    import signal
+
+    from netplugin.frontends.demo import run_demo
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    say = (lambda msg: click.echo(msg, err=True)) if st.json else click.echo
+    if nodes is not None:
+        _cluster_demo(st, nodes, "netplugin.io/bridge" if native else "bridge", plugin_source, say)
+        return
+    report = run_demo(
+        count,
+        plugin="netplugin.io/bridge" if native else "bridge",
+        plugin_source=plugin_source,
+        subnet=subnet,
+        progress=say,
+    )
+    st.emit(report.to_dict(), None)
+    if not report.ok:
+        from netplugin.core.errors import NetpluginError
+
+        raise NetpluginError(
+            "demo failed: "
+            + "; ".join([f"{a} -> {b} unreachable" for a, b, ok in report.checks if not ok] + report.leftovers)
+        )
+
+
+def _cluster_demo(st: State, nodes: int, plugin: str, plugin_source: str | None, say: Any) -> None:
+    from netplugin.core.errors import NetpluginError
+    from netplugin.frontends.demo_cluster import run_cluster_demo
+
+    report = run_cluster_demo(nodes, plugin=plugin, plugin_source=plugin_source, progress=say)
+    st.emit(report.to_dict(), None)
+    if not report.ok:
+        failed = [f"{a} -> {b} failed" for a, b, ok in report.checks if not ok]
+        raise NetpluginError("cluster demo failed: " + "; ".join(failed + report.leftovers))
+
+
+@command()
+@click.option("--quick", is_flag=True, help="Smoke-test sizes: a few pods, under a minute.")
+@click.option(
+    "--out", "out_dir", metavar="DIR", help="Write BENCHMARKS.md, results.json and plots/ here (default: the checkout)."
+)
+@click.option("--pods", type=AsciiIntRange(1, 250), help="Pods in the per-pod figure (default 60).")
+def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
+    """Run the benchmarks (root; a netplugin checkout, pip install .[daemon,bench]); see BENCHMARKS.md."""
+    import importlib.util
+    from pathlib import Path
+
+    from netplugin.core.errors import SystemFailure
+
+    # bench/ is a top-level package of the checkout, beside netplugin/, not part of the installed package.
+    pkg = Path(__file__).resolve().parents[3] / "bench"
+    spec = importlib.util.spec_from_file_location("bench", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
+    if spec is None or spec.loader is None or not (pkg / "__init__.py").is_file():
+        raise SystemFailure("cannot find the benchmark harness", str(pkg), "run netplugin from a checkout")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = module
+    spec.loader.exec_module(module)
+    argv = ["--quick"] if quick else []
+    argv += ["--out", out_dir] if out_dir else []
+    argv += ["--pods", str(pods)] if pods else []
+    raise click.exceptions.Exit(module.main(argv))
+
+
+@command("install-shim")
+@click.argument("dest", metavar="DEST")
+@click.option(
+    "--kind",
+    type=click.Choice(["cni", "cli"]),
+    default="cni",
+    show_default=True,
+    help="cni: the netplugin-cni CNI plugin; cli: the netplugin command.",
+)
+@click.option("--python", "python", metavar="PATH", help="Interpreter to run it with (default: this one).")
+def install_shim(dest: str, kind: str, python: str | None) -> None:
+    """Write a fast entry script to DEST (a file, or a dir: DEST/netplugin-cni, or DEST/netplugin).
+
+    The script runs `python -I -S` with an explicit path instead of site hooks, so a CNI call
+    that the daemon serves starts about as fast as a bare interpreter. Regenerate it after
+    upgrading Python or netplugin.
+    """
+    from netplugin.frontends.entrypoints import install_entry
+
+    click.echo(install_entry(kind, dest, python=python))
+
+
+def completion_script(group: click.Group, shell: str) -> str:
+    """The hook for ``shell`` (bash, zsh, fish): source it, or install it as the shell's completion file
+    (for example ``netplugin completion bash > /etc/bash_completion.d/netplugin``)."""
+    from click.shell_completion import get_completion_class
+
+    comp_cls = get_completion_class(shell)
+    if comp_cls is None:
+        raise click.BadParameter(f"no completion for {shell!r}", param_hint="SHELL")
+    return comp_cls(group, {}, "netplugin", COMPLETE_VAR).source()
+
+
+@command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+@click.pass_context
+def completion(ctx: click.Context, shell: str) -> None:
+    """Print the shell completion script: eval "$(netplugin completion bash)"."""
+    root = ctx.find_root().command
+    assert isinstance(root, click.Group)
+    click.echo(completion_script(root, shell))

@@ -1,0 +1,250 @@
+"""The daemon protocol's one home: version, ops, limits, the JSON codec, requests and answers.
+
+Standard library only, and cheap to import: the per-call fast paths (``netplugin`` through
+:mod:`netplugin.frontends.cli.fast`, ``netplugin-cni`` through :mod:`netplugin.frontends.cni.fast`)
+load it on every call. :mod:`netplugin.frontends.client` carries these messages (transport only),
+:mod:`netplugin.frontends.daemon.server` answers them.
+
+Protocol (one unix stream socket, newline-delimited JSON, any number of requests per connection,
+answered in order)::
+
+    -> {"v": 1, "op": "setup", "namespace": "default", "pod": "web-0", "infra_id": "abc", "config": {...}}
+    <- {"ok": true, "result": {"ip": "10.1.2.3"}}
+    <- {"ok": false, "error": {"error": "PluginTimeout", "message": "...", ...}, "classes": [...]}
+
+``op`` is one of :data:`OPS`: setup, teardown, status (pod triple required, :func:`pod_request`),
+init (``force``), plugins, pods, gc (``dry_run``, ``check_host``), health, and cni
+(:func:`cni_request`: ``environ``, the ``CNI_*`` and ``NETPLUGIN_*`` variables, and ``stdin``, the
+network config; the result is ``{"code": exit status, "doc": what the shim prints}``). ``error`` is
+:meth:`~netplugin.core.errors.NetpluginError.to_dict` and ``classes`` the remote class and its
+bases, so the caller re-raises the very same error (same class, message, details and so the same
+exit code) as the local run would.
+
+``config`` is the caller's :func:`fingerprint`: the daemon refuses, with DaemonUnavailable, a
+request made under different settings (:func:`differing_settings`), because it would not do
+what the caller asked. DaemonUnavailable always means "not run", so a caller may then do the
+work itself. Callers that cannot build a Config cheaply (the two fast paths) send ``settings``
+instead (:func:`settings`): the daemon builds the config from them as the caller would have and
+compares its fingerprint.
+
+JSON comes from the C accelerator ``_json`` alone: ``import json`` costs more than the rest of
+a CNI call's start-up (json.decoder and json.encoder import ``re``, which imports ``enum`` and
+``functools``: ~12 ms, about the bare interpreter's whole start). :func:`loads` and :func:`dumps`
+drive ``_json``'s parser and serializer directly, with the same results as ``json.loads`` and
+``json.dumps`` (compact, or ``sort_keys`` with the default separators). Only on a syntax error
+does :func:`loads` import ``json`` (to raise :class:`json.JSONDecodeError` with json's message).
+"""
+
+# No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
+# annotations of names imported only for type checking are strings instead.
+
+import _json
+import posix
+import sys
+
+__all__ = [
+    "CNI_VERSIONS",
+    "MAX_MESSAGE",
+    "MAX_STDIN",
+    "OPS",
+    "POD_OPS",
+    "PROTOCOL_VERSION",
+    "cni_request",
+    "differing_settings",
+    "dumps",
+    "encode_line",
+    "fingerprint",
+    "loads",
+    "pod_output",
+    "pod_request",
+    "pod_result",
+    "process_environ",
+    "request",
+    "settings",
+]
+
+# Not typing's: importing typing costs the fast paths more than the rest of them (~15 ms).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any, Protocol
+
+    from netplugin.core.config import Config
+
+    class _PodStatus(Protocol):
+        @property
+        def ip(self) -> str | None: ...
+
+        def to_dict(self) -> dict[str, Any]: ...
+
+
+# --- the messages' limits and names --------------------------------------------------------------
+
+PROTOCOL_VERSION = 1
+POD_OPS = ("setup", "teardown", "status")
+OPS = (*POD_OPS, "init", "plugins", "pods", "gc", "health", "cni")
+#: the longest line either side accepts (a plugins or pods listing is far smaller)
+MAX_MESSAGE = 16 << 20
+#: the largest network config a CNI call reads from stdin (a conflist with a prevResult is a few KB)
+MAX_STDIN = 4 << 20
+#: the CNI versions op ``cni`` (and the shim that sends it) speaks, oldest first
+CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+# --- the JSON codec --------------------------------------------------------------------------------
+
+
+def _constant(name: str) -> float:
+    return {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}[name]
+
+
+class _Context:
+    """What ``_json.make_scanner`` reads off a ``json.JSONDecoder``, with its defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = staticmethod(_constant)
+    memo: dict[str, str]
+
+    def __init__(self) -> None:
+        self.memo = {}
+
+
+_scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # duck-typed: the attributes it reads
+_WHITESPACE = " \t\n\r"
+
+
+def _fail(msg: str, doc: str, pos: int) -> ValueError:
+    from json.decoder import JSONDecodeError
+
+    return JSONDecodeError(msg, doc, pos)
+
+
+def loads(data: str | bytes) -> "Any":
+    """``json.loads`` for text or UTF-8 bytes; raises ValueError (JSONDecodeError, UnicodeDecodeError)."""
+    doc = data.decode("utf-8") if isinstance(data, bytes) else data
+    if doc.startswith("\ufeff"):
+        raise _fail("Unexpected UTF-8 BOM (decode using utf-8-sig)", doc, 0)
+    start = len(doc) - len(doc.lstrip(_WHITESPACE))
+    try:
+        value, end = _scan(doc, start)
+    except StopIteration as e:
+        raise _fail("Expecting value", doc, e.value) from None
+    except (SystemError, ValueError):
+        # The C scanner raises its syntax errors as json.decoder's class, and returns NULL
+        # (SystemError) when that module is not loaded yet: let json itself say what is wrong.
+        import json
+
+        return json.loads(doc)
+    rest = len(doc) - len(doc.rstrip(_WHITESPACE))
+    if end != len(doc) - rest:
+        raise _fail("Extra data", doc, end)
+    return value
+
+
+def _default(o: object) -> object:
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+_compact = _json.make_encoder(None, _default, _json.encode_basestring_ascii, None, ":", ",", False, False, True)
+_sorted = _json.make_encoder(None, _default, _json.encode_basestring_ascii, None, ": ", ", ", True, False, True)
+
+
+def dumps(obj: object, *, sort_keys: bool = False) -> str:
+    """``json.dumps(obj, separators=(",", ":"))``, or with ``sort_keys`` ``json.dumps(obj, sort_keys=True)``."""
+    if isinstance(obj, str):  # the C encoder handles containers and scalars, not a bare str
+        return str(_json.encode_basestring_ascii(obj))
+    chunks = (_sorted if sort_keys else _compact)(obj, 0)
+    return "".join(chunks)
+
+
+# --- requests ----------------------------------------------------------------------------------------
+
+
+def process_environ() -> "dict[str, str]":
+    """This process's environment, decoded as ``os.environ`` decodes it, without importing ``os``
+    (with ``os.path`` and ``_collections_abc`` it costs a fast path ~1.5 ms; requests carry variables)."""
+    enc = sys.getfilesystemencoding()
+    return {k.decode(enc, "surrogateescape"): v.decode(enc, "surrogateescape") for k, v in posix.environ.items()}
+
+
+def encode_line(message: "dict[str, Any]") -> bytes:
+    """One message as it goes on the socket: compact JSON and a newline (a request line starts with ``{``)."""
+    return dumps(message).encode() + b"\n"
+
+
+def request(op: str, **args: "Any") -> "dict[str, Any]":
+    """The request for ``op``; arguments that are None are left out (the daemon's defaults apply)."""
+    return {"v": PROTOCOL_VERSION, "op": op, **{k: v for k, v in args.items() if v is not None}}
+
+
+def settings(config_path: str | None, environ: "Mapping[str, str]", overrides: "Mapping[str, str]") -> "dict[str, Any]":
+    """A caller's raw settings (instead of its fingerprint): the daemon builds the config from them."""
+    return {
+        "config_path": config_path,
+        "environ": {k: v for k, v in environ.items() if k.startswith("NETPLUGIN_")},
+        "overrides": dict(overrides),
+    }
+
+
+def pod_request(op: str, namespace: str, pod: str, infra_id: str, **args: "Any") -> "dict[str, Any]":
+    """A setup, teardown or status request (``config`` or ``settings`` among ``args``)."""
+    return request(op, namespace=namespace, pod=pod, infra_id=infra_id, **args)
+
+
+def cni_request(environ: "Mapping[str, str]", stdin: str) -> "dict[str, Any]":
+    """Op ``cni``: one CNI call, its ``CNI_*`` and ``NETPLUGIN_*`` variables and its network config."""
+    forwarded = {k: v for k, v in environ.items() if k.startswith(("CNI_", "NETPLUGIN_"))}
+    return request("cni", environ=forwarded, stdin=stdin)
+
+
+# --- answers ------------------------------------------------------------------------------------------
+
+
+def pod_result(op: str, status: "_PodStatus | None") -> "dict[str, Any] | None":
+    """A pod action's result from the manager's answer (``status``: the pod's network status or None)."""
+    if op == "setup":
+        return {"ip": status.ip if status is not None else None}
+    if op == "teardown":
+        return None
+    return status.to_dict() if status is not None else None
+
+
+def pod_output(op: str, namespace: str, pod: str, infra_id: str, result: "Any") -> "tuple[Any, str | None]":
+    """What the CLI prints for a pod action's result: (the JSON document, the text line or None)."""
+    ref = {"namespace": namespace, "pod": pod, "infra_id": infra_id}
+    if op == "setup":
+        return {**ref, "ip": result.get("ip") if isinstance(result, dict) else None}, None
+    if op == "teardown":
+        return ref, None
+    if not isinstance(result, dict):
+        return result, None
+    ip = result.get("ip")
+    return result, "" if ip is None else str(ip)
+
+
+# --- "same settings?" ---------------------------------------------------------------------------------
+
+# Settings that do not change what an operation does, so caller and daemon may differ in them.
+_NOT_BEHAVIOUR = frozenset({"config_path", "socket", "metrics_address", "use_daemon", "timeout", "timeouts"})
+
+
+def fingerprint(config: "Config") -> "dict[str, Any]":
+    """The settings that decide what an operation does, in JSON form (compared by the daemon)."""
+    import json  # the callers that build a Config have paid for more than json already
+
+    out: dict[str, Any] = {k: v for k, v in config.to_dict().items() if k not in _NOT_BEHAVIOUR}
+    out["plugin"] = config.plugin or "kubernetes.io/no-op"
+    # --timeout overrides the per-action limits: compare what each action really gets.
+    out["timeouts"] = {a: config.timeout_for(a) for a in ("init", "setup", "teardown", "status")}
+    normal: dict[str, Any] = json.loads(json.dumps(out, sort_keys=True, default=str))
+    return normal
+
+
+def differing_settings(mine: "Mapping[str, Any]", theirs: object) -> list[str]:
+    """The fingerprint keys in which ``theirs`` differs from ``mine`` (empty: the same settings)."""
+    if not isinstance(theirs, dict):
+        return sorted(mine)
+    return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
