@@ -24,12 +24,12 @@ from pathlib import Path
 
 from netplugin.core.config import Config, load_config
 from netplugin.core.errors import NetpluginError, SystemFailure
-from netplugin.core.invoke import run, start
+from netplugin.core.execplugin.invoke import run, start
 from netplugin.core.names import PodRef
 from netplugin.frontends.demo import DEMO_NAMESPACE, _check_prerequisites, _ip, find_plugin_source
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.manager import Manager
-from netplugin.plugins.bridge_settings import host_veth_name
+from netplugin.plugins.bridge.settings import host_veth_name
 
 __all__ = ["ChainDemoReport", "Transfer", "run_chain_demo"]
 
