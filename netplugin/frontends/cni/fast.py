@@ -245,6 +245,8 @@ def main(argv: object = None) -> None:
                 "args": env.get("CNI_ARGS", ""),
                 "cniVersion": conf.get("cniVersion"),
                 "prevResult": isinstance(conf.get("prevResult"), dict),
+                # the capabilities the runtime passed (their names: the values are the pod's business)
+                "runtimeConfig": sorted(rc) if isinstance(rc := conf.get("runtimeConfig"), dict) else [],
                 "pid": posix.getpid(),
                 "via": via,
                 "ms": round((time.monotonic() - start) * 1000, 1),

@@ -73,8 +73,10 @@ def test_a_pod_with_bandwidth_annotations_gets_its_limit_through_the_shim(chain_
     plain = net.ctd.run_pod("np-bw", "plain", str(uuid.uuid4()))
     net.sandboxes.append(plain.id)
 
+    adds = {e["containerID"]: e for e in net.log_entries() if e["command"] == "ADD"}
+    assert adds[shaped.id]["runtimeConfig"] == ["bandwidth"], adds[shaped.id]
     into = tcp_rate(plain.netns_name, shaped.netns_name, shaped.ip, 5_000_000)
-    out_of = tcp_rate(shaped.netns_name, plain.netns_name, plain.ip, 2_500_000)
+    out_of = tcp_rate(shaped.netns_name, plain.netns_name, plain.ip, 4_000_000)
     free = tcp_rate(None, plain.netns_name, plain.ip, 50_000_000)
     print(f"containerd: into {into / 1e6:.2f} (20), out of {out_of / 1e6:.2f} (10), unshaped {free / 1e6:.0f} Mbit/s")
     assert 0.75 * 20e6 <= into <= 1.25 * 20e6, f"into the shaped pod: {into / 1e6:.1f} Mbit/s"
