@@ -236,7 +236,9 @@ def fingerprint(config: "Config") -> "dict[str, Any]":
     import json  # the callers that build a Config have paid for more than json already
 
     out: dict[str, Any] = {k: v for k, v in config.to_dict().items() if k not in _NOT_BEHAVIOUR}
-    out["plugin"] = config.plugin or "kubernetes.io/no-op"
+    # The chain, however it was spelled: ``plugin: a`` and ``plugins: [a]`` are the same settings.
+    del out["plugins"]
+    out["plugin"] = ",".join(config.chain) or "kubernetes.io/no-op"
     # --timeout overrides the per-action limits: compare what each action really gets.
     out["timeouts"] = {a: config.timeout_for(a) for a in ("init", "setup", "teardown", "status")}
     normal: dict[str, Any] = json.loads(json.dumps(out, sort_keys=True, default=str))
