@@ -54,6 +54,7 @@ __all__ = [
     "dumps",
     "encode_line",
     "fingerprint",
+    "init_result",
     "loads",
     "pod_output",
     "pod_request",
@@ -201,6 +202,16 @@ def cni_request(environ: "Mapping[str, str]", stdin: str) -> "dict[str, Any]":
 
 
 # --- answers ------------------------------------------------------------------------------------------
+
+
+def init_result(chain: "tuple[str, ...]", members: "Mapping[str, bool]") -> "dict[str, Any]":
+    """An init's answer: the chain (``plugin``, its names joined by commas), whether any member's init
+    ran now, and each member's."""
+    return {
+        "plugin": ",".join(chain),
+        "ran": any(members.values()),
+        "members": [{"plugin": name, "ran": members.get(name, False)} for name in chain],
+    }
 
 
 def pod_result(op: str, status: "_PodStatus | None") -> "dict[str, Any] | None":

@@ -231,9 +231,12 @@ class Manager:
 
         ``node`` is this node as the caller already looked it up (else it is looked up here).
         """
+        return any(self.init_members(force=force, node=node).values())
+
+    def init_members(self, *, force: bool = False, node: NodeInfo | None = None) -> dict[str, bool]:
+        """Each member's init, in chain order: name -> whether it ran now."""
         node = node if node is not None else self.node()
-        ran = [self.init_member(p, force=force, node=node) for p in self.plugins]
-        return any(ran)
+        return {p.name: self.init_member(p, force=force, node=node) for p in self.plugins}
 
     def init_member(self, plugin: Plugin, *, force: bool = False, node: NodeInfo | None = None) -> bool:
         """Run one plugin's init unless it already ran this boot for this version. True if it ran."""

@@ -75,6 +75,7 @@ from netplugin.frontends.rpc import (
     PROTOCOL_VERSION,
     differing_settings,
     fingerprint,
+    init_result,
     pod_result,
 )
 
@@ -122,6 +123,7 @@ class Daemon:
         self.watchdog = watchdog
         self.fingerprint = fingerprint(config)
         self.metrics = Metrics()
+        manager.observe = self.metrics.observe_member  # per chain member, of every pod action
         self.metrics_address: str | None = None
         self.nodes = NodeKeeper(config, manager.host)
         self.nodes.register(self.metrics.registry)
@@ -144,15 +146,15 @@ class Daemon:
         """Select the plugin and run its init if needed; failures are logged, not raised."""
         with self._reload_lock:
             try:
-                plugin = self.manager.plugin
-                self._plugin = plugin.name
+                chain = ",".join(self.manager.chain_names)
+                self._plugin = chain
                 ran = self.manager.init()
             except NetpluginError as e:
                 self._plugin_problem = e.message
                 log.error("plugin not ready (operations will retry): %s", e.message)
                 return
             self._plugin_problem = None
-            log.info("plugin %s ready (%s)", plugin.name, "init ran" if ran else "init already done this boot")
+            log.info("plugin %s ready (%s)", chain, "init ran" if ran else "init already done this boot")
 
     def reload(self) -> None:
         """SIGHUP: rescan the exec dir, select the plugin again, run init if its version changed."""
@@ -183,9 +185,9 @@ class Daemon:
             self._plugin_ok()
             return result
         if op == "init":
-            ran = self.manager.init(force=bool(req.get("force")))
+            members = self.manager.init_members(force=bool(req.get("force")))
             self._plugin_ok()
-            return {"plugin": self.manager.plugin.name, "ran": ran}
+            return init_result(self.manager.chain_names, members)
         if op == "plugins":
             return [c.to_dict() for c in self.manager.candidates()]
         if op == "pods":
@@ -206,7 +208,7 @@ class Daemon:
     def _plugin_ok(self) -> None:
         """An action succeeded, so the plugin is usable (a problem logged at start or reload is over)."""
         if self._plugin_problem is not None:
-            self._plugin, self._plugin_problem = self.manager.plugin.name, None
+            self._plugin, self._plugin_problem = ",".join(self.manager.chain_names), None
 
     def _pods(self, req: dict[str, Any]) -> dict[str, Any]:
         from netplugin.store.listing import list_pods
