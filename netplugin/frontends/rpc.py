@@ -206,12 +206,11 @@ def cni_request(environ: "Mapping[str, str]", stdin: str) -> "dict[str, Any]":
 
 def init_result(chain: "tuple[str, ...]", members: "Mapping[str, bool]") -> "dict[str, Any]":
     """An init's answer: the chain (``plugin``, its names joined by commas), whether any member's init
-    ran now, and each member's."""
-    return {
-        "plugin": ",".join(chain),
-        "ran": any(members.values()),
-        "members": [{"plugin": name, "ran": members.get(name, False)} for name in chain],
-    }
+    ran now, and for a longer chain than one each member's (a chain of one answers as before chains)."""
+    out: dict[str, Any] = {"plugin": ",".join(chain), "ran": any(members.values())}
+    if len(chain) > 1:
+        out["members"] = [{"plugin": name, "ran": members.get(name, False)} for name in chain]
+    return out
 
 
 def pod_result(op: str, status: "_PodStatus | None") -> "dict[str, Any] | None":
