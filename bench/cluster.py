@@ -119,7 +119,7 @@ def _routes_figure(c: SimCluster, rounds: int, say: Callable[[str], None]) -> Fi
 def fig_cluster(quick: bool, say: Callable[[str], None]) -> list[Figure]:
     """Both cluster figures on one simulated cluster (2 nodes quick, 3 full)."""
     try:
-        with SimCluster(plugin_source=REPO / "exec_plugins", extra_config={"cluster_cidrs": []}) as c:
+        with SimCluster(plugin_source=REPO / "exec_plugins") as c:
             for _ in range(2 if quick else 3):
                 c.add_node()
             c.wait_routes(10.0)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .bigcluster import fig_bigcluster
 from .chain import fig_chain
 from .cluster import fig_cluster
 from .coldstart import fig_coldstart
@@ -35,7 +36,7 @@ from .util import REPO, BenchError, Cleanup, NetnsFactory, SubnetPool
 
 __all__ = ["FIGURES", "run"]
 
-FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale", "runtime", "cluster", "chain")
+FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale", "runtime", "cluster", "bigcluster", "chain")
 CNI_HINT = "install Debian's reference plugins: apt-get install -y containernetworking-plugins (into /usr/lib/cni)"
 
 
@@ -147,7 +148,7 @@ def _availability(ctx: RunContext, wanted: str) -> tuple[dict[str, str], dict[st
     if daemon_problem:
         missing["D"] = daemon_problem
     elif importlib.util.find_spec("netplugin.plugins.bridge") is None:
-        missing["D"] = "netplugin/plugins/bridge.py does not exist yet"
+        missing["D"] = "netplugin/plugins/bridge does not exist"
     elif not pyroute2:
         missing["D"] = "pyroute2 is not installed (pip install .[daemon])"
     else:
@@ -246,6 +247,7 @@ def _run_figures(ctx: RunContext, plan: Plan, args: argparse.Namespace, out: _Ou
         ("scale", lambda: [f for f in fig_scale(ctx, plan, keys, pool) if f is not None]),
         ("runtime", lambda: fig_runtime(ctx, plan, keys, pool)),
         ("cluster", lambda: fig_cluster(plan.quick, _say)),
+        ("bigcluster", lambda: fig_bigcluster(plan.quick, _say)),
         ("chain", lambda: fig_chain(ctx, plan, keys, pool)),
     ]
     only = _only(args)

@@ -8,9 +8,10 @@
 #   3. the exec plugins into --exec-dir;
 #   4. the CNI shim into --cni-bin-dir: a script that starts the venv's interpreter isolated (-I -S)
 #      with the venv's site-packages as its only path;
-#   5. the CNI network config into --cni-conf-dir, its pluginDir, stateDir and runDir set to
-#      --exec-dir, --state-dir and --run-dir;
-#   6. the systemd unit into --systemd-dir, running the venv's netplugin with those dirs.
+#   5. the node's config file --config: the one place of the node's settings (plugin, its env,
+#      the dirs), which the daemon, the shim and the CLI all read; then the CNI network config
+#      into --cni-conf-dir, naming that file (configFile) and the run dir (runDir), nothing else;
+#   6. the systemd unit into --systemd-dir, running the venv's `netplugin serve --config FILE`.
 # --no-venv (the DaemonSet's init container, or a node whose netplugin is installed otherwise):
 #   steps 3-5 only. The shim runs --python with netplugin and the modules it needs (click, PyYAML,
 #   psutil) copied to --lib-dir, or without --lib-dir the netplugin that --python imports.
@@ -18,7 +19,8 @@
 #   scripts/install.sh [--prefix DIR] [--python PATH] [--wheel FILE] [--source DIR] [--extras LIST]
 #                      [--bin-dir DIR] [--systemd-dir DIR] [--no-venv | --venv-only] [--lib-dir DIR]
 #                      [--exec-dir DIR] [--cni-bin-dir DIR] [--cni-conf-dir DIR]
-#                      [--state-dir DIR] [--run-dir DIR] [--dry-run]
+#                      [--state-dir DIR] [--run-dir DIR] [--config FILE] [--plugin NAME]
+#                      [--plugin-env KEY=VALUE]... [--config-from FILE] [--cni-log-file FILE] [--dry-run]
 #
 #   --prefix DIR        the venv (default /opt/netplugin)                              [NETPLUGIN_PREFIX]
 #   --python PATH       the interpreter that makes the venv, or with --no-venv the one the shim
@@ -39,6 +41,15 @@
 #   --state-dir DIR     netplugin's state dir, for the conflist and the unit
 #                       (default /var/lib/netplugin)                                  [NETPLUGIN_STATE_DIR]
 #   --run-dir DIR       netplugin's run dir, likewise (default /run/netplugin)        [NETPLUGIN_RUN_DIR]
+#   --config FILE       the node's config file (default /etc/netplugin/netplugin.yaml). The
+#                       installer sets its plugin_dir, state_dir and run_dir from the options
+#                       above on every run, plugin and env when given (first run: the shipped
+#                       example's), and leaves every other key alone; it prints each key it changes
+#   --plugin NAME       the plugin (first run default: bridge)
+#   --plugin-env KEY=VALUE  the plugin's env, repeatable; given, it replaces the whole env map
+#   --config-from FILE  copy FILE as the config instead (the DaemonSet's ConfigMap); its dirs must
+#                       be the ones given; excludes --plugin and --plugin-env
+#   --cni-log-file FILE the conflist's logFile: the shim appends one JSON line per call
 #   --dry-run           print what would change and change nothing
 #
 # pip reads its usual PIP_* variables (PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX) for offline nodes.
@@ -65,6 +76,13 @@ cni_conf_dir=${NETPLUGIN_CNI_CONF_DIR:-/etc/cni/net.d}
 state_dir=${NETPLUGIN_STATE_DIR:-/var/lib/netplugin}
 run_dir=${NETPLUGIN_RUN_DIR:-/run/netplugin}
 lib_dir=${NETPLUGIN_LIB_DIR:-}
+config=/etc/netplugin/netplugin.yaml
+config_from=
+cni_log_file=
+plugin_name=
+plugin_name_given=0
+plugin_env=()
+plugin_env_given=0
 use_venv=1
 venv_only=0
 dry_run=0
@@ -75,7 +93,7 @@ usage() {
 }
 
 die() {
-    echo "install.sh: $*" >&2
+    echo "install.sh: $1" >&2
     exit "${2:-1}"
 }
 
@@ -92,7 +110,8 @@ while [ $# -gt 0 ]; do
     esac
     case $arg in
     --prefix | --python | --wheel | --source | --extras | --bin-dir | --systemd-dir | --lib-dir | \
-        --exec-dir | --cni-bin-dir | --cni-conf-dir | --state-dir | --run-dir)
+        --exec-dir | --cni-bin-dir | --cni-conf-dir | --state-dir | --run-dir | --config | --plugin | \
+        --plugin-env | --config-from | --cni-log-file)
         if [ "$has_value" = 0 ]; then
             [ $# -ge 2 ] || die "$arg needs a value" 2
             value=$2
@@ -112,6 +131,17 @@ while [ $# -gt 0 ]; do
         --cni-conf-dir) cni_conf_dir=$value ;;
         --state-dir) state_dir=$value ;;
         --run-dir) run_dir=$value ;;
+        --config) config=$value ;;
+        --config-from) config_from=$value ;;
+        --cni-log-file) cni_log_file=$value ;;
+        --plugin)
+            plugin_name=$value
+            plugin_name_given=1
+            ;;
+        --plugin-env)
+            plugin_env+=("$value")
+            plugin_env_given=1
+            ;;
         esac
         ;;
     --no-venv) use_venv=0 ;;
@@ -137,6 +167,20 @@ check_path --cni-bin-dir "$cni_bin_dir"
 check_path --cni-conf-dir "$cni_conf_dir"
 check_path --state-dir "$state_dir"
 check_path --run-dir "$run_dir"
+check_path --config "$config"
+[ -z "$cni_log_file" ] || check_path --cni-log-file "$cni_log_file"
+if [ -n "$config_from" ]; then
+    [ -f "$config_from" ] || die "--config-from $config_from: no such file" 2
+    if [ "$plugin_name_given" = 1 ] || [ "$plugin_env_given" = 1 ]; then
+        die "--config-from excludes --plugin and --plugin-env (the file says which plugin)" 2
+    fi
+fi
+if [ "$plugin_name_given" = 1 ]; then
+    [[ $plugin_name =~ ^[A-Za-z0-9][A-Za-z0-9._/~-]*$ ]] || die "--plugin must be a plugin name (got '$plugin_name')" 2
+fi
+for pair in "${plugin_env[@]}"; do
+    [[ $pair =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--plugin-env must be KEY=VALUE with KEY a variable name (got '$pair')" 2
+done
 [[ $extras =~ ^[A-Za-z0-9_,-]*$ ]] || die "--extras must be a comma-separated list of names (got '$extras')" 2
 [ -d "$source_dir/exec_plugins" ] ||
     die "$source_dir is not a netplugin source tree or data dir (no exec_plugins/)" 2
@@ -458,7 +502,53 @@ else
 fi
 install_file "$shim_src" "$cni_bin_dir/netplugin-cni" 0755
 
-# --- 5. the CNI network config, pointed at this node's dirs --------------------------------------
+# --- 5. the node's config file, then the CNI network config naming it ------------------------------
+
+# netplugin's own code writes the config (it parses YAML and validates every key as the daemon
+# will): run by an interpreter that imports netplugin and PyYAML, the shim's if it can (-B: no
+# __pycache__ left in the dirs it imports from).
+config_tool=()
+find_config_tool() {
+    local entry="import sys; from netplugin.frontends.nodeconfig import main; sys.exit(main(sys.argv[1:]))"
+    local probe="import netplugin.frontends.nodeconfig, yaml"
+    if [ -n "$shim_path" ] && [ -d "$shim_path" ] &&
+        "$shim_python" -B -I -S -c "import sys; sys.path[:0] = ['$shim_path']; $probe" 2>/dev/null; then
+        config_tool=("$shim_python" -B -I -S -c "import sys; sys.path[:0] = ['$shim_path']; $entry")
+    elif [ -z "$shim_path" ] && "$shim_python" -B -I -c "$probe" 2>/dev/null; then
+        config_tool=("$shim_python" -B -I -c "$entry")
+    elif [ -d "$source_dir/netplugin" ] &&
+        "$python" -B -I -c "import sys; sys.path[:0] = ['$source_dir']; $probe" 2>/dev/null; then
+        config_tool=("$python" -B -I -c "import sys; sys.path[:0] = ['$source_dir']; $entry")
+    elif [ -d "$here/netplugin" ] && "$python" -B -I -c "import sys; sys.path[:0] = ['$here']; $probe" 2>/dev/null; then
+        config_tool=("$python" -B -I -c "import sys; sys.path[:0] = ['$here']; $entry")
+    elif [ -n "${lib_python:-}" ] && "$lib_python" -B -I -c "$probe" 2>/dev/null; then
+        config_tool=("$lib_python" -B -I -c "$entry")
+    else
+        return 1
+    fi
+}
+
+config_dir=$(dirname -- "$config")
+ensure_dir "$config_dir" 1
+config_args=("$config" --plugin-dir "$exec_dir" --state-dir "$state_dir" --run-dir "$run_dir")
+if [ -n "$config_from" ]; then
+    config_args+=(--from "$config_from")
+else
+    [ ! -f "$source_dir/etc/netplugin.yaml" ] || config_args+=(--defaults "$source_dir/etc/netplugin.yaml")
+    [ "$plugin_name_given" = 0 ] || config_args+=(--plugin "$plugin_name")
+    for pair in "${plugin_env[@]}"; do config_args+=(--plugin-env "$pair"); done
+fi
+[ "$dry_run" = 0 ] || config_args+=(--dry-run)
+if find_config_tool; then
+    config_out=$("${config_tool[@]}" "${config_args[@]}") || die "writing $config failed (see above)" "$?"
+    printf '%s\n' "$config_out"
+    case $config_out in unchanged*) ;; *) changed=1 ;; esac
+elif [ "$dry_run" = 1 ]; then
+    say "write $config (plugin_dir, state_dir, run_dir${plugin_name:+, plugin $plugin_name})"
+    changed=1
+else
+    die "no interpreter here imports netplugin and yaml to write $config"
+fi
 
 conflist="$source_dir/etc/cni/10-netplugin.conflist"
 if [ -f "$conflist" ]; then
@@ -468,17 +558,21 @@ if [ -f "$conflist" ]; then
     tool_python=$python
     if [ "$use_venv" = 1 ] && [ -x "$prefix/bin/python" ]; then tool_python=$prefix/bin/python; fi
     if ! command -v "$tool_python" >/dev/null 2>&1; then tool_python=python3; fi
+    # The shipped conflist, naming this node's config file and run dir (where the shim finds the
+    # daemon's socket): it carries no setting, the daemon and the shim take them all from that file.
     "$tool_python" -I -c 'import json, sys
-src, out, plugin_dir, state_dir, run_dir = sys.argv[1:]
+src, out, config, run_dir, log_file = sys.argv[1:]
 with open(src) as f:
     conf = json.load(f)
 for plugin in conf.get("plugins", []):
     if plugin.get("type") == "netplugin-cni":
-        plugin.update(pluginDir=plugin_dir, stateDir=state_dir, runDir=run_dir)
+        plugin.update(configFile=config, runDir=run_dir)
+        if log_file:
+            plugin["logFile"] = log_file
 with open(out, "w") as f:
     json.dump(conf, f, indent=2)
     f.write("\n")
-' "$conflist" "$conf_src" "$exec_dir" "$state_dir" "$run_dir" || die "cannot rewrite $conflist"
+' "$conflist" "$conf_src" "$config" "$run_dir" "$cni_log_file" || die "cannot rewrite $conflist"
     install_file "$conf_src" "$cni_conf_dir/10-netplugin.conflist" 0644
 else
     echo "skip CNI config: no etc/cni/10-netplugin.conflist in $source_dir"
@@ -492,15 +586,11 @@ if [ "$use_venv" = 1 ] && [ "$systemd_dir" != none ]; then
     ensure_dir "$systemd_dir" 0
     make_tmp
     unit_src=$made
-    # ExecStart= runs the venv's netplugin (not the PATH link, which another install may replace);
-    # the dirs the plugins and the conflist were given become the daemon's too.
+    # ExecStart= runs the venv's netplugin (not the PATH link, which another install may replace)
+    # with the node's config file, the one the conflist names: no setting anywhere else.
     while IFS= read -r line || [ -n "$line" ]; do
         case $line in
-        ExecStart=*) echo "ExecStart=$prefix/bin/netplugin serve" ;;
-        EnvironmentFile=*)
-            echo "Environment=NETPLUGIN_PLUGIN_DIR=$exec_dir NETPLUGIN_STATE_DIR=$state_dir NETPLUGIN_RUN_DIR=$run_dir"
-            echo "$line"
-            ;;
+        ExecStart=*) echo "ExecStart=$prefix/bin/netplugin serve --config $config" ;;
         *) echo "$line" ;;
         esac
     done <"$unit" >"$unit_src"

@@ -180,7 +180,8 @@ def test_daemonset_shape(ds: dict[str, Any], pod_spec: dict[str, Any], main_cont
     # One toleration with operator Exists and no key/effect tolerates every taint.
     assert {"operator": "Exists"} in pod_spec["tolerations"]
     assert main_container["securityContext"]["privileged"] is True
-    assert [*main_container.get("command", []), *main_container.get("args", [])] == ["netplugin", "serve"]
+    argv = [*main_container.get("command", []), *main_container.get("args", [])]
+    assert argv == ["netplugin", "serve", "--config", npconfig.DEFAULT_CONFIG]
     images = {c["image"] for c in pod_spec["containers"] + pod_spec["initContainers"]}
     assert len(images) == 1, "the installer and the daemon must come from the same image"
 
@@ -217,12 +218,22 @@ def test_netns_mount_propagates_from_the_host(pod_spec: dict[str, Any], main_con
     assert mount["mountPropagation"] == "HostToContainer"
 
 
-def test_config_is_mounted_where_netplugin_reads_it(pod_spec: dict[str, Any], main_container: dict[str, Any]) -> None:
+def test_config_is_installed_on_the_node_where_daemon_and_shim_read_it(
+    pod_spec: dict[str, Any], main_container: dict[str, Any], init_container: dict[str, Any]
+) -> None:
+    # The init container installs the ConfigMap's file on the node (--config-from) ...
     [config_volume] = [v for v in pod_spec["volumes"] if "configMap" in v]
-    mount = _mounts(main_container)[config_volume["name"]]
-    assert mount["mountPath"] == os.path.dirname(npconfig.DEFAULT_CONFIG)
     items = config_volume["configMap"].get("items") or [{"key": "netplugin.yaml", "path": "netplugin.yaml"}]
-    assert [i["path"] for i in items] == [os.path.basename(npconfig.DEFAULT_CONFIG)]
+    cm_mount = _mounts(init_container)[config_volume["name"]]
+    argv = [*init_container.get("command", []), *init_container.get("args", [])]
+    assert argv[argv.index("--config-from") + 1] == f"{cm_mount['mountPath']}/{items[0]['path']}"
+    assert argv[argv.index("--config") + 1] == npconfig.DEFAULT_CONFIG
+    # ... a host dir, so that the shim on the host reads the very file the daemon reads.
+    host_dir = os.path.dirname(npconfig.DEFAULT_CONFIG)
+    assert _mount_for_host_path(pod_spec, init_container, host_dir)["mountPath"] == host_dir
+    daemon_mount = _mount_for_host_path(pod_spec, main_container, host_dir)
+    assert (daemon_mount["mountPath"], daemon_mount.get("readOnly")) == (host_dir, True)
+    assert config_volume["name"] not in _mounts(main_container)  # the daemon reads the node's copy only
 
 
 def test_configmap_config_loads_and_matches_the_mounts(

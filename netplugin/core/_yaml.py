@@ -36,6 +36,7 @@ __all__ = [
     "load_json",
     "load_yaml",
     "read_document",
+    "shape_problem",
     "short_repr",
 ]
 
@@ -262,15 +263,19 @@ def load_yaml(data: bytes | str, *, max_bytes: int | None = None) -> Any:
 # --- JSON ----------------------------------------------------------------------------------------
 
 
-def _shape_problem(doc: Any) -> str | None:
-    """Deeper than MAX_DEPTH or more than MAX_NODES nodes? (an iterative walk of the parsed value)"""
+def shape_problem(doc: Any, max_nodes: int | None = MAX_NODES) -> str | None:
+    """Deeper than MAX_DEPTH or more than ``max_nodes`` nodes? (an iterative walk of a parsed value)
+
+    ``max_nodes=None`` checks the depth only (a document whose size bounds its cost already).
+    """
     todo: list[tuple[Any, int]] = [(doc, 0)]
     count = 0
+    limit = -1 if max_nodes is None else max_nodes
     while todo:
         value, depth = todo.pop()
         count += 1
-        if count > MAX_NODES:
-            return f"has more than {MAX_NODES} nodes"
+        if count == limit + 1:
+            return f"has more than {max_nodes} nodes"
         if isinstance(value, dict):
             value = value.values()
         elif not isinstance(value, list):
@@ -281,10 +286,14 @@ def _shape_problem(doc: Any) -> str | None:
     return None
 
 
-def load_json(data: bytes | str, *, max_bytes: int | None = None, duplicates: bool = False) -> Any:
+def load_json(
+    data: bytes | str, *, max_bytes: int | None = None, duplicates: bool = False, max_nodes: int | None = MAX_NODES
+) -> Any:
     """Parse one JSON document within the limits above. Raises :class:`DocumentError`.
 
     Duplicate object keys are refused unless ``duplicates`` (then the last one wins, as in Go).
+    ``max_nodes=None``: no node count, for documents that are many objects in one (a LIST page
+    of a Kubernetes collection: its byte size bounds it, and each object is checked on its own).
     """
     _check_size(data, max_bytes)
     try:
@@ -295,7 +304,7 @@ def load_json(data: bytes | str, *, max_bytes: int | None = None, duplicates: bo
         raise
     except ValueError as e:  # JSONDecodeError, bad UTF-8 (UnicodeDecodeError), huge integers
         raise DocumentError(" ".join(str(e).split())[:200]) from None
-    problem = _shape_problem(doc)
+    problem = shape_problem(doc, max_nodes)
     if problem:
         raise DocumentError(problem)
     return doc

@@ -12,7 +12,7 @@ import ipaddress
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from netplugin.core.errors import HostError
@@ -28,12 +28,15 @@ class NodeInfo:
     """One node: its name, ``spec.podCIDRs`` (at most one per family) and InternalIP addresses.
 
     Both tuples are normalised (``10.1.2.0/24``, ``fd00:1::/64``, ``fd00::1``) and keep the
-    order of the Node object: ``spec.podCIDRs`` order, ``status.addresses`` order.
+    order of the Node object: ``spec.podCIDRs`` order, ``status.addresses`` order. ``created``
+    is ``metadata.creationTimestamp`` as the API writes it (RFC 3339, UTC, so text order is time
+    order), or "" when unknown: of two nodes claiming overlapping pod CIDRs the older one is routed.
     """
 
     name: str
     pod_cidrs: tuple[str, ...] = ()
     internal_ips: tuple[str, ...] = ()
+    created: str = field(default="", compare=False)
 
     def env(self) -> dict[str, str]:
         """The ``NETPLUGIN_NODE_*`` variables for a plugin call."""
@@ -96,7 +99,8 @@ class NodeInfo:
                 ) from None
             if ip not in ips:
                 ips.append(ip)
-        return cls(meta["name"], tuple(cidrs), tuple(ips))
+        created = meta.get("creationTimestamp")
+        return cls(meta["name"], tuple(cidrs), tuple(ips), created if isinstance(created, str) else "")
 
 
 def node_name(configured: str | None, environ: Mapping[str, str] | None = None) -> str:

@@ -47,20 +47,22 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from netplugin.core._yaml import DocumentError
 from netplugin.core.errors import HostError
 from netplugin.core.node import NodeInfo, node_name
 from netplugin.hosts.kubeconfig import DEFAULT_SERVICE_ACCOUNT_DIR, KubeSettings, resolve_settings, ssl_context
+from netplugin.hosts.kubewire import MAX_LIST_BODY, parse_list
 
 if TYPE_CHECKING:
-    from netplugin.hosts.watch import ClusterCache, WatchStream
+    from netplugin.hosts.kubewire import WatchStream
+    from netplugin.hosts.nodeobjects import NodeParser
+    from netplugin.hosts.watch import ClusterCache
 
 __all__ = ["DEFAULT_TIMEOUT", "KubeHost"]
 
 DEFAULT_TIMEOUT = 5.0
 #: etcd refuses objects over 1.5 MiB, so a larger answer is not a Pod: stop reading it.
 MAX_BODY = 8 << 20
-#: one page of a LIST (the informers ask for pages of LIST_PAGE objects)
-MAX_LIST_BODY = 64 << 20
 USER_AGENT = "netplugin/0.1.0 (kube)"
 
 log = logging.getLogger(__name__)
@@ -123,6 +125,7 @@ class KubeHost:
         self.requests: Counter[tuple[str, str]] = Counter()
         #: the daemon's list+watch caches (see start_watching); None on the CLI path
         self.cache: ClusterCache | None = None
+        self._nodes: NodeParser | None = None
 
     @classmethod
     def from_config(cls, config: Any, **kwargs: Any) -> KubeHost:
@@ -350,19 +353,27 @@ class KubeHost:
         return NodeInfo.from_node(obj) if obj is not None else NodeInfo(me)
 
     def list_nodes(self) -> list[NodeInfo]:
-        """Every node (the daemon's cache, else a LIST). A Node that does not parse is logged and left out."""
+        """Every node (the daemon's cache, else a LIST), sorted by name.
+
+        A Node that does not parse is left out, and logged once per revision (:meth:`node_problems`).
+        """
+        from netplugin.hosts.nodeobjects import NodeParser
+
         cache = self.cache
         if cache is not None and cache.nodes.synced.is_set():
             objs = cache.nodes.items()
         else:
             objs = self.list_collection("/api/v1/nodes", {}).get("items") or []
-        out = []
-        for obj in objs:
-            try:
-                out.append(NodeInfo.from_node(obj))
-            except HostError as e:
-                log.warning("ignoring a node: %s", e.message)
-        return sorted(out, key=lambda n: n.name)
+        if self._nodes is None:
+            self._nodes = NodeParser()
+        return self._nodes.parse(o for o in objs if isinstance(o, dict))
+
+    def node_problems(self) -> list[tuple[str, str]]:
+        """(node, why) for each Node left out: unreadable as a Node, or refused by the list+watch cache."""
+        out = self._nodes.problems() if self._nodes is not None else []
+        if self.cache is not None:
+            out += [(b.name or "(no name)", b.reason) for b in self.cache.nodes.bad_objects()]
+        return sorted(out)
 
     # -- list and watch (the daemon's caches; see netplugin.hosts.watch) --
 
@@ -373,16 +384,19 @@ class KubeHost:
         where = f"cannot list {resource} from {url}"
         self.requests[("list", resource)] += 1
         status, reason, body, location = self._get(url, where, max_body=MAX_LIST_BODY)
-        doc = _json(body)
         if status != 200:
             self._raise_status(where, url, status, reason, body, location, allow_404=False, verb="list", kind=resource)
+        try:
+            doc = parse_list(body)
+        except DocumentError as e:
+            raise HostError(f"{where}: answered 200 with a body that cannot be read: it {e}", url=url) from None
         if not isinstance(doc, dict) or not str(doc.get("kind", "")).endswith("List"):
             raise HostError(f"{where}: answered 200 with something that is not a List: {_snippet(body)}", url=url)
         return doc
 
     def watch_collection(self, path: str, query: Mapping[str, str], timeout: float) -> WatchStream:
         """Open a watch of a collection (``query`` has ``watch=1``); HostError with ``status`` if not 200."""
-        from netplugin.hosts.watch import WatchStream, keepalive
+        from netplugin.hosts.kubewire import WatchStream, keepalive
 
         s = self.settings
         url = s.server + path + "?" + urllib.parse.urlencode(query)

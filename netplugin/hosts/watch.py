@@ -14,6 +14,16 @@ An :class:`Informer` keeps :meth:`Informer.items` equal to a collection on the A
 * a ``410 Gone`` (the revision left the server's history), as an HTTP status or as an
   ``ERROR`` event, LISTs again: the new list replaces the cache, and the difference is
   delivered as ADDED/MODIFIED/DELETED, so a consumer never misses a deletion it slept through.
+  As client-go's reflector, relists are backed off (0.8 s doubling to 30 s, with jitter, reset
+  after 2 quiet minutes): an API server answering 410 to every watch is asked again about 14
+  times in the first 5 minutes, then twice a minute, not a thousand times a second;
+* what the server sends is read within bounds (:mod:`netplugin.hosts.kubewire`): an object that
+  is too big, too deep or nameless is left out of the cache and logged once per revision
+  (:meth:`Informer.bad_objects`), the rest of its page is used;
+* any failure of the loop (a broken line, a bug, an exception of any kind) is recorded: the
+  status says ``synced: false`` and the last error until a LIST or an event succeeds again, and
+  the loop starts over (after an unexpected error: from a fresh LIST) with backoff. The thread
+  never dies while the informer runs.
 
 The transport is the host's (:class:`WatchTransport`): the standard library's HTTP client in
 :class:`~netplugin.hosts.kube.KubeHost`. This module starts threads, so only the daemon uses it.
@@ -21,28 +31,27 @@ The transport is the host's (:class:`WatchTransport`): the standard library's HT
 
 from __future__ import annotations
 
-import contextlib
-import http.client
-import json
 import logging
 import random
-import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from netplugin.core._yaml import short_repr
 from netplugin.core.errors import HostError
+from netplugin.hosts.kubewire import BadObject, WatchStream, object_problem, parse_event, parse_list_page
 
 __all__ = [
     "Backoff",
     "ClusterCache",
     "Informer",
     "WatchExpired",
-    "WatchStream",
     "WatchTransport",
-    "keepalive",
     "object_key",
+    "relist_backoff",
+    "slim_node",
 ]
 
 log = logging.getLogger("netplugin.watch")
@@ -75,75 +84,35 @@ class WatchTransport(Protocol):
         ...
 
 
-class WatchStream:
-    """The lines of one watch response; :meth:`abort` (from any thread) ends them.
-
-    ``response`` is an ``http.client.HTTPResponse`` (anything with ``read1`` and ``close``);
-    ``sock`` its socket, shut down by :meth:`abort`.
-    """
-
-    MAX_LINE = 8 << 20  # a Node or Pod is far below etcd's 1.5 MiB limit
-
-    def __init__(self, response: Any, sock: Any | None) -> None:
-        self._response = response
-        self._sock = sock
-        self.aborted = False
-
-    def __enter__(self) -> WatchStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._response.close()
-
-    def abort(self) -> None:
-        self.aborted = True
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.shutdown(socket.SHUT_RDWR)
-
-    def __iter__(self) -> Iterator[bytes]:
-        # read1(), not readline(): on a chunked response readline() reports a connection dropped
-        # mid-stream as a clean end, read1() raises IncompleteRead, and the informer must know.
-        buf = b""
-        while True:
-            nl = buf.find(b"\n")
-            if nl >= 0:
-                line, buf = buf[: nl + 1], buf[nl + 1 :]
-                yield line
-                continue
-            if len(buf) > self.MAX_LINE:
-                raise ValueError(f"watch event larger than {self.MAX_LINE} bytes")
-            try:
-                chunk = self._response.read1(64 * 1024)
-            except (http.client.HTTPException, OSError, ValueError) as e:
-                if self.aborted:
-                    return
-                raise ConnectionError(f"watch stream broken: {type(e).__name__}: {e}") from None
-            if not chunk:
-                if buf.strip():
-                    raise ConnectionError("watch stream broken: connection closed inside an event")
-                return
-            buf += chunk
-
-
 @dataclass
 class Backoff:
-    """Exponential backoff with jitter: ``initial``, doubling, at most ``cap`` seconds."""
+    """Exponential backoff with jitter: ``initial``, doubling, at most ``cap`` seconds (+-20 %).
+
+    ``reset_after``: start from ``initial`` again when the previous delay was asked for longer
+    ago than that (client-go's ``resetDuration``); None: only :meth:`reset` does.
+    """
 
     initial: float = 0.2
     cap: float = 30.0
+    reset_after: float | None = None
     _current: float = 0.0
+    _last: float = 0.0
 
     def next(self) -> float:
+        now = time.monotonic()
+        if self.reset_after is not None and now - self._last > self.reset_after:
+            self._current = 0.0
+        self._last = now
         self._current = self.initial if not self._current else min(self.cap, self._current * 2)
         return self._current * random.uniform(0.8, 1.2)
 
     def reset(self) -> None:
         self._current = 0.0
+
+
+def relist_backoff() -> Backoff:
+    """client-go's reflector: 0.8 s doubling to 30 s, reset after 2 minutes without a relist."""
+    return Backoff(initial=0.8, cap=30.0, reset_after=120.0)
 
 
 def object_key(obj: Mapping[str, Any]) -> Key:
@@ -169,7 +138,9 @@ class InformerStats:
     failures: int = 0
     events: int = 0
     bookmarks: int = 0
+    bad_objects: int = 0  # left out of the cache now (see Informer.bad_objects)
     last_error: str | None = None
+    failing: bool = False  # since the last failure, until a LIST or an event succeeds
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -188,6 +159,8 @@ class Informer:
         name: str = "",
         watch_timeout: tuple[float, float] = (300.0, 600.0),
         backoff: Backoff | None = None,
+        relist: Backoff | None = None,
+        transform: Callable[[Obj], Obj] | None = None,
     ) -> None:
         self.transport = transport
         self.path = path
@@ -196,7 +169,11 @@ class Informer:
         self.name = name or path
         self.watch_timeout = watch_timeout
         self.backoff = backoff or Backoff()
+        self.relist = relist or relist_backoff()
+        #: what is kept of each object (client-go's SetTransform): the cache holds only what its readers use
+        self.transform = transform or (lambda obj: obj)
         self.stats = InformerStats()
+        self._bad: dict[Key, BadObject] = {}  # left out of the cache, by key (nameless: ("", reason))
         #: set once the first LIST is in the cache (and stays set across relists)
         self.synced = threading.Event()
         self._store: dict[Key, Obj] = {}
@@ -226,13 +203,20 @@ class Informer:
         return {
             "path": self.path,
             "field_selector": self.field_selector,
-            "synced": self.synced.is_set(),
+            # Synced only while the loop is sound: a cache whose watch keeps failing is stale.
+            "synced": self.synced.is_set() and not self.stats.failing,
+            "alive": self._thread is not None and self._thread.is_alive(),
             "objects": count,
             "resource_version": self._rv,
             **self.stats.to_dict(),
         }
 
     # --- life cycle --------------------------------------------------------------------------------
+
+    def bad_objects(self) -> list[BadObject]:
+        """The objects the server sent that are not in the cache (too big, too deep, nameless)."""
+        with self._lock:
+            return sorted(self._bad.values(), key=lambda b: (b.name, b.reason))
 
     def start(self) -> None:
         if self._thread is None:
@@ -266,22 +250,46 @@ class Informer:
                 self._watch()
             except WatchExpired as e:
                 self.stats.relists += 1
-                log.info("%s: %s; listing again", self.name, e)
                 self._rv = None
-            except (HostError, ValueError, OSError) as e:
+                delay = self.relist.next()
+                log.info("%s: %s; listing again in %.1fs", self.name, e, delay)
+                self._stop.wait(delay)
+            except BaseException as e:
                 if self._stop.is_set():
                     return
-                self.stats.failures += 1
-                self.stats.last_error = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
-                delay = self.backoff.next()
-                log.warning("%s: %s; retrying in %.1fs", self.name, self.stats.last_error, delay)
-                self._stop.wait(delay)
+                self._failed(e)
+
+    def _failed(self, e: BaseException) -> None:
+        """Record a failure of the loop, and wait before the next try (the loop goes on)."""
+        expected = isinstance(e, (HostError, ValueError, OSError))
+        self.stats.failures += 1
+        self.stats.failing = True
+        try:
+            text = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
+        except Exception:  # an exception whose str() fails must not end the thread either
+            text = type(e).__name__
+        self.stats.last_error = short_repr(text, 300) if not isinstance(text, str) else text[:300]
+        if not expected:
+            # A bug, or something no one planned for (RecursionError, a handler's SystemExit):
+            # the cache may be half-updated, so start over from a fresh LIST.
+            self._rv = None
+            log.error("%s: the watch loop failed: %s", self.name, self.stats.last_error, exc_info=e)
+        delay = self.backoff.next()
+        log.warning("%s: %s; retrying in %.1fs", self.name, self.stats.last_error, delay)
+        self._stop.wait(delay)
+
+    def _recovered(self) -> None:
+        if self.stats.failing:
+            log.info("%s: the watch works again", self.name)
+        self.stats.failing = False
+        self.backoff.reset()
 
     def _list(self) -> None:
         """LIST (page by page) into a fresh store; deliver the difference to the old one."""
         self.stats.lists += 1
         fresh: dict[Key, Obj] = {}
-        rv: Any = None
+        bad: dict[Key, BadObject] = {}
+        rv = ""
         token = ""
         while True:
             try:
@@ -292,26 +300,21 @@ class Informer:
                 if token and e.details.get("status") == 410:
                     raise WatchExpired("the LIST's continue token expired") from None
                 raise
-            items = doc.get("items")
-            meta = doc.get("metadata")
-            if not isinstance(items, list) and items is not None:
-                raise ValueError(f"LIST {self.path}: items is not a list")
-            if not isinstance(meta, Mapping):
-                raise ValueError(f"LIST {self.path}: no metadata")
-            rv = rv or meta.get("resourceVersion")
-            for obj in items or []:
-                if not isinstance(obj, dict):
-                    raise ValueError(f"LIST {self.path}: an item is not an object")
-                fresh[object_key(obj)] = obj
-            token = str(meta.get("continue") or "")
+            page = parse_list_page(doc, self.path)
+            rv = rv or page.resource_version
+            for obj in page.items:
+                fresh[object_key(obj)] = self.transform(obj)
+            for b in page.bad:
+                bad[b.key] = b
+            token = page.token
             if not token:
                 break
-        if not isinstance(rv, str) or not rv:
-            raise ValueError(f"LIST {self.path}: no metadata.resourceVersion")
         with self._lock:
             old, self._store = self._store, fresh
             self._rv = rv
+        self._set_bad(bad, replace=True)
         self.synced.set()
+        self._recovered()
         for key, obj in fresh.items():
             prev = old.get(key)
             if prev is None:
@@ -321,6 +324,16 @@ class Informer:
         for key, prev in old.items():
             if key not in fresh:
                 self._emit("DELETED", prev, None)
+
+    def _set_bad(self, bad: dict[Key, BadObject], *, replace: bool) -> None:
+        """Remember the objects left out; log each when it appears or changes, not at every LIST."""
+        with self._lock:
+            before = self._bad
+            self._bad = bad if replace else {**before, **bad}
+            self.stats.bad_objects = len(self._bad)
+        for key, b in bad.items():
+            if before.get(key) != b:
+                log.warning("%s: left out of the cache: %s (revision %s)", self.name, b, b.resource_version or "?")
 
     def _watch(self) -> None:
         self.stats.watches += 1
@@ -338,34 +351,39 @@ class Informer:
                 raise WatchExpired(f"watch answered HTTP 410 Gone: {e.message}") from None
             raise
         self._stream = stream
+        self._recovered()  # the API answers again; a line that breaks this stream fails it anew
         try:
             with stream:
                 if self._stop.is_set():
                     return
                 for line in stream:
                     if line.strip():
-                        self._apply(json.loads(line))
-                        self.backoff.reset()
+                        self._apply(*parse_event(line))
+                        self._recovered()
         finally:
             self._stream = None
         # The server ended the stream (its timeoutSeconds): watch again at once, from where we are.
 
-    def _apply(self, event: Any) -> None:
-        if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
-            raise ValueError(f"watch {self.path}: an event is not {{type, object}}")
-        etype, obj = event.get("type"), event["object"]
+    def _apply(self, etype: str, obj: Obj) -> None:
         if etype == "ERROR":
             if obj.get("code") == 410:
                 raise WatchExpired(f"watch said: {obj.get('message') or obj.get('reason') or 'Gone'}")
-            raise ValueError(f"watch {self.path} error {obj.get('code')}: {obj.get('message')}")
+            raise ValueError(
+                f"watch {self.path} error {short_repr(obj.get('code'))}: {short_repr(obj.get('message'), 200)}"
+            )
         rv = _rv(obj)
         if etype == "BOOKMARK":
             self.stats.bookmarks += 1
             self._rv = rv
             return
         if etype not in ("ADDED", "MODIFIED", "DELETED"):
-            raise ValueError(f"watch {self.path}: unknown event type {etype!r}")
+            raise ValueError(f"watch {self.path}: unknown event type {short_repr(etype)}")
+        problem = object_problem(obj)
+        if problem is not None:
+            self._apply_bad(etype, problem, rv)
+            return
         key = object_key(obj)
+        obj = self.transform(obj)
         self.stats.events += 1
         with self._lock:
             old = self._store.get(key)
@@ -374,11 +392,29 @@ class Informer:
             else:
                 self._store[key] = obj
             self._rv = rv
+            gone = self._bad.pop(key, None)
+            self.stats.bad_objects = len(self._bad)
+        if gone is not None:
+            log.info("%s: %s can be read again (or is gone)", self.name, key[1])
         if etype == "DELETED":
             if old is not None:
                 self._emit("DELETED", old, None)
         else:
             self._emit("MODIFIED" if old is not None else "ADDED", old, obj)
+
+    def _apply_bad(self, etype: str, problem: BadObject, rv: str) -> None:
+        """An event whose object cannot be cached: its older version goes (it is no longer true)."""
+        self.stats.events += 1
+        with self._lock:
+            old = self._store.pop(problem.key, None)
+            self._rv = rv
+            if etype == "DELETED":
+                self._bad.pop(problem.key, None)
+                self.stats.bad_objects = len(self._bad)
+        if etype != "DELETED":
+            self._set_bad({problem.key: problem}, replace=False)
+        if old is not None:
+            self._emit("DELETED", old, None)
 
     def _emit(self, etype: str, old: Obj | None, new: Obj | None) -> None:
         if self.on_change is None:
@@ -389,21 +425,22 @@ class Informer:
             log.exception("%s: change handler failed on %s", self.name, etype)
 
 
-def keepalive(response: Any) -> socket.socket | None:
-    """The socket under an urllib response, with TCP keepalive on (a dead peer shows in about a minute).
-
-    None when the socket cannot be found (then a watch cannot be aborted early; it ends at its timeout).
-    """
-    raw = getattr(getattr(response, "fp", None), "raw", None)
-    sock = getattr(raw, "_sock", None)
-    if not isinstance(sock, socket.socket):
-        return None
-    with contextlib.suppress(OSError, AttributeError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 30)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
-    return sock
+def slim_node(obj: Obj) -> Obj:
+    """What the daemon reads of a Node (:meth:`NodeInfo.from_node`): a kubelet's Node is 5-20 KB
+    (conditions, images, capacity), and a cache of 5,000 full ones cost the daemon about 160 MiB."""
+    meta = obj.get("metadata") or {}
+    keep = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+    spec, status = obj.get("spec"), obj.get("status")
+    slim: Obj = {"metadata": {k: meta[k] for k in keep if k in meta}}
+    if isinstance(spec, dict):
+        slim["spec"] = {k: spec[k] for k in ("podCIDR", "podCIDRs") if k in spec}
+    else:
+        slim["spec"] = spec
+    if isinstance(status, dict):
+        slim["status"] = {k: status[k] for k in ("addresses",) if k in status}
+    else:
+        slim["status"] = status
+    return slim
 
 
 class ClusterCache:
@@ -417,7 +454,7 @@ class ClusterCache:
                 on_nodes_change()
 
         self.node_name = node_name
-        self.nodes = Informer(transport, "/api/v1/nodes", on_change=changed, name="nodes")
+        self.nodes = Informer(transport, "/api/v1/nodes", on_change=changed, name="nodes", transform=slim_node)
         self.pods = Informer(
             transport, "/api/v1/pods", field_selector=f"spec.nodeName={node_name}", name=f"pods on {node_name}"
         )

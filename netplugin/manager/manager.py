@@ -226,6 +226,11 @@ class Manager:
         self._handles[plugin.name] = frozenset(handles)
         return True
 
+    def init_done(self) -> bool:
+        """Whether init already ran this boot for this plugin's version and settings (nothing runs)."""
+        plugin = self.plugin
+        return self._marker_ok(self._marker_path(plugin), boot_id(), plugin, self.node(strict=False))
+
     def init(self, *, force: bool = False, node: NodeInfo | None = None) -> bool:
         """Run each member's init unless it already ran this boot for its version. True if any ran.
 

@@ -11,10 +11,23 @@ Ownership: every route netplugin makes carries the routing protocol number
 changed or removed; a route of someone else to the same destination is reported as a conflict
 rather than replaced. :meth:`RouteTable.flush` removes exactly ours.
 
-Nodes that cannot be routed are reported, not silently skipped: each
-:class:`RouteProblem` names the node, the CIDR and why (no InternalIP of that family, next
-hop not on a directly connected network, overlap with this node's own pod CIDR, a CIDR
-claimed by two nodes, a foreign route in the way, a netlink error).
+What a Node object can make this node route is bounded (a Node is written by its kubelet, and
+a compromised kubelet writes what it likes). A pod CIDR gets a route only when it is
+
+* inside ``cluster_cidrs`` (no ``cluster_cidrs``: nothing is routed, and every CIDR says why),
+  so ``128.0.0.0/1`` or a piece of the underlay is never routed;
+* clear of this node's own pod CIDRs and addresses;
+* clear of every connected route of the table (the node's LANs: neither inside one nor
+  containing one) and of every other route more specific than or equal to it (someone else's
+  routes win); a broader route with a gateway (the default route) is what it refines, as intended;
+* clear of every other node's pod CIDRs, partial overlaps included. Of two overlapping claims
+  the older Node (``metadata.creationTimestamp``) keeps its route and the newer one is refused
+  (a re-registered hostile Node cannot take an honest node's pods); when neither is known to be
+  older (same second, or no timestamp, as in node files) both are refused.
+
+Nodes that cannot be routed are reported, not silently skipped: each :class:`RouteProblem`
+names the node, the CIDR, a ``kind`` (a metric label) and why (no InternalIP of that family, next
+hop not on a directly connected network, one of the overlaps above, a netlink error).
 """
 
 from __future__ import annotations
@@ -28,7 +41,20 @@ from typing import Any
 
 from netplugin.core.node import NodeInfo
 
-__all__ = ["RTPROT_NETPLUGIN", "Route", "RouteProblem", "RouteReport", "RouteTable"]
+__all__ = ["PROBLEM_KINDS", "RTPROT_NETPLUGIN", "Route", "RouteProblem", "RouteReport", "RouteTable"]
+
+#: why a pod CIDR is not routed, as a metric label
+PROBLEM_KINDS = (
+    "no_internal_ip",
+    "outside_cluster_cidrs",
+    "own_pod_cidr",
+    "own_address",
+    "connected_route",
+    "foreign_route",
+    "node_overlap",
+    "next_hop",
+    "kernel",
+)
 
 #: The routing protocol number marking netplugin's routes (unassigned in iproute2's rt_protos).
 RTPROT_NETPLUGIN = 78
@@ -62,11 +88,12 @@ class Route:
 
 @dataclass(frozen=True, order=True)
 class RouteProblem:
-    """Why the pod CIDR ``cidr`` of ``node`` has no route."""
+    """Why the pod CIDR ``cidr`` of ``node`` has no route; ``kind`` is one of :data:`PROBLEM_KINDS`."""
 
     node: str
     cidr: str
     reason: str
+    kind: str = "next_hop"
 
     def __str__(self) -> str:
         return f"node {self.node} pod CIDR {self.cidr}: {self.reason}"
@@ -89,7 +116,7 @@ class RouteReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "routes": [{"dst": r.dst, "via": r.gateway, "node": r.node} for r in self.routes],
-            "problems": [{"node": p.node, "cidr": p.cidr, "reason": p.reason} for p in self.problems],
+            "problems": [{"node": p.node, "cidr": p.cidr, "reason": p.reason, "kind": p.kind} for p in self.problems],
         }
 
 
@@ -97,9 +124,17 @@ class RouteTable:
     """This node's routes to the other nodes' pod CIDRs. Thread-safe (one netlink socket, locked)."""
 
     def __init__(
-        self, self_name: str, *, proto: int = RTPROT_NETPLUGIN, table: int = _MAIN_TABLE, netns: str | None = None
+        self,
+        self_name: str,
+        *,
+        cluster_cidrs: Iterable[str] = (),
+        proto: int = RTPROT_NETPLUGIN,
+        table: int = _MAIN_TABLE,
+        netns: str | None = None,
     ) -> None:
         self.self_name = self_name
+        #: only pod CIDRs inside these are routed (none: nothing is)
+        self.cluster_cidrs: list[Network] = [ipaddress.ip_network(c) for c in cluster_cidrs]
         self.proto = proto
         self.table = table
         #: a named network namespace to work in (tests); None: the daemon's own
@@ -186,33 +221,51 @@ class RouteTable:
                 view = self._dump()
         nodes = sorted(nodes, key=lambda n: n.name)
         own: list[Network] = [ipaddress.ip_network(c) for n in nodes if n.name == self.self_name for c in n.pod_cidrs]
-        claimed: dict[str, str] = {}
+        claims = [(n, ipaddress.ip_network(c)) for n in nodes if n.name != self.self_name for c in n.pod_cidrs]
+        refused = node_overlaps(claims)
+        local = [ipaddress.ip_address(a) for a in view.local]
         routes: list[Route] = []
         problems: list[RouteProblem] = []
-        for node in nodes:
-            if node.name == self.self_name:
+        for node, net in claims:
+            gateway = node.internal_ip(net.version)
+            if gateway is None:
+                kind, reason = "no_internal_ip", f"the node has no IPv{net.version} InternalIP"
+            else:
+                kind, reason = self._refusal(net, own, local, view) or refused.get((node.name, str(net)), ("", ""))
+            if reason:
+                problems.append(RouteProblem(node.name, str(net), reason, kind))
                 continue
-            for cidr in node.pod_cidrs:
-                net = ipaddress.ip_network(cidr)
-                gateway = node.internal_ip(net.version)
-                reason = ""
-                if gateway is None:
-                    reason = f"the node has no IPv{net.version} InternalIP"
-                elif any(net.overlaps(m) for m in own if m.version == net.version):
-                    reason = "overlaps this node's own pod CIDR"
-                elif str(net) in claimed:
-                    reason = f"also the pod CIDR of node {claimed[str(net)]}"
-                if reason:
-                    problems.append(RouteProblem(node.name, str(net), reason))
-                    continue
-                assert gateway is not None
-                claimed[str(net)] = node.name
-                oif, why = self._next_hop(view, gateway)
-                if oif is None:
-                    problems.append(RouteProblem(node.name, str(net), why))
-                    continue
-                routes.append(Route(str(net), gateway, oif, node.name))
+            assert gateway is not None
+            oif, why = self._next_hop(view, gateway)
+            if oif is None:
+                problems.append(RouteProblem(node.name, str(net), why, "next_hop"))
+                continue
+            routes.append(Route(str(net), gateway, oif, node.name))
         return sorted(routes), problems
+
+    def _refusal(self, net: Network, own: list[Network], local: list[Any], view: _View) -> tuple[str, str] | None:
+        """(kind, why) when ``net`` may not be routed whoever claims it, else None."""
+        if not self.cluster_cidrs:
+            return "outside_cluster_cidrs", "cluster_cidrs is not set: netplugin routes only pod CIDRs inside it"
+        if not any(net.version == c.version and net.subnet_of(c) for c in self.cluster_cidrs):  # type: ignore[arg-type]
+            inside = ", ".join(str(c) for c in self.cluster_cidrs)
+            return "outside_cluster_cidrs", f"not inside cluster_cidrs ({inside})"
+        mine = next((m for m in own if m.version == net.version and net.overlaps(m)), None)
+        if mine is not None:
+            return "own_pod_cidr", "overlaps this node's own pod CIDR"
+        addr = next((a for a in local if a.version == net.version and a in net), None)
+        if addr is not None:
+            return "own_address", f"contains {addr}, an address of this node"
+        for other, rtype, via, _ in view.others:
+            if other.version != net.version or not other.overlaps(net):
+                continue
+            if rtype == _RTN_UNICAST and via is None and other.prefixlen > 0:
+                return "connected_route", f"overlaps {other}, a directly connected network of this node"
+            if other == net:
+                return "foreign_route", "a route to it that netplugin did not make exists"
+            if other.prefixlen > net.prefixlen:
+                return "foreign_route", f"contains {other}, a route netplugin did not make"
+        return None
 
     def reconcile(self, nodes: Iterable[NodeInfo], *, fresh: bool = True) -> RouteReport:
         """Make our routes exactly those ``nodes`` ask for; other routes are left alone.
@@ -229,7 +282,6 @@ class RouteTable:
             self._view = None  # until this pass is through: a failure below means "dump next time"
             want, report.problems = self.desired(nodes, view)
             ours = view.ours
-            foreign = {str(o[0]) for o in view.others}
             wanted = {r.dst for r in want}
             for dst, (gateway, oif) in sorted(ours.items()):
                 if dst in wanted:
@@ -246,17 +298,12 @@ class RouteTable:
                 if current == (r.gateway, r.oif):
                     report.routes.append(r)
                     continue
-                if current is None and r.dst in foreign:
-                    report.problems.append(
-                        RouteProblem(r.node, r.dst, "a route to it that netplugin did not make exists")
-                    )
-                    continue
                 try:
                     self._nl().route(
                         "replace", dst=r.dst, gateway=r.gateway, oif=r.oif, table=self.table, proto=self.proto
                     )
                 except NetlinkError as e:
-                    report.problems.append(RouteProblem(r.node, r.dst, f"the kernel refused the route: {e}"))
+                    report.problems.append(RouteProblem(r.node, r.dst, f"the kernel refused the route: {e}", "kernel"))
                     ours.pop(r.dst, None)
                     continue
                 ours[r.dst] = (r.gateway, r.oif)
@@ -269,3 +316,42 @@ class RouteTable:
     def flush(self) -> list[str]:
         """Remove every route of ours (a node leaving netplugin's care); returns their destinations."""
         return self.reconcile([]).removed
+
+
+def node_overlaps(claims: list[tuple[NodeInfo, Network]]) -> dict[tuple[str, str], tuple[str, str]]:
+    """(node, cidr) -> ("node_overlap", why) for each claim refused because another node's overlaps it.
+
+    CIDRs overlap only by containment, so one sweep in address order with a stack of the open
+    (containing) CIDRs finds every overlapping pair in O(n log n + pairs). Of a pair, the newer
+    Node is refused; both are when neither is known to be older.
+    """
+    refused: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def refuse(loser: tuple[NodeInfo, Network], other: tuple[NodeInfo, Network], why: str) -> None:
+        refused.setdefault(
+            (loser[0].name, str(loser[1])),
+            ("node_overlap", f"overlaps pod CIDR {other[1]} of node {other[0].name} ({why})"),
+        )
+
+    for version in (4, 6):
+        fam = sorted(
+            (c for c in claims if c[1].version == version),
+            key=lambda c: (int(c[1].network_address), c[1].prefixlen, c[0].name),
+        )
+        stack: list[tuple[NodeInfo, Network]] = []
+        for claim in fam:
+            start = int(claim[1].network_address)
+            while stack and int(stack[-1][1].broadcast_address) < start:
+                stack.pop()
+            for open_ in stack:
+                if open_[0].name == claim[0].name:
+                    continue
+                a, b = open_[0].created, claim[0].created
+                if a and b and a != b:
+                    old, new = (open_, claim) if a < b else (claim, open_)
+                    refuse(new, old, "an older Node")
+                else:
+                    refuse(claim, open_, "neither Node is known to be older: both refused")
+                    refuse(open_, claim, "neither Node is known to be older: both refused")
+            stack.append(claim)
+    return refused

@@ -80,8 +80,10 @@ class Node:
         self.subnet = f"10.207.{free_third_octet(SUITE_RANGE)}.0/24"
         self.netns: list[str] = []
         self.containers: list[str] = []
+        # The ConfigMap's stand-in; the init container installs it as the node's config file.
         self.config = self.etc / "netplugin.yaml"
-        self.config.write_text(
+        self.configmap = self.etc / "configmap.yaml"
+        self.configmap.write_text(
             yaml.safe_dump(
                 {
                     "plugin_dir": str(self.exec_dir),
@@ -138,12 +140,13 @@ def _init_container(image: str, node: Node) -> subprocess.CompletedProcess[str]:
     """What the DaemonSet's init container runs, with its securityContext."""
     argv = ["podman", "run", "--rm", "--network=none", "--read-only", "--tmpfs", "/tmp", *ULIMITS]
     argv += ["--cap-drop=ALL", "--cap-add=CHOWN,DAC_OVERRIDE,FOWNER", "--security-opt=no-new-privileges"]
-    for d in (node.exec_dir, node.cni_bin, node.cni_conf, node.lib):
+    for d in (node.exec_dir, node.cni_bin, node.cni_conf, node.lib, node.etc):
         argv += _volume(d)
     argv += [image, "/bin/bash", "/usr/share/netplugin/scripts/install.sh", "--no-venv"]
     argv += ["--source", "/usr/share/netplugin", "--python", "/usr/bin/python3", "--lib-dir", str(node.lib)]
     argv += ["--exec-dir", str(node.exec_dir), "--cni-bin-dir", str(node.cni_bin), "--cni-conf-dir", str(node.cni_conf)]
     argv += ["--state-dir", str(node.state), "--run-dir", str(node.run_dir)]
+    argv += ["--config", str(node.config), "--config-from", str(node.configmap)]
     return _run(argv, timeout=300)
 
 
@@ -151,8 +154,8 @@ def _start_daemon(image: str, node: Node) -> str:
     name = f"np-daemon-{node.tag}"
     argv = ["podman", "run", "-d", "--name", name, "--network=host", "--pid=host", "--privileged", *ULIMITS]
     argv += _volume(node.exec_dir, "ro") + _volume(node.state) + _volume(node.run_dir) + _volume(node.etc, "ro")
-    argv += ["-v", "/run/netns:/run/netns:rslave", "-e", f"NETPLUGIN_CONFIG={node.config}"]
-    argv += [image, "netplugin", "serve"]
+    argv += ["-v", "/run/netns:/run/netns:rslave"]
+    argv += [image, "netplugin", "serve", "--config", str(node.config)]
     os.makedirs("/run/netns", exist_ok=True)
     out = _run(argv)
     assert out.returncode == 0, out.stderr
@@ -209,7 +212,8 @@ def test_init_container_puts_plugins_and_a_working_shim_onto_the_node(image: str
     for module in ("netplugin", "click", "yaml", "psutil"):
         assert (node.lib / module / "__init__.py").is_file(), module
     conf = json.loads((node.cni_conf / "10-netplugin.conflist").read_text())
-    assert conf["plugins"][0]["pluginDir"] == str(node.exec_dir)
+    assert conf["plugins"][0] == {"type": "netplugin-cni", "configFile": str(node.config), "runDir": str(node.run_dir)}
+    assert node.config.read_text() == node.configmap.read_text()
     # The shim runs on the host's interpreter with the modules copied from the image, nothing else.
     shim = node.cni_bin / "netplugin-cni"
     assert shim.read_text().count("exec /usr/bin/python3 -I -S ") == 1

@@ -50,6 +50,8 @@ def _targets(tmp_path: Path) -> dict[str, Path]:
         "--exec-dir": tmp_path / "node" / "exec",
         "--cni-bin-dir": tmp_path / "node" / "cni-bin",
         "--cni-conf-dir": tmp_path / "node" / "cni-conf",
+        # never the machine's /etc/netplugin
+        "--config": tmp_path / "node" / "etc" / "netplugin.yaml",
     }
 
 
@@ -102,7 +104,7 @@ def _make_source(tmp_path: Path) -> Path:
 def test_install_sloppy_source_is_normalised_and_idempotent(tmp_path: Path) -> None:
     src = _make_source(tmp_path)
     targets = _targets(tmp_path)
-    exec_dir, cni_bin, cni_conf = targets.values()
+    exec_dir, cni_bin, cni_conf, _ = targets.values()
     lib = tmp_path / "node" / "lib"
     # An earlier bad install left a world-writable exec dir behind: the installer must fix it.
     exec_dir.mkdir(parents=True)
@@ -129,6 +131,7 @@ def test_install_sloppy_source_is_normalised_and_idempotent(tmp_path: Path) -> N
         assert (st.st_uid, st.st_gid) == (0, 0), path
     assert not (exec_dir / "README.md").exists()  # docs beside the plugins are not plugins
     assert not (lib / "netplugin" / "__pycache__").exists()
+    # The source's conflist, as it was: it has no netplugin-cni entry to point at the config.
     assert json.loads((cni_conf / "10-netplugin.conflist").read_text()) == {"cniVersion": "1.0.0", "name": "netplugin"}
     assert not [p for p in (tmp_path / "node").rglob("*netplugin-tmp*")]
 
@@ -187,6 +190,8 @@ def test_install_repo_plugins_pass_discovery(tmp_path: Path) -> None:
     targets = _targets(tmp_path)
     # Flags may also come from the environment (the DaemonSet could set them that way).
     out = _install(
+        "--config",
+        str(targets["--config"]),
         "--cni-bin-dir",
         str(targets["--cni-bin-dir"]),
         NETPLUGIN_PLUGIN_DIR=str(targets["--exec-dir"]),
@@ -233,25 +238,76 @@ def test_install_refuses_symlinks(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="checks root ownership; run as root")
-def test_install_points_the_conflist_at_the_given_dirs(tmp_path: Path) -> None:
+def test_install_writes_one_config_and_a_conflist_that_only_names_it(tmp_path: Path) -> None:
     targets = _targets(tmp_path)
-    state, run = tmp_path / "node" / "state", tmp_path / "node" / "run"
-    out = _install(*_flags(targets), "--state-dir", str(state), "--run-dir", str(run))
+    state, run, config = tmp_path / "node" / "state", tmp_path / "node" / "run", targets["--config"]
+    args = [*_flags(targets), "--state-dir", str(state), "--run-dir", str(run)]
+    out = _install(*args)
     assert out.returncode == 0, out.stderr
     conf = json.loads((targets["--cni-conf-dir"] / "10-netplugin.conflist").read_text())
     [plugin] = [p for p in conf["plugins"] if p["type"] == "netplugin-cni"]
-    assert (plugin["pluginDir"], plugin["stateDir"], plugin["runDir"]) == (
-        str(targets["--exec-dir"]),
-        str(state),
-        str(run),
-    )
+    # The conflist names the node's config file and the run dir, and carries no setting.
+    assert plugin == {"type": "netplugin-cni", "configFile": str(config), "runDir": str(run)}
     shipped = json.loads(CNI_CONFLIST.read_text())
     assert conf["name"] == shipped["name"] and conf["cniVersion"] == shipped["cniVersion"]
-    # Nothing but the three dirs changed.
-    [orig] = [p for p in shipped["plugins"] if p["type"] == "netplugin-cni"]
-    assert {k: v for k, v in plugin.items() if not k.endswith("Dir")} == {
-        k: v for k, v in orig.items() if not k.endswith("Dir")
-    }
+    assert set(shipped["plugins"][0]) == set(plugin)
+    from netplugin.core.config import load_config
+
+    cfg = load_config(str(config), environ={})
+    assert (cfg.plugin_dir, cfg.state_dir, cfg.run_dir) == (str(targets["--exec-dir"]), str(state), str(run))
+    example = load_config(str(REPO / "etc" / "netplugin.yaml"), environ={})
+    assert (cfg.plugin, dict(cfg.env)) == (example.plugin, dict(example.env))  # the first run's defaults
+    assert stat.S_IMODE(config.stat().st_mode) == 0o644
+
+    # A user's own key survives every rerun; a rerun with other options says what it changes.
+    config.write_text(config.read_text() + "record_status: true\n")
+    before = config.read_text()
+    again = _install(*args)
+    assert "unchanged " + str(config) in again.stdout and config.read_text() == before
+    other = [*args, "--plugin", "netplugin.io/bridge", "--plugin-env", "NETPLUGIN_BRIDGE_SUBNET=node"]
+    dry = _install(*other, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"would change {config} (0644):" in dry.stdout
+    assert '  plugin: "bridge" -> "netplugin.io/bridge"' in dry.stdout
+    assert '  env.NETPLUGIN_BRIDGE_SUBNET: "10.244.0.0/24" -> "node"' in dry.stdout
+    assert config.read_text() == before
+    changed = _install(*other)
+    assert changed.returncode == 0, changed.stderr
+    assert f"change {config} (0644):" in changed.stdout
+    cfg = load_config(str(config), environ={})
+    assert (cfg.plugin, dict(cfg.env), cfg.record_status) == (
+        "netplugin.io/bridge",
+        {"NETPLUGIN_BRIDGE_SUBNET": "node"},
+        True,
+    )
+    assert "nothing to do" in _install(*other).stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        pytest.param(["--plugin", "no such!"], "--plugin must be a plugin name", id="bad-plugin"),
+        pytest.param(["--plugin-env", "1X=2"], "--plugin-env must be KEY=VALUE", id="bad-env-key"),
+        pytest.param(["--plugin-env", "NOEQUALS"], "--plugin-env must be KEY=VALUE", id="env-without-value"),
+        pytest.param(["--config", "etc/np.yaml"], "--config must be an absolute path", id="relative-config"),
+        pytest.param(["--config-from", "/nonexistent.yaml"], "no such file", id="missing-config-from"),
+    ],
+)
+def test_install_config_usage_errors(tmp_path: Path, extra: list[str], words: str) -> None:
+    out = _install(*_flags(_targets(tmp_path)), *extra)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert words in out.stderr
+    assert not (tmp_path / "node").exists()
+
+
+def test_install_refuses_a_config_from_with_other_dirs(tmp_path: Path) -> None:
+    src = tmp_path / "cm.yaml"
+    targets = _targets(tmp_path)
+    src.write_text(f"plugin_dir: {targets['--exec-dir']}\nstate_dir: /somewhere/else\n")
+    out = _install(*_flags(targets), "--config-from", str(src))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "state_dir" in out.stderr and "/somewhere/else" in out.stderr
+    assert not targets["--config"].exists()
 
 
 def test_install_venv_mode_refuses_lib_dir(tmp_path: Path) -> None:

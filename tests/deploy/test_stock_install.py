@@ -41,6 +41,7 @@ class Node:
         self.cni_conf = root / "etc" / "cni" / "net.d"
         self.state = root / "var" / "lib" / "netplugin"
         self.run_dir = root / "run" / "netplugin"
+        self.config = root / "etc" / "netplugin" / "netplugin.yaml"
         self.first: subprocess.CompletedProcess[str] | None = None
 
     def install(self, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -54,6 +55,7 @@ class Node:
             ("--cni-conf-dir", self.cni_conf),
             ("--state-dir", self.state),
             ("--run-dir", self.run_dir),
+            ("--config", self.config),
         ):
             argv += [flag, str(path)]
         return subprocess.run(
@@ -132,19 +134,13 @@ def test_installed_plugins_come_from_the_wheel_and_pass_discovery(node: Node) ->
     assert [line.split("\t")[0] for line in gone.stdout.splitlines()] == ["kubernetes.io/no-op", "netplugin.io/bridge"]
 
 
-def test_conflist_points_at_the_given_dirs(node: Node) -> None:
+def test_conflist_names_the_config_and_the_config_the_dirs(node: Node) -> None:
     conf = json.loads((node.cni_conf / "10-netplugin.conflist").read_text())
     [plugin] = [p for p in conf["plugins"] if p["type"] == "netplugin-cni"]
-    assert (plugin["pluginDir"], plugin["stateDir"], plugin["runDir"]) == (
-        str(node.exec_dir),
-        str(node.state),
-        str(node.run_dir),
-    )
-    shipped = json.loads((REPO / "etc" / "cni" / "10-netplugin.conflist").read_text())
-    [orig] = [p for p in shipped["plugins"] if p["type"] == "netplugin-cni"]
-    assert {k: v for k, v in plugin.items() if not k.endswith("Dir")} == {
-        k: v for k, v in orig.items() if not k.endswith("Dir")
-    }
+    assert plugin == {"type": "netplugin-cni", "configFile": str(node.config), "runDir": str(node.run_dir)}
+    out = node.netplugin("--config", str(node.config), "plugins", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    assert any(c["path"].startswith(f"{node.exec_dir}/") for c in json.loads(out.stdout))
 
 
 def test_shim_runs_isolated_from_the_venv(node: Node, tmp_path: Path) -> None:
@@ -172,9 +168,8 @@ def test_shim_runs_isolated_from_the_venv(node: Node, tmp_path: Path) -> None:
 
 def test_unit_runs_the_venvs_netplugin_and_verifies(node: Node) -> None:
     unit = (node.systemd / "netplugin.service").read_text()
-    assert f"ExecStart={node.prefix}/bin/netplugin serve" in unit.splitlines()
-    env = f"NETPLUGIN_PLUGIN_DIR={node.exec_dir} NETPLUGIN_STATE_DIR={node.state} NETPLUGIN_RUN_DIR={node.run_dir}"
-    assert f"Environment={env}" in unit.splitlines()
+    assert f"ExecStart={node.prefix}/bin/netplugin serve --config {node.config}" in unit.splitlines()
+    assert not [line for line in unit.splitlines() if line.startswith(("Environment=", "EnvironmentFile="))]
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze is not installed")

@@ -6,6 +6,7 @@ file is checked with its ExecStart= pointed at an executable that exists on this
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -35,7 +36,10 @@ def test_unit_directives() -> None:
     # ExecStart= runs the venv that scripts/install.sh makes by default.
     prefix = re.search(r"^prefix=\$\{NETPLUGIN_PREFIX:-(.*)\}$", INSTALL.read_text(), re.M)
     assert prefix is not None
-    assert d["ExecStart"] == [f"{prefix.group(1)}/bin/netplugin serve"]
+    # ... with the node's one config file, the file the CNI conflist names; no setting in the unit.
+    conflist = json.loads((REPO / "etc" / "cni" / "10-netplugin.conflist").read_text())
+    assert d["ExecStart"] == [f"{prefix.group(1)}/bin/netplugin serve --config {conflist['plugins'][0]['configFile']}"]
+    assert "EnvironmentFile" not in d and "Environment" not in d
     assert d["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
     assert "network-pre.target" in " ".join(d["After"])
     assert "Wants" not in d  # a plain service orders itself after network-pre.target, never pulls it in

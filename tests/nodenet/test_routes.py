@@ -16,6 +16,7 @@ from tests.nettest import kernel_gate
 pytestmark = pytest.mark.kernel
 
 # Inside a namespace of our own: 10.206.0.0/24 is "the underlay", 10.206.128.0/17 the pod CIDRs.
+CLUSTER = ("10.206.128.0/17", "fd6e:7031:1a00:8000::/49")
 ME = NodeInfo("me", ("10.206.129.0/24", "fd6e:7031:1a00:8001::/64"), ("10.206.0.11", "fd6e:7031:1a00::11"))
 
 
@@ -61,7 +62,7 @@ def netns(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def table(netns: str) -> Iterator[RouteTable]:
-    t = RouteTable("me", netns=netns)
+    t = RouteTable("me", netns=netns, cluster_cidrs=CLUSTER)
     yield t
     t.close()
 
@@ -114,21 +115,23 @@ def test_unroutable_nodes_are_reported_not_routed(netns: str, table: RouteTable)
     far = peer(4, ips=("10.206.5.5",))  # behind the default gateway: another L2 segment
     v4only = peer(5, ips=("10.206.0.15",))
     overlap = peer(6, cidrs=("10.206.129.128/25",))
-    twin = NodeInfo("n7", ("10.206.130.0/24",), ("10.206.0.17",))
+    twin = NodeInfo("n7", ("10.206.131.0/24",), ("10.206.0.17",), "2026-01-02T00:00:00Z")
     unreachable = peer(8, ips=("10.206.0.18", "fd6e:dead::1"))
     impostor = peer(9, cidrs=("10.206.137.0/24",), ips=("10.206.0.11",))  # claims our own address
-    rep = table.reconcile([ME, peer(2), far, v4only, overlap, twin, unreachable, impostor])
+    older = NodeInfo("n3", ("10.206.131.0/24",), ("10.206.0.13",), "2026-01-01T00:00:00Z")
+    rep = table.reconcile([ME, peer(2), older, far, v4only, overlap, twin, unreachable, impostor])
     why = {(p.node, p.cidr): p.reason for p in rep.problems}
     assert "not on a directly connected network" in why[("n4", "10.206.132.0/24")]
     assert "via 10.206.0.1" in why[("n4", "10.206.132.0/24")]
     assert why[("n5", "fd6e:7031:1a00:8005::/64")] == "the node has no IPv6 InternalIP"
     assert why[("n6", "10.206.129.128/25")] == "overlaps this node's own pod CIDR"
-    assert why[("n7", "10.206.130.0/24")] == "also the pod CIDR of node n2"
+    assert why[("n7", "10.206.131.0/24")] == "overlaps pod CIDR 10.206.131.0/24 of node n3 (an older Node)"
     assert "unreachable" in why[("n8", "fd6e:7031:1a00:8008::/64")]
     assert why[("n9", "10.206.137.0/24")] == "InternalIP 10.206.0.11 is an address of this node"
     assert routes(netns) == {
         "10.206.130.0/24": "10.206.0.12",
         "fd6e:7031:1a00:8002::/64": "fd6e:7031:1a00::12",
+        "10.206.131.0/24": "10.206.0.13",
         "10.206.133.0/24": "10.206.0.15",
         "10.206.136.0/24": "10.206.0.18",
     }

@@ -15,6 +15,7 @@ Exit codes (stable, documented in the README; the table is :mod:`.exitcodes`):
 4     the plugin timed out (its process tree was killed)
 5     a system error: exec dir unreadable, lock, state, host lookup, I/O
 6     the daemon was required (``use_daemon: always``) but did not answer
+7     ``doctor`` found at least one problem on this node
 70    an internal error (a bug: please report it, run with -v for details)
 130   interrupted (Ctrl-C)
 ====  ==================================================================
@@ -64,6 +65,7 @@ COMMANDS = {
     "bench": "tools",
     "install-shim": "tools",
     "completion": "tools",
+    "doctor": "doctor",
 }
 
 

@@ -11,6 +11,7 @@ disagree. Standard library only.
 __all__ = [
     "EXIT_CODES",
     "EXIT_DAEMON",
+    "EXIT_DOCTOR_PROBLEMS",
     "EXIT_INTERNAL",
     "EXIT_INTERRUPTED",
     "EXIT_NOT_FOUND",
@@ -30,6 +31,8 @@ EXIT_NOT_FOUND = 3
 EXIT_TIMEOUT = 4
 EXIT_SYSTEM = 5
 EXIT_DAEMON = 6
+#: ``netplugin doctor`` found at least one problem on this node
+EXIT_DOCTOR_PROBLEMS = 7
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 

@@ -46,6 +46,8 @@ def _nodes_text(info: dict[str, Any]) -> str:
     lines += [f"  {r['dst']:<28} via {r['via']:<28} {r['node']}" for r in routes]
     problems = info.get("problems") or []
     if problems:
-        lines.append(f"cannot route ({len(problems)}):")
-        lines += [f"  node {p['node']} pod CIDR {p['cidr']}: {p['reason']}" for p in problems]
+        from netplugin.frontends.daemon.nodes import problem_text
+
+        lines.append(f"problems ({len(problems)}):")
+        lines += [f"  {problem_text(p)}" for p in problems]
     return "\n".join(lines)

@@ -19,20 +19,26 @@ __all__ = ["health", "serve"]
     metavar="HOST:PORT",
     help="Prometheus metrics address, port 0 for any, 'none' to disable [NETPLUGIN_METRICS_ADDRESS; 127.0.0.1:9465].",
 )
+@click.option("--config", "serve_config", metavar="FILE", help="The node's config file (as the global --config).")
 @pass_state
-def serve(st: State, socket_path: str | None, metrics_address: str | None) -> None:
+def serve(st: State, socket_path: str | None, metrics_address: str | None, serve_config: str | None) -> None:
     """Run the daemon in the foreground (systemd: etc/systemd/netplugin.service).
 
-    Other commands use it while its socket answers (see use_daemon). SIGHUP rescans
-    the plugins; SIGTERM finishes the operations in flight, then exits 0.
+    Other commands use it while its socket answers (see use_daemon). SIGHUP re-reads the
+    config file (as it was started: same file, environment and flags) and rescans the
+    plugins; SIGTERM finishes the operations in flight, then exits 0.
     """
     from netplugin.core.extras import require
 
     require("netplugin serve", "prometheus_client")
+    if serve_config is not None:
+        st.config_path = serve_config
     st.overrides.update(socket=socket_path, metrics_address=metrics_address)
+    from netplugin.core.config import load_config
     from netplugin.frontends.daemon.server import serve as run_daemon
 
-    raise click.exceptions.Exit(run_daemon(st.config))
+    overrides, path = dict(st.overrides), st.config_path
+    raise click.exceptions.Exit(run_daemon(st.config, reread=lambda: load_config(path, overrides=overrides)))
 
 
 @command()

@@ -28,7 +28,9 @@ A connection lost after the request was sent is CNI error 11: the call may or ma
 and the runtime retries it.
 
 ``VERSION`` is always answered here. The ``logFile`` line of each call says ``"via": "daemon"``
-or ``"local"``.
+or ``"local"``, and for a local run ``"daemon"``: why the daemon did not run it (no socket, draining,
+or the keys in which the call's settings differ from the daemon's). A local run whose settings say
+``use_daemon: always`` (a cluster node, whose daemon owns the Node's pod CIDRs) is CNI error 11.
 """
 
 # No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
@@ -46,7 +48,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["answer_timeout", "daemon_target", "forward", "main", "run_call"]
+__all__ = ["answer_timeout", "daemon_target", "forward", "main", "run_call", "run_call_why"]
 
 #: commands the daemon can run for the shim (VERSION is answered here, without any state)
 FORWARDED = ("ADD", "DEL", "CHECK", "STATUS", "GC")
@@ -122,8 +124,8 @@ def cni_error(code: int, msg: str, details: str = "", version: str = LATEST) -> 
 
 def forward(
     sock: str, environ: "Mapping[str, str]", stdin: bytes, conf: dict[str, object], mode: str
-) -> tuple[int, dict[str, object] | None] | None:
-    """The daemon's (exit status, document) for this call, or None when this process must run it."""
+) -> tuple[int, dict[str, object] | None] | str:
+    """The daemon's (exit status, document) for this call, or why this process must run it."""
     from netplugin.frontends.client import NoAnswer, NotSent, exchange
 
     command = environ.get("CNI_COMMAND", "")
@@ -131,14 +133,14 @@ def forward(
     try:
         text = stdin.decode()
     except UnicodeDecodeError:
-        return None  # the local run reports it
+        return "stdin is not UTF-8"  # the local run reports it
     try:
         response = exchange(sock, cni_request(environ, text), timeout=answer_timeout(conf, command))
     except NotSent as e:
         if mode == "always":
             msg = f"the netplugin daemon at {sock} is required (use_daemon: always) but unavailable: {e}"
             return 1, cni_error(E_TRY_AGAIN, msg, version=version)
-        return None
+        return f"no netplugin daemon answers at {sock}: {e}"
     except NoAnswer as e:
         return 1, cni_error(E_TRY_AGAIN, f"netplugin daemon at {sock}: {e}", version=version)
     result = response.get("result")
@@ -147,12 +149,12 @@ def forward(
         return result["code"], doc if isinstance(doc, dict) else None
     # Not run: another daemon's settings, use_daemon: never in its config, draining, or a daemon
     # that predates op "cni". Only the daemon's word "unavailable" counts as such for "always".
+    err = response.get("error")
+    said = err.get("message") if isinstance(err, dict) else None
+    why = str(said or f"the netplugin daemon at {sock} did not run the call")
     if mode == "always":
-        err = response.get("error")
-        said = err.get("message") if isinstance(err, dict) else None
-        why = str(said or f"the netplugin daemon at {sock} did not run the call")
         return 1, cni_error(E_TRY_AGAIN, why, version=version)
-    return None
+    return why
 
 
 def _conf(stdin: bytes) -> dict[str, object] | None:
@@ -183,38 +185,48 @@ def _emit(doc: dict[str, object] | None) -> None:
 
 def run_call(environ: "Mapping[str, str]", stdin: bytes) -> tuple[int, dict[str, object] | None, str]:
     """One CNI call: (exit status, document, "daemon" or "local"). Never raises."""
+    code, doc, via, _ = _run(environ, stdin, _conf(stdin))
+    return code, doc, via
+
+
+def run_call_why(
+    environ: "Mapping[str, str]", stdin: bytes
+) -> tuple[int, dict[str, object] | None, str, str | None]:
+    """As :func:`run_call`, and why a local run was not the daemon's (None: not asked)."""
     return _run(environ, stdin, _conf(stdin))
 
 
 def _run(
     environ: "Mapping[str, str]", stdin: bytes, conf: dict[str, object] | None
-) -> tuple[int, dict[str, object] | None, str]:
-    """:func:`run_call` with the network config already parsed (``conf``: None when it is not an object)."""
+) -> tuple[int, dict[str, object] | None, str, str | None]:
+    """:func:`run_call_why` with the network config already parsed (``conf``: None when it is not an object)."""
     if environ.get("CNI_COMMAND") == "VERSION" and (conf is not None or not stdin.strip()):
         asked = conf.get("cniVersion") if conf is not None else None
         version = asked if isinstance(asked, str) and asked in CNI_VERSIONS else LATEST
-        return 0, {"cniVersion": version, "supportedVersions": list(CNI_VERSIONS)}, "local"
+        return 0, {"cniVersion": version, "supportedVersions": list(CNI_VERSIONS)}, "local", None
+    why: str | None = None
     if conf is not None and environ.get("CNI_COMMAND") in FORWARDED:
         mode, sock = daemon_target(conf, environ)
         if mode in ("auto", "always"):
             try:
                 outcome = forward(sock, environ, stdin, conf, mode)
             except Exception as e:  # never a traceback to the runtime; the local run may still work
-                outcome = None
-                print(f"netplugin-cni: daemon path failed ({type(e).__name__}: {e}); working alone", file=sys.stderr)
-            if outcome is not None:
-                return outcome[0], outcome[1], "daemon"
+                outcome = f"daemon path failed ({type(e).__name__}: {e})"
+                print(f"netplugin-cni: {outcome}; working alone", file=sys.stderr)
+            if not isinstance(outcome, str):
+                return outcome[0], outcome[1], "daemon", None
+            why = outcome
     from netplugin.frontends.cni.shim import run
 
-    code, doc = run(environ, stdin)
-    return code, doc, "local"
+    code, doc = run(environ, stdin, unavailable=why)
+    return code, doc, "local", why
 
 
 def main(argv: object = None) -> None:
     """Entry point of ``netplugin-cni``: CNI_* from the environment, the config on stdin."""
     del argv  # CNI passes everything in the environment and on stdin
     start = time.monotonic()
-    via = "local"
+    via, why = "local", None
     doc: dict[str, object] | None
     conf: dict[str, object] | None = None
     env = process_environ()
@@ -227,7 +239,7 @@ def main(argv: object = None) -> None:
     else:
         # Parsed once here: the routing, the daemon's answer timeout and the log line all read it.
         conf = _conf(stdin) if stdin else None
-        code, doc, via = _run(env, stdin, conf)
+        code, doc, via, why = _run(env, stdin, conf)
     try:
         _emit(doc)
     except Exception:  # stdout closed: nothing left to tell the runtime
@@ -249,6 +261,7 @@ def main(argv: object = None) -> None:
                 "runtimeConfig": sorted(rc) if isinstance(rc := conf.get("runtimeConfig"), dict) else [],
                 "pid": posix.getpid(),
                 "via": via,
+                **({"daemon": why} if why else {}),
                 "ms": round((time.monotonic() - start) * 1000, 1),
                 "result": doc if code else "ok",
             },

@@ -127,6 +127,7 @@ from netplugin.frontends.cni.netconf import build_config, call_options, pod_ref_
 from netplugin.frontends.cni.protocol import (
     E_CONFIG,
     E_INTERNAL,
+    E_TRY_AGAIN,
     E_UNAVAILABLE,
     E_UNKNOWN_CONTAINER,
     LATEST,
@@ -189,12 +190,25 @@ class DaemonSide:
 class _Ops:
     """The manager a call uses, the per-call options, and the metrics wrapper."""
 
-    def __init__(self, req: CniRequest, cfg: Config, environ: Mapping[str, str], daemon: DaemonSide | None) -> None:
+    def __init__(
+        self,
+        req: CniRequest,
+        cfg: Config,
+        environ: Mapping[str, str],
+        daemon: DaemonSide | None,
+        unavailable: str | None = None,
+    ) -> None:
         self.req = req
         self.cfg = cfg
         self.call = call_options(req)
         if daemon is None:
             from netplugin.manager.manager import Manager
+
+            if cfg.use_daemon == "always":
+                # A cluster node: the daemon owns what the plugin needs (the Node's pod CIDRs).
+                where = f" (use_daemon: always in {cfg.config_path})" if cfg.config_path else ""
+                msg = f"the netplugin daemon is required{where} but did not run the call"
+                raise CniError(E_TRY_AGAIN, msg, unavailable or f"no daemon answers at {cfg.socket_path}")
 
             self.manager = Manager(cfg, environ=dict(environ))
             self.timed: Callable[[str, Callable[[], Any]], Any] = lambda op, fn: fn()
@@ -340,17 +354,18 @@ def _gc(ops: _Ops) -> None:
 
 
 def run(
-    environ: Mapping[str, str], stdin: bytes, *, daemon: DaemonSide | None = None
+    environ: Mapping[str, str], stdin: bytes, *, daemon: DaemonSide | None = None, unavailable: str | None = None
 ) -> tuple[int, dict[str, Any] | None]:
     """One CNI call: (exit status, JSON document to print or None). Never raises, but :class:`Refused`.
 
     With ``daemon``, the call runs with the daemon's manager and metrics, and raises Refused
-    (before doing anything) when the call's settings are not the daemon's.
+    (before doing anything) when the call's settings are not the daemon's. Without it,
+    ``unavailable`` is why the daemon did not run the call (for the error of ``use_daemon: always``).
     """
     req: CniRequest | None = None
     try:
         req = parse_request(environ, stdin)
-        return 0, _dispatch(req, environ, daemon)
+        return 0, _dispatch(req, environ, daemon, unavailable)
     except Refused:
         raise
     except CniError as e:
@@ -368,7 +383,9 @@ def run(
 _TIMED = {"ADD": "setup", "DEL": "teardown", "CHECK": "status"}
 
 
-def _dispatch(req: CniRequest, environ: Mapping[str, str], daemon: DaemonSide | None) -> dict[str, Any] | None:
+def _dispatch(
+    req: CniRequest, environ: Mapping[str, str], daemon: DaemonSide | None, unavailable: str | None = None
+) -> dict[str, Any] | None:
     if req.command == "VERSION":
         return _version(req)
     check_version_rules(req)
@@ -382,7 +399,7 @@ def _dispatch(req: CniRequest, environ: Mapping[str, str], daemon: DaemonSide | 
         if req.command == "STATUS":
             raise CniError(E_UNAVAILABLE, e.message) from None
         raise
-    ops = _Ops(req, cfg, environ, daemon)
+    ops = _Ops(req, cfg, environ, daemon, unavailable)
     if req.command in _TIMED:
         action = {"ADD": _add, "DEL": _del, "CHECK": _check}[req.command]
         result: dict[str, Any] | None = ops.timed(_TIMED[req.command], lambda: action(ops))

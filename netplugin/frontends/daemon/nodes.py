@@ -18,8 +18,13 @@
 * when this node's own Node is deleted (the node leaves the cluster) it removes its routes
   and its egress table, and keeps them removed until the Node comes back;
 * what cannot be routed (a node without an InternalIP of the family, or not on a directly
-  connected network) is logged when it appears and when it is resolved, counted in
-  ``netplugin_node_route_problems`` and listed in the daemon's ``health`` answer (``netplugin nodes`` shows it).
+  connected network, a pod CIDR outside ``cluster_cidrs`` or overlapping this node's addresses,
+  its connected networks, a foreign route or another node's CIDR: see
+  :mod:`netplugin.nodenet.routes`), a Node that cannot be read, and a list+watch that keeps
+  failing are each logged when they appear and when they are resolved, counted in
+  ``netplugin_node_problems{kind}`` and listed in the daemon's ``health`` answer
+  (:meth:`NodeKeeper.problems`; ``netplugin nodes`` shows them). Routes need ``cluster_cidrs``:
+  without it nothing is routed, and each other node's CIDR is a problem that says so.
 
 Routes stay when the daemon stops: a restart (an upgrade) must not cut pods off from the other
 nodes. A node leaving the cluster loses its routes on every other node.
@@ -30,7 +35,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError, NetpluginError
@@ -45,7 +51,7 @@ if TYPE_CHECKING:
     from netplugin.nodenet.egress import Egress, EgressRules
     from netplugin.nodenet.routes import RouteReport, RouteTable
 
-__all__ = ["STATIC_POLL", "NodeKeeper"]
+__all__ = ["STATIC_POLL", "NodeKeeper", "problem_text"]
 
 log = logging.getLogger("netplugin.nodes")
 
@@ -65,7 +71,7 @@ class NodeKeeper:
         if routes is None and config.node_routes:
             from netplugin.nodenet.routes import RouteTable
 
-            self.routes = RouteTable(host.node_name)
+            self.routes = RouteTable(host.node_name, cluster_cidrs=config.cluster_cidrs)
         self.egress = egress
         if egress is None and config.cluster_cidrs:
             from netplugin.nodenet.egress import Egress
@@ -73,6 +79,7 @@ class NodeKeeper:
             self.egress = Egress()
         self.egress_rules: EgressRules | None = None
         self._egress_error: str | None = None
+        self._cidrs_warned = False
         #: this node was in the cluster (its Node seen) / has left it (its Node deleted since)
         self.member = False
         self.departed = False
@@ -181,6 +188,11 @@ class NodeKeeper:
             # No cluster at all (a static host without node files): nothing to route, and no
             # reason to touch the routing table.
             return None
+        if not self.config.cluster_cidrs and any(n.pod_cidrs for n in nodes if n.name != self.host.node_name):
+            errors.append("node_routes is on but cluster_cidrs is not set: no route to another node is made")
+            if not self._cidrs_warned:
+                log.error("%s (set cluster_cidrs to the cluster's pod CIDRs)", errors[-1])
+            self._cidrs_warned = True
         try:
             return self.routes.reconcile([] if self.departed else nodes, fresh=fresh)
         except Exception as e:  # netlink errors: report them, keep the daemon serving pods
@@ -243,6 +255,32 @@ class NodeKeeper:
         cache = getattr(self.host, "cache", None)
         if cache is not None:
             out["watch"] = cache.status()
+        out["problems"] = self.problems(out.get("watch"))
+        return out
+
+    def problems(self, watch: dict[str, Any] | None = None) -> list[dict[str, str]]:
+        """Everything about the cluster this node cannot act on: what ``health`` and ``doctor`` show.
+
+        Each is ``{kind, node, cidr, reason}`` (``node``/``cidr`` empty when they do not apply);
+        ``kind`` is a route problem's kind (:data:`netplugin.nodenet.routes.PROBLEM_KINDS`),
+        ``bad_node`` (a Node that cannot be read), or ``watch`` (a list+watch that is failing).
+        """
+        with self._lock:
+            report = self.report
+        out = [
+            {"kind": p.kind, "node": p.node, "cidr": p.cidr, "reason": p.reason}
+            for p in (report.problems if report else [])
+        ]
+        node_problems = getattr(self.host, "node_problems", None)
+        if node_problems is not None:
+            out += [{"kind": "bad_node", "node": n, "cidr": "", "reason": why} for n, why in node_problems()]
+        if watch is None:
+            cache = getattr(self.host, "cache", None)
+            watch = cache.status() if cache is not None else {}
+        for resource, st in (watch or {}).items():
+            if st.get("failing") or not st.get("alive", True):
+                why = st.get("last_error") or "the watch thread is not running"
+                out.append({"kind": "watch", "node": "", "cidr": "", "reason": f"watch of {resource}: {why}"})
         return out
 
     def register(self, registry: CollectorRegistry) -> None:
@@ -262,6 +300,8 @@ class _Collector:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        from netplugin.nodenet.routes import PROBLEM_KINDS
+
         k = self.keeper
         with k._lock:
             report, nodes, syncs = k.report, k.nodes, k.syncs
@@ -278,6 +318,15 @@ class _Collector:
         )
         problems.add_metric([], len(report.problems) if report else 0)
         yield problems
+        by_kind = GaugeMetricFamily(
+            "netplugin_node_problems",
+            "What this node cannot act on, by kind (route refusals, unreadable Nodes, failing watches).",
+            labels=["kind"],
+        )
+        kinds = Counter(p["kind"] for p in k.problems())
+        for kind in (*PROBLEM_KINDS, "bad_node", "watch"):
+            by_kind.add_metric([kind], kinds.get(kind, 0))
+        yield by_kind
         yield GaugeMetricFamily("netplugin_nodes", "Nodes in the cluster, as last read.", value=len(nodes or []))
         yield CounterMetricFamily("netplugin_node_syncs", "Passes over the nodes (route reconciliations).", value=syncs)
         counts = getattr(k.host, "requests", None)
@@ -297,7 +346,23 @@ class _Collector:
                 "What the list+watch caches did: lists, watches, relists after 410 Gone, failures, events, bookmarks.",
                 labels=["resource", "kind"],
             )
+            relists = CounterMetricFamily(
+                "netplugin_kube_relists",
+                "LISTs made again because a watch's revision had left the API server's history (410 Gone).",
+                labels=["resource"],
+            )
             for resource, st in cache.status().items():
                 for kind in ("lists", "watches", "relists", "failures", "events", "bookmarks"):
                     watch.add_metric([resource, kind], st[kind])
+                relists.add_metric([resource], st["relists"])
             yield watch
+            yield relists
+
+
+def problem_text(p: Mapping[str, str]) -> str:
+    """One line for a problem of :meth:`NodeKeeper.problems` (``netplugin nodes``, ``doctor``)."""
+    if p.get("cidr"):
+        return f"node {p['node']} pod CIDR {p['cidr']}: {p['reason']}"
+    if p.get("node"):
+        return f"node {p['node']}: {p['reason']}"
+    return str(p["reason"])

@@ -34,7 +34,8 @@ and for native plugins their warm libraries) and answers the thin client of
   answer (``node``) and as ``netplugin_node_*`` and ``netplugin_kube_*`` metrics;
   with ``cluster_cidrs`` it installs the egress masquerade (nftables ``table
   inet netplugin``) and removes it at stop.
-* **SIGHUP** rescans the exec dir, selects the plugin again and runs its init if
+* **SIGHUP** re-reads the config file as started and takes the new settings
+  (:mod:`.reconfig`), rescans the exec dir, selects the plugin again and runs its init if
   its version changed (``RELOADING=1`` ... ``READY=1`` to systemd around it). Under
   ``WatchdogSec=`` the event loop pings ``WATCHDOG=1``; log lines get journald's
   ``<N>`` priority prefixes when stderr is the journal (:mod:`.systemd`).
@@ -54,6 +55,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -66,6 +68,7 @@ from netplugin.frontends.daemon.forwarded import check_settings, run_cni
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
 from netplugin.frontends.daemon.nodes import NodeKeeper
+from netplugin.frontends.daemon.reconfig import Live, reload_settings
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.daemon.turns import Turns
 from netplugin.frontends.rpc import (
@@ -74,7 +77,6 @@ from netplugin.frontends.rpc import (
     POD_OPS,
     PROTOCOL_VERSION,
     differing_settings,
-    fingerprint,
     init_result,
     pod_result,
 )
@@ -89,9 +91,6 @@ log = logging.getLogger("netplugin.daemon")
 
 # Plugins are mostly waited on (subprocesses), so threads are cheap; this bounds a burst.
 MAX_WORKERS = 64
-
-
-# --- the socket ------------------------------------------------------------------------------------
 
 
 # --- the daemon ------------------------------------------------------------------------------------
@@ -115,13 +114,14 @@ class Daemon:
         *,
         notify_socket: str | None = None,
         watchdog: Watchdog | None = None,
+        reread: Callable[[], Config] | None = None,
     ) -> None:
-        self.config = config
-        self.manager = manager
+        self._live = Live.of(config, manager)
+        self.reread = reread  #: the config as the daemon was started (SIGHUP); None: rescan only
+        self.settings_status = "as started"
         self.socket_path = config.socket_path
         self.notify_socket = notify_socket
         self.watchdog = watchdog
-        self.fingerprint = fingerprint(config)
         self.metrics = Metrics()
         manager.observe = self.metrics.observe_member  # per chain member, of every pod action
         self.metrics_address: str | None = None
@@ -140,6 +140,18 @@ class Daemon:
         #: set when SIGTERM's drain gave up on operations still running in worker threads
         self.abandoned = False
 
+    @property
+    def config(self) -> Config:
+        return self._live.config
+
+    @property
+    def manager(self) -> Manager:
+        return self._live.manager
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        return self._live.fingerprint
+
     # --- operations (worker threads) --------------------------------------------------------------
 
     def prepare(self) -> None:
@@ -157,8 +169,9 @@ class Daemon:
             log.info("plugin %s ready (%s)", chain, "init ran" if ran else "init already done this boot")
 
     def reload(self) -> None:
-        """SIGHUP: rescan the exec dir, select the plugin again, run init if its version changed."""
+        """SIGHUP: re-read the settings, rescan the exec dir, select the plugin, run init if needed."""
         with self._reload_lock:
+            self._reread()
             log.info("rescanning plugins")
             try:
                 self.manager.rescan()
@@ -169,11 +182,20 @@ class Daemon:
                 self.prepare()
             self.stats.reloads += 1
 
+    def _reread(self) -> None:
+        """The settings half of a reload (see :mod:`.reconfig`); never raises."""
+        if self.reread is not None:
+            live, self.settings_status, ok = reload_settings(self._live, self.reread)
+            (log.info if ok else log.error)("reload: %s", self.settings_status)
+            live.manager.observe = self.metrics.observe_member  # a reload may build a new manager
+            self._live = live
+
     def dispatch(self, req: dict[str, Any]) -> Any:
         """Run one request (in a worker thread); returns the result or raises NetpluginError."""
         op = req["op"]
         if op == "cni":
-            result = run_cni(req, self.manager, self.fingerprint, self.socket_path, self.metrics.timed)
+            live = self._live  # one snapshot: a reload meanwhile does not mix two settings
+            result = run_cni(req, live.manager, live.fingerprint, self.socket_path, self.metrics.timed)
             if result["code"] == 0:
                 self._plugin_ok()
             return result
@@ -242,6 +264,8 @@ class Daemon:
             "socket": self.socket_path,
             "metrics_address": self.metrics_address,
             "config": self.fingerprint,
+            "config_path": self.config.config_path,
+            "settings": self.settings_status,
             "node": self.nodes.status(),
         }
 
@@ -471,7 +495,7 @@ def error_classes(cls: type) -> list[str]:
     return names
 
 
-def serve(config: Config, *, environ: dict[str, str] | None = None) -> int:
+def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Callable[[], Config] | None = None) -> int:
     """Run the daemon in this process until SIGTERM; returns the exit status.
 
     ``NOTIFY_SOCKET`` and the watchdog's variables are taken out of the environment first: plugins
@@ -486,7 +510,7 @@ def serve(config: Config, *, environ: dict[str, str] | None = None) -> int:
 
     manager = Manager(config)
     configure_logging(env)
-    daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog)
+    daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog, reread=reread)
     with asyncio.Runner() as runner:
         status = runner.run(daemon.run())
         if daemon.abandoned:

@@ -29,115 +29,30 @@ import bisect
 import copy
 import json
 import socket
+import struct
 import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["ApiServer", "Event", "make_node", "make_pod"]
+from netplugin.frontends.simcluster.apiobjects import (
+    KINDS,
+    BadRequest,
+    Event,
+    Selector,
+    kubelet_node,
+    make_node,
+    make_pod,
+    resource_of,
+    status,
+)
+
+__all__ = ["ApiServer", "Event", "kubelet_node", "make_node", "make_pod"]
 
 Obj = dict[str, Any]
-
-_KINDS = {"nodes": "Node", "pods": "Pod"}
-_FIELDS: dict[str, dict[str, Callable[[Obj], str]]] = {
-    "pods": {
-        "metadata.name": lambda o: o["metadata"]["name"],
-        "metadata.namespace": lambda o: o["metadata"].get("namespace", ""),
-        "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName", ""),
-        "status.phase": lambda o: (o.get("status") or {}).get("phase", ""),
-    },
-    "nodes": {"metadata.name": lambda o: o["metadata"]["name"]},
-}
-
-
-def _resource(kind: object) -> str:
-    for resource, k in _KINDS.items():
-        if k == kind:
-            return resource
-    raise ValueError(f"kind must be Node or Pod, got {kind!r}")
-
-
-def make_node(name: str, pod_cidrs: list[str], internal_ips: list[str]) -> Obj:
-    """A Node as the API holds it (``spec.podCIDR`` is the first of ``spec.podCIDRs``)."""
-    spec: Obj = {"podCIDR": pod_cidrs[0], "podCIDRs": list(pod_cidrs)} if pod_cidrs else {}
-    addresses = [{"type": "InternalIP", "address": a} for a in internal_ips]
-    addresses.append({"type": "Hostname", "address": name})
-    return {
-        "kind": "Node",
-        "apiVersion": "v1",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-        "spec": spec,
-        "status": {"addresses": addresses},
-    }
-
-
-def make_pod(namespace: str, name: str, node: str, labels: dict[str, str] | None = None) -> Obj:
-    return {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
-        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "busybox"}]},
-        "status": {"phase": "Pending"},
-    }
-
-
-@dataclass
-class Event:
-    rv: int
-    resource: str
-    type: str  # ADDED, MODIFIED, DELETED
-    obj: Obj
-    old: Obj | None = None
-
-
-class BadRequest(Exception):
-    pass
-
-
-@dataclass
-class _Selector:
-    terms: list[tuple[str, str, bool]] = field(default_factory=list)  # (field, value, equal)
-
-    @classmethod
-    def parse(cls, resource: str, text: str) -> _Selector:
-        sel = cls()
-        for term in filter(None, (t.strip() for t in text.split(","))):
-            if "!=" in term:
-                key, value, eq = *term.split("!=", 1), False
-            elif "==" in term:
-                key, value, eq = *term.split("==", 1), True
-            elif "=" in term:
-                key, value, eq = *term.split("=", 1), True
-            else:
-                raise BadRequest(f"invalid selector: '{text}'; can't understand '{term}'")
-            key = key.strip()
-            if key not in _FIELDS[resource]:
-                raise BadRequest(f"field label not supported: {key}")
-            sel.terms.append((key, value.strip(), eq))
-        return sel
-
-    def matches(self, resource: str, obj: Obj) -> bool:
-        return all((_FIELDS[resource][k](obj) == v) == eq for k, v, eq in self.terms)
-
-
-def _status(code: int, reason: str, message: str, details: Obj | None = None) -> Obj:
-    doc: Obj = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    if details:
-        doc["details"] = details
-    return doc
-
 
 class ApiServer:
     """The server; ``url`` once started. Thread-safe: tests mutate while daemons watch."""
@@ -152,12 +67,15 @@ class ApiServer:
         self.bookmark_interval = bookmark_interval
         self.history = history
         self._cond = threading.Condition()
-        self._objects: dict[str, dict[tuple[str, str], Obj]] = {r: {} for r in _KINDS}
+        self._objects: dict[str, dict[tuple[str, str], Obj]] = {r: {} for r in KINDS}
         self._events: list[Event] = []
         self._rv = 100  # as a real server, revisions do not start at 1
         self._oldest = self._rv  # a watch from below this has lost history: 410
         self._generation = 0  # bumped by break_watches(): streams opened before end abruptly
         self._http410_next = 0
+        self._http410_always = False
+        self._reset = False  # break_watches(reset=True): end streams with a TCP reset
+        self._lines: list[bytes] = []  # raw lines sent to every watch open at the time (send_watch_line)
         self._watching = 0  # watch streams open now
         self.forbidden: set[str] = set()  # resources every request for is refused (403), as RBAC would
         self.requests: list[tuple[str, str, str]] = []  # (verb, resource, query) of every request
@@ -208,7 +126,7 @@ class ApiServer:
 
     def apply(self, obj: Obj) -> Obj:
         """Create or replace ``obj`` (a Node or a Pod); returns the stored copy with its new revision."""
-        resource = _resource(obj.get("kind"))
+        resource = resource_of(obj.get("kind"))
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if resource == "pods":
@@ -230,12 +148,12 @@ class ApiServer:
 
     def objects(self, kind: str) -> list[Obj]:
         """Copies of every stored ``kind`` (Node or Pod) object."""
-        resource = _resource(kind)
+        resource = resource_of(kind)
         with self._cond:
             return [copy.deepcopy(o) for _, o in sorted(self._objects[resource].items())]
 
     def delete(self, kind: str, name: str, namespace: str = "default") -> bool:
-        resource = _resource(kind)
+        resource = resource_of(kind)
         key = (namespace if resource == "pods" else "", name)
         with self._cond:
             old = self._objects[resource].pop(key, None)
@@ -264,10 +182,25 @@ class ApiServer:
             self._oldest = self._rv
             self._cond.notify_all()
 
-    def break_watches(self) -> None:
-        """End every open watch stream abruptly (no terminating chunk), as a dropped connection does."""
+    def break_watches(self, *, reset: bool = False) -> None:
+        """End every open watch stream abruptly (no terminating chunk), as a dropped connection does.
+
+        ``reset``: with a TCP reset (RST), as a crashed server or a middlebox does.
+        """
         with self._cond:
             self._generation += 1
+            self._reset = reset
+            self._cond.notify_all()
+
+    def answer_every_watch_410(self, on: bool = True) -> None:
+        """Every watch request gets HTTP 410 Gone while ``on``: a server whose history is always too short."""
+        with self._cond:
+            self._http410_always = on
+
+    def send_watch_line(self, line: bytes) -> None:
+        """Send ``line`` (raw bytes, a newline added) on every watch stream open now: a broken or hostile event."""
+        with self._cond:
+            self._lines.append(line.rstrip(b"\n") + b"\n")
             self._cond.notify_all()
 
     def answer_next_watches_410(self, count: int = 1) -> None:
@@ -295,12 +228,12 @@ class ApiServer:
         namespace: str | None = None
         name: str | None = None
         if segs[:2] != ["api", "v1"]:
-            return self._send(h, 404, _status(404, "NotFound", "the server could not find the requested resource"))
+            return self._send(h, 404, status(404, "NotFound", "the server could not find the requested resource"))
         rest = segs[2:]
         if len(rest) >= 3 and rest[0] == "namespaces":
             namespace, rest = rest[1], rest[2:]
-        if not rest or rest[0] not in _KINDS or len(rest) > 2 or (rest[0] == "nodes" and namespace is not None):
-            return self._send(h, 404, _status(404, "NotFound", "the server could not find the requested resource"))
+        if not rest or rest[0] not in KINDS or len(rest) > 2 or (rest[0] == "nodes" and namespace is not None):
+            return self._send(h, 404, status(404, "NotFound", "the server could not find the requested resource"))
         resource = rest[0]
         if len(rest) == 2:
             name = rest[1]
@@ -311,22 +244,22 @@ class ApiServer:
         if resource in self.forbidden:
             user = "system:serviceaccount:kube-system:netplugin"
             message = f'{resource} is forbidden: User "{user}" cannot {verb} resource "{resource}"'
-            return self._send(h, 403, _status(403, "Forbidden", message))
+            return self._send(h, 403, status(403, "Forbidden", message))
         try:
             if name is not None:
                 if resource == "pods" and namespace is None:
                     return self._send(
-                        h, 404, _status(404, "NotFound", "the server could not find the requested resource")
+                        h, 404, status(404, "NotFound", "the server could not find the requested resource")
                     )
                 return self._get(h, resource, namespace or "", name)
-            sel = _Selector.parse(resource, query.get("fieldSelector", ""))
+            sel = Selector.parse(resource, query.get("fieldSelector", ""))
             if namespace is not None:
                 sel.terms.append(("metadata.namespace", namespace, True))
             if watch:
                 return self._watch(h, resource, sel, query)
             return self._list(h, resource, sel, query)
         except BadRequest as e:
-            return self._send(h, 400, _status(400, "BadRequest", str(e)))
+            return self._send(h, 400, status(400, "BadRequest", str(e)))
 
     def _send(self, h: BaseHTTPRequestHandler, code: int, doc: Obj) -> None:
         body = json.dumps(doc).encode()
@@ -342,11 +275,11 @@ class ApiServer:
         if obj is None:
             what = "pods" if resource == "pods" else "nodes"
             return self._send(
-                h, 404, _status(404, "NotFound", f'{what} "{name}" not found', {"name": name, "kind": what})
+                h, 404, status(404, "NotFound", f'{what} "{name}" not found', {"name": name, "kind": what})
             )
         self._send(h, 200, obj)
 
-    def _list(self, h: BaseHTTPRequestHandler, resource: str, sel: _Selector, query: dict[str, str]) -> None:
+    def _list(self, h: BaseHTTPRequestHandler, resource: str, sel: Selector, query: dict[str, str]) -> None:
         """A List; with ``limit``, one page and a ``continue`` token (pages follow the key order).
 
         Unlike etcd, later pages are read from the current objects, not a snapshot at the first
@@ -369,7 +302,7 @@ class ApiServer:
                     return self._send(
                         h,
                         410,
-                        _status(
+                        status(
                             410,
                             "Expired",
                             "The provided continue parameter is too old to display a consistent list result.",
@@ -392,9 +325,9 @@ class ApiServer:
             meta["continue"] = base64.urlsafe_b64encode(
                 json.dumps({"rv": rv, "ns": last[0], "name": last[1]}).encode()
             ).decode()
-        self._send(h, 200, {"kind": _KINDS[resource] + "List", "apiVersion": "v1", "metadata": meta, "items": items})
+        self._send(h, 200, {"kind": KINDS[resource] + "List", "apiVersion": "v1", "metadata": meta, "items": items})
 
-    def _watch(self, h: BaseHTTPRequestHandler, resource: str, sel: _Selector, query: dict[str, str]) -> None:
+    def _watch(self, h: BaseHTTPRequestHandler, resource: str, sel: Selector, query: dict[str, str]) -> None:
         rv_text = query.get("resourceVersion", "")
         bookmarks = query.get("allowWatchBookmarks", "") in ("1", "true")
         try:
@@ -406,10 +339,10 @@ class ApiServer:
         except ValueError:
             raise BadRequest(f"invalid resourceVersion {rv_text!r}") from None
         with self._cond:
-            if self._http410_next:
-                self._http410_next -= 1
+            if self._http410_next or self._http410_always:
+                self._http410_next = max(0, self._http410_next - 1)
                 return self._send(
-                    h, 410, _status(410, "Expired", f"too old resource version: {rv_text} ({self._oldest})")
+                    h, 410, status(410, "Expired", f"too old resource version: {rv_text} ({self._oldest})")
                 )
             generation = self._generation
             initial: list[Obj] = []
@@ -432,7 +365,7 @@ class ApiServer:
                     h,
                     {
                         "type": "ERROR",
-                        "object": _status(410, "Expired", f"too old resource version: {since} ({self._oldest})"),
+                        "object": status(410, "Expired", f"too old resource version: {since} ({self._oldest})"),
                     },
                 )
                 return self._end(h)
@@ -440,7 +373,13 @@ class ApiServer:
                 self._chunk(h, {"type": "ADDED", "object": obj})
             for item in self._stream(resource, sel, since, generation, timeout, bookmarks):
                 if item is None:
+                    if self._reset:
+                        h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return  # broken on purpose: no terminating chunk, the connection just closes
+                if isinstance(item, bytes):
+                    h.wfile.write(b"%x\r\n%s\r\n" % (len(item), item))
+                    h.wfile.flush()
+                    continue
                 self._chunk(h, item)
             self._end(h)
         except (BrokenPipeError, ConnectionResetError):
@@ -452,11 +391,13 @@ class ApiServer:
                 self._cond.notify_all()
 
     def _stream(
-        self, resource: str, sel: _Selector, since: int, generation: int, timeout: float, bookmarks: bool
-    ) -> Iterator[Obj | None]:
+        self, resource: str, sel: Selector, since: int, generation: int, timeout: float, bookmarks: bool
+    ) -> Iterator[Obj | bytes | None]:
         deadline = time.monotonic() + timeout
         next_bookmark = time.monotonic() + self.bookmark_interval
         sent = since
+        with self._cond:
+            lines_sent = len(self._lines)
         while True:
             with self._cond:
                 while True:
@@ -464,11 +405,13 @@ class ApiServer:
                         yield None
                         return
                     pending = self._events[bisect.bisect_right(self._events, sent, key=lambda e: e.rv) :]
+                    raw, lines_sent = self._lines[lines_sent:], len(self._lines)
                     now = time.monotonic()
-                    if pending or now >= deadline or (bookmarks and now >= next_bookmark):
+                    if raw or pending or now >= deadline or (bookmarks and now >= next_bookmark):
                         break
                     self._cond.wait(min(deadline, next_bookmark if bookmarks else deadline) - now)
                 rv = self._rv
+            yield from raw
             for ev in pending:
                 sent = ev.rv
                 if ev.resource != resource:
@@ -484,7 +427,7 @@ class ApiServer:
                 yield {
                     "type": "BOOKMARK",
                     "object": {
-                        "kind": _KINDS[resource],
+                        "kind": KINDS[resource],
                         "apiVersion": "v1",
                         "metadata": {"resourceVersion": str(sent)},
                     },
@@ -493,7 +436,7 @@ class ApiServer:
                 return
 
     @staticmethod
-    def _translate(ev: Event, sel: _Selector) -> Obj | None:
+    def _translate(ev: Event, sel: Selector) -> Obj | None:
         new_in = sel.matches(ev.resource, ev.obj)
         old_in = ev.old is not None and sel.matches(ev.resource, ev.old)
         if ev.type == "DELETED":

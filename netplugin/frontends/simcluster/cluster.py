@@ -286,11 +286,15 @@ class SimCluster:
         out = done.stdout.decode().strip()
         return json.loads(out) if out else None
 
+    def daemon_command(self, node: SimNode) -> tuple[list[str], dict[str, str]]:
+        """How ``node``'s daemon is started (argv inside its namespace, environment); a hook for other layouts."""
+        return self._netplugin_argv(node, "serve"), self.env
+
     def start_daemon(self, node: SimNode, *, ready_timeout: float = 30.0) -> None:
-        argv = self._netplugin_argv(node, "serve")
+        argv, env = self.daemon_command(node)
         with open(node.log_path, "ab") as log:
             node.daemon = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env, start_new_session=True
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True
             )
         deadline = time.monotonic() + ready_timeout
         while True:

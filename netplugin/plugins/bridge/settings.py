@@ -264,9 +264,13 @@ def load_settings(
             env["NETPLUGIN_NODE_POD_CIDRS"], "NETPLUGIN_NODE_POD_CIDRS", " (from NETPLUGIN_BRIDGE_SUBNET=node)"
         )
     elif not subnets_optional:
+        node = env.get("NETPLUGIN_NODE_NAME")
         raise SettingsError(
-            "NETPLUGIN_BRIDGE_SUBNET is 'node' but NETPLUGIN_NODE_POD_CIDRS is not set: the node has no pod "
-            "CIDRs (spec.podCIDRs) or netplugin does not know the node"
+            "NETPLUGIN_BRIDGE_SUBNET is 'node' but NETPLUGIN_NODE_POD_CIDRS is not set: the node "
+            + (f"{node!r} " if node else "")
+            + "has no pod CIDRs (spec.podCIDRs) or netplugin does not know the node; a cluster gives every "
+            "Node its pod CIDRs with kube-controller-manager --allocate-node-cidrs (and --cluster-cidr), "
+            "or they are set by hand"
         )
     gateways = parse_gateways(raw["GATEWAY"], subnets) if subnets else ()
 

@@ -165,19 +165,26 @@ class Containerd:
     """A private containerd serving CRI v1 on ``<root>/containerd.sock``."""
 
     root: Path
-    shim: Path  # the executable the CRI plugin runs as the netplugin-cni CNI plugin
+    #: the executable the CRI plugin runs as the netplugin-cni CNI plugin, copied into the bin dir;
+    #: None when something else (scripts/install.sh) puts it there
+    shim: Path | None
     proc: subprocess.Popen[bytes] | None = None
     netns_seen: set[str] = field(default_factory=set)
+    #: the CRI plugin's CNI dirs (default: under root), e.g. where an installer put the shim and conflist
+    cni_bin_dir: Path | None = None
+    cni_conf_dir: Path | None = None
+    #: run containerd in this network namespace (/var/run/netns/NAME), as a node of a simulated cluster
+    netns: str | None = None
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
         self.socket = self.root / "containerd.sock"
-        self.bin_dir = self.root / "cni-bin"
-        self.conf_dir = self.root / "net.d"
+        self.bin_dir = self.cni_bin_dir or self.root / "cni-bin"
+        self.conf_dir = self.cni_conf_dir or self.root / "net.d"
         self.log_path = self.root / "containerd.log"
         for d in (self.bin_dir, self.conf_dir):
-            d.mkdir(exist_ok=True)
+            d.mkdir(parents=True, exist_ok=True)
         self._stub: Any = None
         self.pb: Any = None
 
@@ -215,14 +222,18 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
     def start(self) -> None:
         shutil.copy2(loopback_plugin() or "", self.bin_dir / "loopback")
-        shutil.copy2(self.shim, self.bin_dir / "netplugin-cni")
+        if self.shim is not None:
+            shutil.copy2(self.shim, self.bin_dir / "netplugin-cni")
         config = self.root / "config.toml"
         config.write_text(self.config_text())
         self.pb, pbg = cri_modules(self.root / "cri-stubs")
         with open(self.log_path, "ab") as log:
             # Its own session: a Ctrl-C of pytest must not reach it before close() runs.
+            # nsenter, not `ip netns exec`: that would give containerd a mount namespace of its own,
+            # and the pods' netns mounts it makes would be invisible to everyone else.
+            inside = ["nsenter", f"--net={NETNS_DIR}/{self.netns}"] if self.netns else []
             self.proc = subprocess.Popen(
-                ["containerd", "--config", str(config)],
+                [*inside, "containerd", "--config", str(config)],
                 # The CNI plugins it runs inherit this: no NETPLUGIN_* settings of the developer's shell.
                 env={k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")},
                 stdin=subprocess.DEVNULL,
@@ -315,10 +326,14 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         tmp = self.conf_dir / ".new.tmp"
         tmp.write_text(json.dumps(conflist, indent=1))
         tmp.rename(self.conf_dir / f"10-{conflist['name']}.conflist")
-        deadline = time.monotonic() + 15
-        while conflist["name"] not in self.cni_networks():
+        self.wait_network(conflist["name"])
+
+    def wait_network(self, name: str, timeout: float = 15) -> None:
+        """Wait until the CRI plugin has loaded network ``name`` (from whatever put it in the conf dir)."""
+        deadline = time.monotonic() + timeout
+        while name not in self.cni_networks():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"containerd did not load network {conflist['name']}:\n{self.log_tail()}")
+                raise RuntimeError(f"containerd did not load network {name}:\n{self.log_tail()}")
             time.sleep(0.1)
 
     def run_pod(

@@ -85,7 +85,7 @@ def test_sync_reconciles_and_reports() -> None:
     assert st["name"] == "fake-node" and st["pod_cidrs"] == ["10.206.129.0/24"] and st["nodes"] == 3
     assert st["routes"] == [{"dst": "10.206.130.0/24", "via": "10.206.0.12", "node": "peer"}]
     why = "not on a directly connected network"
-    assert st["problems"] == [{"node": "far", "cidr": "10.206.140.0/24", "reason": why}]
+    assert st["problems"] == [{"kind": "next_hop", "node": "far", "cidr": "10.206.140.0/24", "reason": why}]
     assert st["egress"] == {"table": "netplugin", "applied": True} and st["error"] is None
     assert not k.sync(force=False)  # nothing changed: nothing done
     assert len(routes.calls) == 1

@@ -77,6 +77,7 @@ def test_static_node_files_drive_the_routes(netns: str, tmp_path: Path) -> None:
     cfg.write_text(
         f"state_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\nplugin_dir: {tmp_path}\nhost: static\n"
         f"pods_dir: {tmp_path}/pods\nnodes_dir: {nodes}\nnode_name: me\nmetrics_address: none\n"
+        "cluster_cidrs: [10.206.128.0/17]\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
     env.update(NETPLUGIN_CONFIG=str(cfg), PYTHONPATH=str(REPO))
@@ -119,3 +120,63 @@ def test_nodes_command_without_a_daemon_shows_what_the_host_knows(tmp_path: Path
     text = subprocess.run([*base, "nodes"], capture_output=True, text=True, env=env, timeout=60).stdout
     assert "node me: pod CIDRs 10.206.129.0/24; InternalIPs 10.206.0.11" in text
     assert "no daemon runs" in text and "peer" in text
+
+
+def test_hostile_node_files_are_refused_and_shown_everywhere(netns: str, tmp_path: Path) -> None:
+    """Issue 21 class 2 through a real daemon: each refusal in the log, health, `netplugin nodes`, metrics."""
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    node_file(nodes, "me", "10.206.129.0/24", "10.206.0.11")
+    node_file(nodes, "peer", "10.206.130.0/24", "10.206.0.12")
+    claims = {"half": "128.0.0.0/1", "lan": "10.206.0.128/25", "addr": "10.206.0.11/32", "wider": "10.206.130.0/23"}
+    for name, cidr in claims.items():
+        node_file(nodes, name, cidr, "10.206.0.66")
+    for name, when in (("peer", "2026-01-01T00:00:00Z"), ("wider", "2026-01-02T00:00:00Z")):
+        doc = json.loads((nodes / f"{name}.json").read_text())
+        doc["metadata"]["creationTimestamp"] = when
+        (nodes / f"{name}.json").write_text(json.dumps(doc))
+    cfg = tmp_path / "netplugin.yaml"
+    cfg.write_text(
+        f"state_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\nplugin_dir: {tmp_path}\nhost: static\n"
+        f"pods_dir: {tmp_path}/pods\nnodes_dir: {nodes}\nnode_name: me\nmetrics_address: 127.0.0.1:0\n"
+        "cluster_cidrs: [10.206.128.0/17]\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+    env.update(NETPLUGIN_CONFIG=str(cfg), PYTHONPATH=str(REPO))
+    log = tmp_path / "daemon.log"
+    cli = ["ip", "netns", "exec", netns, sys.executable, "-m", "netplugin"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*cli, "serve"], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_for(lambda: routes(netns) == {"10.206.130.0/24": "10.206.0.12"})
+        wait_for(lambda: "no route to node wider" in log.read_text())
+        shown = subprocess.run([*cli, "-o", "json", "nodes"], capture_output=True, text=True, env=env, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        problems = {p["node"]: p for p in json.loads(shown.stdout)["problems"]}
+        assert {n: p["kind"] for n, p in problems.items()} == {
+            "half": "outside_cluster_cidrs",
+            "lan": "outside_cluster_cidrs",
+            "addr": "outside_cluster_cidrs",
+            "wider": "node_overlap",
+        }
+        text = subprocess.run([*cli, "nodes"], capture_output=True, text=True, env=env, timeout=60).stdout
+        assert "problems (4):" in text and "node half pod CIDR 128.0.0.0/1: not inside cluster_cidrs" in text
+        health = json.loads(
+            subprocess.run([*cli, "-o", "json", "health"], capture_output=True, text=True, env=env, timeout=60).stdout
+        )
+        url = f"http://{health['metrics_address']}/metrics"
+        scrape = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"
+        metrics = subprocess.run(
+            ["ip", "netns", "exec", netns, sys.executable, "-c", scrape], capture_output=True, text=True
+        )
+        assert 'netplugin_node_problems{kind="outside_cluster_cidrs"} 3.0' in metrics.stdout, metrics.stderr
+        assert 'netplugin_node_problems{kind="node_overlap"} 1.0' in metrics.stdout
+        said = log.read_text()
+        for name, cidr in claims.items():
+            assert said.count(f"no route to node {name} pod CIDR {cidr}") == 1, said  # once, not every pass
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    assert "128.0.0.0/1" not in ip(netns, "route", "show")

@@ -1,0 +1,333 @@
+"""``netplugin doctor``'s checks: does this node work as installed? Each check is data, not text.
+
+:func:`run_checks` returns one :class:`Check` per question, in this order:
+
+``conflist``  the CNI network configs in the runtime's conf dir, and which one it picks (the
+              first by file name, as libcni and containerd do): it must be netplugin's;
+``shim``      the ``netplugin-cni`` that conflist runs (in the CNI bin dirs): ours, answering
+              ``VERSION`` with the versions this netplugin speaks, and of this netplugin's version;
+``daemon``    whether a call made from that conflist reaches the daemon: its socket, its answer,
+              not draining, and the call's settings equal the daemon's (else the keys that differ);
+``settings``  the conflist carries no settings of its own (or they equal the config file's), and
+              the daemon runs what its config file says now (else: reload it);
+``plugin``    the selected plugin is valid and its init ran (this boot, these settings);
+``node``      this node's pod CIDRs and the routes to the other nodes (the daemon's view);
+``egress``    the egress masquerade table, when ``cluster_cidrs`` asks for one;
+``dirs``      the state and run dirs are netplugin's own (root's, not group/world-writable, no links).
+
+A check that cannot be answered (no daemon to ask) is a problem, with how to fix it. The CLI
+(``netplugin doctor``) prints them and turns them into its exit code.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from netplugin.core.errors import NetpluginError
+
+if TYPE_CHECKING:
+    from netplugin.core.config import Config
+
+__all__ = ["CNI_BIN_DIRS", "Check", "Node", "inline_differences", "run_checks"]
+
+#: where runtimes look for CNI plugins (containerd's default, then Debian's)
+CNI_BIN_DIRS = ("/opt/cni/bin", "/usr/lib/cni")
+_CONF_SUFFIXES = (".conf", ".conflist", ".json")
+_SHIM = "netplugin-cni"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One answer: ``found`` says what is there; ``problem`` and ``fix`` are None when it is fine."""
+
+    name: str
+    found: str
+    problem: str | None = None
+    fix: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "found": self.found, "problem": self.problem, "fix": self.fix}
+
+
+@dataclass
+class Node:
+    """What the checks learn on the way (the conflist picked, the daemon's health) for later checks."""
+
+    config: Config
+    conf_dir: str
+    bin_dirs: tuple[str, ...]
+    picked: str | None = None
+    call_conf: dict[str, Any] | None = None
+    health: dict[str, Any] | None = None
+
+
+def _load_conflist(path: str) -> dict[str, Any]:
+    from netplugin.core._yaml import load_json, read_document
+
+    doc = load_json(read_document(path, 1 << 20))
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return doc
+
+
+def _call_conf(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The config a runtime sends netplugin-cni for this network (libcni merges name and version in)."""
+    listed = doc.get("plugins")
+    plugins: list[Any] = listed if isinstance(listed, list) else [doc]
+    for p in plugins:
+        if isinstance(p, dict) and p.get("type") == _SHIM:
+            return {**p, "name": doc.get("name"), "cniVersion": doc.get("cniVersion")}
+    return None
+
+
+def check_conflist(node: Node) -> Check:
+    files = sorted(p for p in glob.glob(os.path.join(node.conf_dir, "*")) if p.endswith(_CONF_SUFFIXES))
+    fix_install = "install it: scripts/install.sh (or netplugin's conflist into the runtime's conf dir)"
+    if not files:
+        return Check("conflist", f"no network config in {node.conf_dir}", "the runtime has no network", fix_install)
+    try:
+        first = _load_conflist(files[0])
+    except (OSError, ValueError) as e:
+        return Check(
+            "conflist", files[0], f"the runtime picks {files[0]}, which cannot be read: {e}", "fix or remove it"
+        )
+    node.call_conf = _call_conf(first)
+    if node.call_conf is None:
+        ours = [f for f in files[1:] if _safe_call_conf(f) is not None]
+        where = f" (netplugin's is {ours[0]})" if ours else ""
+        return Check(
+            "conflist",
+            f"{len(files)} config(s) in {node.conf_dir}",
+            f"the runtime picks {os.path.basename(files[0])}, which is not netplugin's{where}",
+            "remove or rename the configs sorting before netplugin's (the runtime uses the first by name)",
+        )
+    node.picked = files[0]
+    others = f"; {len(files) - 1} other(s) ignored" if len(files) > 1 else ""
+    return Check("conflist", f"{files[0]} (the runtime picks it{others})")
+
+
+def _safe_call_conf(path: str) -> dict[str, Any] | None:
+    try:
+        return _call_conf(_load_conflist(path))
+    except (OSError, ValueError):
+        return None
+
+
+def _shim_problem(path: str) -> str | None:
+    from netplugin import __version__
+    from netplugin.frontends.rpc import CNI_VERSIONS
+
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if b"netplugin" not in head:
+        return f"{path} is not netplugin's shim"
+    marker = b"(netplugin "
+    if head.startswith(b"#!") and marker in head:
+        version = head.split(marker, 1)[1].split(b")", 1)[0].decode(errors="replace")
+        if version != __version__:
+            return f"{path} was written by netplugin {version}, this is {__version__}"
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": "VERSION"}
+    try:
+        done = subprocess.run([path], input=b"", capture_output=True, env=env, timeout=20, check=False)
+        answer = json.loads(done.stdout) if done.returncode == 0 else None
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        return f"{path} does not run: {e}"
+    if not isinstance(answer, dict) or answer.get("supportedVersions") != list(CNI_VERSIONS):
+        return f"{path} answers VERSION with {done.stdout[:200]!r} {done.stderr[-200:]!r}"
+    return None
+
+
+def check_shim(node: Node) -> Check:
+    found = [os.path.join(d, _SHIM) for d in node.bin_dirs if os.path.isfile(os.path.join(d, _SHIM))]
+    fix = "reinstall it: scripts/install.sh, or netplugin install-shim DIR"
+    if not found:
+        return Check("shim", f"no {_SHIM} in {', '.join(node.bin_dirs)}", "the runtime cannot run netplugin", fix)
+    problem = _shim_problem(found[0])
+    return Check("shim", f"{found[0]}", problem, fix if problem else None)
+
+
+def inline_differences(call_conf: dict[str, Any]) -> list[str]:
+    """Settings keys in which the conflist's own values make the call's config differ from its config file's."""
+    from netplugin.core.config import load_config
+    from netplugin.frontends.cni.netconf import build_config
+    from netplugin.frontends.cni.protocol import CniRequest
+    from netplugin.frontends.rpc import fingerprint
+
+    path = call_conf.get("configFile")
+    call = fingerprint(build_config(CniRequest(command="ADD", conf=call_conf), {}))
+    alone = fingerprint(load_config(path if isinstance(path, str) else None, environ={}))
+    return sorted(k for k in set(call) | set(alone) if call.get(k) != alone.get(k))
+
+
+def check_daemon(node: Node) -> Check:
+    from netplugin.frontends.client import NoAnswer, NotSent, exchange
+    from netplugin.frontends.cni.fast import daemon_target
+
+    if node.call_conf is None:
+        return Check("daemon", "no netplugin conflist picked", "calls reach neither netplugin nor its daemon")
+    mode, sock = daemon_target(node.call_conf, {})
+    start = "start it: systemctl start netplugin (a DaemonSet: its pod)"
+    if mode == "never":
+        return Check("daemon", "use_daemon: never", "calls never reach the daemon", "remove use_daemon: never")
+    try:
+        answer = exchange(sock, {"v": 1, "op": "health"}, timeout=10)
+    except (NotSent, NoAnswer) as e:
+        return Check("daemon", sock, f"no daemon answers at {sock} ({e}): calls run alone, slower, unobserved", start)
+    if not answer.get("ok"):
+        said = (answer.get("error") or {}).get("message", "")
+        return Check("daemon", sock, f"the daemon does not serve: {said}", start)
+    node.health = answer["result"]
+    try:
+        from netplugin.frontends.cni.netconf import build_config
+        from netplugin.frontends.cni.protocol import CniRequest
+        from netplugin.frontends.rpc import fingerprint
+
+        mine = fingerprint(build_config(CniRequest(command="ADD", conf=node.call_conf), {}))
+    except NetpluginError as e:
+        return Check("daemon", sock, f"the conflist's settings are invalid: {e.message}", "fix the config file")
+    theirs = node.health.get("config") or {}
+    differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if differ:
+        return Check(
+            "daemon",
+            f"{sock} (pid {node.health.get('pid')})",
+            f"calls from the conflist would not reach the daemon: their settings differ in {', '.join(differ)}",
+            "keep every setting in the config file only, then systemctl reload netplugin",
+        )
+    return Check("daemon", f"{sock} (pid {node.health.get('pid')}): calls from the conflist reach it")
+
+
+def check_settings(node: Node) -> Check:
+    if node.call_conf is None:
+        return Check("settings", "no netplugin conflist", "nothing reads the config file", "install the conflist")
+    try:
+        inline = inline_differences(node.call_conf)
+    except NetpluginError as e:
+        return Check("settings", str(node.call_conf.get("configFile")), e.message, "fix the config file")
+    path = node.call_conf.get("configFile") or "the default config file"
+    if inline:
+        return Check(
+            "settings",
+            f"{node.picked}",
+            f"the conflist's own settings override {path} in {', '.join(inline)}",
+            "move them into the config file and keep only configFile and runDir in the conflist",
+        )
+    status = (node.health or {}).get("settings", "")
+    if status.startswith("not reloaded") or "keeps its running settings" in status:
+        return Check(
+            "settings", str(path), f"the daemon says: {status}", "fix the file, or systemctl restart netplugin"
+        )
+    return Check("settings", f"{path}: the conflist adds nothing; {status or 'daemon not asked'}")
+
+
+def check_plugin(node: Node) -> Check:
+    cfg = node.config
+    name = cfg.plugin or "kubernetes.io/no-op"
+    if node.health is not None:
+        problem = node.health.get("plugin_problem")
+        if problem:
+            return Check(
+                "plugin",
+                name,
+                f"the daemon's plugin is not ready: {problem}",
+                "fix it, then systemctl reload netplugin",
+            )
+        return Check("plugin", f"{node.health.get('plugin')}: selected and initialised by the daemon")
+    from netplugin.manager.manager import Manager
+
+    try:
+        m = Manager(cfg, state=False)
+        selected = m.plugin.name
+        done = m.init_done()
+    except NetpluginError as e:
+        return Check("plugin", name, e.message, "install the plugin or fix the plugin key in the config file")
+    if not done:
+        return Check("plugin", selected, "init has not run this boot with these settings", "netplugin init")
+    return Check("plugin", f"{selected}: valid, init ran this boot")
+
+
+def check_node(node: Node) -> Check:
+    cfg = node.config
+    if cfg.host == "none":
+        return Check("node", "host: none (no cluster: no pod CIDRs, no routes to other nodes)")
+    if node.health is None:
+        return Check("node", f"host: {cfg.host}", "unknown: only the daemon keeps the node's view", "start the daemon")
+    st = node.health.get("node") or {}
+    me, cidrs, routes = st.get("name"), st.get("pod_cidrs") or [], st.get("routes") or []
+    if st.get("error"):
+        return Check(
+            "node", f"node {me}", f"the daemon cannot read the cluster: {st['error']}", "check kubeconfig/RBAC"
+        )
+    if not cidrs and cfg.env.get("NETPLUGIN_BRIDGE_SUBNET") == "node":
+        return Check(
+            "node",
+            f"node {me}",
+            f"node {me} has no pod CIDRs (spec.podCIDRs): every pod ADD fails",
+            "kube-controller-manager --allocate-node-cidrs --cluster-cidr=..., or set the Node's podCIDRs by hand",
+        )
+    found = f"node {me}: pod CIDRs {', '.join(cidrs) or 'none'}; {len(routes)} route(s) to {st.get('nodes')} node(s)"
+    problems = st.get("problems") or []
+    if problems:
+        text = "; ".join(f"{p.get('node')} {p.get('cidr')}: {p.get('reason')}" for p in problems[:5])
+        return Check("node", found, f"{len(problems)} node(s) cannot be routed: {text}", "see netplugin nodes")
+    return Check("node", found)
+
+
+def check_egress(node: Node) -> Check:
+    cfg = node.config
+    if not cfg.cluster_cidrs:
+        return Check("egress", "no cluster_cidrs: pod traffic is not masqueraded")
+    egress = ((node.health or {}).get("node") or {}).get("egress")
+    if node.health is None or not egress:
+        return Check("egress", "cluster_cidrs set", "no daemon keeps the egress table", "start the daemon")
+    if not egress.get("applied"):
+        return Check(
+            "egress", f"table {egress.get('table')}", "the masquerade table is not installed", "see the daemon's log"
+        )
+    return Check(
+        "egress", f"table inet {egress.get('table')} masquerades traffic leaving {', '.join(cfg.cluster_cidrs)}"
+    )
+
+
+def check_dirs(node: Node) -> Check:
+    from netplugin.core.dirs import UnsafeDirectory, ensure_dir
+
+    found, problems = [], []
+    for what, path in (("state", node.config.state_dir), ("run", node.config.run_dir)):
+        try:
+            there = ensure_dir(path, create=False)
+        except UnsafeDirectory as e:
+            problems.append(e.message)
+            continue
+        found.append(f"{what} {path}" + ("" if there else " (not created yet)"))
+    if problems:
+        return Check("dirs", ", ".join(found), "; ".join(problems), "chown root: DIR; chmod go-w DIR (no links)")
+    return Check("dirs", ", ".join(found) + ": netplugin's own")
+
+
+#: the checks, in the order they run (later ones use what earlier ones learned)
+CHECKS = (check_conflist, check_shim, check_daemon, check_settings, check_plugin, check_node, check_egress, check_dirs)
+
+
+def run_checks(config: Config, conf_dir: str, bin_dirs: tuple[str, ...] = CNI_BIN_DIRS) -> list[Check]:
+    """Every check on this node; never raises for what it finds (a NetpluginError is that check's problem)."""
+    node = Node(config, conf_dir, bin_dirs)
+    out = []
+    for check in CHECKS:
+        name = check.__name__.removeprefix("check_")
+        try:
+            out.append(check(node))
+        except NetpluginError as e:
+            out.append(Check(name, "", e.message))
+        except OSError as e:
+            out.append(Check(name, "", f"{e.filename or ''}: {e.strerror or e}"))
+    return out

@@ -1,0 +1,245 @@
+"""A cluster installed as shipped (issue 17, proof b): two nodes, each with its own containerd.
+
+The simulated cluster (netplugin/frontends/simcluster) gives each node a network namespace on a
+shared underlay and a Node object with its pod CIDRs. Each node is then installed the way the
+DaemonSet installs it, not with test settings:
+
+* its config is the shipped ConfigMap's ``netplugin.yaml``, with what the cluster itself decides
+  substituted: the hostPath directories mapped under the node's temp root (as the DaemonSet's host
+  mounts map them), the API server (``kubeconfig``, the sim's stand-in for the in-cluster service
+  account) and ``cluster_cidrs`` (the cluster's pod CIDR, which the ConfigMap says to set);
+* the init container's install steps: its ``install.sh`` argv from ``daemonset.yaml``, every host path
+  remapped, with this tree as ``--source`` and the test's interpreter as the node's python3;
+* the daemon: the DaemonSet container's ``command`` and its ``NODE_NAME`` (the Downward API's value).
+
+A private containerd runs inside each node's namespace (``nsenter --net``, so that its pods' netns
+mounts stay visible to everyone) with the CNI dirs the installer filled. Pods created through CRI
+get addresses from their own node's pod CIDR, reach the other node's pods by plain routes, and every
+call is served by the node's daemon. A Node without pod CIDRs fails ADD with a CNI error saying so.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from netplugin.frontends.simcluster.apiserver import make_node, make_pod
+from netplugin.frontends.simcluster.cluster import CLUSTER_CIDRS, SimCluster, SimNode
+from tests.frontends.cni.containerd import Containerd, Sandbox, unavailable_reason
+from tests.nettest import kernel_unavailable_reason
+from tests.shipped import configmap_settings, daemonset, init_install_argv, main_container, run_install
+
+pytestmark = [pytest.mark.kernel, pytest.mark.containerd]
+
+
+class InstalledCluster(SimCluster):
+    """Nodes installed from the shipped DaemonSet and ConfigMap, each with its own containerd."""
+
+    def __init__(self) -> None:
+        super().__init__(bookmark_interval=0.5)
+        self.containerds: dict[str, Containerd] = {}
+
+    @staticmethod
+    def host_dirs(node: SimNode) -> dict[str, str]:
+        """The DaemonSet's hostPath directories -> where they are for this node (SimNode's own layout)."""
+        spec = daemonset()["spec"]["template"]["spec"]
+        paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+        where = {
+            "exec-dir": "exec",
+            "state-dir": "state",
+            "run-dir": "run",
+            "cni-conf-dir": "cni-conf",
+            "cni-bin-dir": "cni-bin",
+            "lib-dir": "lib",
+            "node-config": ".",
+        }
+        return {paths[name]: str((node.root / sub).resolve()) for name, sub in where.items()}
+
+    def remap(self, node: SimNode, path: str) -> str:
+        for host, mine in sorted(self.host_dirs(node).items(), key=lambda kv: -len(kv[0])):
+            if path == host or path.startswith(host + "/"):
+                return mine + path[len(host) :]
+        return path
+
+    def _write_config(self, node: SimNode) -> None:
+        super()._write_config(node)  # the node's dirs, the shipped bridge plugin, the kubeconfig
+        settings = configmap_settings()
+        for key in ("plugin_dir", "state_dir", "run_dir"):
+            settings[key] = self.remap(node, settings[key])
+        settings["kubeconfig"] = str(node.root / "kubeconfig")
+        settings["cluster_cidrs"] = list(CLUSTER_CIDRS)
+        configmap = node.root / "configmap" / "netplugin.yaml"  # as the init container mounts it
+        configmap.parent.mkdir()
+        configmap.write_text(yaml.safe_dump(settings))
+        argv = init_install_argv(lambda p: self.remap(node, p), configmap, sys.executable)
+        done = run_install(argv, NETPLUGIN_LIB_PYTHON=sys.executable)
+        if done.returncode != 0:
+            raise AssertionError(f"the init container's install failed on {node.name}:\n{done.stdout}{done.stderr}")
+        assert node.config_path.read_text() == configmap.read_text()
+
+    def daemon_command(self, node: SimNode) -> tuple[list[str], dict[str, str]]:
+        c = main_container()
+        argv = [*c.get("command", []), *c.get("args", [])]
+        assert argv[0] == "netplugin"  # the image's console script: this tree's netplugin here
+        inside = ["ip", "netns", "exec", node.netns, sys.executable, "-m", "netplugin"]
+        env = {k: v for k, v in self.env.items() if not k.startswith("NETPLUGIN_")}
+        env.update(NODE_NAME=node.name, HOST_IP=node.ipv4)
+        return [*inside, *(self.remap(node, a) for a in argv[1:])], env
+
+    def start_containerd(self, node: SimNode) -> Containerd:
+        ctd = Containerd(
+            node.root / "containerd",
+            None,
+            cni_bin_dir=node.root / "cni-bin",
+            cni_conf_dir=node.root / "cni-conf",
+            netns=node.netns,
+        )
+        self.containerds[node.name] = ctd
+        ctd.start()
+        ctd.wait_network("netplugin")
+        return ctd
+
+    def close(self) -> None:
+        for ctd in self.containerds.values():
+            ctd.close()
+        self.containerds.clear()
+        super().close()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[InstalledCluster]:
+    reason = kernel_unavailable_reason() or unavailable_reason()
+    if reason or not shutil.which("nft") or not shutil.which("nsenter"):
+        pytest.skip(reason or "nft and nsenter are needed")
+    with InstalledCluster() as c:
+        for _ in range(2):
+            node = c.add_node()
+            c.start_containerd(node)
+        c.wait_routes(10.0)
+        yield c
+
+
+def _operations(cluster: InstalledCluster, node: SimNode) -> dict[str, float]:
+    """The daemon's network_plugin_operations_total, scraped inside the node (its metrics are on its loopback)."""
+    url = f"http://{cluster.health(node)['metrics_address']}/metrics"
+    code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
+    done = cluster.exec_in(node.netns, [sys.executable, "-c", code])
+    assert done.returncode == 0, done.stderr
+    out = {}
+    for line in done.stdout.decode().splitlines():
+        if line.startswith("network_plugin_operations_total{"):
+            out[line.split('operation_type="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _run_pod(cluster: InstalledCluster, node: SimNode, name: str) -> Sandbox:
+    assert cluster.api is not None
+    cluster.api.apply(make_pod("np-sim", name, node.name, labels={"app": "installed"}))
+    return cluster.containerds[node.name].run_pod("np-sim", name, str(uuid.uuid4()))
+
+
+def _ping(sb: Sandbox, address: str) -> subprocess.CompletedProcess[str]:
+    argv = ["ip", "netns", "exec", sb.netns_name, "ping", "-c", "1", "-W", "3", address]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+
+def test_nodes_are_installed_as_shipped(cluster: InstalledCluster) -> None:
+    for node in cluster.nodes.values():
+        conflist = json.loads((node.root / "cni-conf" / "10-netplugin.conflist").read_text())
+        assert conflist["plugins"] == [
+            {"type": "netplugin-cni", "configFile": str(node.config_path), "runDir": str(node.root / "run")}
+        ]
+        health = cluster.health(node)
+        assert (health["plugin"], health["plugin_problem"]) == ("netplugin.io/bridge", None)
+        assert health["node"]["pod_cidrs"] == list(node.pod_cidrs)
+
+
+def test_pods_get_their_nodes_cidr_and_reach_the_other_node(cluster: InstalledCluster) -> None:
+    n1, n2 = cluster.nodes["node-1"], cluster.nodes["node-2"]
+    pods = {n.name: [_run_pod(cluster, n, f"web-{n.index}-{i}") for i in range(2)] for n in (n1, n2)}
+    for node in (n1, n2):
+        cidr = ipaddress.ip_network(node.pod_cidrs[0])
+        assert all(ipaddress.ip_address(sb.ip) in cidr for sb in pods[node.name]), (node.name, pods[node.name])
+    a, b = pods["node-1"][0], pods["node-2"][1]
+    done = _ping(a, b.ip)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _ping(b, a.ip).returncode == 0
+    for node in (n1, n2):
+        ctd = cluster.containerds[node.name]
+        for sb in pods[node.name]:
+            ctd.stop_remove(sb.id)
+        # Served by the node's daemon: it counted every ADD and DEL (alone, the shim of a cluster
+        # node refuses with CNI error 11: use_daemon: always).
+        ops = _operations(cluster, node)
+        assert ops["set_up_pod"] == 2 and ops["tear_down_pod"] >= 2, ops
+
+
+def test_a_node_without_pod_cidrs_fails_add_saying_so(cluster: InstalledCluster) -> None:
+    import grpc
+
+    assert cluster.api is not None
+    n2 = cluster.nodes["node-2"]
+    cluster.api.apply(make_node(n2.name, [], list(n2.internal_ips)))
+    try:
+        deadline = time.monotonic() + 10
+        while cluster.health(n2)["node"]["pod_cidrs"]:
+            assert time.monotonic() < deadline, "the daemon did not see the Node change"
+            time.sleep(0.05)
+        with pytest.raises(grpc.RpcError) as info:
+            _run_pod(cluster, n2, "no-cidr")
+        details = info.value.details()
+        assert "'node-2' has no pod CIDRs (spec.podCIDRs)" in details, details
+        assert "--allocate-node-cidrs" in details, details
+        assert not cluster.containerds[n2.name].list_sandboxes()
+        dirs = ["--cni-conf-dir", str(n2.root / "cni-conf"), "--cni-bin-dir", str(n2.root / "cni-bin")]
+        doctor = subprocess.run(
+            [*cluster._netplugin_argv(n2, "-o", "json", "doctor"), *dirs],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=cluster.env,
+        )
+        assert doctor.returncode == 7, doctor.stdout + doctor.stderr
+        [check] = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "node"]
+        assert "node-2 has no pod CIDRs" in check["problem"] and "--allocate-node-cidrs" in check["fix"]
+    finally:
+        cluster.register(n2)
+    cluster.wait_routes(10.0)
+
+
+def test_without_its_daemon_a_cluster_node_says_try_again(cluster: InstalledCluster) -> None:
+    import grpc
+
+    n1 = cluster.nodes["node-1"]
+    cluster.stop_daemon(n1)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            _run_pod(cluster, n1, "no-daemon")
+        details = info.value.details()
+        assert "the netplugin daemon is required" in details and "use_daemon: always" in details, details
+    finally:
+        cluster.start_daemon(n1)
+    sb = _run_pod(cluster, n1, "daemon-back")
+    assert ipaddress.ip_address(sb.ip) in ipaddress.ip_network(n1.pod_cidrs[0])
+    cluster.containerds[n1.name].stop_remove(sb.id)
+
+
+def test_everything_goes_away(cluster: InstalledCluster) -> None:
+    tag = cluster.tag
+    roots = [Path(c.root) for c in cluster.containerds.values()]
+    shims = [pid for c in cluster.containerds.values() for pid in c.shim_pids()]
+    cluster.close()
+    assert not [pid for pid in shims if Path(f"/proc/{pid}").exists()]
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert tag not in netns
+    assert not [r for r in roots if r.exists()]
