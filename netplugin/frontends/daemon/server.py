@@ -187,7 +187,6 @@ class Daemon:
         if self.reread is not None:
             live, self.settings_status, ok = reload_settings(self._live, self.reread)
             (log.info if ok else log.error)("reload: %s", self.settings_status)
-            live.manager.observe = self.metrics.observe_member  # a reload may build a new manager
             self._live = live
 
     def dispatch(self, req: dict[str, Any]) -> Any:
