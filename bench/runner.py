@@ -23,6 +23,7 @@ from .bigcluster import fig_bigcluster
 from .chain import fig_chain
 from .cluster import fig_cluster
 from .coldstart import fig_coldstart
+from .containerd import fig_containerd
 from .contenders import CNI_BRIDGE, CNI_DIR, CONTENDERS
 from .context import RunContext, clean_environ, cli_command, leftovers, with_checkout
 from .daemon import Daemon
@@ -36,7 +37,19 @@ from .util import REPO, BenchError, Cleanup, NetnsFactory, SubnetPool
 
 __all__ = ["FIGURES", "run"]
 
-FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale", "runtime", "cluster", "bigcluster", "chain")
+FIGURES = (
+    "pods",
+    "burst",
+    "drain",
+    "overhead",
+    "coldstart",
+    "scale",
+    "runtime",
+    "containerd",
+    "cluster",
+    "bigcluster",
+    "chain",
+)
 CNI_HINT = "install Debian's reference plugins: apt-get install -y containernetworking-plugins (into /usr/lib/cni)"
 
 
@@ -246,6 +259,7 @@ def _run_figures(ctx: RunContext, plan: Plan, args: argparse.Namespace, out: _Ou
         ("coldstart", lambda: [fig_coldstart(ctx, plan, keys, pool)]),
         ("scale", lambda: [f for f in fig_scale(ctx, plan, keys, pool) if f is not None]),
         ("runtime", lambda: fig_runtime(ctx, plan, keys, pool)),
+        ("containerd", lambda: fig_containerd(ctx, plan, pool)),
         ("cluster", lambda: fig_cluster(plan.quick, _say)),
         ("bigcluster", lambda: fig_bigcluster(plan.quick, _say)),
         ("chain", lambda: fig_chain(ctx, plan, keys, pool)),

@@ -4,9 +4,10 @@ A container runtime execs ``netplugin-cni`` for every ADD and DEL; what it waits
 process, start to exit. These rows time exactly that, interleaved in one run with contender A
 (the reference CNI bridge + host-local, exec'd the same way):
 
-* F: ``netplugin-cni`` (the entry script ``netplugin install-shim`` writes: ``python -I -S``),
-  forwarding to a daemon of the same settings that runs the bash bridge plugin;
+* F: the compiled ``netplugin-cni`` (C, one binary frame to the daemon; issue 18), forwarding to a
+  daemon of the same settings that runs the bash bridge plugin;
 * G: the same with the daemon's in-process native plugin (``netplugin.io/bridge``);
+* Fpy, Gpy: F and G with the Python entry script (``python -I -S``) instead, kept for comparison;
 * H: ``netplugin setup|teardown`` (the CLI entry script) through a daemon whose exec plugin does
   nothing (``exit 0``), so that H minus P is the CLI's thin path itself: its imports, the request,
   the daemon's locks, records and exec;
@@ -36,8 +37,10 @@ __all__ = ["RUNTIME_KEYS", "fig_runtime"]
 
 RUNTIME_LABELS = {
     "A": LABELS["A"],
-    "F": "netplugin-cni process -> daemon + exec_plugins/bridge",
-    "G": "netplugin-cni process -> daemon + netplugin.io/bridge (native)",
+    "F": "netplugin-cni (compiled) process -> daemon + exec_plugins/bridge",
+    "G": "netplugin-cni (compiled) process -> daemon + netplugin.io/bridge (native)",
+    "Fpy": "netplugin-cni (Python entry script) -> daemon + exec_plugins/bridge",
+    "Gpy": "netplugin-cni (Python entry script) -> daemon + netplugin.io/bridge (native)",
     "H": "netplugin CLI process -> daemon + a no-op exec plugin",
     "P": "floor: python -I -S -c pass (same interpreter)",
 }
@@ -45,7 +48,9 @@ RUNTIME_KEYS = tuple(RUNTIME_LABELS)
 
 
 def entry_scripts(ctx: RunContext) -> dict[str, str]:
-    """The CNI and CLI entry scripts of this checkout (as ``netplugin install-shim`` writes them)."""
+    """The CNI and CLI entry scripts of this checkout (as ``netplugin install-shim`` writes them), and
+    the compiled shim (``cni-native``, as install.sh builds it, the CNI entry script its fallback)."""
+    from netplugin.frontends.cni.native import build_native
     from netplugin.frontends.entrypoints import install_entry
 
     out = {}
@@ -54,6 +59,10 @@ def entry_scripts(ctx: RunContext) -> dict[str, str]:
         if not path.exists():
             install_entry(kind, str(path))
         out[kind] = str(path)
+    native = ctx.workdir / "entry-cni-native"
+    if not native.exists():
+        build_native(str(native), fallback=out["cni"])
+    out["cni-native"] = str(native)
     return out
 
 
@@ -87,7 +96,7 @@ class ShimContender(_DaemonBacked):
             CNI_NETNS=pod.netns,
             CNI_ARGS=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}",
         )
-        return Call([self.scripts["cni"]], env, self.config)
+        return Call([self.scripts["cni" if self.key.endswith("py") else "cni-native"]], env, self.config)
 
     def check_served(self) -> None:
         """The calls went to the daemon (not run alone): its request counter moved."""
@@ -120,6 +129,8 @@ FACTORIES: dict[str, Factory] = {
     "A": CniContender,
     "F": lambda net: ShimContender(net, "F", "bridge", bridge_plugin_dir(net)),
     "G": lambda net: ShimContender(net, "G", "netplugin.io/bridge", _empty_dir(net)),
+    "Fpy": lambda net: ShimContender(net, "Fpy", "bridge", bridge_plugin_dir(net)),
+    "Gpy": lambda net: ShimContender(net, "Gpy", "netplugin.io/bridge", _empty_dir(net)),
     "H": lambda net: CliThinContender(net, "H", "noop", _noop_dir(net)),
     "P": BareInterpreter,
 }
@@ -139,13 +150,13 @@ def fig_runtime(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPo
     """Per-pod ADD and DEL as processes (A F G H P, interleaved), then bursts of ADDs (A F G)."""
     keys = [k for k in RUNTIME_KEYS if k != "A" or "A" in keys]
     n = plan.pods
-    bursts: dict[str, list[float]] = {k: [] for k in keys if k in "AFG"}
+    bursts: dict[str, list[float]] = {k: [] for k in keys if k in ("A", "F", "G", "Fpy", "Gpy")}
     live = Live(ctx, "runtime", keys)
     with open_contenders(ctx, "9", keys, pool, factories=FACTORIES) as cs:
         ctx.progress(f"  runtime: 1 warm-up + {n} pods x {len(keys)} contenders, then bursts")
         # the first ADD creates the bridge and warms the page cache of each entry script: not reported
         _first, adds, dels = per_pod_series(live, cs, n)
-        for k in ("F", "G"):
+        for k in ("F", "G", "Fpy", "Gpy"):
             c = cs.get(k)
             if isinstance(c, ShimContender):
                 live.call(k, c.check_served)
@@ -167,10 +178,11 @@ def _figures(
     fa.rows = [stat_row(live, k, RUNTIME_LABELS[k], adds[k], ["median", "p90"]) for k in keys]
     fa.notes = [
         "Each sample is one process from exec to exit, as libcni (A, F, G) or an operator (H) runs it. F and G "
-        "are the entry script `netplugin install-shim` writes (python -I -S, explicit path): the shim reads its "
-        "config, forwards the call over the daemon's socket with the standard library only, and prints the "
-        "daemon's answer. H is `netplugin setup` through a daemon whose exec plugin does nothing (the CLI's "
-        "stdlib-only path; H - P is its whole cost). P is the bare interpreter on the same binary.",
+        "are the compiled netplugin-cni (C, `netplugin install-shim --kind cni-native`, as install.sh installs it): "
+        "it sends the CNI_*/NETPLUGIN_* variables and stdin in one binary frame over the daemon's socket and writes "
+        "the daemon's answer. Fpy and Gpy are the Python entry script `netplugin install-shim` writes (python -I -S; "
+        "the compiled shim's fallback), kept for comparison. H is `netplugin setup` through a daemon whose exec "
+        "plugin does nothing (the CLI's stdlib-only path; H - P is its whole cost). P is the bare interpreter.",
     ]
     fd = Figure("runtime-del", f"The runtime's view: DEL / teardown as a process ({n} pods, netns present)", "ms",
                 ["median", "p90"], ratio_column="median", samples=dels)

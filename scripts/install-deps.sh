@@ -25,6 +25,9 @@ debs+=(nftables)
 [ "$want_test" = 1 ] && debs+=(shellcheck iputils-ping mmdebstrap systemd)
 # the containerd suite (tests/frontends/cni/test_containerd.py): a private containerd drives netplugin-cni
 [ "$want_test" = 1 ] && debs+=(containerd runc busybox-static containernetworking-plugins)
+# gcc, libc6-dev: the compiled CNI shim (install.sh builds it when a compiler is there) and its
+# ASan/UBSan tests and fuzz run (tests/frontends/cni/test_native_shim*.py; gcc brings libasan, libubsan)
+[ "$want_test" = 1 ] && debs+=(gcc libc6-dev)
 missing=()
 for pkg in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -500,7 +500,22 @@ else
         fi
     } >"$shim_src"
 fi
-install_file "$shim_src" "$cni_bin_dir/netplugin-cni" 0755
+# The compiled shim (C, libc only) when this node has a C compiler: it is netplugin-cni, and the
+# Python shim becomes netplugin-cni-python, which it execs when the daemon does not run a call
+# (NETPLUGIN_SHIM_FALLBACK=none: CNI error 11 instead, a cluster node needing no Python per call).
+make_tmp
+native_shim=$made
+shim_fallback=$cni_bin_dir/netplugin-cni-python
+[ "${NETPLUGIN_SHIM_FALLBACK:-python}" != none ] || shim_fallback=none
+if [ "$dry_run" = 0 ] && "$shim_python" -I -B -c 'import sys; sys.path[:0] = [p for p in sys.argv[1:2] if p]; del sys.argv[1]
+from netplugin.frontends.cni.native import main; sys.exit(main())' "$shim_path" "$native_shim" \
+    --socket "$run_dir/netplugin.sock" --fallback "$shim_fallback" >/dev/null; then
+    install_file "$shim_src" "$cni_bin_dir/netplugin-cni-python" 0755
+    install_file "$native_shim" "$cni_bin_dir/netplugin-cni" 0755
+else
+    [ "$dry_run" = 1 ] || echo "install.sh: note: no compiled shim (no C compiler?): netplugin-cni is the Python shim" >&2
+    install_file "$shim_src" "$cni_bin_dir/netplugin-cni" 0755
+fi
 
 # --- 5. the node's config file, then the CNI network config naming it ------------------------------
 

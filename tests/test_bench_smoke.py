@@ -37,6 +37,7 @@ SECTIONS = [
     "### Per-pod setup with N pods already present",
     "### The runtime's view: ADD / setup as a process",
     "### The runtime's view: DEL / teardown as a process",
+    "### containerd RunPodSandbox",
     "### The runtime's view:",
 ]
 
@@ -71,8 +72,9 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         args.append("--no-plots")
-    done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=420,
-                          stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        args, cwd=REPO, env=env, capture_output=True, text=True, timeout=420, stdin=subprocess.DEVNULL
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
     md = (tmp_path / "BENCHMARKS.md").read_text()
@@ -84,7 +86,7 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
 
     # Every target is stated as met, missed or not measured; none is silently dropped.
     targets = _table(md, "## Targets")
-    assert len(targets) == 15
+    assert len(targets) == 18  # issue 18 added: shim DEL, containerd, D's growth against E's
     assert all(t[3] in ("**met**", "**MISSED**", "not measured") for t in targets)
 
     # Each available contender has a per-pod setup and teardown row whose numbers parse and are positive.
@@ -106,8 +108,13 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
     assert len(by_id["setup"]["samples"]["B"]) == 3
     # The runtime's view: every row measured (the shim and the CLI served by their daemons).
     for fid in ("runtime-add", "runtime-del"):
-        assert {k: len(v) for k, v in by_id[fid]["samples"].items()} == dict.fromkeys("AFGHP", 3), fid
-    assert {k: len(v) for k, v in by_id["runtime-burst"]["samples"].items()} == dict.fromkeys("AFG", 1)
+        want = dict.fromkeys(("A", "F", "G", "Fpy", "Gpy", "H", "P"), 3)
+        assert {k: len(v) for k, v in by_id[fid]["samples"].items()} == want, fid
+    assert {k: len(v) for k, v in by_id["runtime-burst"]["samples"].items()} == dict.fromkeys(
+        ("A", "F", "G", "Fpy", "Gpy"), 1
+    )
+    # The containerd figure: every row measured, netplugin's calls served by its daemon.
+    assert {k: len(v) for k, v in by_id["containerd-run"]["samples"].items()} == dict.fromkeys(("A", "N", "HOST"), 4)
     measured = {t[0]: t[3] for t in targets}
     assert all(measured[k] != "not measured" for k in measured if "shim" in k or "CLI setup" in k), measured
     assert by_id["coldstart"]["rows"][0]["values"]["median"] > 0

@@ -11,10 +11,12 @@ The action mask
     ``teardown`` is refused: rollback and gc must be able to undo what setup did.
 
 The prev result
-    A member's ``setup`` may print one JSON object on stdout (the ``status`` document, plus an
-    optional ``hostInterface``: the host-side interface it created for the pod). Output that does
-    not start with ``{`` is not parsed (plugins that print progress keep working). Later members,
-    and every member's ``teardown``, get what the members before them reported:
+    What a member's ``setup`` reports is the contract's setup document (:mod:`netplugin.core.plugin`,
+    "The setup document"; parsed by :func:`netplugin.core.execplugin.status.parse_setup_document`):
+    the status document with ``"kind": "PodNetworkStatus"`` and an optional ``hostInterface``, the
+    host-side interface it created for the pod. Any other output is ignored (plugins that print
+    progress keep working). Later members, and every member's ``teardown``, get what the members
+    before them reported:
 
     * ``NETPLUGIN_PREV_RESULT``: ``{"kind": "NetpluginPrevResult", "netns": ..., "ips": [...],
       "hostInterface": ..., "members": [{"plugin": ..., "ips": [...], "hostInterface": ...}]}``;

@@ -42,6 +42,8 @@ DEFAULT_SOCKET = DEFAULT_RUN_DIR + "/" + SOCKET_NAME
 ACTIONS = ("init", "setup", "teardown", "status")
 #: the time limit of each plugin action, in seconds
 DEFAULT_TIMEOUTS = {"init": 10.0, "setup": 30.0, "teardown": 30.0, "status": 10.0}
+#: connecting to a live unix socket is immediate; this bounds a daemon whose backlog is full
+CONNECT_TIMEOUT = 2.0
 #: seconds between SIGTERM and SIGKILL for a plugin past its limit
 DEFAULT_KILL_GRACE = 2.0
 #: how long to wait for an answer to an op that runs no plugin action (health, plugins)

@@ -8,9 +8,7 @@ networking consumes lists of them (one per node of the cluster).
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +49,8 @@ class NodeInfo:
 
     def internal_ip(self, version: int) -> str | None:
         """The first InternalIP of IP ``version`` (4 or 6), or None."""
+        import ipaddress  # here: a static host's CLI call never parses an address
+
         return next((ip for ip in self.internal_ips if ipaddress.ip_address(ip).version == version), None)
 
     @classmethod
@@ -61,6 +61,8 @@ class NodeInfo:
         family is ignored (the API server refuses such nodes; we do not trust one that slipped
         through). Addresses other than ``InternalIP`` are ignored.
         """
+        import ipaddress
+
         meta = obj.get("metadata")
         if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta["name"]:
             raise HostError(f"{where}: metadata.name is missing or not a string")
@@ -114,4 +116,4 @@ def node_name(configured: str | None, environ: Mapping[str, str] | None = None) 
         return configured
     if env.get("NODE_NAME", "").strip():
         return env["NODE_NAME"].strip()
-    return socket.gethostname().strip().lower()
+    return os.uname().nodename.strip().lower()  # gethostname(2) is uname's nodename; no socket import

@@ -82,6 +82,25 @@ Exit status and output
 
         {"kind": "PodNetworkStatus", "ip": "10.1.2.3", "ips": ["10.1.2.3", "fd00::3"]}
 
+The setup document (optional; one document for both uses below)
+    ``setup`` may print, as its whole stdout, the same status document with
+    ``"kind": "PodNetworkStatus"`` (required here: it is what marks the output as
+    the document) and optionally ``"hostInterface"``, the host-side interface
+    it created for the pod (a Linux interface name)::
+
+        {"kind": "PodNetworkStatus", "ip": "10.1.2.3", "ips": ["10.1.2.3"], "hostInterface": "veth1a2b3c"}
+
+    It serves two purposes. netplugin takes the pod's status from it and makes
+    no ``status`` call after the setup (the CNI shim's ADD and the recorded IP
+    would otherwise need one). And in a chain (below) it is what the member
+    reports to the members after it. Output that is not this document (empty,
+    progress text, other JSON, a document cut at the output limit) is ignored
+    as before the extension, and ``status`` is asked when an IP is needed. A
+    document whose status part is invalid is ignored the same way (the
+    ``status`` call's error then says what is wrong). An invalid
+    ``hostInterface`` fails the setup (and rolls it back): later members and
+    every teardown would act on it, and nothing else reports it.
+
 Time limits
     Every action has a time limit (defaults: setup and teardown 30 s, init and
     status 10 s). At the limit the plugin's whole process tree gets SIGTERM,
@@ -96,13 +115,16 @@ Chains (config ``plugins: [a, b, c]``; ``plugin: a`` is a chain of one)
     reports all of them. ``status`` is the first member's, in order, that reports an address.
     The time limit of an action covers the whole chain: each member gets what is left of it.
     A member's ``init`` may declare the pod actions it handles, ``{"actions": ["setup",
-    "teardown"]}``; it is never called for the others. A ``setup`` may print its status document
-    with ``hostInterface`` added (output not starting with ``{`` is not parsed); later members get
-    what earlier ones reported in ``NETPLUGIN_PREV_RESULT`` (JSON), ``NETPLUGIN_PREV_IPS`` and
+    "teardown"]}``; it is never called for the others. What a member's ``setup`` reports in the
+    setup document (above) passes along the chain, as CNI's ``prevResult`` does: later members
+    get it in ``NETPLUGIN_PREV_RESULT`` (JSON), ``NETPLUGIN_PREV_IPS`` and
     ``NETPLUGIN_PREV_HOST_INTERFACE``, with ``NETPLUGIN_CHAIN`` and ``NETPLUGIN_CHAIN_INDEX``
-    (:mod:`netplugin.core.chaining`). The pod record keeps each member's progress, so gc finishes
-    an interrupted chain's rollback for exactly the members that ran. Built-in plugins return
-    the mask from ``init`` and the status from ``setup``, and read the same variables from
+    (:mod:`netplugin.core.chaining`), at setup and again at teardown (rebuilt from the pod
+    record). The chain's status after a setup is the first address a member's setup document
+    reported; only when no member reported one is ``status`` asked, member by member. The pod
+    record keeps each member's progress, so gc finishes an interrupted chain's rollback for
+    exactly the members that ran. Built-in plugins return the mask from ``init`` and the setup
+    document, as a :class:`PodNetworkStatus`, from ``setup``, and read the same variables from
     ``CallContext.env``.
 
 Built-in plugins
@@ -202,7 +224,7 @@ class Plugin(Protocol):
         ...
 
     def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
-        """Wire the pod; may return what it set up (IPs, host interface) for later chain members."""
+        """Set the pod up; may return its setup document (status, host interface; else None)."""
         ...
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None: ...

@@ -20,7 +20,7 @@ import _socket as socket
 import _struct as struct
 import posix
 
-from netplugin.core.defaults import answer_timeout
+from netplugin.core.defaults import CONNECT_TIMEOUT, answer_timeout
 from netplugin.frontends.rpc import MAX_MESSAGE, encode_line, fingerprint, loads
 from netplugin.frontends.rpc import request as build_request
 
@@ -40,9 +40,6 @@ __all__ = [
     "exchange",
     "request",
 ]
-
-#: connecting to a live unix socket is immediate; this bounds a daemon whose backlog is full
-CONNECT_TIMEOUT = 2.0
 
 
 def _peer_uid(sock: socket.socket) -> int:

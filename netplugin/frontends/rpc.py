@@ -33,6 +33,25 @@ a CNI call's start-up (json.decoder and json.encoder import ``re``, which import
 drive ``_json``'s parser and serializer directly, with the same results as ``json.loads`` and
 ``json.dumps`` (compact, or ``sort_keys`` with the default separators). Only on a syntax error
 does :func:`loads` import ``json`` (to raise :class:`json.JSONDecodeError` with json's message).
+
+The compiled CNI shim's binary frame (``netplugin_cni.c``, which parses no JSON). All integers are
+big-endian; a JSON request line starts with ``{``, so the daemon's listener tells a frame by its
+first byte.
+
+* Request: :data:`FRAME_MAGIC`, ``u32`` body length (at most :data:`FRAME_MAX_REQUEST`), then
+  fields ``tag (1 byte) | u32 length | value``: ``E`` one environment entry ``NAME=VALUE`` whose
+  NAME starts with ``CNI_`` or ``NETPLUGIN_`` (at most :data:`FRAME_MAX_ENV`, each at most
+  :data:`FRAME_MAX_ENV_ENTRY` bytes); ``I`` the standard input, at most once, at most
+  :data:`FRAME_MAX_STDIN` bytes: one byte past :data:`MAX_STDIN`, so the daemon refuses an
+  oversized config with the very message a local run gives.
+* Answer: :data:`FRAME_MAGIC`, ``u32`` body length (at most :data:`FRAME_MAX_ANSWER`), then fields:
+  ``X`` the exit status (1 byte, exactly once), ``O`` stdout and ``R`` stderr (each at most once);
+  or ``U`` instead of ``X``: the daemon did not run the call (unavailable, draining, other
+  settings), the value says why, and the shim falls back (it execs the Python shim with the same
+  environment and stdin on standalone nodes, or prints CNI error :data:`CNI_TRY_AGAIN`).
+
+The C source includes the header :func:`c_header` writes (``python3 -m netplugin.frontends.rpc
+--c-header``), so every number of the frame has this one home.
 """
 
 # No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
@@ -43,16 +62,31 @@ import posix
 import sys
 
 __all__ = [
+    "CNI_TRY_AGAIN",
     "CNI_VERSIONS",
+    "FRAME_MAGIC",
+    "FRAME_MAX_ANSWER",
+    "FRAME_MAX_ENV",
+    "FRAME_MAX_ENV_ENTRY",
+    "FRAME_MAX_REQUEST",
+    "FRAME_MAX_STDIN",
     "MAX_MESSAGE",
     "MAX_STDIN",
     "OPS",
     "POD_OPS",
     "PROTOCOL_VERSION",
+    "FrameAnswer",
+    "FrameError",
+    "c_header",
     "cni_request",
+    "decode_answer",
+    "decode_request",
     "differing_settings",
     "dumps",
+    "encode_answer",
     "encode_line",
+    "encode_request",
+    "encode_unavailable",
     "fingerprint",
     "init_result",
     "loads",
@@ -60,6 +94,7 @@ __all__ = [
     "pod_request",
     "pod_result",
     "process_environ",
+    "read_frame_header",
     "request",
     "settings",
 ]
@@ -90,6 +125,8 @@ MAX_MESSAGE = 16 << 20
 MAX_STDIN = 4 << 20
 #: the CNI versions op ``cni`` (and the shim that sends it) speaks, oldest first
 CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+#: CNI error code "try again later": the daemon is required but did not run the call
+CNI_TRY_AGAIN = 11
 
 # --- the JSON codec --------------------------------------------------------------------------------
 
@@ -260,3 +297,180 @@ def differing_settings(mine: "Mapping[str, Any]", theirs: object) -> list[str]:
     if not isinstance(theirs, dict):
         return sorted(mine)
     return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+
+
+# --- the compiled shim's frame (see the module docstring) ---------------------------------------------
+
+FRAME_MAGIC = b"NPF\x01"
+FRAME_MAX_ENV = 128
+FRAME_MAX_ENV_ENTRY = 32 << 10
+FRAME_MAX_STDIN = MAX_STDIN + 1
+_FIELD = 5  # tag + u32 length
+_HEADER = 8  # magic + u32 body length
+FRAME_MAX_REQUEST = FRAME_MAX_ENV * (_FIELD + FRAME_MAX_ENV_ENTRY) + _FIELD + FRAME_MAX_STDIN
+FRAME_MAX_ANSWER = MAX_MESSAGE
+#: GC has no fixed bound (one teardown per stale attachment); the compiled shim waits at most this
+FRAME_GC_WAIT = 3600.0
+_ENV, _STDIN, _EXIT, _STDOUT, _STDERR, _UNAVAILABLE = b"EIXORU"
+_ENV_PREFIXES = ("CNI_", "NETPLUGIN_")
+_TAGS: "tuple[tuple[str, int], ...]" = (("ENV", _ENV), ("STDIN", _STDIN), ("EXIT", _EXIT), ("STDOUT", _STDOUT))
+_TAGS += (("STDERR", _STDERR), ("UNAVAILABLE", _UNAVAILABLE))
+
+
+class FrameError(ValueError):
+    """A frame that breaks the format; the text names the field and the reason."""
+
+
+def _field(tag: int, value: bytes) -> bytes:
+    return bytes([tag]) + len(value).to_bytes(4, "big") + value
+
+
+def _frame(body: bytes) -> bytes:
+    return FRAME_MAGIC + len(body).to_bytes(4, "big") + body
+
+
+def read_frame_header(head: bytes, limit: int) -> int:
+    """The body length of a frame from its first 8 bytes; FrameError on bad magic or past ``limit``."""
+    if len(head) != _HEADER or head[:4] != FRAME_MAGIC:
+        raise FrameError(f"frame: bad magic {head[:4]!r} (want {FRAME_MAGIC!r})")
+    size = int.from_bytes(head[4:], "big")
+    if size > limit:
+        raise FrameError(f"frame: body of {size} bytes exceeds the limit of {limit}")
+    return size
+
+
+def _fields(body: bytes) -> "list[tuple[int, bytes]]":
+    out = []
+    pos = 0
+    while pos < len(body):
+        if len(body) - pos < _FIELD:
+            raise FrameError(f"frame: truncated field header at byte {pos}")
+        tag, size = body[pos], int.from_bytes(body[pos + 1 : pos + _FIELD], "big")
+        pos += _FIELD
+        if size > len(body) - pos:
+            raise FrameError(f"frame: field {chr(tag)!r} of {size} bytes runs past the body")
+        out.append((tag, body[pos : pos + size]))
+        pos += size
+    return out
+
+
+def encode_request(environ: "Mapping[str, str]", stdin: bytes) -> bytes:
+    """A request frame (the C shim's, written in Python for tests and tools)."""
+    fields = [_field(_ENV, f"{k}={v}".encode()) for k, v in environ.items() if k.startswith(_ENV_PREFIXES)]
+    return _frame(b"".join(fields) + _field(_STDIN, stdin))
+
+
+def _env_entry(value: bytes) -> "tuple[str, str]":
+    if len(value) > FRAME_MAX_ENV_ENTRY:
+        raise FrameError(f"frame: environment entry of {len(value)} bytes (limit {FRAME_MAX_ENV_ENTRY})")
+    name, eq, val = value.partition(b"=")
+    try:
+        key, text = name.decode(), val.decode()
+    except UnicodeDecodeError:
+        raise FrameError(f"frame: environment entry {name[:40]!r} is not UTF-8") from None
+    if not eq or not key.startswith(_ENV_PREFIXES) or "\0" in key or "\0" in text:
+        raise FrameError(f"frame: environment entry {name[:40]!r} is not a CNI_/NETPLUGIN_ NAME=VALUE")
+    return key, text
+
+
+def decode_request(body: bytes) -> "tuple[dict[str, str], bytes]":
+    """(environment, stdin) of a request body; FrameError names what is wrong."""
+    environ: dict[str, str] = {}
+    stdin: bytes | None = None
+    for tag, value in _fields(body):
+        if tag == _ENV:
+            if len(environ) >= FRAME_MAX_ENV:
+                raise FrameError(f"frame: more than {FRAME_MAX_ENV} environment entries")
+            key, text = _env_entry(value)
+            environ[key] = text
+        elif tag == _STDIN:
+            if stdin is not None:
+                raise FrameError("frame: stdin given twice")
+            if len(value) > FRAME_MAX_STDIN:
+                raise FrameError(f"frame: stdin of {len(value)} bytes (limit {FRAME_MAX_STDIN})")
+            stdin = value
+        else:
+            raise FrameError(f"frame: unknown request field {chr(tag)!r}")
+    return environ, stdin or b""
+
+
+def encode_answer(code: int, stdout: bytes = b"", stderr: bytes = b"") -> bytes:
+    """An answer frame: exit status ``code`` (0-255), and what to write to stdout and stderr."""
+    body = _field(_EXIT, bytes([code & 0xFF]))
+    if stdout:
+        body += _field(_STDOUT, stdout[: FRAME_MAX_ANSWER // 2])
+    if stderr:
+        body += _field(_STDERR, stderr[: FRAME_MAX_ANSWER // 4])
+    return _frame(body)
+
+
+def encode_unavailable(reason: str) -> bytes:
+    """The answer "not run here" (the shim falls back); ``reason`` goes into its error 11."""
+    return _frame(_field(_UNAVAILABLE, reason.encode()[:4096]))
+
+
+class FrameAnswer:
+    """A decoded answer frame: ``code`` (None when ``unavailable``), ``stdout``, ``stderr``."""
+
+    def __init__(self, code: int | None, stdout: bytes, stderr: bytes, unavailable: str | None) -> None:
+        self.code, self.stdout, self.stderr, self.unavailable = code, stdout, stderr, unavailable
+
+
+def decode_answer(frame: bytes) -> FrameAnswer:
+    """An answer frame (header included), checked as the C shim checks it."""
+    size = read_frame_header(frame[:_HEADER], FRAME_MAX_ANSWER)
+    if len(frame) != _HEADER + size:
+        raise FrameError(f"frame: {len(frame) - _HEADER} body bytes, header says {size}")
+    seen: dict[int, bytes] = {}
+    for tag, value in _fields(frame[_HEADER:]):
+        if tag not in (_EXIT, _STDOUT, _STDERR, _UNAVAILABLE):
+            raise FrameError(f"frame: unknown answer field {chr(tag)!r}")
+        if tag in seen:
+            raise FrameError(f"frame: answer field {chr(tag)!r} given twice")
+        seen[tag] = value
+    if _UNAVAILABLE in seen:
+        return FrameAnswer(None, b"", b"", seen[_UNAVAILABLE].decode("utf-8", "replace"))
+    if _EXIT not in seen or len(seen[_EXIT]) != 1:
+        raise FrameError("frame: answer without a 1-byte exit status")
+    return FrameAnswer(seen[_EXIT][0], seen.get(_STDOUT, b""), seen.get(_STDERR, b""), None)
+
+
+def c_header() -> str:
+    """The C header of the frame's numbers (``netplugin_frame.h``), generated from this module."""
+    from netplugin.core.defaults import CONNECT_TIMEOUT, answer_timeout
+
+    versions = ",".join(f'\\"{v}\\"' for v in CNI_VERSIONS)
+    add_wait = answer_timeout("setup") or FRAME_GC_WAIT  # the Python shim's bound with default settings
+    defines = {
+        "NPF_MAGIC": '"' + "".join(f"\\x{b:02x}" for b in FRAME_MAGIC) + '"',
+        "NPF_MAGIC_LEN": len(FRAME_MAGIC),
+        "NPF_HEADER": _HEADER,
+        "NPF_FIELD": _FIELD,
+        "NPF_MAX_ENV": FRAME_MAX_ENV,
+        "NPF_MAX_ENV_ENTRY": FRAME_MAX_ENV_ENTRY,
+        "NPF_MAX_STDIN": FRAME_MAX_STDIN,
+        "NPF_MAX_REQUEST": FRAME_MAX_REQUEST,
+        "NPF_MAX_ANSWER": FRAME_MAX_ANSWER,
+        **{f"NPF_TAG_{name}": f"'{chr(tag)}'" for name, tag in _TAGS},
+        "NPF_CONNECT_TIMEOUT_MS": int(CONNECT_TIMEOUT * 1000),
+        "NPF_ANSWER_TIMEOUT_MS": int(add_wait * 1000),
+        "NPF_GC_TIMEOUT_MS": int(FRAME_GC_WAIT * 1000),
+        "NPF_E_TRY_AGAIN": CNI_TRY_AGAIN,
+        "NPF_CNI_LATEST": f'"{CNI_VERSIONS[-1]}"',
+        "NPF_CNI_VERSIONS": f'"{versions}"',
+    }
+    lines = [
+        "/* Generated by `python3 -m netplugin.frontends.rpc --c-header`: do not edit. */",
+        "#ifndef NETPLUGIN_FRAME_H",
+        "#define NETPLUGIN_FRAME_H",
+        *(f"#define {k} {v}" for k, v in defines.items()),
+        "#endif",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--c-header"]:
+        sys.stderr.write("usage: python3 -m netplugin.frontends.rpc --c-header\n")
+        sys.exit(2)
+    sys.stdout.write(c_header())

@@ -73,6 +73,9 @@ class CallOptions:
     #: setup also asks the plugin's status (under the same lock, recorded with the setup) and
     #: returns it, or raises its failure after recording the setup
     want_status: bool = False
+    #: files the caller wrote for this setup (the CNI attachment record) that the setup's intent
+    #: record makes durable in its one group commit (not synced by the caller)
+    durable_with: tuple[str, ...] = ()
 
 
 class Manager:
@@ -368,15 +371,19 @@ class Manager:
             state = self.state
             if state is not None:
                 begun = False
+                also = call.durable_with if call is not None else ()
 
                 def record(states: tuple[MemberState, ...]) -> None:
-                    # The first write is the record's begin: durable before the first member runs.
+                    # The first write is the record's begin: durable before the first member runs, in
+                    # one group commit with the caller's files (the CNI attachment record).
                     nonlocal begun
                     if begun:
                         state.progress(pod, states)
                         return
                     first = states[0]
-                    state.begin(pod, first.plugin, first.version, run.netns, pod_obj=pod_obj, members=states)
+                    state.begin(
+                        pod, first.plugin, first.version, run.netns, pod_obj=pod_obj, members=states, durable_with=also
+                    )
                     begun = True
 
                 run.record = record
@@ -387,7 +394,7 @@ class Manager:
                 raise
             if state is not None and not begun:
                 record(tuple(run.states))  # no member handles setup: the pod is still recorded
-            status = reported
+            status = reported  # a member that gives its status with setup spares the status call
             status_error: PluginError | None = None
             want = call is not None and call.want_status
             if status is None and (want or (state is not None and state.record_status)):

@@ -5,7 +5,7 @@ One human-readable JSON file per pod sandbox, ``<state_dir>/pods/<namespace>_<na
 infra id is part of the key, so a pod re-created with a new sandbox gets a new record and the old
 sandbox's record stays until its own teardown (or ``netplugin gc``) removes it.
 
-Life of a record, every write atomic and durable (temp file, fsync, rename, fsync of the dir):
+Life of a record, every write atomic (temp file, rename):
 
 * ``begin``        before the plugin's setup runs: state ``setting-up`` (the intent);
 * ``complete``     after setup succeeded: state ``ready``, with the IP from ``status`` if any;
@@ -16,6 +16,22 @@ A chain's record also lists its members, each with its own progress (``chain``, 
 :class:`~netplugin.store.records.MemberState`): ``begin`` writes it right before the first member's
 setup starts, :meth:`StateStore.progress` before each later member's setup starts and after each
 member's teardown succeeded, so that gc tears down exactly the members that ran.
+
+Durability: a write is synced only when it records an *intent*: that a plugin is about to run
+and may hold resources from then on, which nothing but the record would tell gc after a crash.
+``begin`` is such a write: it is made durable (fsync of the file and its directory) before the
+first member runs, together with the files the caller names (``durable_with``: the CNI shim's
+attachment record), through the process's group commit (:mod:`netplugin.store.commit`), so
+concurrent setups share their fsyncs. A chain of one therefore makes one durable write per pod
+action (setup: ``begin``; teardown: none). In a longer chain, each :meth:`StateStore.progress`
+that marks a later member ``setting-up`` is an intent too and goes through the same group commit
+(one more durable write per additional member that handles setup): a machine crash that lost it
+would leave gc believing the member never ran, and whatever it keeps outside the kernel (IPAM
+files, a remote allocation) would leak. Every other transition is atomic (temp file, rename) but
+not synced: ``complete``, ``mark_teardown``, the progress after a member's teardown and the
+removal. A crash or SIGKILL of any process keeps them (they are in the page cache); only a crash
+of the machine can lose them, which also loses every network namespace and veth, and losing one
+only makes gc tear down again what it would tear down anyway (teardown is idempotent).
 
 Every transition happens under the pod's lock, so a record that is not ``ready`` while nobody
 holds the lock belongs to an action that was interrupted (crash, kill, failed rollback):
@@ -36,10 +52,9 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
-import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -76,7 +91,12 @@ __all__ = [
     "record_filename",
 ]
 
-log = logging.getLogger("netplugin.state")
+
+def _log() -> Any:
+    """The store's logger, imported when a record needs repair: logging costs a CLI call ~8 ms."""
+    import logging
+
+    return logging.getLogger("netplugin.state")
 
 
 _TMP_MARK = RECORD_SUFFIX + TMP_INFIX  # the temp files of atomic_write
@@ -127,6 +147,12 @@ def _temp_writer_pid(name: str) -> int | None:
     rest = name.rsplit(_TMP_MARK, 1)[-1]
     pid = rest.split(".", 1)[0]
     return int(pid) if pid.isdigit() else None
+
+
+def _starts_a_member(before: tuple[MemberState, ...], after: tuple[MemberState, ...]) -> bool:
+    """Whether ``after`` marks a member ``setting-up`` that ``before`` did not: an intent."""
+    was = {m.plugin for m in before if m.state == SETTING_UP}
+    return any(m.state == SETTING_UP and m.plugin not in was for m in after)
 
 
 class StateStore:
@@ -242,7 +268,7 @@ class StateStore:
         note = f"{path}: {reason}\nset aside at {now_iso()} by pid {os.getpid()}\n"
         atomic_write(dest + ".reason", note.encode(), mode=0o644, durable=self.durable)
         self._sync_dir(self.dir)
-        log.info("corrupt pod record %s set aside as %s: %s", path, dest, reason)
+        _log().info("corrupt pod record %s set aside as %s: %s", path, dest, reason)
         return dest
 
     def remove_temp(self, path: str) -> bool:
@@ -263,17 +289,23 @@ class StateStore:
         except StateError as e:
             if os.path.lexists(e.path):
                 dest = self.set_aside(e.path, e.reason)
-                log.warning("corrupt pod record %s: %s (set aside as %s)", e.path, e.reason, dest)
+                _log().warning("corrupt pod record %s: %s (set aside as %s)", e.path, e.reason, dest)
             return None
 
-    def _write(self, rec: PodRecord) -> PodRecord:
+    def _write(self, rec: PodRecord, *, intent: bool = False, durable_with: Sequence[str] = ()) -> PodRecord:
+        """Write the record atomically; an ``intent`` is also made durable, with ``durable_with``,
+        through the group commit (see "Durability" above)."""
         self._checked_dir(create=True)
         path = self.path_for(rec.ref)
         try:
-            atomic_write(path, rec.encode(), mode=0o644, durable=self.durable)
+            atomic_write(path, rec.encode(), mode=0o644, durable=False)
         except Exception as e:
             reason = getattr(e, "reason", None) or str(e)
             raise StateError(path, f"cannot write: {reason}") from e
+        if intent and self.durable:
+            from netplugin.store.commit import make_durable
+
+            make_durable([path, *durable_with])
         return replace(rec, path=path)
 
     def _settle_orphans(self, rec: PodRecord | None) -> list[int]:
@@ -294,8 +326,14 @@ class StateStore:
         *,
         pod_obj: Mapping[str, Any] | None = None,
         members: tuple[MemberState, ...] = (),
+        durable_with: Sequence[str] = (),
     ) -> None:
-        """Record the intent to set ``pod`` up, before the plugin (the chain's first member) runs."""
+        """Record the intent to set ``pod`` up, before the plugin (the chain's first member) runs.
+
+        The action's first durable write, and a chain of one's only one (see "Durability" above).
+        ``durable_with``: files the caller wrote for this action (not yet synced) that become
+        durable in the same group commit.
+        """
         existing = self._existing(pod)
         self._settle_orphans(existing)
         now = now_iso()
@@ -319,7 +357,7 @@ class StateStore:
             owner=Owner.me(),
             members=members,
         )
-        rec = self._write(rec)
+        rec = self._write(rec, intent=True, durable_with=durable_with)
         with self._lock:
             self._pending[record_filename(pod)] = rec
 
@@ -335,7 +373,10 @@ class StateStore:
         return rec
 
     def progress(self, pod: PodRef, members: tuple[MemberState, ...]) -> None:
-        """Record how far each chain member got (before the next one runs), keeping the pod's state."""
+        """Record how far each chain member got (before the next one runs), keeping the pod's state.
+
+        Durable (group commit) when it marks a member ``setting-up``: an intent (see "Durability").
+        """
         key = record_filename(pod)
         with self._lock:
             rec = self._pending.get(key)
@@ -343,7 +384,8 @@ class StateStore:
             rec = self.get(pod)
             if rec is None:
                 return  # a teardown of a pod without a record: nothing to keep track of
-        rec = self._write(replace(rec, members=members, updated=now_iso(), owner=Owner.me()))
+        starts = _starts_a_member(rec.members, members)
+        rec = self._write(replace(rec, members=members, updated=now_iso(), owner=Owner.me()), intent=starts)
         with self._lock:
             if key in self._pending:
                 self._pending[key] = rec
@@ -375,7 +417,7 @@ class StateStore:
             if rec is not None and rec.state == READY and rec.ip != ip:
                 self._write(replace(rec, ip=ip, updated=now_iso()))
         except StateError as e:
-            log.warning("cannot record the IP of %s: %s", pod, e.message)
+            _log().warning("cannot record the IP of %s: %s", pod, e.message)
 
     def remove(self, pod: PodRef) -> None:
         """Forget the pod (after its teardown or rollback succeeded)."""
@@ -390,7 +432,6 @@ class StateStore:
             return
         except OSError as e:
             raise StateError(path, f"cannot remove: {e.strerror or e}") from e
-        self._sync_dir(self.dir)
 
     def _sync_dir(self, path: str) -> None:
         if not self.durable:

@@ -72,6 +72,8 @@ def test_wheel_metadata_license_classifiers_urls_extras(dists: dict[str, Path]) 
         meta = email.parser.Parser().parsestr(whl.read(dist_info + "METADATA").decode())
         assert whl.read(dist_info + "licenses/LICENSE") == (REPO / "LICENSE").read_bytes()
         assert "netplugin/py.typed" in whl.namelist()
+        # the compiled shim's source, built on the node by `netplugin install-shim --kind cni-native`
+        assert "netplugin/frontends/cni/native/netplugin_cni.c" in whl.namelist()
     assert meta["License-Expression"] == "Apache-2.0"
     assert meta.get_all("License-File") == ["LICENSE"]
     classifiers = meta.get_all("Classifier")

@@ -122,6 +122,20 @@ def test_three_pods_reach_each_other_and_teardown_removes_everything(bridge_net:
 
 
 @kernel
+def test_setup_prints_the_status_document_that_status_prints(bridge_net: BridgeNet) -> None:
+    """The contract's optional extension: netplugin then makes no status call after the setup."""
+    net = bridge_net
+    pod, again = net.pods(1)[0], None
+    setup_out = net.ok("setup", pod).stdout
+    doc = json.loads(setup_out)
+    assert doc == {"apiVersion": "v1beta1", "kind": "PodNetworkStatus", "ip": net.pod_ip(pod), "ips": [net.pod_ip(pod)]}
+    assert setup_out == net.ok("status", pod).stdout
+    again = net.ok("setup", pod).stdout  # a repeated setup keeps the address and says so
+    assert again == setup_out
+    net.ok("teardown", pod)
+
+
+@kernel
 def test_setup_twice_keeps_the_address_and_the_link(bridge_net: BridgeNet) -> None:
     net = bridge_net
     pod, other = net.pods(2)

@@ -260,7 +260,8 @@ def test_what_a_member_reports_reaches_later_members_and_their_teardown(chain: A
 
 def test_a_bad_setup_document_fails_that_member(chain: Any) -> None:
     c = chain(2)
-    c.member(1).set("setup", stdout='{"ip": "10.1.2.3", "hostInterface": "a/b"}')
+    # the setup document (kind PodNetworkStatus) with a host interface no later member can use
+    c.member(1).set("setup", stdout='{"kind": "PodNetworkStatus", "ip": "10.1.2.3", "hostInterface": "a/b"}')
     with pytest.raises(PluginOutputError) as info:
         c.make().setup(POD)
     assert info.value.plugin == "m1" and "hostInterface" in info.value.message

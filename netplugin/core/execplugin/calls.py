@@ -15,10 +15,7 @@ not readable by other users) would still fail the uid check.
 from __future__ import annotations
 
 import errno
-import hashlib
-import hmac
 import os
-import secrets
 import threading
 import time
 from collections.abc import Mapping
@@ -93,6 +90,8 @@ def call_key(state_dir: str, *, create: bool = True) -> bytes | None:
 
 
 def _create_key(path: str) -> tuple[tuple[int, int], bytes]:
+    import secrets  # here, not at the top: a CLI call that execs no plugin never needs it
+
     key = secrets.token_bytes(_KEY_BYTES)
     try:
         create_file(path, key, mode=0o600)  # False if another process made the key meanwhile: use theirs
@@ -104,6 +103,9 @@ def _create_key(path: str) -> tuple[tuple[int, int], bytes]:
 
 
 def _mac(key: bytes, stamp: str, nonce: str, env: Mapping[str, str]) -> str:
+    import hashlib
+    import hmac
+
     msg = "\0".join([stamp, nonce, *(env.get(k, "") for k in _BOUND)]).encode("utf-8", "surrogateescape")
     return hmac.new(key, msg, hashlib.sha256).hexdigest()[:_MAC_HEX]
 
@@ -115,6 +117,8 @@ def boot_clock() -> float:
 
 def make_token(key: bytes, env: Mapping[str, str], *, now: float | None = None) -> str:
     """A fresh token for a call whose ``NETPLUGIN_*`` variables are already in ``env``."""
+    import secrets
+
     stamp = str(int((boot_clock() if now is None else now) * 1000))
     nonce = secrets.token_hex(8)
     return f"{stamp}.{nonce}.{_mac(key, stamp, nonce, env)}"
@@ -133,4 +137,6 @@ def verify_token(key: bytes, env: Mapping[str, str]) -> bool:
     if len(parts) != 3 or token_time(token) is None:
         return False
     stamp, nonce, mac = parts
+    import hmac
+
     return hmac.compare_digest(mac, _mac(key, stamp, nonce, env))

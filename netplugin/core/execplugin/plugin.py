@@ -11,7 +11,7 @@ from netplugin.core.chaining import parse_actions
 from netplugin.core.errors import PluginFailed, PluginOutputError, PluginTimeout
 from netplugin.core.execplugin import calls
 from netplugin.core.execplugin.environ import call_env
-from netplugin.core.execplugin.status import TAIL, parse_status
+from netplugin.core.execplugin.status import TAIL, parse_setup_document, parse_status
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import Action, CallContext, PodNetworkStatus
 
@@ -150,10 +150,10 @@ class ExecPlugin:
         return parse_actions(self._run(Action.INIT, None, ctx).stdout, plugin=self.name)
 
     def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
-        out = self._run(Action.SETUP, pod, ctx).stdout
-        if not out.lstrip().startswith(b"{"):
-            return None  # progress text of a plugin that reports nothing (the kubelet logged it)
-        return parse_status(out, plugin=self.name, pod=str(pod), action="setup")
+        done = self._run(Action.SETUP, pod, ctx)
+        if done.stdout_truncated:
+            return None  # never half a document: status is asked instead
+        return parse_setup_document(done.stdout, plugin=self.name, pod=str(pod))
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None:
         self._run(Action.TEARDOWN, pod, ctx)

@@ -1,7 +1,7 @@
-"""Parsing a ``status`` action's stdout into a :class:`~netplugin.core.plugin.PodNetworkStatus`.
+"""Parsing a ``status`` action's stdout (or a ``setup``'s) into a :class:`~netplugin.core.plugin.PodNetworkStatus`.
 
 The document's shape is part of the contract (:mod:`netplugin.core.plugin`, "Exit status and
-output"); this is the one parser of it.
+output" and "Chains"); this is the one parser of it, for both actions.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from netplugin.core.chaining import host_interface
 from netplugin.core.errors import PluginOutputError
 from netplugin.core.plugin import PodNetworkStatus
 
-__all__ = ["TAIL", "parse_status"]
+__all__ = ["TAIL", "parse_setup_document", "parse_status"]
 
 #: how many bytes of a plugin's output an error quotes
 TAIL = 2048
@@ -60,6 +60,31 @@ def parse_status(stdout: bytes, *, plugin: str, pod: str = "", action: str = "st
     if ips and ips[0] != ip:
         raise bad(f"invalid 'ip' {doc['ip']!r}: must be the first of 'ips' {list(ips)!r}")
     return PodNetworkStatus(ip=ip, ips=ips, host_interface=hif)
+
+
+def parse_setup_document(stdout: bytes, *, plugin: str, pod: str = "") -> PodNetworkStatus | None:
+    """The status document a ``setup`` printed (the contract's setup document), or None.
+
+    Only a JSON object with ``"kind": "PodNetworkStatus"`` is the document; any other output is
+    ignored as before the extension (status is asked). A bad ``hostInterface`` raises
+    :class:`PluginOutputError`: later chain members and every teardown would act on it, and
+    nothing else reports it. A bad status part only costs the status exec, whose own error then
+    says what is wrong.
+    """
+    text = stdout.strip()
+    if not text.startswith(b"{"):
+        return None  # progress text of a plugin that reports nothing (the kubelet logged it)
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or doc.get("kind") != "PodNetworkStatus":
+        return None
+    host_interface(doc.get("hostInterface"), plugin=plugin, action="setup", out=text)
+    try:
+        return parse_status(text, plugin=plugin, pod=pod, action="setup")
+    except PluginOutputError:
+        return None
 
 
 def _status_ip(value: Any, what: str, bad: Callable[[str], PluginOutputError]) -> str:

@@ -121,22 +121,45 @@ def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
 @click.argument("dest", metavar="DEST")
 @click.option(
     "--kind",
-    type=click.Choice(["cni", "cli"]),
+    type=click.Choice(["cni", "cni-native", "cli"]),
     default="cni",
     show_default=True,
-    help="cni: the netplugin-cni CNI plugin; cli: the netplugin command.",
+    help="cni: the netplugin-cni CNI plugin; cni-native: the compiled one (C); cli: the netplugin command.",
 )
 @click.option("--python", "python", metavar="PATH", help="Interpreter to run it with (default: this one).")
-def install_shim(dest: str, kind: str, python: str | None) -> None:
+@click.option("--socket", "sock", metavar="PATH", help="cni-native: the daemon's socket (else NETPLUGIN_SOCKET).")
+@click.option(
+    "--fallback",
+    metavar="PATH",
+    default="",
+    help="cni-native: the Python shim to exec when the daemon does not run a call; none: CNI error 11 (cluster).",
+)
+def install_shim(dest: str, kind: str, python: str | None, sock: str | None, fallback: str) -> None:
     """Write a fast entry script to DEST (a file, or a dir: DEST/netplugin-cni, or DEST/netplugin).
 
     The script runs `python -I -S` with an explicit path instead of site hooks, so a CNI call
     that the daemon serves starts about as fast as a bare interpreter. Regenerate it after
-    upgrading Python or netplugin.
+    upgrading Python or netplugin. --kind cni-native compiles the C shim instead (a C compiler
+    is needed: exit 5 without one, and the Python shim stays the one to install).
     """
-    from netplugin.frontends.entrypoints import install_entry
+    if kind != "cni-native":
+        from netplugin.frontends.entrypoints import install_entry
 
-    click.echo(install_entry(kind, dest, python=python))
+        click.echo(install_entry(kind, dest, python=python))
+        return
+    import subprocess
+
+    from netplugin.core.errors import SystemFailure
+    from netplugin.frontends.cni.native import NoCompiler, build_native
+
+    try:
+        click.echo(build_native(dest, socket=sock, fallback=fallback))
+    except NoCompiler as e:
+        raise SystemFailure("cannot build the compiled shim", dest, str(e)) from None
+    except subprocess.CalledProcessError as e:
+        raise SystemFailure("cannot build the compiled shim", dest, (e.stderr or str(e)).strip()) from None
+    except (OSError, ValueError) as e:
+        raise SystemFailure("cannot build the compiled shim", dest, str(e)) from None
 
 
 def completion_script(group: click.Group, shell: str) -> str:

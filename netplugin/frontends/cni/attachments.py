@@ -103,13 +103,16 @@ def attachment_path(state_dir: str, network: str, container_id: str, ifname: str
     return os.path.join(attachment_dir(state_dir, network), f"{container_id}:{ifname}.json")
 
 
-def record_attachment(cfg: Config, network: str, att: Attachment) -> None:
+def record_attachment(cfg: Config, network: str, att: Attachment) -> str:
+    """Write the attachment record atomically; not synced: the setup's intent record makes it
+    durable in the same commit (CallOptions.durable_with). Returns its path."""
     from netplugin.core.dirs import ensure_dir
     from netplugin.core.fileio import atomic_write
 
     ensure_dir(attachment_dir(cfg.state_dir, network), base=cfg.state_dir)
     path = attachment_path(cfg.state_dir, network, att.container_id, att.ifname)
-    atomic_write(path, json.dumps(att.to_dict()).encode() + b"\n", mode=0o644)
+    atomic_write(path, json.dumps(att.to_dict()).encode() + b"\n", mode=0o644, durable=False)
+    return path
 
 
 def _index_lock(state_dir: str) -> Any:
@@ -154,8 +157,10 @@ def attached_elsewhere(state_dir: str, network: str, container_id: str, ifname: 
     return any(a != (network, ifname) for a in attachments_of(state_dir, container_id))
 
 
-def claim_attachment(cfg: Config, network: str, att: Attachment) -> None:
+def claim_attachment(cfg: Config, network: str, att: Attachment) -> str:
     """Record ``att`` for ``network`` unless the container has another attachment (see the module doc).
+
+    Returns the record's path (to be made durable with the setup's intent record).
 
     Adding the same attachment again, as the same pod, is allowed (an ADD retried); anything
     else is CniError 4 and nothing is changed.
@@ -179,7 +184,7 @@ def claim_attachment(cfg: Config, network: str, att: Attachment) -> None:
                     f"{before.pod}; CNI_ARGS now name pod {att.namespace}/{att.name}: a DEL must come first",
                     "the existing attachment is left as it is",
                 )
-        record_attachment(cfg, network, att)
+        return record_attachment(cfg, network, att)
 
 
 def recorded_attachment(cfg: Config, network: str, container_id: str, ifname: str) -> Attachment | None:

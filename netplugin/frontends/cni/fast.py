@@ -42,18 +42,18 @@ import time
 
 from netplugin.core.defaults import answer_timeout as _answer_timeout
 from netplugin.core.defaults import socket_path
-from netplugin.frontends.rpc import CNI_VERSIONS, MAX_STDIN, cni_request, dumps, loads, process_environ
+from netplugin.frontends.rpc import CNI_TRY_AGAIN, CNI_VERSIONS, MAX_STDIN, cni_request, dumps, loads, process_environ
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["answer_timeout", "daemon_target", "forward", "main", "run_call", "run_call_why"]
+__all__ = ["answer_timeout", "conf_of", "daemon_target", "forward", "log_call", "main", "run_call", "run_call_why"]
 
 #: commands the daemon can run for the shim (VERSION is answered here, without any state)
 FORWARDED = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 E_IO = 5
-E_TRY_AGAIN = 11
+E_TRY_AGAIN = CNI_TRY_AGAIN
 LATEST = CNI_VERSIONS[-1]
 #: the daemon op or plugin action each CNI command may wait for (GC: one teardown per stale attachment)
 _COMMAND_OP = {"ADD": "setup", "DEL": "teardown", "CHECK": "status", "STATUS": "init", "GC": "gc"}
@@ -157,7 +157,7 @@ def forward(
     return why
 
 
-def _conf(stdin: bytes) -> dict[str, object] | None:
+def conf_of(stdin: bytes) -> dict[str, object] | None:
     try:
         conf = loads(stdin)
     except (ValueError, RecursionError):
@@ -177,6 +177,45 @@ def _log(path: str, entry: dict[str, object]) -> None:
         pass  # a log that cannot be written must not fail the network operation
 
 
+def log_call(
+    conf: dict[str, object] | None,
+    environ: "Mapping[str, str]",
+    code: int,
+    doc: dict[str, object] | None,
+    via: str,
+    seconds: float,
+    pid: int,
+    why: str | None = None,
+) -> None:
+    """Append the call's line to the network config's ``logFile``, if it names one (never raises).
+
+    The daemon writes it for the compiled shim, which reads no JSON (``pid`` is then the shim's).
+    """
+    log = _text(conf.get("logFile")) if conf is not None else None
+    if not log or conf is None:
+        return
+    _log(
+        log,
+        {
+            "time": time.time(),
+            "command": environ.get("CNI_COMMAND", ""),
+            "containerID": environ.get("CNI_CONTAINERID", ""),
+            "ifname": environ.get("CNI_IFNAME", ""),
+            "netns": environ.get("CNI_NETNS", ""),
+            "args": environ.get("CNI_ARGS", ""),
+            "cniVersion": conf.get("cniVersion"),
+            "prevResult": isinstance(conf.get("prevResult"), dict),
+            # the capabilities the runtime passed (their names: the values are the pod's business)
+            "runtimeConfig": sorted(rc) if isinstance(rc := conf.get("runtimeConfig"), dict) else [],
+            "pid": pid,
+            "via": via,
+            **({"daemon": why} if why else {}),
+            "ms": round(seconds * 1000, 1),
+            "result": doc if code else "ok",
+        },
+    )
+
+
 def _emit(doc: dict[str, object] | None) -> None:
     if doc is not None:
         sys.stdout.write(dumps(doc) + "\n")
@@ -185,7 +224,7 @@ def _emit(doc: dict[str, object] | None) -> None:
 
 def run_call(environ: "Mapping[str, str]", stdin: bytes) -> tuple[int, dict[str, object] | None, str]:
     """One CNI call: (exit status, document, "daemon" or "local"). Never raises."""
-    code, doc, via, _ = _run(environ, stdin, _conf(stdin))
+    code, doc, via, _ = _run(environ, stdin, conf_of(stdin))
     return code, doc, via
 
 
@@ -193,7 +232,7 @@ def run_call_why(
     environ: "Mapping[str, str]", stdin: bytes
 ) -> tuple[int, dict[str, object] | None, str, str | None]:
     """As :func:`run_call`, and why a local run was not the daemon's (None: not asked)."""
-    return _run(environ, stdin, _conf(stdin))
+    return _run(environ, stdin, conf_of(stdin))
 
 
 def _run(
@@ -238,32 +277,11 @@ def main(argv: object = None) -> None:
         code, doc = 1, cni_error(E_IO, f"cannot read stdin: {e}")
     else:
         # Parsed once here: the routing, the daemon's answer timeout and the log line all read it.
-        conf = _conf(stdin) if stdin else None
+        conf = conf_of(stdin) if stdin else None
         code, doc, via, why = _run(env, stdin, conf)
     try:
         _emit(doc)
     except Exception:  # stdout closed: nothing left to tell the runtime
         code = code or 1
-    log = _text(conf.get("logFile")) if conf is not None else None
-    if log and conf is not None:
-        _log(
-            log,
-            {
-                "time": time.time(),
-                "command": env.get("CNI_COMMAND", ""),
-                "containerID": env.get("CNI_CONTAINERID", ""),
-                "ifname": env.get("CNI_IFNAME", ""),
-                "netns": env.get("CNI_NETNS", ""),
-                "args": env.get("CNI_ARGS", ""),
-                "cniVersion": conf.get("cniVersion"),
-                "prevResult": isinstance(conf.get("prevResult"), dict),
-                # the capabilities the runtime passed (their names: the values are the pod's business)
-                "runtimeConfig": sorted(rc) if isinstance(rc := conf.get("runtimeConfig"), dict) else [],
-                "pid": posix.getpid(),
-                "via": via,
-                **({"daemon": why} if why else {}),
-                "ms": round((time.monotonic() - start) * 1000, 1),
-                "result": doc if code else "ok",
-            },
-        )
+    log_call(conf, env, code, doc, via, time.monotonic() - start, posix.getpid(), why)
     sys.exit(code)

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -66,10 +68,57 @@ def _check_env_map(value: Any, key: str) -> dict[str, str]:
     return out
 
 
-def build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
+#: the network-config keys build_config reads (a cache key is made of them)
+_SETTING_KEYS = ("netplugin", *_TOP_KEYS, "configFile", "env", "defaultNamespace", "logFile")
+_CACHE_SIZE = 64
+_cache: dict[tuple[Any, ...], Config] = {}
+_cache_lock = threading.Lock()
+
+
+def _cache_key(req: CniRequest, environ: Mapping[str, str]) -> tuple[Any, ...] | None:
+    """What build_config's result depends on: the setting keys, NETPLUGIN_* and the config file's
+    identity (inode, size, mtime, ctime: an edited or replaced file is read again). None: uncachable."""
+    from netplugin.core.defaults import DEFAULT_CONFIG
+    from netplugin.frontends.rpc import dumps
+
+    try:
+        settings = dumps({k: req.conf[k] for k in _SETTING_KEYS if k in req.conf}, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    path = req.conf.get("configFile") or environ.get("NETPLUGIN_CONFIG") or DEFAULT_CONFIG
+    if not isinstance(path, str):
+        return None
+    try:
+        st = os.stat(path)
+        identity: tuple[int, ...] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    except (OSError, ValueError):
+        identity = None
+    ours = tuple(sorted((k, v) for k, v in environ.items() if k.startswith("NETPLUGIN_")))
+    return settings, ours, path, identity
+
+
+def build_config(req: CniRequest, environ: Mapping[str, str], *, cached: bool = False) -> Config:
     """The netplugin Config of this call's settings (see :func:`call_options` for the per-call part).
 
-    Raises ConfigError naming the CNI key."""
+    With ``cached`` (the daemon, which serves many calls of few settings), a config built before
+    from the same settings, environment and unchanged config file is reused: built once per
+    distinct settings, not per call. Errors are never cached. Raises ConfigError naming the CNI key."""
+    key = _cache_key(req, environ) if cached else None
+    if key is not None:
+        with _cache_lock:
+            hit = _cache.get(key)
+        if hit is not None:
+            return hit
+    cfg = _build_config(req, environ)
+    if key is not None:
+        with _cache_lock:
+            if len(_cache) >= _CACHE_SIZE:
+                _cache.pop(next(iter(_cache)))  # the oldest
+            _cache[key] = cfg
+    return cfg
+
+
+def _build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
     from netplugin.core.config import load_config
     from netplugin.core.errors import ConfigError
 

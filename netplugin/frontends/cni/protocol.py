@@ -17,7 +17,7 @@ from typing import Any
 
 from netplugin.core._yaml import short_repr
 from netplugin.core.errors import NetpluginError
-from netplugin.frontends.rpc import CNI_VERSIONS, MAX_STDIN
+from netplugin.frontends.rpc import CNI_TRY_AGAIN, CNI_VERSIONS, MAX_STDIN
 
 __all__ = [
     "COMMANDS",
@@ -78,7 +78,7 @@ E_DECODE = 6
 E_CONFIG = 7
 
 
-E_TRY_AGAIN = 11
+E_TRY_AGAIN = CNI_TRY_AGAIN
 
 
 E_UNAVAILABLE = 50

@@ -253,14 +253,16 @@ def _add(ops: _Ops) -> dict[str, Any]:
     pod = pod_ref_for(req)
     m = ops.manager
     network = _network(req)
+    call = replace(ops.call, want_status=True)
     if network:
         att = Attachment(req.container_id, req.ifname, req.netns, pod.namespace, pod.name)
-        claim_attachment(cfg, network, att)  # a second attachment of the container: CNI error 4
+        # a second attachment of the container: CNI error 4; the record becomes durable with the pod's
+        call = replace(call, durable_with=(claim_attachment(cfg, network, att),))
     # A failed setup is rolled back by the manager; a failed status after a good setup fails the
     # ADD and is left for the DEL that the runtime must send after any failed ADD.
     # The status comes with the setup, under its lock and in its record (no second lock,
     # record write or init check); a plugin that reports no address gives ips: [].
-    status = m.setup(pod, replace(ops.call, want_status=True))
+    status = m.setup(pod, call)
     prev = req.conf.get("prevResult")
     return make_result(
         req.cni_version,
@@ -392,7 +394,7 @@ def _dispatch(
     from netplugin.core.errors import ConfigError, NetpluginError
 
     try:
-        cfg = build_config(req, environ)
+        cfg = build_config(req, environ, cached=daemon is not None)
     except ConfigError:
         raise  # code 7 naming the key, for STATUS too
     except NetpluginError as e:

@@ -18,7 +18,7 @@ from netplugin.core.errors import DaemonUnavailable, InvalidArgument
 from netplugin.frontends.rpc import differing_settings, fingerprint
 from netplugin.manager.manager import Manager
 
-__all__ = ["check_settings", "run_cni"]
+__all__ = ["check_settings", "run_cni", "run_cni_call"]
 
 
 def _str_map(value: Any, what: str) -> dict[str, str]:
@@ -53,14 +53,29 @@ def run_cni(
     timed: Callable[[str, Callable[[], Any]], Any],
 ) -> dict[str, Any]:
     """Op ``cni``: one CNI call of the shim, run here; ``{"code": exit status, "doc": document}``."""
-    from netplugin.frontends.cni.shim import DaemonSide, Refused, run
-
     environ = _str_map(req.get("environ"), "environ")
     stdin = req.get("stdin")
     if not isinstance(stdin, str):
         raise InvalidArgument("stdin", type(stdin).__name__, "must be a string")
+    code, doc = run_cni_call(environ, stdin.encode(), manager, own, socket_path, timed)
+    return {"code": code, "doc": doc}
+
+
+def run_cni_call(
+    environ: dict[str, str],
+    stdin: bytes,
+    manager: Manager,
+    own: dict[str, Any],
+    socket_path: str,
+    timed: Callable[[str, Callable[[], Any]], Any],
+) -> tuple[int, dict[str, Any] | None]:
+    """One CNI call (Python shim's op ``cni`` or the compiled shim's frame): (exit status, document).
+
+    DaemonUnavailable, before anything ran, when the call's settings are not the daemon's.
+    """
+    from netplugin.frontends.cni.shim import DaemonSide, Refused, run
+
     try:
-        code, doc = run(environ, stdin.encode(), daemon=DaemonSide(manager, own, timed))
+        return run(environ, stdin, daemon=DaemonSide(manager, own, timed))
     except Refused as e:
         raise DaemonUnavailable(socket_path, str(e)) from None
-    return {"code": code, "doc": doc}

@@ -11,14 +11,13 @@ and for native plugins their warm libraries) and answers the thin client of
   instant) beside its final path and renamed over it, so a stale socket left by
   a killed daemon is replaced atomically, and only after it proved dead (it does
   not answer). Then it tells systemd ``READY=1`` (``Type=notify``).
-* **Operations** run in a thread pool, so different pods proceed in parallel;
-  actions on one pod serialise on the manager's per-pod flock, which the CLI
-  and the CNI shim take too, so daemon and direct callers never overlap.
-  Requests for a pod that is busy wait for their turn in the event loop, not in
-  a worker thread: a stuck pod holds one worker however many requests queue on
-  it, and every other pod is served at once. At most
-  :data:`~netplugin.frontends.daemon.turns.MAX_WAITING_PER_POD` may wait per pod; more are answered
-  ``DaemonUnavailable`` (not run, so a CLI in ``auto`` mode runs them itself).
+* **Operations** run in a thread pool, so different pods proceed in parallel; actions on one
+  pod serialise on the manager's per-pod flock, which the CLI and the CNI shim take too, so
+  daemon and direct callers never overlap (``pods`` and ``gc``: :mod:`.nodeops`). Requests for
+  a pod that is busy wait for their turn in the event loop, not in a worker thread: a stuck
+  pod holds one worker however many requests queue on it, and every other pod is served at
+  once. At most :data:`~netplugin.frontends.daemon.turns.MAX_WAITING_PER_POD` may wait per pod;
+  more are answered ``DaemonUnavailable`` (not run, so a CLI in ``auto`` mode runs them itself).
 * **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``), named
   as the kubelet's: histogram ``network_plugin_operations_duration_seconds``,
   counter ``network_plugin_operations_errors_total`` and gauge
@@ -64,19 +63,23 @@ from netplugin import __version__
 from netplugin.core._yaml import load_json
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
 from netplugin.core.names import PodRef
-from netplugin.frontends.daemon.forwarded import check_settings, run_cni
+from netplugin.frontends.daemon.forwarded import check_settings, run_cni, run_cni_call
+from netplugin.frontends.daemon.framed import read_frame, run_frame
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
+from netplugin.frontends.daemon.nodeops import error_classes, gc_answer, pods_answer
 from netplugin.frontends.daemon.nodes import NodeKeeper
 from netplugin.frontends.daemon.reconfig import Live, reload_settings
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.daemon.turns import Turns
 from netplugin.frontends.rpc import (
+    FRAME_MAGIC,
     MAX_MESSAGE,
     OPS,
     POD_OPS,
     PROTOCOL_VERSION,
     differing_settings,
+    encode_unavailable,
     init_result,
     pod_result,
 )
@@ -91,9 +94,6 @@ log = logging.getLogger("netplugin.daemon")
 
 # Plugins are mostly waited on (subprocesses), so threads are cheap; this bounds a burst.
 MAX_WORKERS = 64
-
-
-# --- the daemon ------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -212,9 +212,9 @@ class Daemon:
         if op == "plugins":
             return [c.to_dict() for c in self.manager.candidates()]
         if op == "pods":
-            return self._pods(req)
+            return pods_answer(self.config)
         if op == "gc":
-            return self._gc(req)
+            return gc_answer(self.manager, req)
         raise InvalidArgument("op", op, f"must be one of {', '.join(OPS)}")
 
     def _pod_op(self, op: str, pod: PodRef) -> Any:
@@ -230,24 +230,6 @@ class Daemon:
         """An action succeeded, so the plugin is usable (a problem logged at start or reload is over)."""
         if self._plugin_problem is not None:
             self._plugin, self._plugin_problem = ",".join(self.manager.chain_names), None
-
-    def _pods(self, req: dict[str, Any]) -> dict[str, Any]:
-        from netplugin.store.listing import list_pods
-
-        listing = list_pods(self.config.state_dir, self.config.run_dir)
-        # The table is rendered here so the CLI prints exactly what it prints when it runs alone.
-        return {"listing": listing.to_dict(), "table": listing.table() if listing.rows else None}
-
-    def _gc(self, req: dict[str, Any]) -> dict[str, Any]:
-        from netplugin.manager.gc import GcIncomplete, run_gc
-
-        report = run_gc(self.manager, dry_run=bool(req.get("dry_run")), check_host=req.get("check_host") is not False)
-        out: dict[str, Any] = {"report": report.to_dict(), "text": report.text(), "error": None, "classes": None}
-        if report.failed:
-            # Not raised: the caller prints the report first, then fails, as a local gc does.
-            err = GcIncomplete(report.failed)
-            out["error"], out["classes"] = err.to_dict(), error_classes(type(err))
-        return out
 
     def health(self) -> dict[str, Any]:
         return {
@@ -353,12 +335,19 @@ class Daemon:
                 log.warning("refused a connection from uid %d (pid %d)", uid, pid)
                 return
             while True:
+                first = await reader.read(1)
+                if first == FRAME_MAGIC[:1]:  # the compiled shim's binary frame (a JSON line starts with "{")
+                    if await self._framed(first, reader, writer, pid):
+                        continue
+                    return
                 try:
-                    line = await reader.readuntil(b"\n")
+                    line = first if first in (b"", b"\n") else first + await reader.readuntil(b"\n")
                 except asyncio.IncompleteReadError:
                     return  # the caller is done (or gave up mid-line: nothing to run)
                 except asyncio.LimitOverrunError:
                     log.warning("request too long from pid %d; closing", pid)
+                    return
+                if not line:
                     return
                 self._busy(+1)
                 try:
@@ -373,6 +362,27 @@ class Daemon:
         finally:
             self._conns.discard(task)
             writer.close()
+
+    async def _framed(self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int) -> bool:
+        """One frame of the compiled shim: read whole (or nothing runs), run as op ``cni``, answer."""
+        body = await read_frame(first, reader, writer, pid)
+        if body is None:
+            return False
+        self._busy(+1)
+        try:
+            self.stats.requests += 1
+            answer, outcome = encode_unavailable("it is shutting down"), "DaemonUnavailable"
+            if not self._stopping:
+                args = (self.manager, self.fingerprint, self.socket_path, self.metrics.timed)
+                answer, outcome = await run_frame(body, pid, self._turns.turn, asyncio.to_thread, run_cni_call, *args)
+                if outcome == "ok":
+                    self._plugin_ok()
+            self.metrics.requests.labels("cni", outcome).inc()
+            writer.write(answer)
+            await writer.drain()
+        finally:
+            self._busy(-1)
+        return True
 
     def _busy(self, delta: int) -> None:
         self.stats.busy += delta
@@ -482,16 +492,6 @@ def _pod_text(req: Any) -> str:
     if isinstance(req, dict) and req.get("op") in POD_OPS:
         return f"{req.get('namespace')}/{req.get('pod')} ({req.get('infra_id')})"
     return ""
-
-
-def error_classes(cls: type) -> list[str]:
-    """An error class and its bases up to NetpluginError, by name (the wire's ``classes``)."""
-    names = []
-    for c in cls.__mro__:
-        names.append(c.__name__)
-        if c is NetpluginError:
-            break
-    return names
 
 
 def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Callable[[], Config] | None = None) -> int:

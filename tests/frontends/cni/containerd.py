@@ -337,21 +337,48 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             time.sleep(0.1)
 
     def run_pod(
-        self, namespace: str, name: str, uid: str, attempt: int = 0, annotations: dict[str, str] | None = None
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        attempt: int = 0,
+        annotations: dict[str, str] | None = None,
+        *,
+        host_network: bool = False,
     ) -> Sandbox:
         """RunPodSandbox, then PodSandboxStatus. Raises grpc.RpcError as the kubelet would see it."""
+        return self.status(
+            self.run_pod_sandbox(namespace, name, uid, attempt, annotations, host_network=host_network)
+        )
+
+    def run_pod_sandbox(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        attempt: int = 0,
+        annotations: dict[str, str] | None = None,
+        *,
+        host_network: bool = False,
+    ) -> str:
+        """RunPodSandbox alone (the call the kubelet waits for); the sandbox id."""
         pb = self.pb
         meta = pb.PodSandboxMetadata(name=name, uid=uid, namespace=namespace, attempt=attempt)
+        linux = pb.LinuxPodSandboxConfig()
+        if host_network:
+            linux = pb.LinuxPodSandboxConfig(
+                security_context=pb.LinuxSandboxSecurityContext(namespace_options=pb.NamespaceOption(network=pb.NODE))
+            )
         config = pb.PodSandboxConfig(
             metadata=meta,
-            hostname=name,
+            hostname="" if host_network else name,  # the node's own UTS namespace: no hostname of its own
             log_directory=str(self.root / "pod-logs" / f"{namespace}_{name}_{uid}"),
             labels={"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": namespace},
             annotations=annotations or {},
-            linux=pb.LinuxPodSandboxConfig(),
+            linux=linux,
         )
         resp = self._stub.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=120)
-        return self.status(resp.pod_sandbox_id)
+        return str(resp.pod_sandbox_id)
 
     def status(self, sandbox_id: str) -> Sandbox:
         resp = self._stub.PodSandboxStatus(

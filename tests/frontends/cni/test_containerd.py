@@ -55,10 +55,15 @@ def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]
     if reason:
         pytest.skip(reason)
     root = tmp_path_factory.mktemp("containerd")
-    # The shim as installed: the entry script `netplugin install-shim` writes (python -I -S).
-    made = _run([sys.executable, "-m", "netplugin", "install-shim", str(root / "netplugin-cni")])
+    # The shim as install.sh installs it: the compiled netplugin-cni, its socket fixed at build (here
+    # root/netplugin.sock, which a test's daemon links to its own), the Python entry script that
+    # `netplugin install-shim` writes (python -I -S) as its fallback when no daemon serves a call.
+    made = _run([sys.executable, "-m", "netplugin", "install-shim", str(root / "netplugin-cni-python")])
     assert made.returncode == 0, made.stderr
-    ctd = Containerd(root, Path(made.stdout.strip()))
+    native = _run([sys.executable, "-m", "netplugin", "install-shim", "--kind", "cni-native", str(root / "cni"),
+                   "--socket", str(root / "netplugin.sock"), "--fallback", made.stdout.strip()])  # fmt: skip
+    assert native.returncode == 0, native.stderr
+    ctd = Containerd(root, Path(native.stdout.strip()))
     try:
         ctd.start()
         yield ctd
@@ -142,6 +147,7 @@ class CniNet:
         )
         log.close()
         sock = str(self.run_dir / "netplugin.sock")
+        os.symlink(sock, self.ctd.root / "netplugin.sock")  # where the compiled shim looks
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -190,6 +196,8 @@ class CniNet:
         if self.daemon is not None and self.daemon.poll() is None:
             self.daemon.terminate()
             self.daemon.wait(60)
+        if os.path.islink(self.ctd.root / "netplugin.sock"):
+            os.unlink(self.ctd.root / "netplugin.sock")
         if os.path.exists(f"/sys/class/net/{self.bridge}"):
             _run(["ip", "link", "del", self.bridge])
 

@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 from nettest import free_third_octet
 
+from netplugin.frontends.cni.native import build_native
+
 REPO = Path(__file__).resolve().parents[3]
 BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"
 IMAGE = "localhost/netplugin-busybox"
@@ -63,9 +65,6 @@ def _podman_gate() -> None:
         pytest.skip(reason)
 
 
-
-
-
 @dataclass
 class PodmanNet:
     """A private podman + CNI world for one test."""
@@ -92,9 +91,13 @@ class PodmanNet:
         exe = self.exec_dir / "bridge" / "bridge"
         shutil.copyfile(BRIDGE, exe)
         os.chmod(exe, 0o755)
-        shim = self.bin / "netplugin-cni"
-        shim.write_text(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m netplugin.frontends.cni\n")
-        os.chmod(shim, 0o755)
+        # The compiled shim as install.sh installs it, the Python shim as its fallback (no daemon
+        # runs here, so every call goes through both: the compiled one's fallback is what runs).
+        python_shim = self.tmp / "netplugin-cni-python"
+        python_shim.write_text(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m netplugin.frontends.cni\n")
+        os.chmod(python_shim, 0o755)
+        build_native(str(self.bin / "netplugin-cni"), socket=str(self.run_dir / "netplugin.sock"),
+                     fallback=str(python_shim))  # fmt: skip
         conflist = {
             "cniVersion": "1.0.0",  # podman 4.3's libcni cannot read 1.1.0 results
             "name": self.network,

@@ -1,0 +1,5 @@
+import sys
+
+from netplugin.frontends.cni.native import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""Calls of the compiled CNI shim: one binary frame in, one frame out (the frame: :mod:`netplugin.frontends.rpc`).
+
+The call runs exactly as the Python shim's op ``cni`` (:func:`.forwarded.run_cni`): the same
+settings check (the call's config must be the daemon's), the container's turn, the pod metrics,
+the shim's own code for the answer; so codes and messages are the Python shim's. What the daemon
+did not run (other settings, draining, too many waiting) is answered ``U`` and the shim falls
+back. The daemon writes the network config's ``logFile`` line (``"via": "daemon"``), since the
+compiled shim reads no JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from netplugin.core.errors import DaemonUnavailable
+from netplugin.frontends.rpc import (
+    FRAME_MAGIC,
+    FRAME_MAX_REQUEST,
+    FrameError,
+    decode_request,
+    dumps,
+    encode_answer,
+    encode_unavailable,
+    read_frame_header,
+)
+
+__all__ = ["read_frame", "run_frame"]
+
+log = logging.getLogger("netplugin.daemon")
+
+
+async def read_frame(
+    first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int
+) -> bytes | None:
+    """The request body after its first byte ``first``, or None when the connection must close.
+
+    A frame with bad magic or size is answered (exit 1, the reason on stderr); a caller that
+    closes mid-frame gets nothing. Either way nothing runs.
+    """
+    try:
+        head = first + await reader.readexactly(len(FRAME_MAGIC) + 4 - 1)  # the rest of magic and length
+        size = read_frame_header(head, FRAME_MAX_REQUEST)
+        return await reader.readexactly(size)
+    except asyncio.IncompleteReadError:
+        return None
+    except FrameError as e:
+        log.warning("bad frame from pid %d: %s; closing", pid, e)
+        writer.write(encode_answer(1, stderr=f"netplugin daemon: {e}\n".encode()))
+        await writer.drain()
+        return None
+
+
+def _answer(code: int, doc: dict[str, Any] | None) -> bytes:
+    return encode_answer(code, (dumps(doc) + "\n").encode() if doc is not None else b"")
+
+
+Outcome = tuple[int, "dict[str, Any] | None"]
+
+
+async def run_frame(
+    body: bytes,
+    peer_pid: int,
+    turn: Callable[[str, str], Any],
+    in_thread: Callable[[Callable[[], Outcome]], Awaitable[Outcome]],
+    run: Callable[..., Outcome],
+    *run_args: Any,
+) -> tuple[bytes, str]:
+    """(answer frame, outcome for the request metrics: "ok" when the call succeeded) for one body.
+
+    ``turn(key, what)`` is the daemon's per-key turn (an async context manager), ``in_thread`` runs
+    a function in a worker, ``run(environ, stdin, *run_args)`` the call with the daemon's manager (raising
+    DaemonUnavailable when the daemon must not run it).
+    """
+    from netplugin.frontends.cni.fast import conf_of, log_call
+
+    start = time.monotonic()
+    try:
+        environ, stdin = decode_request(body)
+    except FrameError as e:
+        return encode_answer(1, stderr=f"netplugin daemon: {e}\n".encode()), "FrameError"
+    container = environ.get("CNI_CONTAINERID", "")
+    try:
+        if container:
+            async with turn(f"cni:{container}", f"container {container[:80]}"):
+                code, doc = await in_thread(lambda: run(environ, stdin, *run_args))
+        else:
+            code, doc = await in_thread(lambda: run(environ, stdin, *run_args))
+    except DaemonUnavailable as e:
+        return encode_unavailable(e.message), "DaemonUnavailable"
+    log_call(conf_of(stdin), environ, code, doc, "daemon", time.monotonic() - start, peer_pid)
+    return _answer(code, doc), "ok" if code == 0 else "failed"

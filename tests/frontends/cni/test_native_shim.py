@@ -1,0 +1,185 @@
+"""The compiled netplugin-cni against a real daemon: same answers as the Python shim, and its fallbacks.
+
+The shim is built as installed (warnings as errors, hardening flags) with the Python shim's entry
+script as its fallback, and a second time for cluster mode (no fallback: CNI error 11).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netplugin.frontends.cni.native import build_native
+from tests.frontends.cni.test_daemon_path import REPO, World
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+
+
+@pytest.fixture(scope="module")
+def shims(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """{"python": the entry script, "native": compiled with it as fallback, "cluster": no fallback}."""
+    bin_dir = tmp_path_factory.mktemp("cni-bin")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-m", "netplugin", "install-shim", str(bin_dir / "netplugin-cni-python")],
+                   env=env, check=True, capture_output=True)  # fmt: skip
+    python = bin_dir / "netplugin-cni-python"
+    return {
+        "python": python,
+        "native": Path(build_native(str(bin_dir / "netplugin-cni"), fallback=str(python))),
+        "cluster": Path(build_native(str(bin_dir / "netplugin-cni-cluster"), fallback="")),
+    }
+
+
+@pytest.fixture
+def world(tmp_path: Path, np_dirs: dict[str, str], plugin_dir: Any) -> Iterator[World]:
+    w = World(tmp_path, np_dirs, plugin_dir)
+    try:
+        yield w
+    finally:
+        w.stop_daemon()
+
+
+@pytest.fixture
+def fake(plugin_dir: Any) -> Any:
+    p = plugin_dir.install("fake")
+    p.set("status", stdout='{"apiVersion":"v1beta1","kind":"PodNetworkStatus","ip":"10.201.5.7"}')
+    return p
+
+
+def _call(
+    world: World, shim: Path, command: str, conf: dict[str, Any], **env: str
+) -> subprocess.CompletedProcess[bytes]:
+    # NETPLUGIN_SOCKET: the compiled shim reads no conflist (the Python shim finds it from runDir).
+    done: subprocess.CompletedProcess[bytes] = world.shim(
+        command, conf, argv=[str(shim)], NETPLUGIN_SOCKET=world.socket, **env
+    )
+    return done
+
+
+def _same(a: subprocess.CompletedProcess[bytes], b: subprocess.CompletedProcess[bytes]) -> None:
+    assert (a.returncode, a.stdout) == (b.returncode, b.stdout), (a, b)
+
+
+def test_add_check_del_version_through_the_daemon_match_the_python_shim(
+    world: World, fake: Any, shims: dict[str, Path]
+) -> None:
+    world.start_daemon()
+    add = _call(world, shims["native"], "ADD", world.conf())
+    assert add.returncode == 0, add
+    assert json.loads(add.stdout)["ips"] == [{"address": "10.201.5.7/24", "gateway": "10.201.5.1", "interface": 0}]
+    assert fake.env_of("setup")["NP_TEST_ORIGIN"] == "daemon"
+    check_conf = world.conf(prevResult=json.loads(add.stdout))
+    check = _call(world, shims["native"], "CHECK", check_conf)
+    _same(check, _call(world, shims["python"], "CHECK", check_conf))
+    assert check.returncode == 0 and check.stdout == b""
+    version = _call(world, shims["native"], "VERSION", {"cniVersion": "1.0.0"})
+    _same(version, _call(world, shims["python"], "VERSION", {"cniVersion": "1.0.0"}))
+    assert json.loads(version.stdout)["cniVersion"] == "1.0.0"
+    delete = _call(world, shims["native"], "DEL", world.conf())
+    assert (delete.returncode, delete.stdout) == (0, b""), delete
+    assert fake.env_of("teardown")["NP_TEST_ORIGIN"] == "daemon"
+    assert list((Path(world.state_dir) / "pods").glob("*.json")) == []
+    # The daemon writes the logFile line for the compiled shim, which parses no JSON.
+    vias = [(e["command"], e["via"]) for e in world.log_entries()]
+    assert vias == [("ADD", "daemon"), ("CHECK", "daemon"), ("CHECK", "daemon"), ("DEL", "daemon")], vias
+
+
+def test_errors_keep_the_python_shims_codes_and_messages(world: World, fake: Any, shims: dict[str, Path]) -> None:
+    fake.set("setup", exit=1, stderr="np: the moon is full")
+    bad_key = world.conf(netplugin={"timeouts": {"setup": "soon"}})
+    cases: list[tuple[str, Any, dict[str, str]]] = [
+        ("ADD", world.conf(), {}),
+        ("ADD", bad_key, {}),
+        ("STATUS", bad_key, {}),
+        ("ADD", world.conf(), {"CNI_ARGS": "K8S_POD_NAMESPACE=Bad_NS"}),
+        ("CHECK", world.conf(), {}),  # no prevResult
+        ("ADD", world.conf(cniVersion="9.9.9"), {}),
+    ]
+    world.start_daemon()
+    for command, conf, env in cases:
+        native = _call(world, shims["native"], command, conf, **env)
+        python = _call(world, shims["python"], command, conf, **env)
+        _same(native, python)
+        assert native.returncode == 1 and json.loads(native.stdout)["code"] in (1, 4, 7, 999), native
+    not_object = _call(world, shims["native"], "ADD", "a string")  # type: ignore[arg-type]
+    _same(not_object, _call(world, shims["python"], "ADD", "a string"))  # type: ignore[arg-type]
+    assert not_object.returncode == 1 and json.loads(not_object.stdout)["code"] == 6, not_object
+    assert {e["via"] for e in world.log_entries()} == {"daemon"}
+
+
+def test_without_a_daemon_it_execs_the_python_shim_or_says_try_again(
+    world: World, fake: Any, shims: dict[str, Path]
+) -> None:
+    add = _call(world, shims["native"], "ADD", world.conf())
+    assert add.returncode == 0, add
+    assert fake.env_of("setup")["NP_TEST_ORIGIN"] == "shim"  # the Python shim ran it, with the same env
+    assert [e["via"] for e in world.log_entries()] == ["local"]
+    cluster = _call(world, shims["cluster"], "DEL", world.conf())
+    err = json.loads(cluster.stdout)
+    assert cluster.returncode == 1 and err["code"] == 11, cluster
+    assert "required (cluster mode) but unavailable" in err["msg"] and world.socket in err["msg"]
+    version = _call(world, shims["cluster"], "VERSION", {"cniVersion": "1.0.0"})
+    assert version.returncode == 0 and json.loads(version.stdout)["supportedVersions"][-1] == "1.1.0"
+
+
+def test_a_call_the_daemon_refuses_falls_back_with_the_same_stdin(
+    world: World, fake: Any, shims: dict[str, Path]
+) -> None:
+    world.start_daemon()
+    other = world.conf(env={"NETPLUGIN_BRIDGE_SUBNET": "10.201.6.0/24"})
+    add = _call(world, shims["native"], "ADD", other)
+    assert add.returncode == 0, add
+    assert fake.env_of("setup")["NP_TEST_ORIGIN"] == "shim"
+    assert fake.env_of("setup")["NETPLUGIN_BRIDGE_SUBNET"] == "10.201.6.0/24"  # stdin replayed whole
+    refused = _call(world, shims["cluster"], "DEL", other)
+    err = json.loads(refused.stdout)
+    assert refused.returncode == 1 and err["code"] == 11 and "differ" in err["msg"], err
+    never = _call(world, shims["native"], "DEL", world.conf(), NETPLUGIN_USE_DAEMON="never")
+    assert never.returncode == 0 and fake.env_of("teardown")["NP_TEST_ORIGIN"] == "shim"
+
+
+@pytest.mark.parametrize(
+    ("env", "native"),
+    [({}, True), ({"CC": "/nonexistent/cc"}, False)],
+    ids=["compiler", "no-compiler"],
+)
+def test_install_sh_installs_the_compiled_shim_or_says_why_not(
+    tmp_path: Path, env: dict[str, str], native: bool
+) -> None:
+    cni_bin = tmp_path / "cni-bin"
+    full = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+    full.update(env)
+    args = [
+        "--no-venv",
+        "--python",
+        os.path.realpath(sys.executable),
+        "--exec-dir",
+        str(tmp_path / "exec"),
+        "--cni-bin-dir",
+        str(cni_bin),
+        "--cni-conf-dir",
+        str(tmp_path / "conf"),
+        "--run-dir",
+        "/run/np-test",
+        "--lib-dir",
+        str(tmp_path / "lib"),
+    ]
+    done = subprocess.run(["/bin/bash", str(REPO / "scripts" / "install.sh"), *args], capture_output=True, text=True,
+                          env=full, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    shim = (cni_bin / "netplugin-cni").read_bytes()
+    assert shim.startswith(b"\x7fELF") is native
+    assert (cni_bin / "netplugin-cni-python").exists() is native
+    assert ("no compiled shim" in done.stderr) is not native
+    if native:  # the socket and fallback fixed at build, as install.sh was told
+        assert b"/run/np-test/netplugin.sock" in shim and str(cni_bin / "netplugin-cni-python").encode() in shim
+        again = subprocess.run(["/bin/bash", str(REPO / "scripts" / "install.sh"), *args], capture_output=True,
+                               text=True, env=full, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
+        assert "install.sh: nothing to do" in again.stdout, again.stdout  # the build is reproducible
