@@ -234,6 +234,53 @@ def test_a_bad_mask_fails_init_naming_the_member(chain: Any, stdout: str, words:
     assert c.calls("setup") == []
 
 
+# --- durability: only intents are synced ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n", "m2_mask", "setup_passes"),
+    [
+        pytest.param(1, None, 1, id="one-member-one-durable-write"),
+        pytest.param(2, None, 2, id="two-members"),
+        pytest.param(3, None, 3, id="three-members"),
+        pytest.param(3, ["status"], 2, id="three-members-m2-skips-setup"),
+    ],
+)
+def test_a_pod_action_syncs_only_its_intents(
+    chain: Any, store: StateStore, monkeypatch: pytest.MonkeyPatch, n: int, m2_mask: list[str] | None, setup_passes: int
+) -> None:
+    """begin and each later member's start are durable (group commit); nothing else is synced."""
+    import os
+
+    from netplugin.store import commit
+
+    c = chain(n)
+    if m2_mask is not None:
+        c.member(2).set("init", stdout=json.dumps({"actions": m2_mask}))
+    m = c.make()
+    m.init()  # init markers are not the pod action's writes
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    passes = commit._COMMIT.passes
+    m.setup(POD)
+    assert commit._COMMIT.passes - passes == setup_passes
+    record, pods = store.path_for(POD), store.dir
+    assert synced == [record, pods] * setup_passes  # the record and its directory, once per intent
+    synced.clear()
+    m.teardown(POD)
+    assert store.get(POD) is None and synced == []  # teardown: progress and removal unsynced
+    c.member(n).set("setup", exit=1)
+    with pytest.raises(PluginFailed):
+        m.setup(POD)
+    assert store.get(POD) is None and len(synced) == 2 * setup_passes  # the rollback syncs nothing more
+
+
 # --- state passed along --------------------------------------------------------------------------------------
 
 

@@ -347,9 +347,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         host_network: bool = False,
     ) -> Sandbox:
         """RunPodSandbox, then PodSandboxStatus. Raises grpc.RpcError as the kubelet would see it."""
-        return self.status(
-            self.run_pod_sandbox(namespace, name, uid, attempt, annotations, host_network=host_network)
-        )
+        return self.status(self.run_pod_sandbox(namespace, name, uid, attempt, annotations, host_network=host_network))
 
     def run_pod_sandbox(
         self,
