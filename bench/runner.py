@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .bigcluster import fig_bigcluster
+from .chain import fig_chain
 from .cluster import fig_cluster
 from .coldstart import fig_coldstart
 from .containerd import fig_containerd
@@ -36,7 +37,19 @@ from .util import REPO, BenchError, Cleanup, NetnsFactory, SubnetPool
 
 __all__ = ["FIGURES", "run"]
 
-FIGURES = ("pods", "burst", "drain", "overhead", "coldstart", "scale", "runtime", "containerd", "cluster", "bigcluster")
+FIGURES = (
+    "pods",
+    "burst",
+    "drain",
+    "overhead",
+    "coldstart",
+    "scale",
+    "runtime",
+    "containerd",
+    "cluster",
+    "bigcluster",
+    "chain",
+)
 CNI_HINT = "install Debian's reference plugins: apt-get install -y containernetworking-plugins (into /usr/lib/cni)"
 
 
@@ -249,6 +262,7 @@ def _run_figures(ctx: RunContext, plan: Plan, args: argparse.Namespace, out: _Ou
         ("containerd", lambda: fig_containerd(ctx, plan, pool)),
         ("cluster", lambda: fig_cluster(plan.quick, _say)),
         ("bigcluster", lambda: fig_bigcluster(plan.quick, _say)),
+        ("chain", lambda: fig_chain(ctx, plan, keys, pool)),
     ]
     only = _only(args)
     for name, step in steps:

@@ -16,5 +16,9 @@ echo "== mypy" >&2
 echo "== shellcheck" >&2
 mapfile -t shells < <(find exec_plugins scripts tests/testplugins -type f -perm -u+x ! -name '*.py')
 shellcheck -S warning "${shells[@]}"
+echo "== the guarantee suites again, the plugin as the first member of chains of 2 and 3" >&2
+for n in 2 3; do
+    NETPLUGIN_TEST_CHAIN=$n "$py" -m pytest -p no:cacheprovider -q tests/store/test_state.py tests/manager/test_gc.py
+done
 echo "== pytest" >&2
 exec "$py" -m pytest -p no:cacheprovider -q -rs "$@"

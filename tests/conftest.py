@@ -293,17 +293,36 @@ def netns_dir(tmp_path: Path) -> Path:
     return d
 
 
+#: NETPLUGIN_TEST_CHAIN=N runs the guarantee suites (state, gc) with "sc" as the first member of a
+#: chain of N: the other members are scriptable plugins that succeed at everything and say nothing.
+CHAIN_LENGTH = int(os.environ.get("NETPLUGIN_TEST_CHAIN", "1"))
+
+
 @pytest.fixture
 def sc(plugin_dir: Any) -> Any:
+    for i in range(2, CHAIN_LENGTH + 1):
+        plugin_dir.install(f"pad{i}")
     return plugin_dir.install("sc")
+
+
+def sc_chain() -> list[str]:
+    """The chain the "sc" suites run: "sc", then the padding members."""
+    return ["sc", *(f"pad{i}" for i in range(2, CHAIN_LENGTH + 1))]
+
+
+@pytest.fixture
+def sc_env() -> dict[str, str]:
+    """The CLI environment variable that selects the "sc" chain."""
+    return {"NETPLUGIN_PLUGINS": ",".join(sc_chain())}
 
 
 @pytest.fixture
 def mgr(make_manager: Any, netns_dir: Path, sc: Any) -> Callable[..., Manager]:
-    """mgr(**config) -> a Manager using plugin "sc" with netns paths under netns_dir."""
+    """mgr(**config) -> a Manager using plugin "sc" (the chain's first member) with netns paths under netns_dir."""
 
     def make(**kw: Any) -> Manager:
-        kw.setdefault("plugin", "sc")
+        if "plugin" not in kw and "plugins" not in kw:
+            kw["plugins"] = sc_chain()
         m: Manager = make_manager(netns_template=str(netns_dir / "{infra_id}"), **kw)
         return m
 

@@ -56,6 +56,8 @@ class Config:
 
     plugin_dir: str = DEFAULT_PLUGIN_DIR
     plugin: str | None = None
+    #: an ordered chain of plugins (``plugins: [a, b]``); empty: the chain of one ``plugin``
+    plugins: tuple[str, ...] = ()
     state_dir: str = DEFAULT_STATE_DIR
     run_dir: str = DEFAULT_RUN_DIR
     config_path: str | None = None
@@ -87,6 +89,13 @@ class Config:
     node_routes: bool = True
     #: how often the daemon re-checks those routes even when no Node changed
     node_resync: float = 30.0
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        """The configured chain's member names in order; () when none is named (the no-op plugin)."""
+        if self.plugins:
+            return self.plugins
+        return (self.plugin,) if self.plugin else ()
 
     def timeout_for(self, action: str) -> float:
         """The time limit of one action: ``--timeout`` when given, else the per-action setting."""
@@ -227,6 +236,34 @@ def _plugin(v: Any) -> str | None:
     return s
 
 
+#: The longest chain: each member costs at least a process per action on the pod-start path.
+MAX_CHAIN = 16
+
+
+def _plugins(v: Any) -> tuple[str, ...]:
+    """A chain: a YAML list of plugin names, or a comma-separated string (environment, flag)."""
+    from netplugin.core.names import plugin_name_problem
+
+    if v is None or v == "" or v == []:
+        return ()
+    items = [s.strip() for s in v.split(",")] if isinstance(v, str) else v
+    if not isinstance(items, list | tuple):
+        raise ValueError("must be a list of plugin names, or a comma-separated string")
+    if len(items) > MAX_CHAIN:
+        raise ValueError(f"has {len(items)} members, at most {MAX_CHAIN} are allowed")
+    bad: list[str] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item:
+            bad.append(f"member {i + 1} {_shown(item)}: must be a non-empty string")
+        elif problem := plugin_name_problem(item):
+            bad.append(f"member {i + 1} {_shown(item)}: {problem}")
+        elif item in items[:i]:
+            bad.append(f"member {i + 1} {_shown(item)}: listed twice (a plugin is a member at most once)")
+    if bad:
+        raise ValueError("is not a valid chain: " + "; ".join(bad))
+    return tuple(items)
+
+
 def _netns_template(v: Any) -> str:
     """Checked by parsing its fields only: formatting it would run any width it names ({x:>999999999})."""
     import string
@@ -320,6 +357,7 @@ def _address(v: Any) -> str:
 _PARSERS: dict[str, Callable[[Any], Any]] = {
     "plugin_dir": _path,
     "plugin": _plugin,
+    "plugins": _plugins,
     "state_dir": _path,
     "run_dir": _path,
     "timeout": _opt_seconds,
@@ -350,6 +388,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
 ENV_VARS: dict[str, str] = {
     "NETPLUGIN_PLUGIN_DIR": "plugin_dir",
     "NETPLUGIN_PLUGIN": "plugin",
+    "NETPLUGIN_PLUGINS": "plugins",
     "NETPLUGIN_STATE_DIR": "state_dir",
     "NETPLUGIN_RUN_DIR": "run_dir",
     "NETPLUGIN_TIMEOUT": "timeout",
@@ -379,7 +418,19 @@ def _shown(value: Any) -> str:
     return short_repr(value)
 
 
+#: ``plugin`` and ``plugins`` both say which chain runs: a source names one of them, and the one a
+#: higher-precedence source names replaces the other (a ``--plugin`` flag beats the file's chain).
+_CHAIN_KEYS = ("plugin", "plugins")
+
+
 def _apply(values: dict[str, Any], raw: Mapping[str, Any], source: str, key_name: Callable[[str], str]) -> None:
+    given = [k for k in _CHAIN_KEYS if raw.get(k) not in (None, "", [])]
+    if len(given) > 1:
+        raise ConfigError(
+            key_name("plugins"), "give either plugin (a chain of one) or plugins (a chain), not both", source=source
+        )
+    for key in given:
+        values.update({k: Config.__dataclass_fields__[k].default for k in _CHAIN_KEYS if k != key})
     for key, value in raw.items():
         if key not in _PARSERS:
             shown = key if len(key) <= 80 else key[:77] + "..."

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "ChainInvalid",
     "ConfigError",
     "DaemonUnavailable",
     "DiscoveryError",
@@ -114,6 +115,23 @@ class PluginInvalid(NetpluginError):
         self.plugin = name
         self.problem = problem
         self.path = path
+
+
+class ChainInvalid(PluginInvalid):
+    """A chain with at least one member that cannot be used; names every bad member."""
+
+    def __init__(self, chain: list[str], problems: list[str]) -> None:
+        NetpluginError.__init__(
+            self,
+            f"plugin chain {', '.join(chain)} is invalid: " + "; ".join(problems),
+            plugin=",".join(chain),
+            chain=chain,
+            problems=problems,
+        )
+        self.plugin = ",".join(chain)
+        self.problem = "; ".join(problems)
+        self.path = None
+        self.problems = problems
 
 
 class PluginError(NetpluginError):

@@ -83,15 +83,50 @@ Exit status and output
 
         {"kind": "PodNetworkStatus", "ip": "10.1.2.3", "ips": ["10.1.2.3", "fd00::3"]}
 
-    Optional: ``setup`` may print the same document, with ``"kind": "PodNetworkStatus"``, as its
-    whole stdout. netplugin then takes the pod's status from it and makes no ``status`` call
-    after the setup (the CNI shim's ADD and the recorded IP need one). Any other setup output,
-    or an invalid document, is ignored as before, and ``status`` is called.
+The setup document (optional; one document for both uses below)
+    ``setup`` may print, as its whole stdout, the same status document with
+    ``"kind": "PodNetworkStatus"`` (required here: it is what marks the output as
+    the document) and optionally ``"hostInterface"``, the host-side interface
+    it created for the pod (a Linux interface name)::
+
+        {"kind": "PodNetworkStatus", "ip": "10.1.2.3", "ips": ["10.1.2.3"], "hostInterface": "veth1a2b3c"}
+
+    It serves two purposes. netplugin takes the pod's status from it and makes
+    no ``status`` call after the setup (the CNI shim's ADD and the recorded IP
+    would otherwise need one). And in a chain (below) it is what the member
+    reports to the members after it. Output that is not this document (empty,
+    progress text, other JSON, a document cut at the output limit) is ignored
+    as before the extension, and ``status`` is asked when an IP is needed. A
+    document whose status part is invalid is ignored the same way (the
+    ``status`` call's error then says what is wrong). An invalid
+    ``hostInterface`` fails the setup (and rolls it back): later members and
+    every teardown would act on it, and nothing else reports it.
 
 Time limits
     Every action has a time limit (defaults: setup and teardown 30 s, init and
     status 10 s). At the limit the plugin's whole process tree gets SIGTERM,
     then after a grace (2 s) SIGKILL; the action fails with a timeout error.
+
+Chains (config ``plugins: [a, b, c]``; ``plugin: a`` is a chain of one)
+    Every member is selected and validated up front (one bad member invalidates the chain, and
+    the error names every bad one) and gets its own ``init`` (once per boot and version).
+    ``setup`` runs the members in order; when member k fails or times out, ``teardown`` runs on
+    k, then k-1 ... 1 (members after k never run), and the error names member k and any
+    rollback failure. ``teardown`` runs every member in reverse order, goes on past failures and
+    reports all of them. ``status`` is the first member's, in order, that reports an address.
+    The time limit of an action covers the whole chain: each member gets what is left of it.
+    A member's ``init`` may declare the pod actions it handles, ``{"actions": ["setup",
+    "teardown"]}``; it is never called for the others. What a member's ``setup`` reports in the
+    setup document (above) passes along the chain, as CNI's ``prevResult`` does: later members
+    get it in ``NETPLUGIN_PREV_RESULT`` (JSON), ``NETPLUGIN_PREV_IPS`` and
+    ``NETPLUGIN_PREV_HOST_INTERFACE``, with ``NETPLUGIN_CHAIN`` and ``NETPLUGIN_CHAIN_INDEX``
+    (:mod:`netplugin.core.chaining`), at setup and again at teardown (rebuilt from the pod
+    record). The chain's status after a setup is the first address a member's setup document
+    reported; only when no member reported one is ``status`` asked, member by member. The pod
+    record keeps each member's progress, so gc finishes an interrupted chain's rollback for
+    exactly the members that ran. Built-in plugins return the mask from ``init`` and the setup
+    document, as a :class:`PodNetworkStatus`, from ``setup``, and read the same variables from
+    ``CallContext.env``.
 
 Built-in plugins
     Plugins written in Python implement :class:`Plugin` and are registered by
@@ -141,6 +176,8 @@ class PodNetworkStatus:
     ip: str
     #: every address, ``ip`` first, at most one per family (Kubernetes' podIPs); () means ``(ip,)``
     ips: tuple[str, ...] = ()
+    #: the host-side interface the plugin created for the pod (reported by ``setup``, for later members)
+    host_interface: str | None = None
 
     def __post_init__(self) -> None:
         if not self.ips:
@@ -151,6 +188,8 @@ class PodNetworkStatus:
         out: dict[str, Any] = {"apiVersion": "v1beta1", "kind": "PodNetworkStatus", "ip": self.ip}
         if len(self.ips) > 1:
             out["ips"] = list(self.ips)
+        if self.host_interface:
+            out["hostInterface"] = self.host_interface
         return out
 
 
@@ -181,10 +220,12 @@ class Plugin(Protocol):
         """Identifies the plugin's code; ``init`` runs again when it changes."""
         ...
 
-    def init(self, ctx: CallContext) -> None: ...
+    def init(self, ctx: CallContext) -> frozenset[str] | None:
+        """Prepare the node; may return the pod actions it handles (its mask; None: all)."""
+        ...
 
     def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
-        """Set the pod up; returns its status when the plugin gives it with the setup (else None)."""
+        """Set the pod up; may return its setup document (status, host interface; else None)."""
         ...
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None: ...

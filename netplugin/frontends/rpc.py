@@ -88,6 +88,7 @@ __all__ = [
     "encode_request",
     "encode_unavailable",
     "fingerprint",
+    "init_result",
     "loads",
     "pod_output",
     "pod_request",
@@ -240,6 +241,15 @@ def cni_request(environ: "Mapping[str, str]", stdin: str) -> "dict[str, Any]":
 # --- answers ------------------------------------------------------------------------------------------
 
 
+def init_result(chain: "tuple[str, ...]", members: "Mapping[str, bool]") -> "dict[str, Any]":
+    """An init's answer: the chain (``plugin``, its names joined by commas), whether any member's init
+    ran now, and for a longer chain than one each member's (a chain of one answers as before chains)."""
+    out: dict[str, Any] = {"plugin": ",".join(chain), "ran": any(members.values())}
+    if len(chain) > 1:
+        out["members"] = [{"plugin": name, "ran": members.get(name, False)} for name in chain]
+    return out
+
+
 def pod_result(op: str, status: "_PodStatus | None") -> "dict[str, Any] | None":
     """A pod action's result from the manager's answer (``status``: the pod's network status or None)."""
     if op == "setup":
@@ -273,7 +283,9 @@ def fingerprint(config: "Config") -> "dict[str, Any]":
     import json  # the callers that build a Config have paid for more than json already
 
     out: dict[str, Any] = {k: v for k, v in config.to_dict().items() if k not in _NOT_BEHAVIOUR}
-    out["plugin"] = config.plugin or "kubernetes.io/no-op"
+    # The chain, however it was spelled: ``plugin: a`` and ``plugins: [a]`` are the same settings.
+    del out["plugins"]
+    out["plugin"] = ",".join(config.chain) or "kubernetes.io/no-op"
     # --timeout overrides the per-action limits: compare what each action really gets.
     out["timeouts"] = {a: config.timeout_for(a) for a in ("init", "setup", "teardown", "status")}
     normal: dict[str, Any] = json.loads(json.dumps(out, sort_keys=True, default=str))

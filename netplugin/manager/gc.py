@@ -3,7 +3,8 @@
 ``netplugin gc`` repairs what a crash, a kill or a failed action left behind:
 
 * a record whose setup or teardown was interrupted (it is not ``ready`` and nobody holds the
-  pod's lock) is torn down, then removed;
+  pod's lock) is torn down, then removed: for a chain, exactly the members that ran (their
+  setup started and their teardown did not finish, as the record's ``chain`` says), in reverse;
 * a ``ready`` record whose network namespace is gone (it existed at setup) is torn down;
 * a ``ready`` record of a pod the host knew at setup and now says no longer exists, or that was
   re-created (its uid changed), is torn down (without the new pod's object on stdin); a pod the
@@ -21,19 +22,21 @@ never overlaps a setup or teardown of the same pod; each decision is re-checked 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from netplugin.core.errors import HostError, NetpluginError, PluginFailed, StateError
+from netplugin.core.errors import ChainInvalid, HostError, NetpluginError, PluginFailed, StateError
 from netplugin.core.names import PodRef
-from netplugin.core.plugin import NOOP_NAME, Action
+from netplugin.core.plugin import NOOP_NAME
 from netplugin.hosts.base import NullHost
 from netplugin.hosts.static import StaticHost
+from netplugin.manager.chain import ChainRun, Member, absent_member
 from netplugin.store.listing import pod_busy
 from netplugin.store.orphans import POD_ACTIONS, plugin_processes, settle
-from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, PodRecord
+from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, MemberState, PodRecord
 from netplugin.store.state import StateStore
 
 if TYPE_CHECKING:
@@ -231,10 +234,14 @@ class _Plugins:
             raise self._errors[name]
         if name not in self._cache:
             try:
-                if name == (self.manager.config.plugin or NOOP_NAME):
+                if name in (self.manager.config.chain or (NOOP_NAME,)):
                     # as Manager.teardown does, before the pod lock
-                    self.manager.init(node=self.manager.node(strict=False))
-                    self._cache[name] = self.manager.plugin
+                    try:
+                        plugin = next(p for p in self.manager.plugins if p.name == name)
+                    except ChainInvalid:  # another member is bad: this one may still tear down
+                        plugin = self.manager.select(name)
+                    self.manager.init_member(plugin, node=self.manager.node(strict=False))
+                    self._cache[name] = plugin
                 else:
                     # The plugin that set the pod up owns its resources, even after a config change.
                     self._cache[name] = self.manager.select(name)
@@ -257,6 +264,16 @@ def _pod_object(manager: Manager, rec: PodRecord) -> dict[str, Any] | None:
     return obj if not rec.uid or uid == rec.uid else None
 
 
+def _member(manager: Manager, plugins: _Plugins, state: MemberState) -> Member:
+    """A recorded member for gc: one that never ran need not be installed any more (it is never called)."""
+    if state.ran:
+        return manager.member(plugins.get(state.plugin))
+    try:
+        return manager.member(plugins.get(state.plugin))
+    except (NetpluginError, OSError):  # not found, invalid, or its file went away since it was selected
+        return absent_member(state.plugin)
+
+
 def _teardown(
     manager: Manager, store: StateStore, rec: PodRecord, host: Host | None, plugins: _Plugins, report: GcReport
 ) -> None:
@@ -275,10 +292,20 @@ def _teardown(
             return  # e.g. the setup we waited for completed
         action = GcAction("teardown", _describe(ref), reason, "done", pod=ref)
         try:
-            plugin = plugins.get(current.plugin)
+            members = tuple(_member(manager, plugins, m) for m in current.chain)
             pod_obj = _pod_object(manager, current)
             action.pids = store.mark_teardown(ref)
-            plugin.teardown(ref, manager._context(Action.TEARDOWN, ref, pod_obj, node=manager.node(strict=False)))
+            node = manager.node(strict=False)
+            run = ChainRun(
+                members,
+                ref,
+                lambda a: manager._context(a, ref, pod_obj, node=node),
+                list(current.chain),
+                netns=current.netns,
+                record=functools.partial(store.progress, ref) if current.members else None,
+                observe=manager.observe,
+            )
+            run.teardown(only_ran=True)  # exactly the members that ran, last first
             store.remove(ref)
         except NetpluginError as e:
             action.outcome = "failed"

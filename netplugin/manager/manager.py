@@ -4,11 +4,14 @@ Policy lives here; mechanism (processes, files, locks) lives in ``invoke``,
 ``discovery`` and ``locks``. Guarantees, across every netplugin process on the
 node (CLI, daemon, CNI shim):
 
-* the plugin is selected by name: built-ins first, then the exec dir; no name
-  selects ``kubernetes.io/no-op``; a missing or invalid plugin is an error that
-  lists every problem found while looking;
-* ``init`` runs exactly once per boot and per version of the plugin before its
-  first other action (a marker under the run dir, written under a file lock);
+* the plugins of the chain (``plugins:``, or the chain of one ``plugin:``) are selected by
+  name: built-ins first, then the exec dir; no name selects ``kubernetes.io/no-op``; a missing
+  or invalid member is an error that lists every problem found while looking, for every member;
+* ``init`` runs exactly once per boot and per version of each member before its
+  first other action (a marker under the run dir, written under a file lock), and the marker
+  keeps the member's action mask;
+* pod actions run across the chain as :mod:`netplugin.manager.chain` says (order, reverse
+  rollback, one deadline per action), the pod record keeping each member's progress;
 * two actions on the same pod never overlap; different pods run in parallel
   (one flock'd file per pod under the run dir);
 * a failed setup is followed by a best-effort teardown (``rollback_on_failure``);
@@ -18,6 +21,7 @@ node (CLI, daemon, CNI shim):
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -27,10 +31,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from netplugin.core.chaining import ALL_POD_ACTIONS
 from netplugin.core.config import Config
 from netplugin.core.dirs import ensure_dir
 from netplugin.core.discovery import Candidate, scan
 from netplugin.core.errors import (
+    ChainInvalid,
     HostError,
     InvalidArgument,
     NetpluginError,
@@ -47,11 +53,14 @@ from netplugin.core.node import NodeInfo, node_name
 from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
+from netplugin.manager.chain import ChainRun, Member, Observer, attach_failures, fresh_states
 from netplugin.plugins import BUILTINS
 from netplugin.plugins.bounded import BoundedPlugin
 from netplugin.store.locks import flocked, pod_lock_path
+from netplugin.store.records import MemberState, PodRecord
 
 if TYPE_CHECKING:
+    from netplugin.core.discovery import Candidate as _Found
     from netplugin.core.execplugin.invoke import Runner
     from netplugin.store.state import StateStore
 
@@ -101,8 +110,12 @@ class Manager:
             state = StateStore.from_config(config)
         self.state: StateStore | None = state if state is not False else None
         self._env = base_env(config, environ)
-        self._plugin: Plugin | None = None
+        self._plugins: tuple[Plugin, ...] | None = None
+        #: each member's action mask, from its init (run, or its marker read)
+        self._handles: dict[str, frozenset[str]] = {}
         self._select_lock = threading.Lock()
+        #: told each chain member call's duration and outcome (the daemon's metrics)
+        self.observe: Observer | None = None
 
     # --- selection ------------------------------------------------------------------------------
 
@@ -118,15 +131,16 @@ class Manager:
         out += scan(self.config.plugin_dir, check_permissions=self.config.check_permissions, reserved=BUILTINS)
         return out
 
-    def select(self, name: str | None) -> Plugin:
-        """The plugin called ``name`` (None or "" selects the no-op plugin)."""
+    def select(self, name: str | None, found: list[_Found] | None = None) -> Plugin:
+        """The plugin called ``name`` (None or "" selects the no-op plugin); ``found``: a scan to reuse."""
         name = name or NOOP_NAME
         validate_plugin_name(name)
         if name in BUILTINS:
             builtin = BUILTINS[name](self.config)
             # In-process actions get their time limit as exec plugins do (the no-op cannot hang).
             return builtin if name == NOOP_NAME else BoundedPlugin(builtin)
-        found = scan(self.config.plugin_dir, check_permissions=self.config.check_permissions, reserved=BUILTINS)
+        if found is None:
+            found = scan(self.config.plugin_dir, check_permissions=self.config.check_permissions, reserved=BUILTINS)
         for cand in found:
             if cand.name == name:
                 if cand.problem:
@@ -144,18 +158,57 @@ class Manager:
             problems=[f"{c.name}: {c.problem}" for c in found if c.problem],
         )
 
+    def select_chain(self, names: tuple[str, ...]) -> tuple[Plugin, ...]:
+        """Every member of the chain ``names`` (() is the no-op plugin), each validated.
+
+        A chain of one raises that plugin's own error; a longer one, :class:`ChainInvalid` naming
+        every bad member and why.
+        """
+        if len(names) <= 1:
+            return (self.select(names[0] if names else None),)
+        found: list[_Found] | None = None
+        if any(n not in BUILTINS for n in names):
+            found = scan(self.config.plugin_dir, check_permissions=self.config.check_permissions, reserved=BUILTINS)
+        out: list[Plugin] = []
+        problems: list[str] = []
+        for n in names:
+            try:
+                out.append(self.select(n, found))
+            except NetpluginError as e:
+                problems.append(f"member {n!r}: {e.message}")
+        if problems:
+            raise ChainInvalid(list(names), problems)
+        return tuple(out)
+
+    @property
+    def plugins(self) -> tuple[Plugin, ...]:
+        """The configured chain's plugins, selected once per Manager."""
+        with self._select_lock:
+            if self._plugins is None:
+                self._plugins = self.select_chain(self.config.chain)
+            return self._plugins
+
     @property
     def plugin(self) -> Plugin:
-        """The configured plugin, selected once per Manager."""
-        with self._select_lock:
-            if self._plugin is None:
-                self._plugin = self.select(self.config.plugin)
-            return self._plugin
+        """The chain's first plugin (the only one of a chain of one)."""
+        return self.plugins[0]
+
+    @property
+    def chain_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.plugins)
+
+    def members(self) -> tuple[Member, ...]:
+        """The chain with each member's action mask (known once its init ran or was found done)."""
+        return tuple(self.member(p) for p in self.plugins)
+
+    def member(self, plugin: Plugin) -> Member:
+        """``plugin`` with its action mask (all actions unless its init declared fewer)."""
+        return Member(plugin, self._handles.get(plugin.name, ALL_POD_ACTIONS))
 
     def rescan(self) -> Plugin:
-        """Forget the selected plugin and select again (the daemon does this on SIGHUP)."""
+        """Forget the selected chain and select again (the daemon does this on SIGHUP)."""
         with self._select_lock:
-            self._plugin = None
+            self._plugins = None
         return self.plugin
 
     # --- init once --------------------------------------------------------------------------------
@@ -178,10 +231,15 @@ class Manager:
             return False
         if marker.get("settings") != self._settings(node):
             return False  # init prepares for these settings (a bridge name, a subnet): new ones, new init
+        handles = marker.get("actions", sorted(ALL_POD_ACTIONS))
+        if not isinstance(handles, list) or not set(handles) <= ALL_POD_ACTIONS:
+            return False
         key = getattr(plugin, "version_key", None)
-        if key is not None and marker.get("version_key") == list(key()):
-            return True  # unchanged file: skip hashing it
-        return bool(marker.get("version") == plugin.version())
+        unchanged = key is not None and marker.get("version_key") == list(key())  # no hashing needed
+        if not unchanged and marker.get("version") != plugin.version():
+            return False
+        self._handles[plugin.name] = frozenset(handles)
+        return True
 
     def init_done(self) -> bool:
         """Whether init already ran this boot for this plugin's version and settings (nothing runs)."""
@@ -189,11 +247,19 @@ class Manager:
         return self._marker_ok(self._marker_path(plugin), boot_id(), plugin, self.node(strict=False))
 
     def init(self, *, force: bool = False, node: NodeInfo | None = None) -> bool:
-        """Run the plugin's init unless it already ran this boot for this version. True if it ran.
+        """Run each member's init unless it already ran this boot for its version. True if any ran.
 
         ``node`` is this node as the caller already looked it up (else it is looked up here).
         """
-        plugin = self.plugin
+        return any(self.init_members(force=force, node=node).values())
+
+    def init_members(self, *, force: bool = False, node: NodeInfo | None = None) -> dict[str, bool]:
+        """Each member's init, in chain order: name -> whether it ran now."""
+        node = node if node is not None else self.node()
+        return {p.name: self.init_member(p, force=force, node=node) for p in self.plugins}
+
+    def init_member(self, plugin: Plugin, *, force: bool = False, node: NodeInfo | None = None) -> bool:
+        """Run one plugin's init unless it already ran this boot for this version. True if it ran."""
         path = self._marker_path(plugin)
         boot = boot_id()
         node = node if node is not None else self.node()
@@ -204,9 +270,12 @@ class Manager:
         with flocked(path[: -len(".json")] + ".lock", base=self.config.run_dir):
             if not force and self._marker_ok(path, boot, plugin, node):
                 return False  # another process ran it while we waited
-            plugin.init(self._context(Action.INIT, None, node=node))
+            declared = plugin.init(self._context(Action.INIT, None, node=node))
+            handles = ALL_POD_ACTIONS if declared is None else frozenset(declared)
+            self._handles[plugin.name] = handles
             key = getattr(plugin, "version_key", None)
             marker: dict[str, Any] = {
+                "actions": sorted(handles),
                 "plugin": plugin.name,
                 "boot_id": boot,
                 "version": plugin.version(),
@@ -281,6 +350,29 @@ class Manager:
         with flocked(pod_lock_path(self.config.run_dir, pod), base=self.config.run_dir):
             yield
 
+    def _run(
+        self,
+        action: Action,
+        pod: PodRef,
+        pod_obj: dict[str, Any] | None,
+        call: CallOptions | None,
+        node: NodeInfo,
+        states: list[MemberState] | None = None,
+    ) -> ChainRun:
+        """One pod action across the chain (members with their masks, contexts, metrics)."""
+        members = self.members()
+        netns = self._context(action, pod, None, call, node=node).netns
+        if states is None or [m.plugin for m in states] != [m.name for m in members]:
+            states = fresh_states(members)  # no record, or one of another chain: nothing to pass on
+        return ChainRun(
+            members,
+            pod,
+            lambda a: self._context(a, pod, pod_obj, call, node=node),
+            list(states),
+            netns=netns,
+            observe=self.observe,
+        )
+
     def setup(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
         """Set up the pod's network. Returns its status when the state store wants it recorded.
 
@@ -291,58 +383,66 @@ class Manager:
         problem = netns_problem(netns)
         if problem is not None:
             raise InvalidArgument("netns", netns, problem)
-        plugin = self.plugin
         node = self.node()
         self.init(node=node)
         with self.pod_lock(pod):
             pod_obj = self._lookup(pod, Action.SETUP)
-            ctx = self._context(Action.SETUP, pod, pod_obj, call, node=node)
-            if self.state is not None:
+            run = self._run(Action.SETUP, pod, pod_obj, call, node)
+            state = self.state
+            if state is not None:
+                begun = False
                 also = call.durable_with if call is not None else ()
-                self.state.begin(pod, plugin.name, plugin.version(), ctx.netns, pod_obj=pod_obj, durable_with=also)
+
+                def record(states: tuple[MemberState, ...]) -> None:
+                    # The first write is the record's begin: durable before the first member runs, in
+                    # one group commit with the caller's files (the CNI attachment record).
+                    nonlocal begun
+                    if begun:
+                        state.progress(pod, states)
+                        return
+                    first = states[0]
+                    state.begin(
+                        pod, first.plugin, first.version, run.netns, pod_obj=pod_obj, members=states, durable_with=also
+                    )
+                    begun = True
+
+                run.record = record
             try:
-                reported = plugin.setup(pod, ctx)
+                reported = run.setup()
             except NetpluginError as e:
-                self._rollback(plugin, pod, pod_obj, e, node, call)
+                self._rollback(run, e)
                 raise
-            status = reported  # a plugin that gives its status with setup needs no status call
+            if state is not None and not begun:
+                record(tuple(run.states))  # no member handles setup: the pod is still recorded
+            status = reported  # a member that gives its status with setup spares the status call
             status_error: PluginError | None = None
             want = call is not None and call.want_status
-            if status is None and (want or (self.state is not None and self.state.record_status)):
+            if status is None and (want or (state is not None and state.record_status)):
                 # one more exec on the pod-start path, for the record's IP (and the caller's)
                 try:
-                    status = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, call, node=node))
+                    status = run.status()
                 except PluginError as e:
                     status, status_error = None, e  # setup succeeded; a status failure must not undo it
-            if self.state is not None:
-                self.state.complete(pod, status.ip if status else None)
+            if state is not None:
+                state.complete(pod, status.ip if status else None, members=tuple(run.states))
             if want and status_error is not None:
                 raise status_error  # the caller asked for the status: it gets the failure
             return status
 
-    def _rollback(
-        self,
-        plugin: Plugin,
-        pod: PodRef,
-        pod_obj: dict[str, Any] | None,
-        err: NetpluginError,
-        node: NodeInfo,
-        call: CallOptions | None = None,
-    ) -> None:
+    def _rollback(self, run: ChainRun, err: NetpluginError) -> None:
+        """Tear down, in reverse, the members whose setup started; report every failure on ``err``."""
         if not self.config.rollback_on_failure:
             return
-        try:
-            plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj, call, node=node))
-        except NetpluginError as te:
-            err.details["rollback_error"] = te.message
-            return
+        failures = run.rollback()
+        if failures:
+            attach_failures(err, failures, chain=run.names)
+            return  # the record (and its members' progress) stays: gc retries what is left
         err.details["rolled_back"] = True
         if self.state is not None:
-            self.state.remove(pod)
+            self.state.remove(run.pod)
 
     def teardown(self, pod: PodRef, call: CallOptions | None = None) -> None:
         """Tear down the pod's network (also when netplugin has no record of it)."""
-        plugin = self.plugin
         node = self.node(strict=False)
         init_error: PluginError | None = None
         try:
@@ -353,27 +453,43 @@ class Manager:
             init_error = e
         with self.pod_lock(pod):
             try:
-                self._teardown_locked(plugin, pod, node, call)
+                self._teardown_locked(pod, node, call)
             except NetpluginError as e:
                 if init_error is not None:
                     e.details["init_error"] = init_error.message
                 raise
 
-    def _teardown_locked(self, plugin: Plugin, pod: PodRef, node: NodeInfo, call: CallOptions | None = None) -> None:
+    def _teardown_locked(self, pod: PodRef, node: NodeInfo, call: CallOptions | None = None) -> None:
         pod_obj = self._lookup(pod, Action.TEARDOWN)
+        rec = None
         if self.state is not None:
             self.state.mark_teardown(pod)
-        plugin.teardown(pod, self._context(Action.TEARDOWN, pod, pod_obj, call, node=node))
+            # a chain of one has nothing to pass on and no progress between members: no second read
+            rec = self.state.get(pod) if len(self.plugins) > 1 else None
+        run = self._run(Action.TEARDOWN, pod, pod_obj, call, node, list(rec.chain) if rec is not None else None)
+        if rec is not None and self.state is not None:
+            run.record = functools.partial(self.state.progress, pod)
+        run.teardown()
         if self.state is not None:
             self.state.remove(pod)
 
     def status(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
-        plugin = self.plugin
         node = self.node(strict=False)
         self.init(node=node)
         with self.pod_lock(pod):
             pod_obj = self._lookup(pod, Action.STATUS)
-            result = plugin.status(pod, self._context(Action.STATUS, pod, pod_obj, call, node=node))
+            rec = self._record_quietly(pod)
+            run = self._run(Action.STATUS, pod, pod_obj, call, node, list(rec.chain) if rec is not None else None)
+            result = run.status()
             if self.state is not None and result is not None:
                 self.state.observe_ip(pod, result.ip)  # records the IP without an exec at setup
             return result
+
+    def _record_quietly(self, pod: PodRef) -> PodRecord | None:
+        """The pod's record for a read-only action (status): a corrupt one counts as none."""
+        if self.state is None or len(self.plugins) < 2:
+            return None  # a chain of one has nothing to pass on: no read on the status path
+        try:
+            return self.state.get(pod)
+        except NetpluginError:
+            return None

@@ -116,11 +116,12 @@ class BoundedPlugin:
                 left_running="an in-process call cannot be killed: it runs on, listed by the daemon's health",
             ) from None
 
-    def init(self, ctx: CallContext) -> None:
-        self._run("init", None, ctx, lambda: self.inner.init(ctx))
+    def init(self, ctx: CallContext) -> frozenset[str] | None:
+        # The inner plugin's answers pass through: its action mask, and the status its setup reports.
+        return self._run("init", None, ctx, lambda: self.inner.init(ctx))
 
-    def setup(self, pod: PodRef, ctx: CallContext) -> None:
-        self._run("setup", pod, ctx, lambda: self.inner.setup(pod, ctx))
+    def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
+        return self._run("setup", pod, ctx, lambda: self.inner.setup(pod, ctx))
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None:
         self._run("teardown", pod, ctx, lambda: self.inner.teardown(pod, ctx))

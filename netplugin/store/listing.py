@@ -16,7 +16,7 @@ from netplugin.store.locks import pod_lock_path
 from netplugin.store.records import READY, SETTING_UP, PodRecord
 from netplugin.store.state import StateStore
 
-__all__ = ["PodListing", "condition_of", "list_pods", "pod_busy"]
+__all__ = ["PodListing", "chain_text", "condition_of", "list_pods", "pod_busy"]
 
 
 def pod_busy(run_dir: str, ref: PodRef) -> bool:
@@ -55,13 +55,20 @@ class PodListing:
     def table(self) -> str:
         header = ("NAMESPACE", "NAME", "INFRA-ID", "STATE", "IP", "PLUGIN", "UPDATED")
         rows = [
-            (r.ref.namespace, r.ref.name, r.ref.infra_id, cond, r.ip or "-", r.plugin, r.updated)
+            (r.ref.namespace, r.ref.name, r.ref.infra_id, cond, r.ip or "-", chain_text(r), r.updated)
             for r, cond in self.rows
         ]
         widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
         return "\n".join(
             "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
         )
+
+
+def chain_text(rec: PodRecord) -> str:
+    """The PLUGIN column: the plugin; for a longer chain each member with its own state."""
+    if len(rec.members) <= 1:
+        return rec.plugin
+    return ",".join(f"{m.plugin}:{m.state}" for m in rec.members)
 
 
 def condition_of(rec: PodRecord, run_dir: str) -> str:

@@ -22,12 +22,17 @@ from netplugin.core.procs import boot_id, proc_start
 __all__ = [
     "KIND",
     "MAX_RECORD",
+    "MEMBER_PENDING",
+    "MEMBER_SKIPPED",
+    "MEMBER_STATES",
+    "MEMBER_TORN_DOWN",
     "READY",
     "RECORD_SUFFIX",
     "SCHEMA_VERSION",
     "SETTING_UP",
     "STATES",
     "TEARING_DOWN",
+    "MemberState",
     "Owner",
     "PodRecord",
     "now_iso",
@@ -52,6 +57,16 @@ TEARING_DOWN = "tearing-down"
 
 
 STATES = (SETTING_UP, READY, TEARING_DOWN)
+
+
+# A chain member's own progress. ``pending``: its setup never started; ``skipped``: its action mask
+# leaves setup out; ``setting-up``/``ready``/``tearing-down`` as for the pod; ``torn-down``: its
+# teardown (or rollback) succeeded. The members that "ran" are the ones neither pending, skipped
+# nor torn down: exactly those gc tears down.
+MEMBER_PENDING = "pending"
+MEMBER_SKIPPED = "skipped"
+MEMBER_TORN_DOWN = "torn-down"
+MEMBER_STATES = (MEMBER_PENDING, MEMBER_SKIPPED, SETTING_UP, READY, TEARING_DOWN, MEMBER_TORN_DOWN)
 
 
 RECORD_SUFFIX = ".json"
@@ -112,6 +127,57 @@ def _self_owner() -> Owner:
     return _SELF[1]
 
 
+@dataclass(frozen=True, slots=True)
+class MemberState:
+    """One chain member in a pod record: who it is, how far it got, what its setup reported."""
+
+    plugin: str
+    version: str
+    state: str = MEMBER_PENDING
+    ips: tuple[str, ...] = ()
+    host_interface: str | None = None
+
+    @property
+    def ran(self) -> bool:
+        """Whether this member may hold resources of the pod (its teardown is still owed)."""
+        return self.state not in (MEMBER_PENDING, MEMBER_SKIPPED, MEMBER_TORN_DOWN)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plugin": self.plugin,
+            "version": self.version,
+            "state": self.state,
+            "ips": list(self.ips),
+            "host_interface": self.host_interface,
+        }
+
+
+def _member(doc: Any, i: int) -> MemberState:
+    if not isinstance(doc, dict):
+        raise ValueError(f"chain member {i + 1} must be an object")
+    try:
+        state = _field(doc, "state", str)
+        if state not in MEMBER_STATES:
+            raise ValueError(f"field 'state' must be one of {', '.join(MEMBER_STATES)}, got {state!r:.80}")
+        ips = _field(doc, "ips", list)
+        for ip in ips:
+            if not isinstance(ip, str):
+                raise ValueError(f"field 'ips' holds a non-address {ip!r:.80}")
+            try:
+                ipaddress.ip_address(ip)
+            except ValueError:
+                raise ValueError(f"field 'ips' holds a non-address {ip!r:.80}") from None
+        return MemberState(
+            _field(doc, "plugin", str),
+            _field(doc, "version", str),
+            state,
+            tuple(ips),
+            _field(doc, "host_interface", str, optional=True),
+        )
+    except ValueError as e:
+        raise ValueError(f"chain member {i + 1}: {e}") from None
+
+
 @dataclass(frozen=True)
 class PodRecord:
     """One pod sandbox netplugin acted on, as stored on disk."""
@@ -132,6 +198,17 @@ class PodRecord:
     ready_at: str | None
     owner: Owner
     path: str = field(default="", compare=False)
+    #: the chain that set the pod up, each member with its progress; a record written before
+    #: chains has none, and means the chain of one ``plugin`` that ran (see :attr:`chain`)
+    members: tuple[MemberState, ...] = ()
+
+    @property
+    def chain(self) -> tuple[MemberState, ...]:
+        """The members, also for a record written before chains (its one plugin, which ran)."""
+        if self.members:
+            return self.members
+        state = READY if self.state == READY else SETTING_UP
+        return (MemberState(self.plugin, self.plugin_version, state, (self.ip,) if self.ip else ()),)
 
     @property
     def settled(self) -> bool:
@@ -157,6 +234,7 @@ class PodRecord:
             "updated": self.updated,
             "ready_at": self.ready_at,
             "owner": self.owner.to_dict(),
+            "chain": [m.to_dict() for m in self.members],
         }
 
     def encode(self) -> bytes:
@@ -232,6 +310,7 @@ def _from_doc(doc: Any, path: str) -> PodRecord:
         ready_at=_time(doc, "ready_at", optional=True),
         owner=owner,
         path=path,
+        members=tuple(_member(m, i) for i, m in enumerate(_field(doc, "chain", list, optional=True) or ())),
     )
     if path and os.path.basename(path) != record_filename(ref):
         # A renamed or copied file would alias another pod's record.

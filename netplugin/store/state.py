@@ -12,14 +12,26 @@ Life of a record, every write atomic (temp file, rename):
 * ``mark_teardown`` before the plugin's teardown runs: state ``tearing-down``;
 * ``remove``       after teardown (or a rollback) succeeded: the file is gone.
 
-Durability: one durable point per pod action. ``begin`` is made durable (fsync of the file and
-its directory) before the plugin runs, together with the files the caller names
-(``durable_with``: the CNI shim's attachment record), through the process's group commit
-(:mod:`netplugin.store.commit`), so concurrent setups share their fsyncs. The other transitions
-are atomic but not synced: a crash or SIGKILL of any process keeps them (they are in the page
-cache), and only a crash of the machine can lose them, which also loses every network namespace
-and veth, so a pod whose ``ready``, ``tearing-down`` or removal was lost must be torn down after
-such a crash anyway, and is (``netplugin gc``; teardown is idempotent).
+A chain's record also lists its members, each with its own progress (``chain``, see
+:class:`~netplugin.store.records.MemberState`): ``begin`` writes it right before the first member's
+setup starts, :meth:`StateStore.progress` before each later member's setup starts and after each
+member's teardown succeeded, so that gc tears down exactly the members that ran.
+
+Durability: a write is synced only when it records an *intent*: that a plugin is about to run
+and may hold resources from then on, which nothing but the record would tell gc after a crash.
+``begin`` is such a write: it is made durable (fsync of the file and its directory) before the
+first member runs, together with the files the caller names (``durable_with``: the CNI shim's
+attachment record), through the process's group commit (:mod:`netplugin.store.commit`), so
+concurrent setups share their fsyncs. A chain of one therefore makes one durable write per pod
+action (setup: ``begin``; teardown: none). In a longer chain, each :meth:`StateStore.progress`
+that marks a later member ``setting-up`` is an intent too and goes through the same group commit
+(one more durable write per additional member that handles setup): a machine crash that lost it
+would leave gc believing the member never ran, and whatever it keeps outside the kernel (IPAM
+files, a remote allocation) would leak. Every other transition is atomic (temp file, rename) but
+not synced: ``complete``, ``mark_teardown``, the progress after a member's teardown and the
+removal. A crash or SIGKILL of any process keeps them (they are in the page cache); only a crash
+of the machine can lose them, which also loses every network namespace and veth, and losing one
+only makes gc tear down again what it would tear down anyway (teardown is idempotent).
 
 Every transition happens under the pod's lock, so a record that is not ``ready`` while nobody
 holds the lock belongs to an action that was interrupted (crash, kill, failed rollback):
@@ -58,6 +70,7 @@ from netplugin.store.records import (
     RECORD_SUFFIX,
     SETTING_UP,
     TEARING_DOWN,
+    MemberState,
     Owner,
     PodRecord,
     now_iso,
@@ -134,6 +147,12 @@ def _temp_writer_pid(name: str) -> int | None:
     rest = name.rsplit(_TMP_MARK, 1)[-1]
     pid = rest.split(".", 1)[0]
     return int(pid) if pid.isdigit() else None
+
+
+def _starts_a_member(before: tuple[MemberState, ...], after: tuple[MemberState, ...]) -> bool:
+    """Whether ``after`` marks a member ``setting-up`` that ``before`` did not: an intent."""
+    was = {m.plugin for m in before if m.state == SETTING_UP}
+    return any(m.state == SETTING_UP and m.plugin not in was for m in after)
 
 
 class StateStore:
@@ -273,15 +292,20 @@ class StateStore:
                 _log().warning("corrupt pod record %s: %s (set aside as %s)", e.path, e.reason, dest)
             return None
 
-    def _write(self, rec: PodRecord, *, durable: bool = False) -> PodRecord:
-        """Write the record atomically; synced only with ``durable`` (see "Durability" above)."""
+    def _write(self, rec: PodRecord, *, intent: bool = False, durable_with: Sequence[str] = ()) -> PodRecord:
+        """Write the record atomically; an ``intent`` is also made durable, with ``durable_with``,
+        through the group commit (see "Durability" above)."""
         self._checked_dir(create=True)
         path = self.path_for(rec.ref)
         try:
-            atomic_write(path, rec.encode(), mode=0o644, durable=durable and self.durable)
+            atomic_write(path, rec.encode(), mode=0o644, durable=False)
         except Exception as e:
             reason = getattr(e, "reason", None) or str(e)
             raise StateError(path, f"cannot write: {reason}") from e
+        if intent and self.durable:
+            from netplugin.store.commit import make_durable
+
+            make_durable([path, *durable_with])
         return replace(rec, path=path)
 
     def _settle_orphans(self, rec: PodRecord | None) -> list[int]:
@@ -301,12 +325,14 @@ class StateStore:
         netns: str,
         *,
         pod_obj: Mapping[str, Any] | None = None,
+        members: tuple[MemberState, ...] = (),
         durable_with: Sequence[str] = (),
     ) -> None:
-        """Record the intent to set ``pod`` up, before the plugin runs: the action's one durable write.
+        """Record the intent to set ``pod`` up, before the plugin (the chain's first member) runs.
 
+        The action's first durable write, and a chain of one's only one (see "Durability" above).
         ``durable_with``: files the caller wrote for this action (not yet synced) that become
-        durable in the same group commit as the record.
+        durable in the same group commit.
         """
         existing = self._existing(pod)
         self._settle_orphans(existing)
@@ -329,26 +355,47 @@ class StateStore:
             updated=now,
             ready_at=None,
             owner=Owner.me(),
+            members=members,
         )
-        rec = self._write(rec, durable=False)
-        if self.durable:
-            from netplugin.store.commit import make_durable
-
-            make_durable([self.path_for(pod), *durable_with])
+        rec = self._write(rec, intent=True, durable_with=durable_with)
         with self._lock:
             self._pending[record_filename(pod)] = rec
 
-    def complete(self, pod: PodRef, ip: str | None) -> None:
-        """Record that setup succeeded (with the pod's IP when known)."""
+    def _current(self, pod: PodRef, *, pop: bool) -> PodRecord:
+        """The record of a setup in progress (kept since ``begin``; read again when not)."""
         key = record_filename(pod)
         with self._lock:
-            rec = self._pending.pop(key, None)
+            rec = self._pending.pop(key, None) if pop else self._pending.get(key)
         if rec is None:
             rec = self.get(pod)
             if rec is None:
                 raise StateError(self.path_for(pod), "the setup record disappeared before setup completed")
+        return rec
+
+    def progress(self, pod: PodRef, members: tuple[MemberState, ...]) -> None:
+        """Record how far each chain member got (before the next one runs), keeping the pod's state.
+
+        Durable (group commit) when it marks a member ``setting-up``: an intent (see "Durability").
+        """
+        key = record_filename(pod)
+        with self._lock:
+            rec = self._pending.get(key)
+        if rec is None:
+            rec = self.get(pod)
+            if rec is None:
+                return  # a teardown of a pod without a record: nothing to keep track of
+        starts = _starts_a_member(rec.members, members)
+        rec = self._write(replace(rec, members=members, updated=now_iso(), owner=Owner.me()), intent=starts)
+        with self._lock:
+            if key in self._pending:
+                self._pending[key] = rec
+
+    def complete(self, pod: PodRef, ip: str | None, *, members: tuple[MemberState, ...] | None = None) -> None:
+        """Record that setup succeeded (with the pod's IP when known, and the members' final progress)."""
+        rec = self._current(pod, pop=True)
         now = now_iso()
-        self._write(replace(rec, state=READY, ip=ip, updated=now, ready_at=now, owner=Owner.me()))
+        done = rec.members if members is None else members
+        self._write(replace(rec, state=READY, ip=ip, updated=now, ready_at=now, owner=Owner.me(), members=done))
 
     def mark_teardown(self, pod: PodRef) -> list[int]:
         """Record that teardown is starting. No record: nothing to mark. Returns orphans it waited for."""

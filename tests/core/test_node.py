@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -66,7 +67,9 @@ def test_bad_node_names_the_field(obj: dict[str, Any], words: list[str]) -> None
 
 
 def test_node_name_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("socket.gethostname", lambda: "Worker-7.Example")
+    # gethostname(2) is uname's nodename, which node_name reads (no socket import on the CLI path)
+    uname = os.uname_result(("Linux", "Worker-7.Example", "6.1.0", "#1 SMP", "x86_64"))
+    monkeypatch.setattr(os, "uname", lambda: uname)
     assert node_name("from-config", {"NODE_NAME": "from-env"}) == "from-config"
     assert node_name(None, {"NODE_NAME": " from-env "}) == "from-env"
     assert node_name(None, {}) == "worker-7.example"  # lower-cased, as the kubelet registers it

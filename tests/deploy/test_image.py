@@ -237,7 +237,7 @@ def _metric(node: Node, name: str, operation_type: str) -> float:
 def test_init_container_puts_plugins_and_a_working_shim_onto_the_node(image: str, node: Node) -> None:
     out = _init_container(image, node)
     assert out.returncode == 0, out.stdout + out.stderr
-    for plugin in ("bridge/bridge", "loopback/loopback", "example.com~audit/audit"):
+    for plugin in ("bridge/bridge", "loopback/loopback", "bandwidth/bandwidth", "example.com~audit/audit"):
         exe = node.exec_dir / plugin
         assert exe.is_file() and os.access(exe, os.X_OK), plugin
         assert (exe.stat().st_uid, exe.stat().st_mode & 0o022) == (0, 0)

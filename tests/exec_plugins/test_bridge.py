@@ -128,8 +128,16 @@ def test_setup_prints_the_status_document_that_status_prints(bridge_net: BridgeN
     pod, again = net.pods(1)[0], None
     setup_out = net.ok("setup", pod).stdout
     doc = json.loads(setup_out)
-    assert doc == {"apiVersion": "v1beta1", "kind": "PodNetworkStatus", "ip": net.pod_ip(pod), "ips": [net.pod_ip(pod)]}
-    assert setup_out == net.ok("status", pod).stdout
+    # the setup document: the status document plus the host veth, for a later chain member
+    assert doc == {
+        "apiVersion": "v1beta1",
+        "kind": "PodNetworkStatus",
+        "ip": net.pod_ip(pod),
+        "ips": [net.pod_ip(pod)],
+        "hostInterface": pod.host_veth,
+    }
+    assert {k: v for k, v in doc.items() if k != "hostInterface"} == json.loads(net.ok("status", pod).stdout)
+    assert setup_out.count("PodNetworkStatus") == 1  # printed once, in one format
     again = net.ok("setup", pod).stdout  # a repeated setup keeps the address and says so
     assert again == setup_out
     net.ok("teardown", pod)

@@ -66,6 +66,8 @@ class FaultNet:
 
     tmp: Path
     plugin: str = "bridge"
+    #: a chain instead of ``plugin`` (``plugins:`` in the config)
+    plugins: list[str] = field(default_factory=list)
     timeouts: dict[str, float] = field(default_factory=lambda: {"setup": 30, "teardown": 30, "status": 10,
                                                                 "init": 10})
     kill_grace: float = 2.0
@@ -113,6 +115,9 @@ class FaultNet:
             "run_dir": str(self.run_dir), "host": "none", "use_daemon": "never", "timeouts": self.timeouts,
             "kill_grace": self.kill_grace, "env": env,
         }
+        if self.plugins:
+            doc["plugins"] = self.plugins
+            del doc["plugin"]
         self.config.write_text(json.dumps(doc))  # JSON is YAML
 
     # --- netplugin ------------------------------------------------------------------------------------

@@ -34,8 +34,8 @@ ARGV = "default web-0 infra0"
 
 
 @pytest.fixture
-def cli_env_sc(cli_env: dict[str, str], netns_dir: Path, sc: Any) -> dict[str, str]:
-    return dict(cli_env, NETPLUGIN_PLUGIN="sc", NETPLUGIN_NETNS_TEMPLATE=str(netns_dir / "{infra_id}"))
+def cli_env_sc(cli_env: dict[str, str], netns_dir: Path, sc: Any, sc_env: dict[str, str]) -> dict[str, str]:
+    return dict(cli_env, **sc_env, NETPLUGIN_NETNS_TEMPLATE=str(netns_dir / "{infra_id}"))
 
 
 @pytest.fixture

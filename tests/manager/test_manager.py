@@ -461,6 +461,13 @@ def test_call_environment_from_the_config(plugin_dir: Any, make_manager: Any, fa
         "NETPLUGIN_NODE_NAME": "node-a",
         "NETPLUGIN_NODE_POD_CIDRS": "",
         "NETPLUGIN_NODE_INTERNAL_IPS": "",
+        # the chain, always (a chain of one: nothing before it to pass on)
+        "NETPLUGIN_CHAIN": "p",
+        "NETPLUGIN_CHAIN_INDEX": "1",
+        "NETPLUGIN_PREV_IPS": "",
+        "NETPLUGIN_PREV_HOST_INTERFACE": "",
+        "NETPLUGIN_PREV_RESULT": '{"kind":"NetpluginPrevResult","netns":"/run/netns/np-abc123","ips":[],'
+        '"hostInterface":null,"members":[]}',
     }
     init_env = fake_runner.last("init").env
     assert init_env["NETPLUGIN_ACTION"] == "init"

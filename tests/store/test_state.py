@@ -38,9 +38,9 @@ exit 0
 
 
 @pytest.fixture
-def cli(run_cli: Any, netns_dir: Path, sc: Any) -> Callable[..., Any]:
+def cli(run_cli: Any, netns_dir: Path, sc: Any, sc_env: dict[str, str]) -> Callable[..., Any]:
     def run(*args: str) -> Any:
-        return run_cli(*args, env={"NETPLUGIN_PLUGIN": "sc", "NETPLUGIN_NETNS_TEMPLATE": str(netns_dir / "{infra_id}")})
+        return run_cli(*args, env={**sc_env, "NETPLUGIN_NETNS_TEMPLATE": str(netns_dir / "{infra_id}")})
 
     return run
 
@@ -406,7 +406,10 @@ def test_parse_round_trips_a_record(mgr: Any, store: StateStore) -> None:
 # --- netplugin pods --------------------------------------------------------------------------------------
 
 
-def test_pods_command_lists_records_as_a_table_and_as_json(cli: Any, sc: Any, netns_dir: Path) -> None:
+def test_pods_command_lists_records_as_a_table_and_as_json(cli: Any, sc: Any, netns_dir: Path,
+                                                           sc_env: dict[str, str]) -> None:
+    names = sc_env["NETPLUGIN_PLUGINS"].split(",")
+    plugin = names[0] if len(names) == 1 else ",".join(f"{n}:ready" for n in names)  # a chain: each member
     assert cli("pods").stdout == ""
     assert json.loads(cli("-o", "json", "pods").stdout) == {"pods": [], "corrupt": []}
     sc.set("status", stdout=json.dumps({"ip": "10.0.0.5"}))
@@ -417,8 +420,8 @@ def test_pods_command_lists_records_as_a_table_and_as_json(cli: Any, sc: Any, ne
     lines = cli("pods").stdout.splitlines()
     assert lines[0].split() == ["NAMESPACE", "NAME", "INFRA-ID", "STATE", "IP", "PLUGIN", "UPDATED"]
     rows = sorted(line.split()[:6] for line in lines[1:])
-    assert rows == [["default", "web-0", "infra0", "ready", "10.0.0.5", "sc"],
-                    ["kube-system", "dns", "infra9", "ready", "-", "sc"]]
+    assert rows == [["default", "web-0", "infra0", "ready", "10.0.0.5", plugin],
+                    ["kube-system", "dns", "infra9", "ready", "-", plugin]]
     doc = json.loads(cli("-o", "json", "pods").stdout)
     by_name = {p["name"]: p for p in doc["pods"]}
     assert by_name["web-0"]["ip"] == "10.0.0.5" and by_name["web-0"]["condition"] == "ready"

@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from netplugin.core.chaining import CHAIN_ENV
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import Action, CallContext
 
@@ -36,6 +37,7 @@ _OWN_ENV = frozenset(
         "NETPLUGIN_NODE_NAME",
         "NETPLUGIN_NODE_POD_CIDRS",
         "NETPLUGIN_NODE_INTERNAL_IPS",
+        *CHAIN_ENV,
     }
 )
 

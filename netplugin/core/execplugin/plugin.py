@@ -7,10 +7,11 @@ import os
 import signal as _signal
 from typing import TYPE_CHECKING, Any
 
+from netplugin.core.chaining import parse_actions
 from netplugin.core.errors import PluginFailed, PluginOutputError, PluginTimeout
 from netplugin.core.execplugin import calls
 from netplugin.core.execplugin.environ import call_env
-from netplugin.core.execplugin.status import TAIL, parse_status
+from netplugin.core.execplugin.status import TAIL, parse_setup_document, parse_status
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import Action, CallContext, PodNetworkStatus
 
@@ -145,21 +146,14 @@ class ExecPlugin:
             )
         return done
 
-    def init(self, ctx: CallContext) -> None:
-        self._run(Action.INIT, None, ctx)
+    def init(self, ctx: CallContext) -> frozenset[str] | None:
+        return parse_actions(self._run(Action.INIT, None, ctx).stdout, plugin=self.name)
 
     def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
         done = self._run(Action.SETUP, pod, ctx)
-        text = done.stdout.strip()
-        if done.stdout_truncated or not text.startswith(b"{"):
-            return None
-        try:  # the contract's optional status document; anything else is ignored (status is asked)
-            doc = json.loads(text)
-            if isinstance(doc, dict) and doc.get("kind") == "PodNetworkStatus":
-                return parse_status(text, plugin=self.name, pod=str(pod))
-        except (ValueError, RecursionError, PluginOutputError):
-            pass
-        return None
+        if done.stdout_truncated:
+            return None  # never half a document: status is asked instead
+        return parse_setup_document(done.stdout, plugin=self.name, pod=str(pod))
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None:
         self._run(Action.TEARDOWN, pod, ctx)

@@ -1,7 +1,7 @@
-"""Parsing a ``status`` action's stdout into a :class:`~netplugin.core.plugin.PodNetworkStatus`.
+"""Parsing a ``status`` action's stdout (or a ``setup``'s) into a :class:`~netplugin.core.plugin.PodNetworkStatus`.
 
 The document's shape is part of the contract (:mod:`netplugin.core.plugin`, "Exit status and
-output"); this is the one parser of it.
+output" and "Chains"); this is the one parser of it, for both actions.
 """
 
 from __future__ import annotations
@@ -10,17 +10,18 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from netplugin.core.chaining import host_interface
 from netplugin.core.errors import PluginOutputError
 from netplugin.core.plugin import PodNetworkStatus
 
-__all__ = ["TAIL", "parse_status"]
+__all__ = ["TAIL", "parse_setup_document", "parse_status"]
 
 #: how many bytes of a plugin's output an error quotes
 TAIL = 2048
 
 
-def parse_status(stdout: bytes, *, plugin: str, pod: str = "") -> PodNetworkStatus | None:
-    """Parse a ``status`` action's stdout. Empty output means "no information" (None).
+def parse_status(stdout: bytes, *, plugin: str, pod: str = "", action: str = "status") -> PodNetworkStatus | None:
+    """Parse a ``status`` action's stdout (or a ``setup``'s). Empty output means "no information" (None).
 
     Raises :class:`PluginOutputError` naming the offending value.
     """
@@ -31,9 +32,9 @@ def parse_status(stdout: bytes, *, plugin: str, pod: str = "") -> PodNetworkStat
     def bad(msg: str) -> PluginOutputError:
         where = f" for pod {pod}" if pod else ""
         return PluginOutputError(
-            f"network plugin {plugin!r} status{where}: {msg}",
+            f"network plugin {plugin!r} {action}{where}: {msg}",
             plugin=plugin,
-            action="status",
+            action=action,
             stdout_tail=text_bytes[-TAIL:].decode("utf-8", "replace"),
         )
 
@@ -50,14 +51,40 @@ def parse_status(stdout: bytes, *, plugin: str, pod: str = "") -> PodNetworkStat
     if version not in ("", "v1beta1"):
         raise bad(f"unknown 'apiVersion' {version!r} (expected 'v1beta1')")
     ips = _status_ips(doc.get("ips"), bad)
+    hif = host_interface(doc.get("hostInterface"), plugin=plugin, action=action, out=text_bytes)
     if "ip" not in doc:
         if not ips:
             raise bad("no 'ip' in status")
-        return PodNetworkStatus(ip=ips[0], ips=ips)
+        return PodNetworkStatus(ip=ips[0], ips=ips, host_interface=hif)
     ip = _status_ip(doc["ip"], "'ip'", bad)
     if ips and ips[0] != ip:
         raise bad(f"invalid 'ip' {doc['ip']!r}: must be the first of 'ips' {list(ips)!r}")
-    return PodNetworkStatus(ip=ip, ips=ips)
+    return PodNetworkStatus(ip=ip, ips=ips, host_interface=hif)
+
+
+def parse_setup_document(stdout: bytes, *, plugin: str, pod: str = "") -> PodNetworkStatus | None:
+    """The status document a ``setup`` printed (the contract's setup document), or None.
+
+    Only a JSON object with ``"kind": "PodNetworkStatus"`` is the document; any other output is
+    ignored as before the extension (status is asked). A bad ``hostInterface`` raises
+    :class:`PluginOutputError`: later chain members and every teardown would act on it, and
+    nothing else reports it. A bad status part only costs the status exec, whose own error then
+    says what is wrong.
+    """
+    text = stdout.strip()
+    if not text.startswith(b"{"):
+        return None  # progress text of a plugin that reports nothing (the kubelet logged it)
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or doc.get("kind") != "PodNetworkStatus":
+        return None
+    host_interface(doc.get("hostInterface"), plugin=plugin, action="setup", out=text)
+    try:
+        return parse_status(text, plugin=plugin, pod=pod, action="setup")
+    except PluginOutputError:
+        return None
 
 
 def _status_ip(value: Any, what: str, bad: Callable[[str], PluginOutputError]) -> str:

@@ -8,6 +8,7 @@ import click
 
 from netplugin.frontends.cli.options import command
 from netplugin.frontends.cli.state import LOCAL, State, pass_state
+from netplugin.frontends.rpc import init_result
 
 __all__ = ["init", "missing_dir_warning", "plugins"]
 
@@ -46,8 +47,7 @@ def init(st: State, force: bool) -> None:
     """Run the plugin's init (once per boot and plugin version, unless --force)."""
     result = st.daemon("init", force=force or None)
     if result is LOCAL:
-        ran = st.manager.init(force=force)
-        result = {"plugin": st.manager.plugin.name, "ran": ran}
+        result = init_result(st.manager.chain_names, st.manager.init_members(force=force))
     st.emit(result, None)
     if st.verbose:
         click.echo(f"init {'ran' if result['ran'] else 'already done'} for {result['plugin']}", err=True)

@@ -26,8 +26,15 @@ COMPLETE_VAR = "_NETPLUGIN_COMPLETE"
     type=AsciiIntRange(2, 8),
     help="Simulate a cluster of N nodes instead (each a netns with its own daemon; one pod per node).",
 )
+@click.option(
+    "--chain",
+    is_flag=True,
+    help="Run the chain [bridge, bandwidth] instead: two pods, one shaped by its annotations; rates measured.",
+)
 @pass_state
-def demo(st: State, count: int, native: bool, plugin_source: str | None, subnet: str | None, nodes: int | None) -> None:
+def demo(
+    st: State, count: int, native: bool, plugin_source: str | None, subnet: str | None, nodes: int | None, chain: bool
+) -> None:
     """Set up pods on a real bridge, prove they talk, tear down, prove nothing is left (root)."""
     import signal
 
@@ -40,6 +47,9 @@ def demo(st: State, count: int, native: bool, plugin_source: str | None, subnet:
     say = (lambda msg: click.echo(msg, err=True)) if st.json else click.echo
     if nodes is not None:
         _cluster_demo(st, nodes, "netplugin.io/bridge" if native else "bridge", plugin_source, say)
+        return
+    if chain:
+        _chain_demo(st, "netplugin.io/bridge" if native else "bridge", plugin_source, subnet, say)
         return
     report = run_demo(
         count,
@@ -56,6 +66,17 @@ def demo(st: State, count: int, native: bool, plugin_source: str | None, subnet:
             "demo failed: "
             + "; ".join([f"{a} -> {b} unreachable" for a, b, ok in report.checks if not ok] + report.leftovers)
         )
+
+
+def _chain_demo(st: State, first: str, plugin_source: str | None, subnet: str | None, say: Any) -> None:
+    from netplugin.core.errors import NetpluginError
+    from netplugin.frontends.demo_chain import run_chain_demo
+
+    report = run_chain_demo(first=first, plugin_source=plugin_source, subnet=subnet, progress=say)
+    st.emit(report.to_dict(), None)
+    if not report.ok:
+        off = [f"{t.what}: {t.measured_bps / 1e6:.1f} Mbit/s" for t in report.transfers if not t.ok]
+        raise NetpluginError("chain demo failed: " + "; ".join(off + report.leftovers))
 
 
 def _cluster_demo(st: State, nodes: int, plugin: str, plugin_source: str | None, say: Any) -> None:

@@ -205,6 +205,8 @@ def log_call(
             "args": environ.get("CNI_ARGS", ""),
             "cniVersion": conf.get("cniVersion"),
             "prevResult": isinstance(conf.get("prevResult"), dict),
+            # the capabilities the runtime passed (their names: the values are the pod's business)
+            "runtimeConfig": sorted(rc) if isinstance(rc := conf.get("runtimeConfig"), dict) else [],
             "pid": pid,
             "via": via,
             **({"daemon": why} if why else {}),

@@ -17,19 +17,29 @@ from typing import TYPE_CHECKING, Any
 from netplugin.core._yaml import short_repr
 from netplugin.core.config import Config
 from netplugin.core.names import PodRef
-from netplugin.frontends.cni.protocol import DEFAULT_NAMESPACE, E_ENV, NO_NETNS, CniError, CniRequest
+from netplugin.frontends.cni.protocol import DEFAULT_NAMESPACE, E_CONFIG, E_ENV, NO_NETNS, CniError, CniRequest
 
 if TYPE_CHECKING:
     from netplugin.manager.manager import CallOptions
 
-__all__ = ["build_config", "call_options", "derived_pod_name", "pod_ref_for"]
+__all__ = ["BANDWIDTH_ENV", "bandwidth_env", "build_config", "call_options", "derived_pod_name", "pod_ref_for"]
 
 #: top-level network-config keys and the netplugin config key each sets
 _TOP_KEYS = {"plugin": "plugin", "pluginDir": "plugin_dir", "stateDir": "state_dir", "runDir": "run_dir"}
 _PLUGIN_REQUIRED = (
     'is required: name the netplugin plugin of this network ("plugin": "bridge", say) here, '
-    'in "netplugin", in the config file or in NETPLUGIN_PLUGIN'
+    'in "netplugin" (or a chain: "netplugin": {"plugins": ["bridge", "bandwidth"]}), in the config file '
+    "or in NETPLUGIN_PLUGIN"
 )
+
+#: the CNI ``bandwidth`` capability (``runtimeConfig.bandwidth``, bits per second and bits) -> the
+#: variables netplugin's chain gets (the shipped bandwidth plugin reads them)
+BANDWIDTH_ENV = {
+    "ingressRate": "NETPLUGIN_BANDWIDTH_INGRESS_RATE",
+    "ingressBurst": "NETPLUGIN_BANDWIDTH_INGRESS_BURST",
+    "egressRate": "NETPLUGIN_BANDWIDTH_EGRESS_RATE",
+    "egressBurst": "NETPLUGIN_BANDWIDTH_EGRESS_BURST",
+}
 
 
 def _flag_to_cni(where: dict[str, str]) -> Callable[[str], str]:
@@ -150,7 +160,7 @@ def _build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
         raise ConfigError(where["netns_template"], "is set per call from CNI_NETNS by the CNI shim", source=src)
     try:
         cfg = load_config(path, environ=environ, overrides=overrides)
-        if cfg.plugin is None:  # the CLI's default, no-op, would make every ADD "succeed" with no network
+        if not cfg.chain:  # the CLI's default, no-op, would make every ADD "succeed" with no network
             raise ConfigError("plugin", _PLUGIN_REQUIRED, source=src)
     except ConfigError as e:
         if e.source == "command line":
@@ -165,12 +175,40 @@ def _build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
 
 def call_options(req: CniRequest, netns: str | None = None) -> CallOptions:
     """The per-call part: ``CNI_NETNS`` as the netns (NO_NETNS when empty), ``CNI_IFNAME`` as
-    ``NETPLUGIN_IFNAME`` and ``NETPLUGIN_BRIDGE_IFNAME``. Kept out of the Config, so that the
-    config of a CNI call equals the daemon's (and init's marker) when the settings are the same."""
+    ``NETPLUGIN_IFNAME`` and ``NETPLUGIN_BRIDGE_IFNAME``, the ``bandwidth`` capability as
+    ``NETPLUGIN_BANDWIDTH_*``. Kept out of the Config, so that the config of a CNI call equals the
+    daemon's (and init's marker) when the settings are the same."""
     from netplugin.manager.manager import CallOptions
 
     env = {"NETPLUGIN_IFNAME": req.ifname, "NETPLUGIN_BRIDGE_IFNAME": req.ifname} if req.ifname else {}
+    env.update(bandwidth_env(req.conf))
     return CallOptions(netns=netns if netns is not None else (req.netns or NO_NETNS), env=env)
+
+
+def bandwidth_env(conf: Mapping[str, Any]) -> dict[str, str]:
+    """``runtimeConfig.bandwidth`` (the runtime's, for a conflist declaring the capability) as variables.
+
+    Keys in the spec's spelling (``ingressRate``) or Go's (``IngressRate``, containerd 1.6). A rate or
+    burst of 0 counts as unset (CNI's bandwidth plugin reads it so); anything but a whole number from
+    0 to 2^63-1 is error 7 naming the key."""
+    runtime = conf.get("runtimeConfig")
+    bw = runtime.get("bandwidth") if isinstance(runtime, dict) else None
+    if bw is None:
+        return {}
+    if not isinstance(bw, dict):
+        raise CniError(E_CONFIG, f"runtimeConfig.bandwidth must be an object (got {short_repr(bw)})")
+    out: dict[str, str] = {}
+    for key, var in BANDWIDTH_ENV.items():
+        # The spec's spelling, else Go's field name: containerd 1.6 (go-cni's BandWidth has no JSON
+        # tags) sends {"IngressRate": 20000000, "IngressBurst": 4294967295, ...}.
+        v = bw.get(key, bw.get(key[0].upper() + key[1:]))
+        if v is None or v == 0:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < 1 << 63:
+            reason = f"must be a whole number of bits (got {short_repr(v)})"
+            raise CniError(E_CONFIG, f"runtimeConfig.bandwidth.{key} {reason}")
+        out[var] = str(v)
+    return out
 
 
 def pod_ref_for(req: CniRequest) -> PodRef:

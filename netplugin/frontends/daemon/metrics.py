@@ -4,7 +4,9 @@
 and ``network_plugin_operations_errors_total`` (counters), ``network_plugin_operations_in_flight``
 (gauge), each by ``operation_type`` (``set_up_pod``, ``tear_down_pod``, ``get_pod_network_status``);
 ``netplugin_daemon_requests_total{op,outcome}`` (``op="invalid"`` for a request whose op could not be
-read); ``netplugin_build_info{version,python_version}`` (always 1); and the process metrics.
+read); ``netplugin_chain_member_duration_seconds{plugin,action,outcome}`` (histogram: each chain
+member's own part of a pod action, ``outcome`` ``ok``, ``error`` or ``timeout``);
+``netplugin_build_info{version,python_version}`` (always 1); and the process metrics.
 prometheus_client is imported here only, when the daemon starts: never on a per-call path.
 """
 
@@ -74,6 +76,13 @@ class Metrics:
             ["op", "outcome"],
             registry=self.registry,
         )
+        self.member = Histogram(
+            "netplugin_chain_member_duration_seconds",
+            "Latency in seconds of one chain member's action (setup, teardown, status), by member and outcome.",
+            ["plugin", "action", "outcome"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
         build = Gauge(
             "netplugin_build_info",
             "The running netplugin's version and Python; always 1.",
@@ -108,6 +117,10 @@ class Metrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+    def observe_member(self, plugin: str, action: str, seconds: float, outcome: str) -> None:
+        """One chain member's call (the manager's observer)."""
+        self.member.labels(plugin, action, outcome).observe(seconds)
 
     def timed(self, op: str, fn: Callable[[], Any]) -> Any:
         """Run a pod operation, recording its duration, failure and presence (kubelet semantics)."""

@@ -101,4 +101,6 @@ def reload_settings(live: Live, reread: Callable[[], Config]) -> tuple[Live, str
     from netplugin.manager.manager import Manager
 
     # The host (and so the node watches) stays: its settings are among those that need a restart.
-    return Live.of(new, Manager(new, host=live.manager.host)), change.text(), True
+    manager = Manager(new, host=live.manager.host)
+    manager.observe = live.manager.observe  # the daemon's per-member metrics go on
+    return Live.of(new, manager), change.text(), True

@@ -11,14 +11,13 @@ and for native plugins their warm libraries) and answers the thin client of
   instant) beside its final path and renamed over it, so a stale socket left by
   a killed daemon is replaced atomically, and only after it proved dead (it does
   not answer). Then it tells systemd ``READY=1`` (``Type=notify``).
-* **Operations** run in a thread pool, so different pods proceed in parallel;
-  actions on one pod serialise on the manager's per-pod flock, which the CLI
-  and the CNI shim take too, so daemon and direct callers never overlap.
-  Requests for a pod that is busy wait for their turn in the event loop, not in
-  a worker thread: a stuck pod holds one worker however many requests queue on
-  it, and every other pod is served at once. At most
-  :data:`~netplugin.frontends.daemon.turns.MAX_WAITING_PER_POD` may wait per pod; more are answered
-  ``DaemonUnavailable`` (not run, so a CLI in ``auto`` mode runs them itself).
+* **Operations** run in a thread pool, so different pods proceed in parallel; actions on one
+  pod serialise on the manager's per-pod flock, which the CLI and the CNI shim take too, so
+  daemon and direct callers never overlap (``pods`` and ``gc``: :mod:`.nodeops`). Requests for
+  a pod that is busy wait for their turn in the event loop, not in a worker thread: a stuck
+  pod holds one worker however many requests queue on it, and every other pod is served at
+  once. At most :data:`~netplugin.frontends.daemon.turns.MAX_WAITING_PER_POD` may wait per pod;
+  more are answered ``DaemonUnavailable`` (not run, so a CLI in ``auto`` mode runs them itself).
 * **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``), named
   as the kubelet's: histogram ``network_plugin_operations_duration_seconds``,
   counter ``network_plugin_operations_errors_total`` and gauge
@@ -68,6 +67,7 @@ from netplugin.frontends.daemon.forwarded import check_settings, run_cni, run_cn
 from netplugin.frontends.daemon.framed import read_frame, run_frame
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
+from netplugin.frontends.daemon.nodeops import error_classes, gc_answer, pods_answer
 from netplugin.frontends.daemon.nodes import NodeKeeper
 from netplugin.frontends.daemon.reconfig import Live, reload_settings
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
@@ -80,6 +80,7 @@ from netplugin.frontends.rpc import (
     PROTOCOL_VERSION,
     differing_settings,
     encode_unavailable,
+    init_result,
     pod_result,
 )
 from netplugin.plugins.bounded import stuck_calls
@@ -123,6 +124,7 @@ class Daemon:
         self.notify_socket = notify_socket
         self.watchdog = watchdog
         self.metrics = Metrics()
+        manager.observe = self.metrics.observe_member  # per chain member, of every pod action
         self.metrics_address: str | None = None
         self.nodes = NodeKeeper(config, manager.host)
         self.nodes.register(self.metrics.registry)
@@ -157,15 +159,15 @@ class Daemon:
         """Select the plugin and run its init if needed; failures are logged, not raised."""
         with self._reload_lock:
             try:
-                plugin = self.manager.plugin
-                self._plugin = plugin.name
+                chain = ",".join(self.manager.chain_names)
+                self._plugin = chain
                 ran = self.manager.init()
             except NetpluginError as e:
                 self._plugin_problem = e.message
                 log.error("plugin not ready (operations will retry): %s", e.message)
                 return
             self._plugin_problem = None
-            log.info("plugin %s ready (%s)", plugin.name, "init ran" if ran else "init already done this boot")
+            log.info("plugin %s ready (%s)", chain, "init ran" if ran else "init already done this boot")
 
     def reload(self) -> None:
         """SIGHUP: re-read the settings, rescan the exec dir, select the plugin, run init if needed."""
@@ -205,15 +207,15 @@ class Daemon:
             self._plugin_ok()
             return result
         if op == "init":
-            ran = self.manager.init(force=bool(req.get("force")))
+            members = self.manager.init_members(force=bool(req.get("force")))
             self._plugin_ok()
-            return {"plugin": self.manager.plugin.name, "ran": ran}
+            return init_result(self.manager.chain_names, members)
         if op == "plugins":
             return [c.to_dict() for c in self.manager.candidates()]
         if op == "pods":
-            return self._pods(req)
+            return pods_answer(self.config)
         if op == "gc":
-            return self._gc(req)
+            return gc_answer(self.manager, req)
         raise InvalidArgument("op", op, f"must be one of {', '.join(OPS)}")
 
     def _pod_op(self, op: str, pod: PodRef) -> Any:
@@ -228,25 +230,7 @@ class Daemon:
     def _plugin_ok(self) -> None:
         """An action succeeded, so the plugin is usable (a problem logged at start or reload is over)."""
         if self._plugin_problem is not None:
-            self._plugin, self._plugin_problem = self.manager.plugin.name, None
-
-    def _pods(self, req: dict[str, Any]) -> dict[str, Any]:
-        from netplugin.store.listing import list_pods
-
-        listing = list_pods(self.config.state_dir, self.config.run_dir)
-        # The table is rendered here so the CLI prints exactly what it prints when it runs alone.
-        return {"listing": listing.to_dict(), "table": listing.table() if listing.rows else None}
-
-    def _gc(self, req: dict[str, Any]) -> dict[str, Any]:
-        from netplugin.manager.gc import GcIncomplete, run_gc
-
-        report = run_gc(self.manager, dry_run=bool(req.get("dry_run")), check_host=req.get("check_host") is not False)
-        out: dict[str, Any] = {"report": report.to_dict(), "text": report.text(), "error": None, "classes": None}
-        if report.failed:
-            # Not raised: the caller prints the report first, then fails, as a local gc does.
-            err = GcIncomplete(report.failed)
-            out["error"], out["classes"] = err.to_dict(), error_classes(type(err))
-        return out
+            self._plugin, self._plugin_problem = ",".join(self.manager.chain_names), None
 
     def health(self) -> dict[str, Any]:
         return {
@@ -510,16 +494,6 @@ def _pod_text(req: Any) -> str:
     if isinstance(req, dict) and req.get("op") in POD_OPS:
         return f"{req.get('namespace')}/{req.get('pod')} ({req.get('infra_id')})"
     return ""
-
-
-def error_classes(cls: type) -> list[str]:
-    """An error class and its bases up to NetpluginError, by name (the wire's ``classes``)."""
-    names = []
-    for c in cls.__mro__:
-        names.append(c.__name__)
-        if c is NetpluginError:
-            break
-    return names
 
 
 def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Callable[[], Config] | None = None) -> int:

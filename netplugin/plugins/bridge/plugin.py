@@ -356,7 +356,8 @@ class NativeBridgePlugin:
     def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus:
         """Veth pair (peer created in the netns) on the bridge, address, default route. Idempotent.
 
-        Returns the pod's status (its addresses, the primary first), so no status call follows."""
+        Returns the pod's status (its addresses, the primary first), so no status call follows, and
+        the host veth (what a later chain member shapes or filters)."""
         with self._action("setup", pod, ctx.timeout) as step:
             step.what = "read the settings"
             s = self.settings(ctx.env, ctx.state_dir)
@@ -366,13 +367,13 @@ class NativeBridgePlugin:
             except FileNotFoundError:
                 raise BridgeError(f"network namespace {ctx.netns} does not exist") from None
             try:
-                ips = tuple(dict.fromkeys(str(ip) for ip in self._setup(pod, ctx, s, nsfd, step)))
+                ips = self._setup(pod, ctx, s, nsfd, step)
             finally:
                 os.close(nsfd)
-            return PodNetworkStatus(ip=ips[0], ips=ips)
+        return PodNetworkStatus(ip=ips[0], ips=ips, host_interface=host_veth_name(pod.infra_id))
 
-    def _setup(self, pod: PodRef, ctx: CallContext, s: BridgeSettings, nsfd: int, step: _Step) -> list[Any]:
-        """Returns the pod's addresses in the settings' family order."""
+    def _setup(self, pod: PodRef, ctx: CallContext, s: BridgeSettings, nsfd: int, step: _Step) -> tuple[str, ...]:
+        """Returns the pod's addresses in the settings' family order (one per family)."""
         step.what = f"check bridge {s.name}"
         bridge = _bridge_up_index(s.name)
         if bridge is None:
@@ -418,7 +419,7 @@ class NativeBridgePlugin:
                 what = ", ".join(f"{a.cidr} via {gw}" for a, gw in zip(allocs, gws, strict=True))
                 step.what = f"configure {s.ifname} in {ctx.netns} ({what})"
                 ns.configure_pod(peer, [(a.ip, a.prefixlen, gw) for a, gw in zip(allocs, gws, strict=True)])
-            return [a.ip for a in allocs]
+            return tuple(dict.fromkeys(str(a.ip) for a in allocs))
         except BaseException:
             # Undo only what this call did: a repeated setup must not break the running pod.
             if created is not None:

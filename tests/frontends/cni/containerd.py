@@ -336,12 +336,28 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                 raise RuntimeError(f"containerd did not load network {name}:\n{self.log_tail()}")
             time.sleep(0.1)
 
-    def run_pod(self, namespace: str, name: str, uid: str, attempt: int = 0, *, host_network: bool = False) -> Sandbox:
+    def run_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        attempt: int = 0,
+        annotations: dict[str, str] | None = None,
+        *,
+        host_network: bool = False,
+    ) -> Sandbox:
         """RunPodSandbox, then PodSandboxStatus. Raises grpc.RpcError as the kubelet would see it."""
-        return self.status(self.run_pod_sandbox(namespace, name, uid, attempt, host_network=host_network))
+        return self.status(self.run_pod_sandbox(namespace, name, uid, attempt, annotations, host_network=host_network))
 
     def run_pod_sandbox(
-        self, namespace: str, name: str, uid: str, attempt: int = 0, *, host_network: bool = False
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        attempt: int = 0,
+        annotations: dict[str, str] | None = None,
+        *,
+        host_network: bool = False,
     ) -> str:
         """RunPodSandbox alone (the call the kubelet waits for); the sandbox id."""
         pb = self.pb
@@ -356,6 +372,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             hostname="" if host_network else name,  # the node's own UTS namespace: no hostname of its own
             log_directory=str(self.root / "pod-logs" / f"{namespace}_{name}_{uid}"),
             labels={"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": namespace},
+            annotations=annotations or {},
             linux=linux,
         )
         resp = self._stub.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=120)

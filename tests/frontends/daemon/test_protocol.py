@@ -76,6 +76,13 @@ def test_fingerprint_tells_what_changes_behaviour(tmp_path: Path) -> None:
     assert fingerprint(base) == fingerprint(
         load_config(os.devnull, environ={}, overrides={"run_dir": str(tmp_path), "plugin": "kubernetes.io/no-op"})
     )
+    # A chain of one is the plugin; a longer chain, or another order, is not.
+    def chain(**kw: object) -> object:
+        return fingerprint(load_config(os.devnull, environ={}, overrides={"run_dir": str(tmp_path), **kw}))
+
+    assert chain(plugin="bridge") == chain(plugins=["bridge"])
+    assert chain(plugins=["bridge", "bandwidth"]) != chain(plugin="bridge")
+    assert chain(plugins=["bridge", "bandwidth"]) != chain(plugins=["bandwidth", "bridge"])
 
 
 @pytest.mark.parametrize("value", ["none", "off", "", "NONE"])

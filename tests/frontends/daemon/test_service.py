@@ -178,3 +178,34 @@ def test_health_answers_while_the_daemon_serves_and_fails_on_a_stale_socket(
     r = cli("health", "--wait", "2")
     assert r.returncode == 6, r.stderr
     assert d.socket in r.stderr
+
+
+@pytest.mark.parametrize("members", [1, 2, 3])
+def test_a_chain_through_the_daemon_has_per_member_metrics_that_pass_promtool(
+    start_daemon: Any, cli: Any, plugin_dir: Any, members: int
+) -> None:
+    names = [f"m{i}" for i in range(1, members + 1)]
+    for n in names:
+        plugin_dir.install(n)
+    env = {"NETPLUGIN_PLUGINS": ",".join(names)}
+    d = start_daemon(env=env)
+    init = json.loads(cli("-o", "json", "init", env=env, mode="always").stdout)
+    assert init["plugin"] == ",".join(names) and init["ran"] is False  # the daemon's start ran them
+    assert [m["plugin"] for m in init.get("members", [{"plugin": names[0]}])] == names
+    assert cli("setup", *POD, env=env, mode="always").returncode == 0
+    table = cli("pods", env=env, mode="always").stdout.splitlines()
+    assert table[1].split()[5] == (names[0] if members == 1 else ",".join(f"{n}:ready" for n in names))
+    assert cli("teardown", *POD, env=env, mode="always").returncode == 0
+    text = _metric_text(d)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    counts = {
+        (s.labels["plugin"], s.labels["action"], s.labels["outcome"]): s.value
+        for s in families["netplugin_chain_member_duration_seconds"].samples
+        if s.name.endswith("_count")
+    }
+    assert counts == {(n, a, "ok"): 1.0 for n in names for a in ("setup", "teardown")}
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is a test dependency (scripts/install-deps.sh --test installs it)")
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -1,0 +1,233 @@
+"""Running one pod action across a plugin chain: order, rollback, deadlines, per-member progress.
+
+The semantics are the contract's (:mod:`netplugin.core.plugin`, "Chains"); this module is their
+one implementation, for the manager and gc alike:
+
+* ``setup`` runs the members that handle it in order, each with what is left of the action's
+  time limit and the prev result of the members before it. When member k fails (or times out, or
+  no time is left for it), :meth:`ChainRun.rollback` tears down k, then k-1 ... 1, in reverse;
+  members after k never run. Rollback never stops at a failure: every failure is reported.
+* ``teardown`` runs every member that handles it in reverse, goes on past failures and raises
+  the first member's error with every failure attached (:func:`attach_failures`).
+* ``status`` asks the members that handle it in order and returns the first status with an IP.
+
+Progress goes to ``record`` (the pod record) as a tuple of :class:`MemberState`: before a member's
+setup starts, and after a member's teardown succeeded, so that a kill anywhere leaves a record
+from which gc tears down exactly the members that ran. ``observe`` gets each member call's
+duration and outcome (the daemon's per-member histogram).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from netplugin.core.chaining import ALL_POD_ACTIONS, MemberResult, PrevResult
+from netplugin.core.errors import NetpluginError, PluginInvalid, PluginTimeout
+from netplugin.core.names import PodRef
+from netplugin.core.plugin import Action, CallContext, Plugin, PodNetworkStatus
+from netplugin.store.records import MEMBER_PENDING, MEMBER_SKIPPED, MEMBER_TORN_DOWN, READY, SETTING_UP, MemberState
+
+__all__ = ["ChainRun", "Member", "Observer", "absent_member", "attach_failures", "fresh_states"]
+
+#: (member name, action, seconds, outcome: "ok" | "error" | "timeout")
+Observer = Callable[[str, str, float, str], None]
+#: writes the members' progress to the pod record (durably) before the run goes on
+Recorder = Callable[[tuple[MemberState, ...]], None]
+
+# Below this, a member cannot even be started: it counts as timed out without running.
+_MIN_LEFT = 0.001
+
+
+@dataclass(frozen=True)
+class Member:
+    """A selected chain member and the pod actions it handles (its action mask)."""
+
+    plugin: Plugin
+    handles: frozenset[str] = ALL_POD_ACTIONS
+
+    @property
+    def name(self) -> str:
+        return self.plugin.name
+
+
+def attach_failures(err: NetpluginError, failures: Sequence[NetpluginError], *, chain: Sequence[str]) -> None:
+    """Report ``failures`` (rollback or later teardown failures) on ``err``, each naming its member."""
+    if not failures:
+        return
+    text = "; ".join(f.message for f in failures)
+    err.details["rollback_error"] = text
+    if len(chain) > 1:
+        err.details["chain_failures"] = [f.to_dict() for f in failures]
+        err.message = f"{err.message}; and: {text}"
+        err.args = (err.message,)
+
+
+@dataclass
+class ChainRun:
+    """One pod action on one pod across ``members``.
+
+    ``context(action)`` builds a member's call context without the chain's variables; ``states``
+    is each member's progress (from the pod record, or fresh); ``record`` persists it.
+    """
+
+    members: Sequence[Member]
+    pod: PodRef
+    context: Callable[[Action], CallContext]
+    states: list[MemberState]
+    netns: str = ""
+    record: Recorder | None = None
+    observe: Observer | None = None
+    #: the members whose setup started in this run, in order (rollback tears down these)
+    started: list[int] = field(default_factory=list)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.members)
+
+    def _prev(self, index: int) -> PrevResult:
+        reports = [
+            MemberResult(s.plugin, s.ips, s.host_interface) if s.ips or s.host_interface else None for s in self.states
+        ]
+        return PrevResult(self.names, self.netns).before(index, reports)
+
+    def _save(self) -> None:
+        if self.record is not None:
+            self.record(tuple(self.states))
+
+    def _call(self, index: int, action: Action, deadline: list[float]) -> PodNetworkStatus | None:
+        """One member's action with what is left of the phase's limit; errors name the member.
+
+        ``deadline`` is empty until the phase's first call, which gets the whole limit and sets it.
+        """
+        member = self.members[index]
+        base = self.context(action)
+        if not deadline:
+            deadline.append(time.monotonic() + base.timeout)
+            left = base.timeout
+        else:
+            left = deadline[0] - time.monotonic()
+        if left < _MIN_LEFT:
+            raise PluginTimeout(plugin=member.name, action=action.value, timeout=base.timeout, pod=str(self.pod))
+        ctx = dataclasses.replace(base, timeout=left, env={**base.env, **self._prev(index).env(index)})
+        start = time.monotonic()
+        outcome = "error"
+        try:
+            if action is Action.SETUP:
+                result = member.plugin.setup(self.pod, ctx)
+            elif action is Action.TEARDOWN:
+                result = None
+                member.plugin.teardown(self.pod, ctx)
+            else:
+                result = member.plugin.status(self.pod, ctx)
+            outcome = "ok"
+            return result
+        except PluginTimeout:
+            outcome = "timeout"
+            raise
+        except NetpluginError as e:
+            if len(self.members) > 1:
+                e.details.setdefault("chain", list(self.names))
+                e.details.setdefault("member", index + 1)
+            raise
+        finally:
+            if self.observe is not None:
+                self.observe(member.name, action.value, time.monotonic() - start, outcome)
+
+    # --- setup and rollback ------------------------------------------------------------------------
+
+    def setup(self) -> PodNetworkStatus | None:
+        """Set the pod up member by member; on failure the error is raised without rollback.
+
+        The caller rolls back (:meth:`rollback`) so that it decides about records first. Returns the
+        first status with an address that a member's setup reported.
+        """
+        deadline: list[float] = []
+        for i, m in enumerate(self.members):
+            if "setup" not in m.handles:
+                self.states[i] = dataclasses.replace(self.states[i], state=MEMBER_SKIPPED)
+        for i, m in enumerate(self.members):
+            if "setup" not in m.handles:
+                continue
+            self.states[i] = dataclasses.replace(self.states[i], state=SETTING_UP, ips=(), host_interface=None)
+            self.started.append(i)
+            self._save()  # durable before the member runs: from now on it may hold resources
+            got = self._call(i, Action.SETUP, deadline)
+            ips = got.ips if got is not None else ()
+            hif = got.host_interface if got is not None else None
+            self.states[i] = dataclasses.replace(self.states[i], state=READY, ips=ips, host_interface=hif)
+        first = next((s for s in self.states if s.ips), None)
+        return PodNetworkStatus(first.ips[0], first.ips, first.host_interface) if first is not None else None
+
+    def rollback(self) -> list[NetpluginError]:
+        """Tear down the members whose setup started, last first; returns every failure."""
+        return self._teardown_members([i for i in reversed(self.started) if "teardown" in self.members[i].handles])
+
+    def _teardown_members(self, order: list[int]) -> list[NetpluginError]:
+        deadline: list[float] = []
+        failures: list[NetpluginError] = []
+        for n, i in enumerate(order):
+            try:
+                self._call(i, Action.TEARDOWN, deadline)
+            except NetpluginError as e:
+                failures.append(e)
+                continue
+            self.states[i] = dataclasses.replace(self.states[i], state=MEMBER_TORN_DOWN)
+            if n < len(order) - 1 or failures:
+                self._save()  # after the last one, success removes the record: no write needed
+        return failures
+
+    # --- teardown and status -----------------------------------------------------------------------
+
+    def teardown(self, *, only_ran: bool = False) -> None:
+        """Tear down every member that handles teardown (``only_ran``: those that may hold resources).
+
+        Goes on past failures; raises the first failure with every other attached.
+        """
+        order = [
+            i
+            for i in reversed(range(len(self.members)))
+            if "teardown" in self.members[i].handles and (not only_ran or self.states[i].ran)
+        ]
+        failures = self._teardown_members(order)
+        if failures:
+            attach_failures(failures[0], failures[1:], chain=self.names)
+            raise failures[0]
+
+    def status(self) -> PodNetworkStatus | None:
+        """The first status, in chain order, that reports an address."""
+        deadline: list[float] = []
+        for i, m in enumerate(self.members):
+            if "status" in m.handles:
+                got = self._call(i, Action.STATUS, deadline)
+                if got is not None:
+                    return got
+        return None
+
+
+class _Absent:
+    """Stands in for a recorded member that never ran and is no longer installed: never called."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def version(self) -> str:
+        return "absent"
+
+    def _never(self, *_: object) -> None:
+        raise PluginInvalid(self.name, "is no longer installed")
+
+    init = setup = teardown = status = _never
+
+
+def absent_member(name: str) -> Member:
+    """A member that handles no action, for a plugin that is gone but never ran for the pod."""
+    return Member(cast(Plugin, _Absent(name)), frozenset())
+
+
+def fresh_states(members: Sequence[Member]) -> list[MemberState]:
+    """Every member pending (a setup that has not started)."""
+    return [MemberState(m.name, m.plugin.version(), MEMBER_PENDING) for m in members]
