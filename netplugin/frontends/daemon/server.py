@@ -63,6 +63,7 @@ from netplugin import __version__
 from netplugin.core._yaml import load_json
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
 from netplugin.core.names import PodRef
+from netplugin.frontends.daemon.envelope import check_request
 from netplugin.frontends.daemon.forwarded import check_settings, run_cni, run_cni_call
 from netplugin.frontends.daemon.framed import read_frame, run_frame
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
@@ -77,8 +78,6 @@ from netplugin.frontends.rpc import (
     MAX_MESSAGE,
     OPS,
     POD_OPS,
-    PROTOCOL_VERSION,
-    differing_settings,
     encode_unavailable,
     init_result,
     pod_result,
@@ -252,20 +251,6 @@ class Daemon:
             "stuck": [c.to_dict() for c in stuck_calls()],  # in-process actions past their limits
         }
 
-    def check(self, req: Any) -> dict[str, Any]:
-        """Validate a request's envelope (op, version, the caller's settings)."""
-        if not isinstance(req, dict):
-            raise InvalidArgument("request", type(req).__name__, "must be a JSON object")
-        if req.get("v", PROTOCOL_VERSION) != PROTOCOL_VERSION:
-            raise InvalidArgument("protocol version", req.get("v"), f"this daemon speaks {PROTOCOL_VERSION}")
-        op = req.get("op")
-        if op not in OPS:
-            raise InvalidArgument("op", op, f"must be one of {', '.join(OPS)}")
-        theirs = req.get("config")
-        if theirs is not None and (differ := differing_settings(self.fingerprint, theirs)):
-            raise DaemonUnavailable(self.socket_path, f"it runs with different settings ({', '.join(differ)})")
-        return req
-
     # --- the server (event loop) -----------------------------------------------------------------
 
     async def _answer(self, line: bytes) -> dict[str, Any]:
@@ -276,7 +261,7 @@ class Daemon:
                 req = load_json(line, duplicates=True)
             except ValueError as e:  # DocumentError: not JSON, bad UTF-8, too deep
                 raise InvalidArgument("request", line[:80].decode("utf-8", "replace"), f"not JSON: {e}") from None
-            req = self.check(req)
+            req = check_request(req, self.fingerprint, self.socket_path)
             op = req["op"]
             if self._stopping:
                 raise DaemonUnavailable(self.socket_path, "it is shutting down")
