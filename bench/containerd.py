@@ -27,6 +27,7 @@ from typing import Any
 
 from .contenders import CNI_DIR
 from .context import RunContext
+from .daemon import health_request
 from .harness import Live, Plan, stat_row
 from .report import Figure
 from .util import REPO, BenchError, SubnetPool, ms
@@ -68,7 +69,7 @@ def _start_daemon(ctx: RunContext, cfg: Path, run_dir: Path) -> subprocess.Popen
     deadline = time.monotonic() + 60
     while True:
         try:
-            if exchange(sock, {"v": 1, "op": "health"}, timeout=10)["ok"]:
+            if exchange(sock, health_request(), timeout=10)["ok"]:
                 return proc
         except NotSent:
             pass
@@ -125,7 +126,7 @@ def fig_containerd(ctx: RunContext, plan: Plan, pool: SubnetPool) -> list[Figure
                 stops[k] += got[1]
     from netplugin.frontends.client import exchange
 
-    served = exchange(str(run_dir / "netplugin.sock"), {"v": 1, "op": "health"}, timeout=10)["result"]["requests"]
+    served = exchange(str(run_dir / "netplugin.sock"), health_request(), timeout=10)["result"]["requests"]
     return _figures(live, runs, stops, per_block, rounds, served)
 
 

@@ -190,6 +190,7 @@ def inline_differences(call_conf: dict[str, Any]) -> list[str]:
 def check_daemon(node: Node) -> Check:
     from netplugin.frontends.client import NoAnswer, NotSent, exchange
     from netplugin.frontends.cni.fast import daemon_target
+    from netplugin.frontends.rpc import request
 
     if node.call_conf is None:
         return Check("daemon", "no netplugin conflist picked", "calls reach neither netplugin nor its daemon")
@@ -198,7 +199,7 @@ def check_daemon(node: Node) -> Check:
     if mode == "never":
         return Check("daemon", "use_daemon: never", "calls never reach the daemon", "remove use_daemon: never")
     try:
-        answer = exchange(sock, {"v": 1, "op": "health"}, timeout=10)
+        answer = exchange(sock, request("health"), timeout=10)
     except (NotSent, NoAnswer) as e:
         return Check("daemon", sock, f"no daemon answers at {sock} ({e}): calls run alone, slower, unobserved", start)
     if not answer.get("ok"):
