@@ -80,46 +80,9 @@ def kernel_gate(request: pytest.FixtureRequest, extra_reason: str | None = None)
             pytest.skip(reason)
 
 
-# Receives until EOF and prints "<bytes> <seconds from first byte to EOF>".
-_SINK = """
-import socket, sys, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(1); print("ready", flush=True)
-c, _ = s.accept(); n = 0; first = None
-while True:
-    b = c.recv(1 << 16)
-    if not b: break
-    if first is None: first = time.monotonic()
-    n += len(b)
-print(n, time.monotonic() - first, flush=True)
-"""
-_SOURCE = """
-import socket, sys
-with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30) as c:
-    c.sendall(b"x" * int(sys.argv[3]))
-"""
-
-
-def tcp_rate(src_netns: str | None, dst_netns: str | None, dst_ip: str, nbytes: int, port: int = 5201) -> float:
+def tcp_rate(src_netns: str | None, dst_netns: str | None, dst_ip: str, nbytes: int) -> float:
     """Bits per second of one TCP transfer of ``nbytes`` between two netns names (None: the host's
-    own), as the receiver saw it (first byte to EOF)."""
-    import sys
+    own), as the receiver saw it: the same measurement ``netplugin demo --chain`` prints."""
+    from netplugin.frontends.demo_chain import tcp_rate as measured
 
-    def argv(ns: str | None, *rest: str) -> list[str]:
-        return ["ip", "netns", "exec", ns, sys.executable, *rest] if ns else [sys.executable, *rest]
-
-    sink = subprocess.Popen(argv(dst_netns, "-c", _SINK, str(port)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        assert sink.stdout is not None and sink.stdout.readline().strip() == "ready"
-        r = subprocess.run(argv(src_netns, "-c", _SOURCE, dst_ip, str(port), str(nbytes)), capture_output=True,
-                           text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
-        out, err = sink.communicate(timeout=120)
-    finally:
-        if sink.poll() is None:
-            sink.kill()
-            sink.communicate()
-    got, seconds = out.split()
-    assert int(got) == nbytes, err
-    return nbytes * 8 / float(seconds)
+    return measured(src_netns, dst_netns, dst_ip, nbytes)

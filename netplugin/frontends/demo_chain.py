@@ -31,7 +31,7 @@ from netplugin.hosts.static import StaticHost
 from netplugin.manager.manager import Manager
 from netplugin.plugins.bridge.settings import host_veth_name
 
-__all__ = ["ChainDemoReport", "Transfer", "run_chain_demo"]
+__all__ = ["ChainDemoReport", "Transfer", "run_chain_demo", "tcp_rate"]
 
 INGRESS, EGRESS = "kubernetes.io/ingress-bandwidth", "kubernetes.io/egress-bandwidth"
 LIMITS = {INGRESS: ("20M", 20e6), EGRESS: ("10M", 10e6)}
@@ -94,7 +94,7 @@ class ChainDemoReport:
         }
 
 
-def _transfer(src: str | None, dst: str | None, ip: str, nbytes: int) -> float:
+def tcp_rate(src: str | None, dst: str | None, ip: str, nbytes: int) -> float:
     """Bits per second of ``nbytes`` over TCP from netns ``src`` to netns ``dst`` (None: the host)."""
 
     def argv(ns: str | None, *rest: str) -> list[str]:
@@ -164,7 +164,7 @@ def _measure(report: ChainDemoReport, ips: dict[str, str], ns: dict[str, str], s
     say(f"{'TRANSFER':<34} {'LIMIT':>10} {'MEASURED':>12}")
     for what, src, dst, limit, nbytes in plan:
         dst_ip = ips[dst] if dst else ips["gateway"]
-        bps = _transfer(ns[src] if src else None, ns[dst] if dst else None, dst_ip, nbytes)
+        bps = tcp_rate(ns[src] if src else None, ns[dst] if dst else None, dst_ip, nbytes)
         t = Transfer(what, limit, bps)
         report.transfers.append(t)
         shown = f"{limit / 1e6:.0f} Mbit/s" if limit else "none"
