@@ -9,18 +9,21 @@ import sysconfig
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 
 from .contenders import CNI_BRIDGE, CNI_DIR
 from .context import Network, RunContext, clean_environ, netplugin_env, with_checkout
 from .daemon import Daemon
 from .harness import Plan, interleaved
+from .plaininstall import plain_venv
 from .report import Figure, Row
 from .util import REPO, BenchError, Stats, SubnetPool, ms
 
 __all__ = ["fig_coldstart"]
 
 LABELS = {
-    "B": "netplugin setup (kubernetes.io/no-op), a new process",
+    "B-i": "netplugin setup (kubernetes.io/no-op), a new process, installed plainly (a venv, no .pth hooks)",
+    "B": "the same, started as this checkout's console script (its interpreter's .pth hooks)",
     "B-d": "the same through a running daemon (use_daemon always: thin client + round trip)",
     "B-S": "the same, interpreter started with -S (no site .pth hooks)",
     "py-S": "reference: `python -S -c pass`",
@@ -52,7 +55,9 @@ def _variants(
     # finder, a machine's own hooks), only the paths; what a plain install costs without them.
     bare = (f"import sys; sys.path[:0] = {[str(REPO), sysconfig.get_paths()['purelib']]!r}; "
             "from netplugin.frontends.cli.fast import main; main()")
+    plain = plain_venv(ctx.workdir / "plain-venv")
     variants: dict[str, Argv] = {
+        "B-i": lambda i: [*plain, "setup", "bench", f"p-cold-i-{i}", f"{ctx.tag}-cold-i-{i}"],
         "B": lambda i: [*ctx.cli, "setup", "bench", f"p-cold-{i}", f"{ctx.tag}-cold-{i}"],
         "B-S": lambda i: [sys.executable, "-S", "-c", bare, "setup", "bench", f"p-cold-s-{i}",
                           f"{ctx.tag}-cold-s-{i}"],
@@ -61,7 +66,7 @@ def _variants(
     }
     if "A" in keys:
         variants["A"] = lambda i: [CNI_BRIDGE]
-    envs = {"B": env, "B-S": env, "py": clean_environ(), "py-S": clean_environ(), "A": cni_env}
+    envs = {"B-i": env, "B": env, "B-S": env, "py": clean_environ(), "py-S": clean_environ(), "A": cni_env}
     return variants, envs
 
 
@@ -76,10 +81,9 @@ def _once(argv: list[str], env: dict[str, str], stdin: bytes | None, what: str) 
     return t
 
 
-def _imports(ctx: RunContext, plan: Plan, env: dict[str, str]) -> tuple[float, list[tuple[str, float]]]:
-    """The CLI's ``-X importtime`` profile, the run with the median total."""
-    it_argv = [sys.executable, "-X", "importtime", *ctx.cli[1:]] if ctx.cli[0] == sys.executable else \
-        [sys.executable, "-X", "importtime", ctx.cli[0]]
+def _imports(ctx: RunContext, plan: Plan, env: dict[str, str], script: str) -> tuple[float, list[tuple[str, float]]]:
+    """The installed CLI's ``-X importtime`` profile, the run with the median total."""
+    it_argv = [str(Path(script).parent / "python"), "-X", "importtime", script]
     totals = [_importtime([*it_argv, "setup", "bench", f"p-it-{i}", f"{ctx.tag}-it-{i}"], env)
               for i in range(5 if not plan.quick else 1)]
     totals.sort(key=lambda x: x[0])
@@ -111,7 +115,7 @@ def fig_coldstart(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: Subnet
             for i in range(plan.cold_warmups):
                 once(v, -1 - i)
         samples = interleaved(runs, {v: partial(once, v) for v in variants})
-        total, top = _imports(ctx, plan, env)
+        total, top = _imports(ctx, plan, env, variants["B-i"](0)[0])
     finally:
         if daemon is not None:
             daemon.stop()
@@ -122,9 +126,10 @@ def fig_coldstart(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: Subnet
         s = Stats.of(samples[v])
         fig.rows.append(Row(v, LABELS[v], {"median": s.median, "p90": s.p90}))
     fig.notes = [
-        f"Started as {' '.join(ctx.cli)} (pyc and page cache warm: {plan.cold_warmups} unmeasured run(s) of each "
-        "first).",
-        f"`-X importtime` (median of runs): top-level imports {total:.1f} ms in all; largest: "
+        "B-i is the CLI as a plain install starts it: a venv holding the same packages (symlinks) and no .pth "
+        f"hook, a console script as pip writes it; B is {' '.join(ctx.cli)}. The checkout is byte-compiled, as pip "
+        f"does at install (pyc and page cache warm: {plan.cold_warmups} unmeasured run(s) of each first).",
+        f"`-X importtime` of B-i (median of runs): top-level imports {total:.1f} ms in all; largest: "
         + ", ".join(f"{m} {v:.1f}" for m, v in top[:8]) + ".",
     ]
     return fig

@@ -29,6 +29,7 @@ from .context import RunContext, clean_environ, cli_command, leftovers, with_che
 from .daemon import Daemon
 from .harness import Plan
 from .overhead import fig_overhead
+from .plaininstall import compile_checkout
 from .pods import fig_burst, fig_drain, fig_pods
 from .report import Figure, Meta, evaluate_targets, render, write_json
 from .runtime import fig_runtime
@@ -349,6 +350,8 @@ def run(argv: list[str] | None = None) -> int:
     os.chmod(workdir, 0o755)
     cleanup = Cleanup()
     netns = NetnsFactory()
+    # Every process the figures start imports the checkout: with its .pyc files, as an installed node has them.
+    compile_checkout()
     cli, cli_desc = cli_command()
     ctx = RunContext(tag, workdir, netns, cleanup, cli=cli, progress=_say)
     forward = Path("/proc/sys/net/ipv4/ip_forward")
