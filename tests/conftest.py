@@ -33,6 +33,19 @@ def _kernel_gate(request: pytest.FixtureRequest) -> None:
     kernel_gate(request)
 
 
+#: netplugin's default paths on this machine: no test may create them (tests use their own dirs)
+MACHINE_PATHS = ("/etc/netplugin", "/var/lib/netplugin", "/run/netplugin", "/etc/cni/net.d/10-netplugin.conflist")
+
+
+@pytest.fixture(autouse=True)
+def _machine_paths_untouched() -> Iterator[None]:
+    """Fail the test that creates one of the machine's own netplugin paths (a leak into the machine)."""
+    before = {p for p in MACHINE_PATHS if os.path.lexists(p)}
+    yield
+    created = [p for p in MACHINE_PATHS if p not in before and os.path.lexists(p)]
+    assert not created, f"this test created the machine's own {', '.join(created)}: use the test's own dirs"
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 

@@ -203,6 +203,11 @@ def test_install_sh_installs_the_compiled_shim_or_says_why_not(
         "/run/np-test",
         "--lib-dir",
         str(tmp_path / "lib"),
+        # never the machine's /etc/netplugin or /var/lib/netplugin
+        "--config",
+        str(tmp_path / "etc" / "netplugin.yaml"),
+        "--state-dir",
+        str(tmp_path / "state"),
         *(str(shims["cluster"]) if a == "BUILT" else a for a in extra),
     ]
     done = subprocess.run(["/bin/bash", str(REPO / "scripts" / "install.sh"), *args], capture_output=True, text=True,
