@@ -34,10 +34,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from netplugin.core.errors import PluginOutputError
+from netplugin.core.plaindata import dataclass, field
 
 __all__ = [
     "ALL_POD_ACTIONS",

@@ -13,7 +13,6 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from netplugin.core.defaults import (
@@ -31,6 +30,7 @@ from netplugin.core.defaults import (
     socket_path,
 )
 from netplugin.core.errors import ConfigError
+from netplugin.core.plaindata import dataclass, field, fields, replace
 
 __all__ = [
     "ACTIONS",
@@ -430,7 +430,7 @@ def _apply(values: dict[str, Any], raw: Mapping[str, Any], source: str, key_name
             key_name("plugins"), "give either plugin (a chain of one) or plugins (a chain), not both", source=source
         )
     for key in given:
-        values.update({k: Config.__dataclass_fields__[k].default for k in _CHAIN_KEYS if k != key})
+        values.update({f.name: f.default for f in fields(Config) if f.name in _CHAIN_KEYS and f.name != key})
     for key, value in raw.items():
         if key not in _PARSERS:
             shown = key if len(key) <= 80 else key[:77] + "..."

@@ -21,11 +21,11 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from netplugin.core.errors import DiscoveryError
 from netplugin.core.execplugin.trust import TrustedPath, UntrustedPath, mode_problem, walk
 from netplugin.core.names import plugin_name_problem, unescape_plugin_name
+from netplugin.core.plaindata import dataclass
 
 __all__ = ["Candidate", "Executable", "open_executable", "permission_problem", "scan", "shebang"]
 

@@ -22,9 +22,9 @@ Validators raise :class:`~netplugin.core.errors.InvalidArgument` naming the fiel
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from netplugin.core.errors import InvalidArgument
+from netplugin.core.plaindata import dataclass
 
 __all__ = [
     "MAX_INFRA_ID",

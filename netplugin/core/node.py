@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from netplugin.core.errors import HostError
+from netplugin.core.plaindata import dataclass, field
 
 __all__ = ["NODE_ENV_VARS", "NodeInfo", "node_name"]
 

@@ -140,12 +140,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from netplugin.core.defaults import DEFAULT_KILL_GRACE
 from netplugin.core.names import PodRef
 from netplugin.core.node import NodeInfo
+from netplugin.core.plaindata import dataclass, field
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config

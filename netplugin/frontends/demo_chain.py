@@ -19,13 +19,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from netplugin.core.config import Config, load_config
 from netplugin.core.errors import NetpluginError, SystemFailure
 from netplugin.core.execplugin.invoke import run, start
 from netplugin.core.names import PodRef
+from netplugin.core.plaindata import dataclass, field
 from netplugin.frontends.demo import DEMO_NAMESPACE, _check_prerequisites, _ip, find_plugin_source
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.manager import Manager

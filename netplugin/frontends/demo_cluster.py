@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from netplugin.core.errors import InvalidArgument, NetpluginError, SystemFailure
+from netplugin.core.plaindata import dataclass, field
 from netplugin.frontends.simcluster.cluster import OUTSIDE_V4, OUTSIDE_V6, SimCluster, SimNode, SimPod
 
 __all__ = ["ClusterReport", "run_cluster_demo"]

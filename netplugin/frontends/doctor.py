@@ -26,10 +26,10 @@ import glob
 import json
 import os
 import subprocess
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import NetpluginError
+from netplugin.core.plaindata import dataclass
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config

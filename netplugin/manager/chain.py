@@ -19,15 +19,15 @@ duration and outcome (the daemon's per-member histogram).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import cast
 
+from netplugin.core import plaindata
 from netplugin.core.chaining import ALL_POD_ACTIONS, MemberResult, PrevResult
 from netplugin.core.errors import NetpluginError, PluginInvalid, PluginTimeout
 from netplugin.core.names import PodRef
+from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.store.records import MEMBER_PENDING, MEMBER_SKIPPED, MEMBER_TORN_DOWN, READY, SETTING_UP, MemberState
 
@@ -112,7 +112,7 @@ class ChainRun:
             left = deadline[0] - time.monotonic()
         if left < _MIN_LEFT:
             raise PluginTimeout(plugin=member.name, action=action.value, timeout=base.timeout, pod=str(self.pod))
-        ctx = dataclasses.replace(base, timeout=left, env={**base.env, **self._prev(index).env(index)})
+        ctx = plaindata.replace(base, timeout=left, env={**base.env, **self._prev(index).env(index)})
         start = time.monotonic()
         outcome = "error"
         try:
@@ -148,17 +148,17 @@ class ChainRun:
         deadline: list[float] = []
         for i, m in enumerate(self.members):
             if "setup" not in m.handles:
-                self.states[i] = dataclasses.replace(self.states[i], state=MEMBER_SKIPPED)
+                self.states[i] = plaindata.replace(self.states[i], state=MEMBER_SKIPPED)
         for i, m in enumerate(self.members):
             if "setup" not in m.handles:
                 continue
-            self.states[i] = dataclasses.replace(self.states[i], state=SETTING_UP, ips=(), host_interface=None)
+            self.states[i] = plaindata.replace(self.states[i], state=SETTING_UP, ips=(), host_interface=None)
             self.started.append(i)
             self._save()  # durable before the member runs: from now on it may hold resources
             got = self._call(i, Action.SETUP, deadline)
             ips = got.ips if got is not None else ()
             hif = got.host_interface if got is not None else None
-            self.states[i] = dataclasses.replace(self.states[i], state=READY, ips=ips, host_interface=hif)
+            self.states[i] = plaindata.replace(self.states[i], state=READY, ips=ips, host_interface=hif)
         first = next((s for s in self.states if s.ips), None)
         return PodNetworkStatus(first.ips[0], first.ips, first.host_interface) if first is not None else None
 
@@ -175,7 +175,7 @@ class ChainRun:
             except NetpluginError as e:
                 failures.append(e)
                 continue
-            self.states[i] = dataclasses.replace(self.states[i], state=MEMBER_TORN_DOWN)
+            self.states[i] = plaindata.replace(self.states[i], state=MEMBER_TORN_DOWN)
             if n < len(order) - 1 or failures:
                 self._save()  # after the last one, success removes the record: no write needed
         return failures

@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from netplugin.core.chaining import ALL_POD_ACTIONS
@@ -50,6 +49,7 @@ from netplugin.core.fileio import atomic_write, read_small
 from netplugin.core.names import PodRef, escape_plugin_name, validate_plugin_name
 from netplugin.core.netns import netns_problem
 from netplugin.core.node import NodeInfo, node_name
+from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host

@@ -55,7 +55,8 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+from netplugin.core.plaindata import dataclass
 
 from ..core.errors import InvalidArgument, NetpluginError
 

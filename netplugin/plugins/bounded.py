@@ -16,10 +16,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from netplugin.core.errors import PluginTimeout
+from netplugin.core.plaindata import dataclass
 
 if TYPE_CHECKING:
     from netplugin.core.names import PodRef

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import fcntl
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from netplugin.core.names import PodRef
+from netplugin.core.plaindata import dataclass
 from netplugin.store.locks import pod_lock_path
 from netplugin.store.records import READY, SETTING_UP, PodRecord
 from netplugin.store.state import StateStore

@@ -12,11 +12,11 @@ import ipaddress
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from netplugin.core.errors import InvalidArgument, StateError
 from netplugin.core.names import PodRef
+from netplugin.core.plaindata import dataclass, field
 from netplugin.core.procs import boot_id, proc_start
 
 __all__ = [

@@ -55,7 +55,6 @@ import errno
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 from netplugin.core.defaults import DEFAULT_KILL_GRACE
@@ -63,6 +62,7 @@ from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import StateError
 from netplugin.core.fileio import TMP_INFIX, FileRefused, atomic_write, read_bounded
 from netplugin.core.names import PodRef
+from netplugin.core.plaindata import dataclass, field, replace
 from netplugin.core.procs import proc_start
 from netplugin.store.records import (
     MAX_RECORD,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 import pytest
 
 import netplugin.core.config as config_mod
+from netplugin.core import plaindata
 from netplugin.core._yaml import load_yaml
 from netplugin.core.config import DEFAULT_TIMEOUTS, Config, load_config
 from netplugin.core.errors import ConfigError
@@ -190,7 +190,7 @@ def test_broken_file_is_a_config_error(tmp_path: Path, text: str, words: str) ->
 def test_empty_file_gives_defaults(cfg_file: Any, text: str) -> None:
     path = cfg_file(text)
     cfg = load_config(path, environ={})
-    assert dataclasses.replace(cfg, config_path=None) == Config()
+    assert plaindata.replace(cfg, config_path=None) == Config()
 
 
 def test_yaml_keys_may_use_dashes(cfg_file: Any) -> None:
@@ -412,25 +412,25 @@ def test_boolean_environment_variables(no_default_file: str, value: str, expecte
 def test_timeout_for_uses_the_override_or_the_per_action_limit() -> None:
     cfg = Config(timeouts={**DEFAULT_TIMEOUTS, "setup": 12.0})
     assert [cfg.timeout_for(a) for a in ("init", "setup", "teardown", "status")] == [10.0, 12.0, 30.0, 10.0]
-    forced = dataclasses.replace(cfg, timeout=0.5)
+    forced = plaindata.replace(cfg, timeout=0.5)
     assert {forced.timeout_for(a) for a in ("init", "setup", "teardown", "status")} == {0.5}
 
 
 def test_derived_paths() -> None:
     cfg = Config(run_dir="/r", netns_template="/var/run/netns/np-{infra_id}")
     assert cfg.socket_path == "/r/netplugin.sock"
-    assert dataclasses.replace(cfg, socket="/s.sock").socket_path == "/s.sock"
+    assert plaindata.replace(cfg, socket="/s.sock").socket_path == "/s.sock"
     assert cfg.netns_path("abc") == "/var/run/netns/np-abc"
 
 
 def test_config_is_frozen_and_serialisable() -> None:
     cfg = Config(env={"A": "1"})
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(plaindata.FrozenInstanceError):
         cfg.plugin = "x"  # type: ignore[misc]
     d = json.loads(json.dumps(cfg.to_dict()))
     assert d["env"] == {"A": "1"}
     assert d["timeouts"] == DEFAULT_TIMEOUTS
-    assert set(d) == {f.name for f in dataclasses.fields(Config)}
+    assert set(d) == {f.name for f in plaindata.fields(Config)}
 
 
 # --- cluster_cidrs (egress, issue 11) -------------------------------------------------------------------------

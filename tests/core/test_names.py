@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import pytest
 
+from netplugin.core import plaindata
 from netplugin.core._yaml import short_repr
 from netplugin.core.errors import InvalidArgument
 from netplugin.core.names import (
@@ -151,7 +151,7 @@ def test_podref_keys_of_different_pods_differ() -> None:
 
 def test_podref_is_frozen() -> None:
     ref = PodRef("default", "web-0", "abc123")
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(plaindata.FrozenInstanceError):
         ref.name = "other"  # type: ignore[misc]
 
 

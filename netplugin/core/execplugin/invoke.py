@@ -38,12 +38,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from netplugin.core.defaults import DEFAULT_KILL_GRACE
 from netplugin.core.execplugin._proctree import kill_on_timeout, kill_stragglers, signal_group, wait_readable
 from netplugin.core.execplugin._pump import Pump
+from netplugin.core.plaindata import dataclass, field
 
 __all__ = ["Background", "Completed", "Runner", "SpawnError", "run", "start"]
 

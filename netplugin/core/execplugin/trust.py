@@ -26,7 +26,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass, field
+
+from netplugin.core.plaindata import dataclass, field
 
 __all__ = ["TrustedPath", "UntrustedPath", "mode_problem", "split_path", "walk"]
 

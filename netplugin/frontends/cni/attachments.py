@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from netplugin.core.config import Config
 from netplugin.core.names import PodRef
+from netplugin.core.plaindata import dataclass
 from netplugin.frontends.cni.protocol import E_CONFIG, E_ENV, CniError
 
 __all__ = [

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core._yaml import short_repr
 from netplugin.core.config import Config
 from netplugin.core.names import PodRef
+from netplugin.core.plaindata import replace
 from netplugin.frontends.cni.protocol import DEFAULT_NAMESPACE, E_CONFIG, E_ENV, NO_NETNS, CniError, CniRequest
 
 if TYPE_CHECKING:

@@ -12,11 +12,11 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from netplugin.core._yaml import short_repr
 from netplugin.core.errors import NetpluginError
+from netplugin.core.plaindata import dataclass, field
 from netplugin.frontends.rpc import CNI_TRY_AGAIN, CNI_VERSIONS, MAX_STDIN
 
 __all__ = [

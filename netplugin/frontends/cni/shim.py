@@ -111,9 +111,9 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from netplugin.core.plaindata import dataclass, replace
 from netplugin.frontends.cni.attachments import (
     Attachment,
     attached_elsewhere,

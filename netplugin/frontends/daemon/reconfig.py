@@ -14,10 +14,10 @@ and runs the call itself, or fails with CNI error 11 under ``use_daemon: always`
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import NetpluginError
+from netplugin.core.plaindata import dataclass, fields
 from netplugin.frontends.rpc import fingerprint
 
 if TYPE_CHECKING:

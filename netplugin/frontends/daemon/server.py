@@ -56,13 +56,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from netplugin import __version__
 from netplugin.core._yaml import load_json
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
 from netplugin.core.names import PodRef
+from netplugin.core.plaindata import dataclass
 from netplugin.frontends.daemon.envelope import check_request
 from netplugin.frontends.daemon.forwarded import check_settings, run_cni, run_cni_call
 from netplugin.frontends.daemon.framed import read_frame, run_frame
