@@ -50,7 +50,6 @@ such files and goes on; :meth:`StateStore.set_aside` moves one to ``pods/corrupt
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import errno
 import os
 import threading
@@ -252,7 +251,9 @@ class StateStore:
     def set_aside(self, path: str, reason: str) -> str:
         """Move a corrupt file to ``pods/corrupt/`` (with ``<name>.reason``); returns its new path."""
         ensure_dir(self.corrupt_dir, base=self.state_dir, mode=0o755)
-        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        import datetime  # only when a corrupt file is set aside
+
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         base = os.path.join(self.corrupt_dir, f"{os.path.basename(path)}.{stamp}")
         dest = base
         n = 0
