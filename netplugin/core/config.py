@@ -445,8 +445,13 @@ def _apply(values: dict[str, Any], raw: Mapping[str, Any], source: str, key_name
 MAX_CONFIG_BYTES = 1 << 20
 
 
-def read_config_file(path: str) -> dict[str, Any]:
-    """Parse a config file into a raw mapping (not yet validated)."""
+def read_config_file(path: str, *, cache_in: str | None = None) -> dict[str, Any]:
+    """Parse a config file into a raw mapping (not yet validated).
+
+    ``cache_in``: a run dir whose parse cache (:mod:`netplugin.core.configcache`) may give the
+    parse of these exact bytes, and gets it when it did not.
+    """
+    from netplugin.core import configcache
     from netplugin.core._yaml import DocumentError, load_yaml, read_document
 
     try:
@@ -455,10 +460,14 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise ConfigError("config", f"cannot read {path}: {e.strerror or e}", source=path) from e
     except DocumentError as e:
         raise ConfigError("config", f"{path} {e}", source=path) from None
-    try:
-        doc = load_yaml(data)
-    except DocumentError as e:
-        raise ConfigError("config", f"not valid YAML: {e}", source=path) from None
+    doc = configcache.lookup(cache_in, path, data) if cache_in else configcache.MISS
+    if doc is configcache.MISS:
+        try:
+            doc = load_yaml(data)
+        except DocumentError as e:
+            raise ConfigError("config", f"not valid YAML: {e}", source=path) from None
+        if cache_in:
+            configcache.store(cache_in, path, data, doc)
     if doc is None:
         return {}
     if not isinstance(doc, dict):
@@ -480,18 +489,22 @@ def load_config(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     base: Config | None = None,
+    cache: bool = False,
 ) -> Config:
     """Build a Config: defaults, then the file, then ``environ`` (NETPLUGIN_*), then ``overrides``.
 
     ``path`` is an explicit file (must exist); None means NETPLUGIN_CONFIG from ``environ`` or
     else the default file (may be absent). Overrides with value None are ignored (unset flags).
+    ``cache``: use and fill the file's parse cache in the run dir the flags or the environment
+    name (else the default): what a short-lived process sets, which would import YAML for it.
     """
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     explicit = path or env.get("NETPLUGIN_CONFIG") or None
     file_path = explicit or DEFAULT_CONFIG
     if explicit or os.path.exists(file_path):
-        raw = read_config_file(file_path)
+        run_dir = (overrides or {}).get("run_dir") or env.get("NETPLUGIN_RUN_DIR") or DEFAULT_RUN_DIR
+        raw = read_config_file(file_path, cache_in=str(run_dir) if cache else None)
         _apply(values, raw, file_path, lambda k: k)
         values["config_path"] = file_path
     env_raw = {key: env[var] for var, key in ENV_VARS.items() if var in env}

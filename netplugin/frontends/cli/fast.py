@@ -179,7 +179,7 @@ def locally(cmd: PodCommand, environ: "Mapping[str, str]") -> int | None:
     from netplugin.core.names import PodRef
 
     try:
-        cfg = load_config(cmd.config_path, environ=environ, overrides=cmd.overrides)
+        cfg = load_config(cmd.config_path, environ=environ, overrides=cmd.overrides, cache=True)
         if cfg.use_daemon == "always" or (cfg.use_daemon == "auto" and _exists(cfg.socket_path)):
             return None
         from netplugin.manager.manager import Manager
