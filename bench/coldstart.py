@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
+from netplugin.core.config import ENV_VARS
+
 from .contenders import CNI_BRIDGE, CNI_DIR
 from .context import Network, RunContext, clean_environ, netplugin_env, with_checkout
 from .daemon import Daemon
@@ -23,6 +25,7 @@ __all__ = ["fig_coldstart"]
 
 LABELS = {
     "B-i": "netplugin setup (kubernetes.io/no-op), a new process, installed plainly (a venv, no .pth hooks)",
+    "B-ic": "the same as installed, its settings in a config file (parsed by the first run, cached after)",
     "B": "the same, started as this checkout's console script (its interpreter's .pth hooks)",
     "B-d": "the same through a running daemon (use_daemon always: thin client + round trip)",
     "B-S": "the same, interpreter started with -S (no site .pth hooks)",
@@ -58,6 +61,7 @@ def _variants(
     plain = plain_venv(ctx.workdir / "plain-venv")
     variants: dict[str, Argv] = {
         "B-i": lambda i: [*plain, "setup", "bench", f"p-cold-i-{i}", f"{ctx.tag}-cold-i-{i}"],
+        "B-ic": lambda i: [*plain, "setup", "bench", f"p-cold-c-{i}", f"{ctx.tag}-cold-c-{i}"],
         "B": lambda i: [*ctx.cli, "setup", "bench", f"p-cold-{i}", f"{ctx.tag}-cold-{i}"],
         "B-S": lambda i: [sys.executable, "-S", "-c", bare, "setup", "bench", f"p-cold-s-{i}",
                           f"{ctx.tag}-cold-s-{i}"],
@@ -66,7 +70,14 @@ def _variants(
     }
     if "A" in keys:
         variants["A"] = lambda i: [CNI_BRIDGE]
-    envs = {"B-i": env, "B": env, "B-S": env, "py": clean_environ(), "py-S": clean_environ(), "A": cni_env}
+    # B-ic: the same settings from a config file, as install.sh writes one. The environment's NETPLUGIN_*
+    # variables (each would override the file) move into it, but the run dir: the parse cache is there.
+    config = ctx.workdir / "cold-config.yaml"
+    moved = {k: v for k, v in env.items() if k in ENV_VARS and ENV_VARS[k] != "run_dir"}
+    config.write_text("# netplugin's settings\n" + "".join(f"{ENV_VARS[k]}: {v}\n" for k, v in moved.items()))
+    file_env = {**{k: v for k, v in env.items() if k not in moved}, "NETPLUGIN_CONFIG": str(config)}
+    envs = {"B-i": env, "B-ic": file_env, "B": env, "B-S": env, "py": clean_environ(), "py-S": clean_environ(),
+            "A": cni_env}
     return variants, envs
 
 

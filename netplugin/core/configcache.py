@@ -100,6 +100,7 @@ def store(run_dir: str, path: str, data: bytes, doc: Any) -> bool:
     try:
         entry = json.dumps({"path": os.path.abspath(path), "text": data.decode("utf-8"), "doc": doc})
         target = cache_path(run_dir, path)
+        ensure_dir(run_dir)  # as every other user of the run dir creates it (0755: the socket lives there)
         ensure_dir(os.path.dirname(target), base=run_dir, mode=0o700)
         replace_file(target, entry.encode(), mode=0o600, durable=False)
     except (OSError, ValueError, SystemFailure):  # UnsafeDirectory is a SystemFailure
