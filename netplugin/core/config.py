@@ -19,6 +19,7 @@ from netplugin.core.defaults import (
     ACTIONS,
     DEFAULT_CONFIG,
     DEFAULT_KILL_GRACE,
+    DEFAULT_MAX_OUTPUT,
     DEFAULT_NETNS_TEMPLATE,
     DEFAULT_NODES_DIR,
     DEFAULT_PLUGIN_DIR,
@@ -72,7 +73,7 @@ class Config:
     record_status: bool = False
     #: the cluster's pod CIDRs (all nodes'): pod traffic to anywhere else is masqueraded (egress)
     cluster_cidrs: tuple[str, ...] = ()
-    max_output: int = 1 << 20
+    max_output: int = DEFAULT_MAX_OUTPUT
     host: str = "static"
     pods_dir: str = DEFAULT_PODS_DIR
     kubeconfig: str | None = None

@@ -142,7 +142,7 @@ import enum
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from netplugin.core.defaults import DEFAULT_KILL_GRACE
+from netplugin.core.defaults import DEFAULT_KILL_GRACE, DEFAULT_MAX_OUTPUT
 from netplugin.core.names import PodRef
 from netplugin.core.node import NodeInfo
 from netplugin.core.plaindata import dataclass, field
@@ -205,7 +205,7 @@ class CallContext:
     env: Mapping[str, str] = field(default_factory=dict)
     state_dir: str = ""
     kill_grace: float = DEFAULT_KILL_GRACE
-    max_output: int = 1 << 20
+    max_output: int = DEFAULT_MAX_OUTPUT
     #: the node this call runs on (its NETPLUGIN_NODE_* variables are in ``env`` too)
     node: NodeInfo | None = None
 

@@ -62,6 +62,7 @@ import posix
 import sys
 
 __all__ = [
+    "CNI_IO_FAILURE",
     "CNI_TRY_AGAIN",
     "CNI_VERSIONS",
     "FRAME_MAGIC",
@@ -127,6 +128,8 @@ MAX_STDIN = 4 << 20
 CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 #: CNI error code "try again later": the daemon is required but did not run the call
 CNI_TRY_AGAIN = 11
+#: CNI error code "I/O failure" (reading stdin, talking to the daemon)
+CNI_IO_FAILURE = 5
 
 # --- the JSON codec --------------------------------------------------------------------------------
 

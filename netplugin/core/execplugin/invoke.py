@@ -40,7 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from netplugin.core.defaults import DEFAULT_KILL_GRACE
+from netplugin.core.defaults import DEFAULT_KILL_GRACE, DEFAULT_MAX_OUTPUT
 from netplugin.core.execplugin._proctree import kill_on_timeout, kill_stragglers, signal_group, wait_readable
 from netplugin.core.execplugin._pump import Pump
 from netplugin.core.plaindata import dataclass, field
@@ -131,7 +131,7 @@ def run(
     env: Mapping[str, str],
     stdin: bytes | None = None,
     timeout: float,
-    max_output: int = 1 << 20,
+    max_output: int = DEFAULT_MAX_OUTPUT,
     kill_grace: float = DEFAULT_KILL_GRACE,
     cwd: str = "/",
     exe_fd: int | None = None,

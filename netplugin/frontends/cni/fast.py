@@ -42,7 +42,16 @@ import time
 
 from netplugin.core.defaults import answer_timeout as _answer_timeout
 from netplugin.core.defaults import socket_path
-from netplugin.frontends.rpc import CNI_TRY_AGAIN, CNI_VERSIONS, MAX_STDIN, cni_request, dumps, loads, process_environ
+from netplugin.frontends.rpc import (
+    CNI_IO_FAILURE,
+    CNI_TRY_AGAIN,
+    CNI_VERSIONS,
+    MAX_STDIN,
+    cni_request,
+    dumps,
+    loads,
+    process_environ,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,7 +61,7 @@ __all__ = ["answer_timeout", "conf_of", "daemon_target", "forward", "log_call", 
 
 #: commands the daemon can run for the shim (VERSION is answered here, without any state)
 FORWARDED = ("ADD", "DEL", "CHECK", "STATUS", "GC")
-E_IO = 5
+E_IO = CNI_IO_FAILURE
 E_TRY_AGAIN = CNI_TRY_AGAIN
 LATEST = CNI_VERSIONS[-1]
 #: the daemon op or plugin action each CNI command may wait for (GC: one teardown per stale attachment)

@@ -208,14 +208,16 @@ static int buf_field(struct buf *b, unsigned char tag, const void *data, size_t 
 }
 
 
-/* Write all of data to fd, PIPE_BUF at a time after poll, so no write blocks past the deadline. */
-static int write_all(int fd, const unsigned char *data, size_t n, int64_t deadline) {
+/* Write all of data to fd, after poll each time, so no write blocks past the deadline. A socket
+ * (to_socket) is written with send(MSG_NOSIGNAL): a daemon that went away is an error, not SIGPIPE.
+ * Anything else (stdout, stderr, a pipe to the fallback) PIPE_BUF at a time: a pipe that poll calls
+ * writable takes that much without blocking. */
+static int write_all(int fd, const unsigned char *data, size_t n, int64_t deadline, int to_socket) {
     while (n > 0) {
         int r = wait_fd(fd, POLLOUT, deadline);
         if (r <= 0)
             return -1;
-        size_t chunk = n < 4096 ? n : 4096;
-        ssize_t w = write(fd, data, chunk);
+        ssize_t w = to_socket ? send(fd, data, n, MSG_NOSIGNAL) : write(fd, data, n < 4096 ? n : 4096);
         if (w < 0) {
             if (errno == EINTR || errno == EAGAIN)
                 continue;
@@ -254,7 +256,7 @@ static void cni_fail(int code, const char *msg) {
     snprintf(doc, sizeof doc, "{\"cniVersion\":\"%s\",\"code\":%d,\"msg\":", NPF_CNI_LATEST, code);
     json_str(doc, sizeof doc, msg);
     strncat(doc, "}\n", sizeof doc - strlen(doc) - 1);
-    (void)write_all(STDOUT_FILENO, (const unsigned char *)doc, strlen(doc), now_ms() + NP_IO_TIMEOUT_MS);
+    (void)write_all(STDOUT_FILENO, (const unsigned char *)doc, strlen(doc), now_ms() + NP_IO_TIMEOUT_MS, 0);
     exit(1);
 }
 
@@ -274,7 +276,7 @@ static void fall_back(const struct call *c, const char *why) {
             char doc[256];
             snprintf(doc, sizeof doc, "{\"cniVersion\":\"%s\",\"supportedVersions\":[%s]}\n", NPF_CNI_LATEST,
                      NPF_CNI_VERSIONS);
-            exit(write_all(STDOUT_FILENO, (const unsigned char *)doc, strlen(doc), now_ms() + NP_IO_TIMEOUT_MS)
+            exit(write_all(STDOUT_FILENO, (const unsigned char *)doc, strlen(doc), now_ms() + NP_IO_TIMEOUT_MS, 0)
                      ? 1
                      : 0);
         }
@@ -283,7 +285,7 @@ static void fall_back(const struct call *c, const char *why) {
         cni_fail(NPF_E_TRY_AGAIN, msg);
     }
     int fd = memfd_create("netplugin-cni-stdin", MFD_CLOEXEC);
-    if (fd < 0 || write_all(fd, c->stdin_data, c->stdin_len, now_ms() + NP_IO_TIMEOUT_MS) != 0 ||
+    if (fd < 0 || write_all(fd, c->stdin_data, c->stdin_len, now_ms() + NP_IO_TIMEOUT_MS, 0) != 0 ||
         lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, STDIN_FILENO) != STDIN_FILENO) {
         char msg[NP_MSG_MAX];
         snprintf(msg, sizeof msg, "netplugin-cni: cannot hand stdin to the Python shim %s: %s", fallback,
@@ -404,23 +406,6 @@ static int connect_daemon(const char *path, char *why, size_t why_cap) {
     }
 }
 
-static int send_all(int fd, const unsigned char *data, size_t n, int64_t deadline) {
-    while (n > 0) {
-        int r = wait_fd(fd, POLLOUT, deadline);
-        if (r <= 0)
-            return -1;
-        ssize_t w = send(fd, data, n, MSG_NOSIGNAL);
-        if (w < 0) {
-            if (errno == EINTR || errno == EAGAIN)
-                continue;
-            return -1;
-        }
-        data += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* Read exactly n bytes: 0, or -1 with *why ("closed", "timed out", errno text). */
 static int recv_all(int fd, unsigned char *into, size_t n, int64_t deadline, const char **why) {
     while (n > 0) {
@@ -479,7 +464,7 @@ int main(void) {
         fall_back(&c, cwhy);
     int gc = c.command && strcmp(c.command, "GC") == 0;
     int64_t deadline = now_ms() + (gc ? NPF_GC_TIMEOUT_MS : NP_ANSWER_TIMEOUT_MS);
-    if (send_all(fd, req, req_len, deadline) != 0) {
+    if (write_all(fd, req, req_len, deadline, 1) != 0) {
         /* The daemon acts on whole frames only: a frame it did not get whole was not run. */
         snprintf(cwhy, sizeof cwhy, "cannot send the request: %s", strerror(errno));
         fall_back(&c, cwhy);
@@ -524,9 +509,9 @@ int main(void) {
     int64_t io = now_ms() + NP_IO_TIMEOUT_MS;
     int bad = 0;
     if (a.out_len)
-        bad |= write_all(STDOUT_FILENO, a.out, a.out_len, io);
+        bad |= write_all(STDOUT_FILENO, a.out, a.out_len, io, 0);
     if (a.err_len)
-        (void)write_all(STDERR_FILENO, a.err, a.err_len, io);
+        (void)write_all(STDERR_FILENO, a.err, a.err_len, io, 0);
     int code = bad && !a.code ? 1 : a.code;
     free(body);
     free(c.stdin_data);
