@@ -6,6 +6,7 @@ that no other run on this host is using right now.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import os
@@ -13,6 +14,7 @@ import random
 import secrets
 import shutil
 import subprocess
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -86,3 +88,30 @@ def tcp_rate(src_netns: str | None, dst_netns: str | None, dst_ip: str, nbytes: 
     from netplugin.frontends.demo_chain import tcp_rate as measured
 
     return measured(src_netns, dst_netns, dst_ip, nbytes)
+
+
+def ip_in(ns: str, *args: str, timeout: float = 60) -> str:
+    """``ip -n NS ARGS``: its stdout; the test fails with ip's stderr when it fails."""
+    done = subprocess.run(["ip", "-n", ns, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@contextlib.contextmanager
+def underlay_netns(tag: str, addresses: Sequence[str], default_via: str | None = None) -> Iterator[str]:
+    """A node's netns of the test's own: ``eth0`` (a veth, up) with ``addresses`` (IPv6 ones without
+    DAD), optionally a default route; deleted afterwards, whatever the test did."""
+    name = f"np{secrets.token_hex(4)}{tag}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        ip_in(name, "link", "set", "lo", "up")
+        ip_in(name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
+        ip_in(name, "link", "set", "eth0", "up")
+        ip_in(name, "link", "set", "eth1", "up")
+        for addr in addresses:
+            ip_in(name, "addr", "add", addr, "dev", "eth0", *(["nodad"] if ":" in addr else []))
+        if default_via:
+            ip_in(name, "route", "add", "default", "via", default_via)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import secrets
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from netplugin.core.node import NodeInfo
 from netplugin.nodenet.routes import RTPROT_NETPLUGIN, RouteProblem, RouteTable
-from tests.nettest import kernel_gate
+from tests.nettest import ip_in as ip
+from tests.nettest import kernel_gate, underlay_netns
 
 pytestmark = pytest.mark.kernel
 
@@ -28,11 +27,6 @@ def peer(i: int, **kw: tuple[str, ...]) -> NodeInfo:
     )
 
 
-def ip(ns: str, *args: str) -> str:
-    done = subprocess.run(["ip", "-n", ns, *args], capture_output=True, text=True, timeout=20, check=False)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
 
 def routes(ns: str, proto: str = str(RTPROT_NETPLUGIN)) -> dict[str, str]:
     out = {}
@@ -45,19 +39,8 @@ def routes(ns: str, proto: str = str(RTPROT_NETPLUGIN)) -> dict[str, str]:
 @pytest.fixture
 def netns(request: pytest.FixtureRequest) -> Iterator[str]:
     kernel_gate(request)
-    name = f"np{secrets.token_hex(4)}r"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        ip(name, "link", "set", "lo", "up")
-        ip(name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
-        ip(name, "link", "set", "eth0", "up")
-        ip(name, "link", "set", "eth1", "up")
-        ip(name, "addr", "add", "10.206.0.11/24", "dev", "eth0")
-        ip(name, "addr", "add", "fd6e:7031:1a00::11/64", "dev", "eth0", "nodad")
-        ip(name, "route", "add", "default", "via", "10.206.0.1")
+    with underlay_netns('r', ['10.206.0.11/24', 'fd6e:7031:1a00::11/64'], default_via='10.206.0.1') as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 @pytest.fixture

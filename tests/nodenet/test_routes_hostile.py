@@ -8,15 +8,13 @@ pods) is refused with a problem naming why, and the kernel's table keeps only th
 from __future__ import annotations
 
 import ipaddress
-import secrets
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from netplugin.core.node import NodeInfo
 from netplugin.nodenet.routes import RouteTable, node_overlaps
-from tests.nettest import kernel_gate
+from tests.nettest import kernel_gate, underlay_netns
 
 from .test_routes import CLUSTER, ME, ip, peer, routes
 
@@ -32,19 +30,8 @@ def hostile(name: str, cidr: str, when: str = T2) -> NodeInfo:
 @pytest.fixture
 def netns(request: pytest.FixtureRequest) -> Iterator[str]:
     kernel_gate(request)
-    name = f"np{secrets.token_hex(4)}h"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        ip(name, "link", "set", "lo", "up")
-        ip(name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
-        ip(name, "link", "set", "eth0", "up")
-        ip(name, "link", "set", "eth1", "up")
-        ip(name, "addr", "add", "10.206.0.11/24", "dev", "eth0")
-        ip(name, "addr", "add", "fd6e:7031:1a00::11/64", "dev", "eth0", "nodad")
-        ip(name, "route", "add", "default", "via", "10.206.0.1")
+    with underlay_netns('h', ['10.206.0.11/24', 'fd6e:7031:1a00::11/64'], default_via='10.206.0.1') as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def table_of(netns: str, cluster: tuple[str, ...]) -> RouteTable:

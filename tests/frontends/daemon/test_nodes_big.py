@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -23,7 +22,8 @@ from netplugin.hosts.kube import KubeHost
 from netplugin.hosts.kubeconfig import KubeSettings
 from netplugin.nodenet.egress import Egress
 from netplugin.nodenet.routes import RouteTable
-from tests.nettest import kernel_gate
+from tests.nettest import ip_in as ip
+from tests.nettest import kernel_gate, underlay_netns
 
 pytestmark = pytest.mark.kernel
 
@@ -31,26 +31,12 @@ NODES = 5000
 CLUSTER = ("fd6e:7031:1a00:8000::/49",)
 
 
-def ip(ns: str, *args: str) -> str:
-    done = subprocess.run(["ip", "-n", ns, *args], capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
 
 @pytest.fixture
 def netns(request: pytest.FixtureRequest) -> Iterator[str]:
     kernel_gate(request)
-    name = f"np{secrets.token_hex(4)}b"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        ip(name, "link", "set", "lo", "up")
-        ip(name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
-        ip(name, "link", "set", "eth0", "up")
-        ip(name, "link", "set", "eth1", "up")
-        ip(name, "addr", "add", "fd6e:7031:1a00::1:0/96", "dev", "eth0", "nodad")
+    with underlay_netns('b', ['fd6e:7031:1a00::1:0/96']) as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def big_cluster(api: ApiServer, count: int) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -18,17 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.nettest import kernel_gate
+from tests.nettest import ip_in as ip
+from tests.nettest import kernel_gate, underlay_netns
 
 pytestmark = pytest.mark.kernel
 
 REPO = Path(__file__).resolve().parents[3]
 
-
-def ip(ns: str, *args: str) -> str:
-    done = subprocess.run(["ip", "-n", ns, *args], capture_output=True, text=True, timeout=20, check=False)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def routes(ns: str) -> dict[str, str]:
@@ -55,17 +50,8 @@ def wait_for(pred: object, timeout: float = 8.0) -> None:
 @pytest.fixture
 def netns(request: pytest.FixtureRequest) -> Iterator[str]:
     kernel_gate(request)
-    name = f"np{secrets.token_hex(4)}s"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        ip(name, "link", "set", "lo", "up")
-        ip(name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
-        ip(name, "link", "set", "eth0", "up")
-        ip(name, "link", "set", "eth1", "up")
-        ip(name, "addr", "add", "10.206.0.11/24", "dev", "eth0")
+    with underlay_netns('s', ['10.206.0.11/24']) as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def test_static_node_files_drive_the_routes(netns: str, tmp_path: Path) -> None:
