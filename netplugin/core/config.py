@@ -152,11 +152,13 @@ def _apply(values: dict[str, Any], raw: Mapping[str, Any], source: str, key_name
 MAX_CONFIG_BYTES = 1 << 20
 
 
-def read_config_file(path: str, *, cache_in: str | None = None) -> dict[str, Any]:
+def read_config_file(path: str, *, cache_in: str | None = None, cache_pinned: bool = False) -> dict[str, Any]:
     """Parse a config file into a raw mapping (not yet validated).
 
-    ``cache_in``: a run dir whose parse cache (:mod:`netplugin.core.configcache`) may give the
-    parse of these exact bytes, and gets it when it did not.
+    ``cache_in``: the run dir whose parse cache (:mod:`netplugin.core.configcache`) may hold the
+    parse of these exact bytes, and gets it when it did not. The cache lives in the node's own
+    run dir only: unless the caller's flags or environment fix the run dir (``cache_pinned``),
+    a file that names another run dir is neither taken from nor written to ``cache_in``.
     """
     from netplugin.core import configcache
     from netplugin.core._yaml import DocumentError, load_yaml, read_document
@@ -167,16 +169,16 @@ def read_config_file(path: str, *, cache_in: str | None = None) -> dict[str, Any
         raise ConfigError("config", f"cannot read {path}: {e.strerror or e}", source=path) from e
     except DocumentError as e:
         raise ConfigError("config", f"{path} {e}", source=path) from None
-    doc = configcache.lookup(cache_in, path, data) if cache_in else configcache.MISS
-    if doc is configcache.MISS:
-        try:
-            doc = load_yaml(data)
-        except DocumentError as e:
-            raise ConfigError("config", f"not valid YAML: {e}", source=path) from None
-        if cache_in:
-            configcache.store(cache_in, path, data, doc)
+    if cache_in:
+        cached = configcache.lookup(cache_in, path, data)
+        if isinstance(cached, dict) and (cache_pinned or cached.get("run_dir") in (None, cache_in)):
+            return cached
+    try:
+        doc = load_yaml(data)
+    except DocumentError as e:
+        raise ConfigError("config", f"not valid YAML: {e}", source=path) from None
     if doc is None:
-        return {}
+        doc = {}
     if not isinstance(doc, dict):
         raise ConfigError("config", f"must be a mapping at the top level, got {type(doc).__name__}", source=path)
     # YAML keys may be written with dashes, like the flags; the two spellings of one key clash.
@@ -187,6 +189,8 @@ def read_config_file(path: str, *, cache_in: str | None = None) -> dict[str, Any
         if key in out:
             raise ConfigError(key, f"given twice, as {_shown(spelled[key])} and {_shown(str(k))}", source=path)
         out[key], spelled[key] = v, str(k)
+    if cache_in and (cache_pinned or out.get("run_dir") in (None, cache_in)):
+        configcache.store(cache_in, path, data, out)
     return out
 
 
@@ -203,15 +207,17 @@ def load_config(
     ``path`` is an explicit file (must exist); None means NETPLUGIN_CONFIG from ``environ`` or
     else the default file (may be absent). Overrides with value None are ignored (unset flags).
     ``cache``: use and fill the file's parse cache in the run dir the flags or the environment
-    name (else the default): what a short-lived process sets, which would import YAML for it.
+    name, else the default one unless the file names another (see :func:`read_config_file`):
+    what a short-lived process sets, which would import YAML for it.
     """
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     explicit = path or env.get("NETPLUGIN_CONFIG") or None
     file_path = explicit or DEFAULT_CONFIG
     if explicit or os.path.exists(file_path):
-        run_dir = (overrides or {}).get("run_dir") or env.get("NETPLUGIN_RUN_DIR") or DEFAULT_RUN_DIR
-        raw = read_config_file(file_path, cache_in=str(run_dir) if cache else None)
+        pinned = (overrides or {}).get("run_dir") or env.get("NETPLUGIN_RUN_DIR")
+        cache_in = str(pinned or DEFAULT_RUN_DIR) if cache else None
+        raw = read_config_file(file_path, cache_in=cache_in, cache_pinned=bool(pinned))
         _apply(values, raw, file_path, lambda k: k)
         values["config_path"] = file_path
     env_raw = {key: env[var] for var, key in ENV_VARS.items() if var in env}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from netplugin.core import configcache
-from netplugin.core.config import Config, load_config
+from netplugin.core.config import Config, load_config, read_config_file
 
 CONFIG = "plugin_dir: /opt/exec\nplugin: bridge\ntimeouts:\n  setup: 12\nenv:\n  A: 'x'\n"
 
@@ -135,3 +135,22 @@ def test_the_cli_reads_a_config_file_without_yaml_from_its_second_run(tmp_path: 
     assert [r.returncode for r in runs] == [0, 0], runs
     imported = [{line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if "|" in line} for r in runs]
     assert "yaml" in imported[0] and "yaml" not in imported[1]
+
+
+def test_a_file_naming_another_run_dir_is_not_cached_in_the_default_one(tmp_path: Path) -> None:
+    """Without a run dir from flags or environment, the cache may only be in the run dir the file ends up using."""
+    default, other = tmp_path / "default-run", tmp_path / "other-run"
+    path = tmp_path / "netplugin.yaml"
+    path.write_text(f"run_dir: {other}\nplugin: bridge\n")
+    assert read_config_file(str(path), cache_in=str(default))["plugin"] == "bridge"
+    assert not default.exists()  # nothing written where this node's run dir is not
+    # a cache planted there (as by a call whose environment named that dir) is not believed either
+    data = path.read_bytes()
+    assert configcache.store(str(default), str(path), data, {"run_dir": str(other), "plugin": "planted"})
+    assert read_config_file(str(path), cache_in=str(default))["plugin"] == "bridge"
+    # pinned by the caller, the cache is the caller's run dir whatever the file says
+    assert read_config_file(str(path), cache_in=str(default), cache_pinned=True)["plugin"] == "planted"
+    # and a file naming the same run dir is cached there
+    path.write_text(f"run_dir: {default}\nplugin: bridge\n")
+    read_config_file(str(path), cache_in=str(default))
+    assert configcache.lookup(str(default), str(path), path.read_bytes())["plugin"] == "bridge"
