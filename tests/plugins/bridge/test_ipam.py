@@ -145,6 +145,31 @@ def test_a_torn_cursor_never_hands_out_an_address_twice(ipam_dir: Path, torn: st
     assert all(ipam.lookup(owner).ip == ip for ip, owner in owners.items())  # type: ignore[union-attr]
 
 
+def _page_cache(path: Path) -> tuple[int, int]:
+    """(pages cached, pages dirty) of a file: cachestat(2), Linux 6.5+ (x86_64 syscall 451)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    rng = (ctypes.c_uint64 * 2)(0, 0)  # offset 0, length 0: the whole file
+    out = (ctypes.c_uint64 * 5)()  # nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert libc.syscall(451, fd, ctypes.byref(rng), ctypes.byref(out), 0) == 0, os.strerror(ctypes.get_errno())
+    finally:
+        os.close(fd)
+    return int(out[0]), int(out[1])
+
+
+def test_a_new_allocation_starts_writing_its_records_out_and_keeps_them_cached(ipam_dir: Path) -> None:
+    # Left dirty, the records of a burst of setups are written back together ~30 s later, and every
+    # journal commit (the next pod's fsync) waits for that pile; dropped from the cache, the pod's
+    # teardown would read them from disk.
+    ipam = IPAM(str(ipam_dir), "10.204.7.0/24")
+    ip, _ = ipam.allocate("abc123", "default", "web")
+    for record in (ipam_dir / "pods" / "abc123", ipam_dir / "ips" / ip):
+        assert _page_cache(record) == (1, 0), record
+
+
 def test_exhaustion_is_a_clear_error_and_changes_nothing(ipam_dir: Path) -> None:
     ipam = IPAM(str(ipam_dir), "10.204.7.0/29")
     for i in range(5):
