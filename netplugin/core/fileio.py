@@ -9,7 +9,9 @@ Writes (:func:`replace_file`, :func:`atomic_write`, :func:`create_file`) go thro
 next to the destination, created ``O_CREAT | O_EXCL | O_NOFOLLOW`` (a planted file or symbolic
 link under the temp name is never written through) with exactly the given mode, whatever the
 umask; the temp file is removed when anything fails. ``os.replace`` replaces a symbolic link at
-the destination instead of following it. The directory is one of netplugin's own (checked by
+the destination instead of following it. A file that is kept but need not be durable can have its
+writeback started at once (:func:`start_writeback`), so the files of a burst of writes do not pile
+up as dirty data that a later fsync's journal commit must wait for. The directory is one of netplugin's own (checked by
 the caller with :func:`netplugin.core.dirs.ensure_dir`).
 
 Temp files of writes that never finished (a SIGKILL between create and rename): every writer
