@@ -104,6 +104,12 @@ _IFLA_INFO_SLAVE_DATA = 5
 _IFLA_BRPORT_MODE = 4  # hairpin
 
 
+_IFLA_AF_SPEC = 26
+
+
+_IFLA_INET6_ADDR_GEN_MODE = 8  # IN6_ADDR_GEN_MODE_NONE = 1: no link-local address
+
+
 _VETH_INFO_PEER = 1
 
 
@@ -288,19 +294,43 @@ class RawNetlink:
         return index, (int(_U32.unpack_from(peer)[0]) if peer is not None and len(peer) >= 4 else None)
 
     def add_veth(self, name: str, peer: str, netns_fd: int, mtu: int, master: int) -> None:
-        """``ip link add NAME mtu MTU master M up type veth peer name PEER mtu MTU netns FD``."""
+        """A bridge port for a pod, in one sendmsg: ``ip link add NAME mtu MTU master M type veth peer
+        name PEER mtu MTU netns FD``; ``addr_gen_mode none`` and ``hairpin on`` on NAME; NAME up.
+
+        NAME is created down and gets no IPv6 link-local address (it is a bridge port: the bridge holds
+        the node's addresses): otherwise its duplicate address detection, router solicitation and MLD
+        reports are multicast frames the bridge floods to every port, a cost that grows with the pods
+        present. Hairpin is set before the port is up, so no frame passes before it. When a step after
+        the creation fails, NAME is deleted again before KernelError says which step failed.
+        """
         peer_msg = (
             _ifinfo() + _str_attr(_IFLA_IFNAME, peer) + _u32_attr(_IFLA_NET_NS_FD, netns_fd) + _u32_attr(_IFLA_MTU, mtu)
         )
         linkinfo = _str_attr(_IFLA_INFO_KIND, "veth") + _attr(_IFLA_INFO_DATA, _attr(_VETH_INFO_PEER, peer_msg))
-        body = (
-            _ifinfo(0, IFF_UP, IFF_UP)
+        create = (
+            _ifinfo()
             + _str_attr(_IFLA_IFNAME, name)
             + _u32_attr(_IFLA_MTU, mtu)
             + _u32_attr(_IFLA_MASTER, master)
             + _attr(_IFLA_LINKINFO, linkinfo)
         )
-        self.request(_RTM_NEWLINK, _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_EXCL, body, f"add veth {name}")
+        by_name = _ifinfo() + _str_attr(_IFLA_IFNAME, name)
+        no_ll = _attr(_IFLA_AF_SPEC, _attr(socket.AF_INET6, _attr(_IFLA_INET6_ADDR_GEN_MODE, b"\x01")))
+        steps = [
+            (f"add veth {name}", (_RTM_NEWLINK, _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_EXCL, create)),
+            (f"set addr_gen_mode none on {name}", (_RTM_NEWLINK, _NLM_F_ACK, by_name + no_ll)),
+            (f"set hairpin on {name}", (_RTM_NEWLINK, _NLM_F_ACK, by_name + _attr(_IFLA_LINKINFO, _HAIRPIN))),
+            (f"set {name} up", (_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(0, IFF_UP, IFF_UP) + _str_attr(_IFLA_IFNAME, name))),
+        ]
+        results = self.transact([r for _, r in steps])
+        for n, ((what, _), (err, _answer)) in enumerate(zip(steps, results, strict=True)):
+            if n == 1 and err == errno.EAFNOSUPPORT:
+                continue  # IPv6 is disabled on this node (or for this link): no link-local address anyway
+            if err:
+                if n:
+                    # The kernel carried on after the failed step (each request is separate): undo all.
+                    self.transact([(_RTM_DELLINK, _NLM_F_ACK, by_name)])
+                raise KernelError(err, f"{what}: {os.strerror(err)}")
 
     def attach(self, index: int, mtu: int, master: int) -> None:
         """``ip link set dev INDEX mtu MTU master M up``."""
@@ -309,10 +339,7 @@ class RawNetlink:
 
     def hairpin(self, index: int) -> None:
         """``ip link set dev INDEX type bridge_slave hairpin on``."""
-        slave = _str_attr(_IFLA_INFO_SLAVE_KIND, "bridge") + _attr(
-            _IFLA_INFO_SLAVE_DATA, _attr(_IFLA_BRPORT_MODE, b"\x01")
-        )
-        self.request(_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(index) + _attr(_IFLA_LINKINFO, slave), "set hairpin")
+        self.request(_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(index) + _attr(_IFLA_LINKINFO, _HAIRPIN), "set hairpin")
 
     def configure_pod(self, index: int, addrs: Sequence[tuple[str, int, str]]) -> None:
         """lo up; per ``(ip, prefixlen, gateway)``: ``ip addr replace IP/PREFIXLEN`` (IPv6: ``nodad``);
@@ -474,3 +501,6 @@ def netns_netlink(path: str) -> Iterator[RawNetlink]:
 
 
 _U32 = struct.Struct("=I")
+
+#: IFLA_LINKINFO of "bridge_slave hairpin on"
+_HAIRPIN = _str_attr(_IFLA_INFO_SLAVE_KIND, "bridge") + _attr(_IFLA_INFO_SLAVE_DATA, _attr(_IFLA_BRPORT_MODE, b"\x01"))

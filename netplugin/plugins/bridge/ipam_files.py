@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import InvalidArgument, NetpluginError
-from netplugin.core.fileio import FileRefused, read_bounded, replace_file
+from netplugin.core.fileio import FileRefused, read_bounded, replace_file, start_writeback
 from netplugin.core.names import validate_infra_id
 
 __all__ = ["DirLock", "IPAMError", "listdir", "read_owner", "read_text", "unlink", "write_record"]
@@ -142,17 +142,28 @@ def read_owner(path: str) -> str | None:
 
 
 def write_record(path: str, text: str, *, mode: str = "atomic") -> None:
-    """Write a record: "atomic" (temp file + rename), "exclusive" (O_EXCL) or "in-place"."""
+    """Write a record: "atomic" (temp file + rename), "exclusive" (O_EXCL) or "in-place".
+
+    Records that stay as long as their pod ("atomic", "exclusive") have their writeback started at
+    once (:func:`~netplugin.core.fileio.start_writeback`). "in-place" (the cursor, a repaired address
+    file) overwrites from the start and then cuts the file to the new length, never truncating it to
+    zero first: on ext4 (``auto_da_alloc``) a file truncated to zero and written is flushed on close.
+    """
     data = text.encode()
     if mode != "atomic":
-        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-        flags |= os.O_EXCL if mode == "exclusive" else os.O_TRUNC
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_EXCL if mode == "exclusive" else 0)
         try:
             fd = os.open(path, flags, 0o644)
         except OSError as e:
             raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
         try:
             _write_all(fd, data)
+            if mode == "exclusive":
+                start_writeback(fd)
+            else:
+                # A kill between the write and the cut leaves the old tail after a newline: the
+                # readers treat that as torn (cursor: start over; address file: owner unknown).
+                os.ftruncate(fd, len(data))
         except OSError as e:
             if mode == "exclusive":
                 unlink(path)  # O_EXCL made it ours: a torn address file must not stay (ENOSPC)
@@ -162,7 +173,7 @@ def write_record(path: str, text: str, *, mode: str = "atomic") -> None:
         return
     try:
         # hidden: listings of ips/ and pods/ skip dot files, the bash plugin's temp files too
-        replace_file(path, data, mode=0o644, durable=False, hidden=True)
+        replace_file(path, data, mode=0o644, durable=False, hidden=True, writeback=True)
     except OSError as e:
         raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
 

@@ -3,7 +3,8 @@
 The same network and the same files as the bash plugin ``exec_plugins/bridge/bridge``: one
 Linux bridge with the gateway address; per pod a veth pair whose host end (named
 :func:`host_veth_name` of the infra id) is a bridge port with hairpin on and whose pod end
-(``eth0``) is created directly inside the pod's network namespace, with an address of each
+(``eth0``) is created directly inside the pod's network namespace (the host end has no IPv6
+address of its own: the bridge holds the node's addresses), with an address of each
 configured family (IPv4, IPv6 or both) from :mod:`netplugin.plugins.bridge.podipam` and a default
 route per family via the gateway. Settings, their validation and
 messages, the state dir layout and the veth names are identical, so a node can switch
@@ -27,9 +28,10 @@ This module is imported only when the plugin is selected. Choices, from measurem
 * **Per-pod requests are packed by hand** (:mod:`netplugin.core.netlink`): pyroute2 0.9
   spends ~0.5 ms of Python per request (message classes, an asyncio loop per call) where the
   kernel needs 10-50 us, and cannot send several requests in one ``sendmsg``. A setup is one
-  veth request in the root netns, one lookup and one 4-request batch in the pod netns, and a
-  few sysfs reads: ~2.5-4 ms per pod, against ~8 ms with pyroute2's API and ~15-20 ms for the
-  bash plugin. pyroute2 still does init (rare; readability wins there).
+  4-request batch in the root netns (the veth with its peer in the pod netns, then no IPv6
+  link-local address, hairpin and up on the host end: :meth:`RawNetlink.add_veth`), one lookup
+  and one 4-request batch in the pod netns, and a few sysfs reads: ~2.5-4 ms per pod, against
+  ~8 ms with pyroute2's API and ~15-20 ms for the bash plugin. pyroute2 still does init (rare; readability wins there).
 * **Namespaced sockets without a fork**: only the calling thread enters the pod netns with
   ``setns(2)``, for the one ``socket()`` call, and switches back at once; the socket stays in
   the netns it was made in. ``IPRoute(netns=...)`` forks a helper (6-8 ms, and unsafe with
@@ -401,20 +403,21 @@ class NativeBridgePlugin:
                     step.what = f"attach {host} to {s.name}"
                     root.attach(existing, s.mtu, bridge)
                     index = existing
+                    step.what = f"enable hairpin on {host}"
+                    _set_hairpin(host, index)
                 else:
                     if existing is not None:
                         step.what = f"delete stale veth {host}"
                         self.reaper.delete(host, existing, ctx.timeout)
                     step.what = f"create veth {host} with peer {s.ifname} in {ctx.netns}"
                     # The peer is created inside the pod netns: moving a link there costs ~20 ms more.
+                    # One sendmsg also sets hairpin and brings the port up (see RawNetlink.add_veth).
                     root.add_veth(host, s.ifname, nsfd, s.mtu, bridge)
                     created = _root_ifindex(host)
                     found = ns.link(s.ifname)
                     if created is None or found is None:
                         raise OSError(errno.ENODEV, f"veth {host} vanished right after it was created")
                     index, peer = created, found[0]
-                step.what = f"enable hairpin on {host}"
-                _set_hairpin(host, index)
                 gws = [str(g) for g in s.gateways]  # the IPAM's families are in the settings' order
                 what = ", ".join(f"{a.cidr} via {gw}" for a, gw in zip(allocs, gws, strict=True))
                 step.what = f"configure {s.ifname} in {ctx.netns} ({what})"

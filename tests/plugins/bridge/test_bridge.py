@@ -374,6 +374,36 @@ def test_init_refuses_a_non_bridge_and_a_changed_subnet(native_factory: Callable
 
 
 @kernel
+def assert_port_settings(net: NativeNet, host_veth: str) -> None:
+    """A pod's host veth: a port of the bridge, up, hairpin on, and no IPv6 address of its own."""
+    sysfs = Path("/sys/class/net") / host_veth
+    assert (sysfs / "brport" / "hairpin_mode").read_text().strip() == "1"
+    assert (sysfs / "master").resolve().name == net.bridge
+    assert int((sysfs / "flags").read_text(), 16) & 1  # IFF_UP
+    assert Path(f"/proc/sys/net/ipv6/conf/{host_veth}/addr_gen_mode").read_text().strip() == "1"
+    assert _run(["ip", "-6", "-o", "addr", "show", "dev", host_veth]).stdout == ""
+
+
+@kernel
+def test_a_failed_veth_creation_leaves_nothing(native_net: NativeNet) -> None:
+    # The peer's name is taken in the pod netns: the whole batch (create, settings, up) fails at its first step.
+    net = native_net
+    pod = net.pod(0)
+    net.setup(pod)
+    bridge = int(Path(f"/sys/class/net/{net.bridge}/ifindex").read_text())
+    before = sorted(net.bridge_ports())
+    spare = pod.host_veth[:-1] + ("0" if pod.host_veth[-1] != "0" else "1")
+    fd = os.open(pod.netns_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with RawNetlink() as nl, pytest.raises(OSError, match=f"add veth {spare}: File exists"):
+            nl.add_veth(spare, "eth0", fd, 1500, bridge)
+    finally:
+        os.close(fd)
+    assert not link_exists(spare)
+    assert sorted(net.bridge_ports()) == before
+    assert_port_settings(net, pod.host_veth)  # the batch's later steps did not touch another link
+
+
 def test_three_pods_reach_each_other_and_teardown_removes_everything(native_net: NativeNet) -> None:
     net = native_net
     pods = net.pods(3)
@@ -386,7 +416,7 @@ def test_three_pods_reach_each_other_and_teardown_removes_everything(native_net:
         assert (net.ipam / "pods" / p.infra_id).read_text() == f"{ip}/24 default {p.name}\n"
         assert (net.ipam / "ips" / ip).read_text() == f"{p.infra_id}\n"
         assert net.status(p) == PodNetworkStatus(ip=ip)
-        assert Path(f"/sys/class/net/{p.host_veth}/brport/hairpin_mode").read_text().strip() == "1"
+        assert_port_settings(net, p.host_veth)
         lo = _run(["ip", "-n", p.netns, "-o", "link", "show", "lo"]).stdout
         assert ",UP" in lo
     route = _run(["ip", "-n", pods[0].netns, "route", "show", "default"]).stdout
@@ -411,9 +441,11 @@ def test_setup_twice_keeps_the_address_and_the_link(native_net: NativeNet) -> No
     net.setup(other)
     first = net.pod_ip(pod)
     ifindex = Path(f"/sys/class/net/{pod.host_veth}/ifindex").read_text()
+    Path(f"/sys/class/net/{pod.host_veth}/brport/hairpin_mode").write_text("0")
     net.setup(pod)
     assert net.pod_ip(pod) == first
     assert Path(f"/sys/class/net/{pod.host_veth}/ifindex").read_text() == ifindex
+    assert_port_settings(net, pod.host_veth)  # the repeated setup sets hairpin again
     assert net.ipam_files("ips") == sorted([first, net.pod_ip(other)])
     assert_mesh(net, [pod, other])
 

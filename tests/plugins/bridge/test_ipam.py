@@ -114,6 +114,62 @@ def test_allocation_is_round_robin_and_the_cursor_wraps(ipam_dir: Path) -> None:
     assert ipam.allocate("n3", "default", "new-3")[0] == "10.204.7.6"
 
 
+def test_a_cursor_rewritten_in_place_has_exactly_its_new_content(ipam_dir: Path) -> None:
+    # Never truncated to zero (on ext4 that flushes the file on close), never replaced by a rename.
+    ipam = IPAM(str(ipam_dir), "10.204.7.0/24")
+    ipam_dir.mkdir(parents=True)
+    (ipam_dir / "cursor").write_text("10.204.7.254\n")  # the pool's last address: the next probe wraps
+    inode = (ipam_dir / "cursor").stat().st_ino
+    assert ipam.allocate("p0", "default", "pod-0")[0] == "10.204.7.2"
+    assert (ipam_dir / "cursor").read_text() == "10.204.7.2\n"  # shorter than before: the old tail is cut
+    assert (ipam_dir / "cursor").stat().st_ino == inode
+
+
+@pytest.mark.parametrize(
+    "torn",
+    [
+        "10.204.7.2\n54\n",  # killed between the write of .2 over .254 and the cut
+        "10.204.7.3\n\n",  # the same over a longer address, the tail is a newline
+        "10.204.7.",
+        "",
+    ],
+)
+def test_a_torn_cursor_never_hands_out_an_address_twice(ipam_dir: Path, torn: str) -> None:
+    ipam = IPAM(str(ipam_dir), "10.204.7.0/24")
+    taken = [ipam.allocate(f"p{i}", "default", f"pod-{i}")[0] for i in range(3)]  # .2, .3, .4
+    (ipam_dir / "cursor").write_text(torn)
+    got = [ipam.allocate(f"n{i}", "default", f"new-{i}")[0] for i in range(2)]
+    assert not set(got) & set(taken) and len(set(got)) == 2
+    owners = ipam.allocated_ips()
+    assert sorted(owners.values()) == ["n0", "n1", "p0", "p1", "p2"]
+    assert all(ipam.lookup(owner).ip == ip for ip, owner in owners.items())  # type: ignore[union-attr]
+
+
+def _page_cache(path: Path) -> tuple[int, int]:
+    """(pages cached, pages dirty) of a file: cachestat(2), Linux 6.5+ (x86_64 syscall 451)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    rng = (ctypes.c_uint64 * 2)(0, 0)  # offset 0, length 0: the whole file
+    out = (ctypes.c_uint64 * 5)()  # nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert libc.syscall(451, fd, ctypes.byref(rng), ctypes.byref(out), 0) == 0, os.strerror(ctypes.get_errno())
+    finally:
+        os.close(fd)
+    return int(out[0]), int(out[1])
+
+
+def test_a_new_allocation_starts_writing_its_records_out_and_keeps_them_cached(ipam_dir: Path) -> None:
+    # Left dirty, the records of a burst of setups are written back together ~30 s later, and every
+    # journal commit (the next pod's fsync) waits for that pile; dropped from the cache, the pod's
+    # teardown would read them from disk.
+    ipam = IPAM(str(ipam_dir), "10.204.7.0/24")
+    ip, _ = ipam.allocate("abc123", "default", "web")
+    for record in (ipam_dir / "pods" / "abc123", ipam_dir / "ips" / ip):
+        assert _page_cache(record) == (1, 0), record
+
+
 def test_exhaustion_is_a_clear_error_and_changes_nothing(ipam_dir: Path) -> None:
     ipam = IPAM(str(ipam_dir), "10.204.7.0/29")
     for i in range(5):
