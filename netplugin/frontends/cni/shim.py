@@ -275,8 +275,9 @@ def _add(ops: _Ops) -> dict[str, Any]:
         status.ips if status else None,
         cfg.env,
         prev if isinstance(prev, dict) else None,
-        # podman rejects a container interface without a MAC ("invalid MAC address")
-        mac=link_mac(req.netns, req.ifname),
+        # podman rejects a container interface without a MAC ("invalid MAC address"); a plugin that
+        # reported it with its setup spares entering the netns again
+        mac=status.mac if status is not None and status.mac else link_mac(req.netns, req.ifname),
     )
 
 
