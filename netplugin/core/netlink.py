@@ -68,6 +68,7 @@ _NLM_F_EXCL = 0x200
 _NLM_F_CREATE = 0x400
 
 
+_IFLA_ADDRESS = 1
 _IFLA_IFNAME = 3
 
 
@@ -284,6 +285,14 @@ class RawNetlink:
 
         For a veth, IFLA_LINK is the peer's ifindex (in the peer's namespace).
         """
+        found = self.link_info(ifname)
+        return found[:2] if found is not None else None
+
+    def link_info(self, ifname: str) -> tuple[int, int | None, str | None] | None:
+        """``(ifindex, IFLA_LINK, MAC address)`` of ``ifname`` (see :meth:`link`), or None when absent.
+
+        The MAC is ``aa:bb:cc:dd:ee:ff`` (None for a link without a 6-byte address).
+        """
         err, answer = self.transact([(_RTM_GETLINK, 0, _ifinfo() + _str_attr(_IFLA_IFNAME, ifname))])[0]
         if err == errno.ENODEV:
             return None
@@ -291,7 +300,9 @@ class RawNetlink:
             raise KernelError(err, f"get link {ifname}: {os.strerror(err)}")
         index = int(_IFINFO.unpack_from(answer)[2])
         peer = _find_attr(answer, _IFINFO.size, _IFLA_LINK)
-        return index, (int(_U32.unpack_from(peer)[0]) if peer is not None and len(peer) >= 4 else None)
+        addr = _find_attr(answer, _IFINFO.size, _IFLA_ADDRESS)
+        mac = ":".join(f"{b:02x}" for b in addr) if addr is not None and len(addr) == 6 else None
+        return index, (int(_U32.unpack_from(peer)[0]) if peer is not None and len(peer) >= 4 else None), mac
 
     def add_veth(self, name: str, peer: str, netns_fd: int, mtu: int, master: int) -> None:
         """A bridge port for a pod, in one sendmsg: ``ip link add NAME mtu MTU master M type veth peer

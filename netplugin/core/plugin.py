@@ -178,6 +178,10 @@ class PodNetworkStatus:
     ips: tuple[str, ...] = ()
     #: the host-side interface the plugin created for the pod (reported by ``setup``, for later members)
     host_interface: str | None = None
+    #: the MAC address of the pod's interface, when the plugin's ``setup`` knows it (``aa:bb:...``,
+    #: lower case): the CNI result needs it, and reading it again means entering the netns once more.
+    #: Not part of the status document.
+    mac: str | None = None
 
     def __post_init__(self) -> None:
         if not self.ips:

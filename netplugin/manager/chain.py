@@ -146,6 +146,7 @@ class ChainRun:
         first status with an address that a member's setup reported.
         """
         deadline: list[float] = []
+        macs: dict[int, str] = {}  # not recorded: only this call's result needs the pod interface's MAC
         for i, m in enumerate(self.members):
             if "setup" not in m.handles:
                 self.states[i] = plaindata.replace(self.states[i], state=MEMBER_SKIPPED)
@@ -158,9 +159,14 @@ class ChainRun:
             got = self._call(i, Action.SETUP, deadline)
             ips = got.ips if got is not None else ()
             hif = got.host_interface if got is not None else None
+            if got is not None and got.mac:
+                macs[i] = got.mac
             self.states[i] = plaindata.replace(self.states[i], state=READY, ips=ips, host_interface=hif)
-        first = next((s for s in self.states if s.ips), None)
-        return PodNetworkStatus(first.ips[0], first.ips, first.host_interface) if first is not None else None
+        first = next((i for i, s in enumerate(self.states) if s.ips), None)
+        if first is None:
+            return None
+        s = self.states[first]
+        return PodNetworkStatus(s.ips[0], s.ips, s.host_interface, mac=macs.get(first))
 
     def rollback(self) -> list[NetpluginError]:
         """Tear down the members whose setup started, last first; returns every failure."""

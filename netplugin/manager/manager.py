@@ -88,6 +88,13 @@ class CallOptions:
     durable_with: tuple[str, ...] = ()
 
 
+def _version_identity(plugin: Plugin) -> tuple[Any, ...]:
+    """What changes when the plugin's code does: its ``version_key()`` (a stat, no hashing) if it has
+    one, else its ``version()``."""
+    key = getattr(plugin, "version_key", None)
+    return ("key", *key()) if key is not None else ("version", plugin.version())
+
+
 class Manager:
     """Runs plugin actions with netplugin's guarantees. Thread-safe."""
 
@@ -113,6 +120,9 @@ class Manager:
         self._plugins: tuple[Plugin, ...] | None = None
         #: each member's action mask, from its init (run, or its marker read)
         self._handles: dict[str, frozenset[str]] = {}
+        #: member name -> (settings, version identity) its init is known done for this boot (a
+        #: long-lived manager, the daemon's, then checks no marker file per action)
+        self._init_known: dict[str, tuple[Any, ...]] = {}
         self._select_lock = threading.Lock()
         #: told each chain member call's duration and outcome (the daemon's metrics)
         self.observe: Observer | None = None
@@ -209,6 +219,7 @@ class Manager:
         """Forget the selected chain and select again (the daemon does this on SIGHUP)."""
         with self._select_lock:
             self._plugins = None
+            self._init_known.clear()  # SIGHUP also means "check init again", marker and all
         return self.plugin
 
     # --- init once --------------------------------------------------------------------------------
@@ -260,15 +271,20 @@ class Manager:
 
     def init_member(self, plugin: Plugin, *, force: bool = False, node: NodeInfo | None = None) -> bool:
         """Run one plugin's init unless it already ran this boot for this version. True if it ran."""
+        node = node if node is not None else self.node()
+        known = (self._settings(node), _version_identity(plugin))
+        if not force and self._init_known.get(plugin.name) == known:
+            return False  # this process saw it done this boot, for these settings and this version
         path = self._marker_path(plugin)
         boot = boot_id()
-        node = node if node is not None else self.node()
         # Before the marker is read: a symlinked or foreign init/ must not vouch for an init.
         ensure_dir(os.path.dirname(path), base=self.config.run_dir)
         if not force and self._marker_ok(path, boot, plugin, node):
+            self._init_known[plugin.name] = known
             return False
         with flocked(path[: -len(".json")] + ".lock", base=self.config.run_dir):
             if not force and self._marker_ok(path, boot, plugin, node):
+                self._init_known[plugin.name] = known
                 return False  # another process ran it while we waited
             declared = plugin.init(self._context(Action.INIT, None, node=node))
             handles = ALL_POD_ACTIONS if declared is None else frozenset(declared)
@@ -285,6 +301,7 @@ class Manager:
                 "pid": os.getpid(),
             }
             atomic_write(path, json.dumps(marker).encode(), mode=0o644)
+            self._init_known[plugin.name] = known
         return True
 
     # --- the node -------------------------------------------------------------------------------------

@@ -173,6 +173,21 @@ def test_init_runs_again_after_the_executable_changes(plugin_dir: Any, make_mana
     assert p.calls() == ["init", f"setup {POD_ARGS}", "init", f"setup {POD_ARGS}", f"setup {POD_ARGS}"]
 
 
+def test_a_long_lived_manager_reads_no_marker_once_it_knows_init_ran(plugin_dir: Any, make_manager: Any,
+                                                                     np_dirs: dict[str, str]) -> None:
+    """The daemon's manager remembers init per settings and version: no marker read per action,
+    but a new version (above) or a rescan (SIGHUP) checks again."""
+    p = plugin_dir.install("p")
+    m = make_manager(plugin="p")
+    m.setup(POD)
+    marker_path(np_dirs, "p").write_bytes(b"{torn")  # a new manager would run init again
+    m.setup(POD)
+    assert p.calls().count("init") == 1
+    m.rescan()
+    m.setup(POD)
+    assert p.calls().count("init") == 2
+
+
 def test_touching_the_executable_without_changing_it_does_not_rerun_init(plugin_dir: Any,
                                                                           make_manager: Any) -> None:
     p = plugin_dir.install("p")

@@ -1,4 +1,4 @@
-"""TODO docstring."""
+"""The CNI ADD result: addresses with their prefix and gateway from the bridge settings, the pod interface's MAC."""
 
 from __future__ import annotations
 
@@ -43,25 +43,26 @@ _SIOCGIFHWADDR = 0x8927
 def link_mac(netns: str, ifname: str) -> str | None:
     """The MAC address of ``ifname`` inside the netns at ``netns``, or None if it cannot be read.
 
-    A helper thread enters the netns (setns changes only the calling thread) and asks the kernel
-    with SIOCGIFHWADDR on a socket created there; no process is started. /sys cannot be used:
-    it shows the netns of whoever mounted it.
+    For a plugin whose setup did not report it (:attr:`PodNetworkStatus.mac`). The calling thread
+    enters the netns only to create a socket there (:func:`netplugin.core.netns.entered`: back in
+    its own namespace before anything else runs, or the process aborts), then asks the kernel with
+    SIOCGIFHWADDR on it: no process and no thread is started (a thread per ADD cost the daemon
+    about a millisecond). /sys cannot be used: it shows the netns of whoever mounted it.
     """
-    from netplugin.core.netns import run_in_netns
+    import fcntl
+    import socket
+    import struct
 
-    def look() -> str:
-        import fcntl
-        import socket
-        import struct
-
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            ifreq = fcntl.ioctl(sock.fileno(), _SIOCGIFHWADDR, struct.pack("256s", ifname.encode()))
-        return ":".join(f"{b:02x}" for b in ifreq[18:24])
+    from netplugin.core.netns import entered
 
     try:
-        return run_in_netns(netns, look, timeout=5.0)
-    except OSError:  # TimeoutError too: the MAC is optional in a CNI result
+        with entered(netns):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        with sock:
+            ifreq = fcntl.ioctl(sock.fileno(), _SIOCGIFHWADDR, struct.pack("256s", ifname.encode()))
+    except OSError:  # no such netns or interface: the MAC is optional in a CNI result
         return None
+    return ":".join(f"{b:02x}" for b in ifreq[18:24])
 
 
 def make_result(

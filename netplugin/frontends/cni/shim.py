@@ -216,11 +216,11 @@ class _Ops:
             self.manager = Manager(cfg, environ=dict(environ))
             self.timed: Callable[[str, Callable[[], Any]], Any] = lambda op, fn: fn()
             return
-        from netplugin.frontends.rpc import differing_settings, fingerprint
+        from netplugin.frontends.rpc import differing_settings
 
         if cfg.use_daemon == "never":
             raise Refused("the call's settings say use_daemon: never")
-        differ = differing_settings(fingerprint(cfg), daemon.fingerprint)
+        differ = differing_settings(_fingerprint(cfg), daemon.fingerprint)
         if differ:
             raise Refused(f"the call's settings differ from the daemon's ({', '.join(differ)})")
         self.manager = daemon.manager
@@ -235,6 +235,25 @@ class _Ops:
         if ifname:
             env["NETPLUGIN_IFNAME"] = env["NETPLUGIN_BRIDGE_IFNAME"] = ifname
         return replace(self.call, netns=netns, env=env)
+
+
+#: id(config) -> (config, its fingerprint): the daemon's configs come from build_config's cache, so a
+#: call of known settings is compared without rebuilding the fingerprint (the config is held, so its
+#: id cannot be reused while it is here)
+_FINGERPRINTS: dict[int, tuple[Config, dict[str, Any]]] = {}
+
+
+def _fingerprint(cfg: Config) -> dict[str, Any]:
+    from netplugin.frontends.rpc import fingerprint
+
+    hit = _FINGERPRINTS.get(id(cfg))
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    fp = fingerprint(cfg)
+    if len(_FINGERPRINTS) >= 64:
+        _FINGERPRINTS.clear()  # more distinct settings than a node has: start again
+    _FINGERPRINTS[id(cfg)] = (cfg, fp)
+    return fp
 
 
 # --- operations -----------------------------------------------------------------------------------------
@@ -275,8 +294,9 @@ def _add(ops: _Ops) -> dict[str, Any]:
         status.ips if status else None,
         cfg.env,
         prev if isinstance(prev, dict) else None,
-        # podman rejects a container interface without a MAC ("invalid MAC address")
-        mac=link_mac(req.netns, req.ifname),
+        # podman rejects a container interface without a MAC ("invalid MAC address"); a plugin that
+        # reported it with its setup spares entering the netns again
+        mac=status.mac if status is not None and status.mac else link_mac(req.netns, req.ifname),
     )
 
 

@@ -10,7 +10,9 @@ have met alone.
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,13 +42,47 @@ def check_settings(settings: Any, own: dict[str, Any], socket_path: str) -> Conf
         raise InvalidArgument("settings.config_path", path, "must be a string")
     environ = _str_map(settings.get("environ", {}), "settings.environ")
     overrides = _str_map(settings.get("overrides", {}), "settings.overrides")
-    cfg = load_config(path or None, environ=environ, overrides=overrides)
+    cfg, print_ = _config_of(path or None, environ, overrides)
     if cfg.use_daemon == "never":
         raise DaemonUnavailable(socket_path, "the caller's settings say use_daemon: never")
-    differ = differing_settings(own, fingerprint(cfg))
+    differ = differing_settings(own, print_)
     if differ:
         raise DaemonUnavailable(socket_path, f"it runs with different settings ({', '.join(differ)})")
     return cfg
+
+
+#: raw settings and the config file's identity -> (the config built from them, its fingerprint): the
+#: CLI's fast path sends its raw settings with every request, and they rarely differ
+_BUILT: dict[tuple[Any, ...], tuple[Config, dict[str, Any]]] = {}
+_BUILT_LOCK = threading.Lock()
+_BUILT_SIZE = 64
+
+
+def _config_of(path: str | None, environ: dict[str, str], overrides: dict[str, str]) -> tuple[Config, dict[str, Any]]:
+    """:func:`load_config` of these settings and its fingerprint, built once per distinct settings.
+
+    The key holds the config file's identity (inode, size, mtime, ctime) as ``load_config`` would
+    find the file, so an edited or replaced file is read again. Errors are never cached."""
+    from netplugin.core.defaults import DEFAULT_CONFIG
+
+    file_path = path or environ.get("NETPLUGIN_CONFIG") or DEFAULT_CONFIG
+    try:
+        st = os.stat(file_path)
+        identity: tuple[int, ...] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    except (OSError, ValueError):
+        identity = None
+    key = (path, file_path, identity, tuple(sorted(environ.items())), tuple(sorted(overrides.items())))
+    with _BUILT_LOCK:
+        hit = _BUILT.get(key)
+    if hit is not None:
+        return hit
+    cfg = load_config(path, environ=environ, overrides=overrides)
+    built = (cfg, fingerprint(cfg))
+    with _BUILT_LOCK:
+        if len(_BUILT) >= _BUILT_SIZE:
+            _BUILT.pop(next(iter(_BUILT)))  # the oldest
+        _BUILT[key] = built
+    return built
 
 
 def environ_problem(environ: Mapping[str, str]) -> str | None:

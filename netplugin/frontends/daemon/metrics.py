@@ -96,6 +96,11 @@ class Metrics:
             self.total.labels(otype)
             self.errors.labels(otype)
             self.in_flight.labels(otype)
+        #: op -> its labelled children (in flight, total, errors, duration): looked up once, not per call
+        self._children = {
+            op: (self.in_flight.labels(t), self.total.labels(t), self.errors.labels(t), self.duration.labels(t))
+            for op, t in OPERATION_TYPES.items()
+        }
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -124,32 +129,30 @@ class Metrics:
 
     def timed(self, op: str, fn: Callable[[], Any]) -> Any:
         """Run a pod operation, recording its duration, failure and presence (kubelet semantics)."""
-        otype = OPERATION_TYPES[op]
-        gauge = self.in_flight.labels(otype)
+        gauge, total, errors, duration = self._children[op]
         gauge.inc()
-        self.total.labels(otype).inc()
+        total.inc()
         start = time.monotonic()
         try:
             return fn()
         except BaseException:
-            self.errors.labels(otype).inc()
+            errors.inc()
             raise
         finally:
-            self.duration.labels(otype).observe(time.monotonic() - start)
+            duration.observe(time.monotonic() - start)
             gauge.dec()
 
     async def timed_async(self, op: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         """:meth:`timed` for a coroutine: the time waiting for the pod's turn counts, as in the kubelet."""
-        otype = OPERATION_TYPES[op]
-        gauge = self.in_flight.labels(otype)
+        gauge, total, errors, duration = self._children[op]
         gauge.inc()
-        self.total.labels(otype).inc()
+        total.inc()
         start = time.monotonic()
         try:
             return await fn()
         except BaseException:
-            self.errors.labels(otype).inc()
+            errors.inc()
             raise
         finally:
-            self.duration.labels(otype).observe(time.monotonic() - start)
+            duration.observe(time.monotonic() - start)
             gauge.dec()

@@ -46,6 +46,7 @@ and for native plugins their warm libraries) and answers the thin client of
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -424,6 +425,12 @@ class Daemon:
             await asyncio.to_thread(self.prepare)
             if self.config.metrics_address != "none":
                 self.metrics_address = self.metrics.serve(self.config.metrics_address)
+            # Every call's code loaded now, then the start-up heap (modules, metrics, plugin) frozen:
+            # it lives as long as the daemon, and the cyclic GC need never scan it again per call.
+            import netplugin.frontends.cni.shim  # noqa: F401
+
+            gc.collect()
+            gc.freeze()
             sock = bind_socket(self.socket_path)
             inode = os.lstat(self.socket_path).st_ino  # the file's, not the socket's (fstat): we hold the lock
             server = await asyncio.start_unix_server(self._connection, sock=sock, limit=MAX_MESSAGE)

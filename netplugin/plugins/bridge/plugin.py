@@ -369,13 +369,16 @@ class NativeBridgePlugin:
             except FileNotFoundError:
                 raise BridgeError(f"network namespace {ctx.netns} does not exist") from None
             try:
-                ips = self._setup(pod, ctx, s, nsfd, step)
+                ips, mac = self._setup(pod, ctx, s, nsfd, step)
             finally:
                 os.close(nsfd)
-        return PodNetworkStatus(ip=ips[0], ips=ips, host_interface=host_veth_name(pod.infra_id))
+        return PodNetworkStatus(ip=ips[0], ips=ips, host_interface=host_veth_name(pod.infra_id), mac=mac)
 
-    def _setup(self, pod: PodRef, ctx: CallContext, s: BridgeSettings, nsfd: int, step: _Step) -> tuple[str, ...]:
-        """Returns the pod's addresses in the settings' family order (one per family)."""
+    def _setup(
+        self, pod: PodRef, ctx: CallContext, s: BridgeSettings, nsfd: int, step: _Step
+    ) -> tuple[tuple[str, ...], str | None]:
+        """The pod's addresses in the settings' family order (one per family), and its interface's MAC
+        (read with the link it inspects anyway, so the CNI result needs no second netns entry)."""
         step.what = f"check bridge {s.name}"
         bridge = _bridge_up_index(s.name)
         if bridge is None:
@@ -393,7 +396,7 @@ class NativeBridgePlugin:
                 peer: int | None = None
                 if existing is not None:
                     step.what = f"inspect {s.ifname} in {ctx.netns}"
-                    found = ns.link(s.ifname)
+                    found = ns.link_info(s.ifname)
                     if found is not None:
                         if found[1] != existing:
                             raise BridgeError(f"{s.ifname} already exists in {ctx.netns} and is not the peer of {host}")
@@ -414,7 +417,7 @@ class NativeBridgePlugin:
                     # One sendmsg also sets hairpin and brings the port up (see RawNetlink.add_veth).
                     root.add_veth(host, s.ifname, nsfd, s.mtu, bridge)
                     created = _root_ifindex(host)
-                    found = ns.link(s.ifname)
+                    found = ns.link_info(s.ifname)
                     if created is None or found is None:
                         raise OSError(errno.ENODEV, f"veth {host} vanished right after it was created")
                     index, peer = created, found[0]
@@ -422,7 +425,7 @@ class NativeBridgePlugin:
                 what = ", ".join(f"{a.cidr} via {gw}" for a, gw in zip(allocs, gws, strict=True))
                 step.what = f"configure {s.ifname} in {ctx.netns} ({what})"
                 ns.configure_pod(peer, [(a.ip, a.prefixlen, gw) for a, gw in zip(allocs, gws, strict=True)])
-            return tuple(dict.fromkeys(str(a.ip) for a in allocs))
+            return tuple(dict.fromkeys(str(a.ip) for a in allocs)), found[2] if found is not None else None
         except BaseException:
             # Undo only what this call did: a repeated setup must not break the running pod.
             if created is not None:

@@ -308,3 +308,23 @@ def test_a_bad_ifname_is_refused_and_its_del_succeeds(
     done = n.cni("DEL", "ifname0", pod, ifname=ifname)
     assert done.returncode == 0, done
     assert not list(Path(n.state_dir).glob("pods/*.json")), "nothing recorded"
+
+
+@pytest.mark.parametrize("plugin", sorted(PLUGINS))
+@pytest.mark.parametrize("via", ["shim", "daemon"])
+def test_the_add_result_names_the_pod_interfaces_mac(
+    world: World, node: Callable[[str], Node], plugin: str, via: str  # noqa: F811
+) -> None:
+    """The native bridge reports its MAC with its setup (the daemon enters the netns no second time),
+    the bash bridge does not (read in the netns): either way the result's MAC is the pod's eth0's."""
+    n = node(plugin)
+    if via == "daemon":
+        n.start_daemon()
+    pod = world.add_netns(f"np{world.tag}m")
+    done = n.cni("ADD", "podmcontainer", pod)
+    assert done.returncode == 0, done
+    words = subprocess.run(["nsenter", f"--net={pod}", "ip", "-o", "link", "show", "dev", "eth0"],
+                           capture_output=True, text=True).stdout.split()
+    assert json.loads(done.stdout)["interfaces"][-1]["mac"] == words[words.index("link/ether") + 1]
+    assert n.via() == ["daemon" if via == "daemon" else "local"]
+    assert n.cni("DEL", "podmcontainer", pod).returncode == 0

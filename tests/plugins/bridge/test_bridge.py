@@ -451,6 +451,18 @@ def test_setup_twice_keeps_the_address_and_the_link(native_net: NativeNet) -> No
 
 
 @kernel
+def test_setup_reports_the_pod_interface_mac(native_net: NativeNet) -> None:
+    """The CNI result's MAC comes from setup (no second netns entry): it must be the pod's eth0's."""
+    net = native_net
+    pod = net.pod(0)
+    made = net.plugin.setup(net.ref(pod), net.ctx(pod))
+    words = _run(["ip", "-n", pod.netns, "-o", "link", "show", "dev", "eth0"]).stdout.split()
+    assert made.mac == words[words.index("link/ether") + 1]
+    again = net.plugin.setup(net.ref(pod), net.ctx(pod))  # the path that keeps an existing pair
+    assert again.mac == made.mac
+
+
+@kernel
 def test_setup_repairs_a_pod_whose_configuration_was_lost(native_net: NativeNet) -> None:
     net = native_net
     pod = net.pod(0)
@@ -716,7 +728,10 @@ def test_through_the_manager(native_factory: Callable[..., NativeNet], tmp_path:
     )
     m = Manager(cfg, NullHost(), environ={})
     ref = PodRef("default", "web-0", infra)
-    m.setup(ref)
+    made = m.setup(ref)
+    # the chain passes the MAC the member reported on (the CNI result's interface MAC)
+    words = _run(["ip", "-n", f"np-{net.tag}-m", "-o", "link", "show", "dev", "eth0"]).stdout.split()
+    assert made is not None and made.mac == words[words.index("link/ether") + 1]
     st = m.status(ref)
     assert st is not None and st.ip == str(net.subnet.network_address + 2)
     assert net.bridge_ports() == [host_veth_name(infra)]
