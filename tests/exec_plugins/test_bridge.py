@@ -128,19 +128,42 @@ def test_setup_prints_the_status_document_that_status_prints(bridge_net: BridgeN
     pod, again = net.pods(1)[0], None
     setup_out = net.ok("setup", pod).stdout
     doc = json.loads(setup_out)
-    # the setup document: the status document plus the host veth, for a later chain member
+    # the setup document: the status document plus the host veth, for a later chain member, and the
+    # pod interface's MAC (fixed by the plugin, so that it need not read it back)
     assert doc == {
         "apiVersion": "v1beta1",
         "kind": "PodNetworkStatus",
         "ip": net.pod_ip(pod),
         "ips": [net.pod_ip(pod)],
         "hostInterface": pod.host_veth,
+        "mac": net.pod_mac(pod),
     }
-    assert {k: v for k, v in doc.items() if k != "hostInterface"} == json.loads(net.ok("status", pod).stdout)
+    assert {k: v for k, v in doc.items() if k not in ("hostInterface", "mac")} == json.loads(
+        net.ok("status", pod).stdout
+    )
     assert setup_out.count("PodNetworkStatus") == 1  # printed once, in one format
     again = net.ok("setup", pod).stdout  # a repeated setup keeps the address and says so
     assert again == setup_out
     net.ok("teardown", pod)
+
+
+@kernel
+def test_pod_mac_is_fixed_per_infra_id_and_reported_as_the_live_one(bridge_net: BridgeNet) -> None:
+    net = bridge_net
+    pod, other = net.pods(2)
+    mac = json.loads(net.ok("setup", pod).stdout)["mac"]
+    assert mac == net.pod_mac(pod)
+    assert int(mac[:2], 16) & 3 == 2  # locally administered, unicast
+    assert json.loads(net.ok("setup", other).stdout)["mac"] == net.pod_mac(other) != mac
+    net.ok("teardown", pod)
+    assert json.loads(net.ok("setup", pod).stdout)["mac"] == mac == net.pod_mac(pod)  # same pod, same MAC
+    # A link that already has another MAC (made by an older plugin) is kept, and its MAC reported.
+    r = subprocess.run(["ip", "-n", pod.netns, "link", "set", "dev", "eth0", "address", "02:00:5e:10:00:01"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(net.ok("setup", pod).stdout)["mac"] == "02:00:5e:10:00:01" == net.pod_mac(pod)
+    net.ok("teardown", pod)
+    net.ok("teardown", other)
 
 
 @kernel
@@ -232,13 +255,15 @@ def ip_failing_in_pod_netns(tmp_path: Path, action: str) -> str:
     """A PATH whose `ip` runs ``action`` for its batch inside a pod netns, and is the real ip otherwise.
 
     By then the plugin has created the veth and allocated the address: what a failure must undo.
+    The batch comes as `ip -n NAME -batch -` (few mounts) or through nsenter (`ip -batch -` in the netns).
     """
     fakebin = tmp_path / "fakebin"
     fakebin.mkdir()
     host_netns = os.readlink("/proc/self/ns/net")
     (fakebin / "ip").write_text(
         "#!/bin/bash\n"
-        f'if [[ $1 == -batch && $(readlink /proc/self/ns/net) != "{host_netns}" ]]; then {action}; fi\n'
+        f'if [[ ($1 == -n && $3 == -batch) || ($1 == -batch && $(readlink /proc/self/ns/net) != "{host_netns}") ]]; '
+        f"then {action}; fi\n"
         f'exec {shutil.which("ip")} "$@"\n'
     )
     (fakebin / "ip").chmod(0o755)
