@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from bridgenet import AUDIT, BRIDGE, EXEC_PLUGINS, LOOPBACK, TCP_PORT, BridgeNet, Pod, link_exists
+from nettest import host_veth_name
 
 kernel = pytest.mark.kernel
 
@@ -164,6 +165,23 @@ def test_pod_mac_is_fixed_per_infra_id_and_reported_as_the_live_one(bridge_net: 
     assert json.loads(net.ok("setup", pod).stdout)["mac"] == "02:00:5e:10:00:01" == net.pod_mac(pod)
     net.ok("teardown", pod)
     net.ok("teardown", other)
+
+
+@kernel
+def test_host_veth_name_is_the_same_without_bash_52(bridge_net: BridgeNet) -> None:
+    """bash 5.2 hashes the infra id in one expression; older bash loops: both give the native rule's name."""
+    net = bridge_net
+    for i, infra in enumerate(["a", "0123456789abcdef" * 4, "Pod_x.y-" + "z" * 200]):
+        pod = net.pod(i)
+        pod = Pod(pod.namespace, pod.name, infra, pod.netns, host_veth_name(infra))
+        net.infra_ids.append(infra)
+        for opt in ("-O", "+O"):  # patsub_replacement on (the 5.2 default) and off (as in bash 5.1)
+            r = subprocess.run(["bash", opt, "patsub_replacement", *net.argv("setup", pod)],
+                               env=net.call_env("setup", pod), capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            assert json.loads(r.stdout)["hostInterface"] == pod.host_veth, opt
+            assert link_exists(pod.host_veth)
+            net.ok("teardown", pod)
 
 
 @kernel
