@@ -273,15 +273,13 @@ def ip_failing_in_pod_netns(tmp_path: Path, action: str) -> str:
     """A PATH whose `ip` runs ``action`` for its batch inside a pod netns, and is the real ip otherwise.
 
     By then the plugin has created the veth and allocated the address: what a failure must undo.
-    The batch comes as `ip -n NAME -batch -` (few mounts) or through nsenter (`ip -batch -` in the netns).
     """
     fakebin = tmp_path / "fakebin"
     fakebin.mkdir()
     host_netns = os.readlink("/proc/self/ns/net")
     (fakebin / "ip").write_text(
         "#!/bin/bash\n"
-        f'if [[ ($1 == -n && $3 == -batch) || ($1 == -batch && $(readlink /proc/self/ns/net) != "{host_netns}") ]]; '
-        f"then {action}; fi\n"
+        f'if [[ $1 == -batch && $(readlink /proc/self/ns/net) != "{host_netns}" ]]; then {action}; fi\n'
         f'exec {shutil.which("ip")} "$@"\n'
     )
     (fakebin / "ip").chmod(0o755)
@@ -568,6 +566,8 @@ def effective(r: subprocess.CompletedProcess[str]) -> dict[str, str]:
         (["init", "extra"], "init takes no arguments"),
         (["setup", "default", "web"], "setup needs <namespace> <pod-name> <infra-id>"),
         (["setup", "Default", "web", "abc"], "invalid namespace 'Default'"),
+        (["setup", "a" * 64, "web", "abc"], f"invalid namespace '{'a' * 64}'"),  # a label is 63 at most
+        (["setup", "a-", "web", "abc"], "invalid namespace 'a-'"),
         (["teardown", "default", "web_0", "abc"], "invalid pod name 'web_0'"),
         (["status", "default", "web", "../etc"], "invalid infra id '../etc'"),
     ],
