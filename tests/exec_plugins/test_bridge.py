@@ -386,7 +386,7 @@ def test_allocation_is_round_robin_from_the_cursor(bridge_net: BridgeNet) -> Non
     # The freed address is reused last, so a late packet for the old pod cannot hit a new one.
     assert net.pod_ip(c) != ip_a
     assert int(net.pod_ip(c).split(".")[3]) == int(ip_b.split(".")[3]) + 1
-    assert (net.ipam / "cursor").read_text() == f"{net.pod_ip(c)}\n"
+    assert (net.ipam / "cursor").read_text() == f"{net.pod_ip(c):<39}\n"  # in place, padded
 
 
 @kernel
@@ -463,8 +463,11 @@ def test_ipam_files_are_shared_with_the_native_ipam(bridge_net: BridgeNet) -> No
     assert record is not None
     assert (record.ip, record.namespace, record.name) == (net.pod_ip(a), a.namespace, a.name)
     ip_b, _ = native.allocate("nativeb", "default", "pod-b")
+    # one cursor for both: the bash plugin's (padded, written in place) read by the native IPAM ...
+    assert int(ip_b.split(".")[3]) == int(net.pod_ip(a).split(".")[3]) + 1
     net.ok("setup", c)
-    assert int(net.pod_ip(c).split(".")[3]) == int(ip_b.split(".")[3]) + 1  # one cursor for both
+    assert int(net.pod_ip(c).split(".")[3]) == int(ip_b.split(".")[3]) + 1  # ... and the other way
+    assert (net.ipam / "cursor").read_text() == f"{net.pod_ip(c):<39}\n"  # nothing of the old one left
     assert native.release(a.infra_id) == net.pod_ip(a)
     net.ok("teardown", c)
     assert [r.infra_id for r in native.list()] == ["nativeb"]
