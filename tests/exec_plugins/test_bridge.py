@@ -272,14 +272,15 @@ def test_netns_given_as_proc_path(bridge_net: BridgeNet) -> None:
 def ip_failing_in_pod_netns(tmp_path: Path, action: str) -> str:
     """A PATH whose `ip` runs ``action`` for its batch inside a pod netns, and is the real ip otherwise.
 
-    By then the plugin has created the veth and allocated the address: what a failure must undo.
+    The action runs once the batch's first line arrives: the plugin starts the batch early and sends
+    it when it has created the veth and allocated the address, what a failure must undo.
     """
     fakebin = tmp_path / "fakebin"
     fakebin.mkdir()
     host_netns = os.readlink("/proc/self/ns/net")
     (fakebin / "ip").write_text(
         "#!/bin/bash\n"
-        f'if [[ $1 == -batch && $(readlink /proc/self/ns/net) != "{host_netns}" ]]; then {action}; fi\n'
+        f'if [[ $1 == -batch && $(readlink /proc/self/ns/net) != "{host_netns}" ]]; then read -r _; {action}; fi\n'
         f'exec {shutil.which("ip")} "$@"\n'
     )
     (fakebin / "ip").chmod(0o755)
