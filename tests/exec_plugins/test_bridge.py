@@ -159,8 +159,11 @@ def test_pod_mac_is_fixed_per_infra_id_and_reported_as_the_live_one(bridge_net: 
     net.ok("teardown", pod)
     assert json.loads(net.ok("setup", pod).stdout)["mac"] == mac == net.pod_mac(pod)  # same pod, same MAC
     # A link that already has another MAC (made by an older plugin) is kept, and its MAC reported.
-    r = subprocess.run(["ip", "-n", pod.netns, "link", "set", "dev", "eth0", "address", "02:00:5e:10:00:01"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["ip", "-n", pod.netns, "link", "set", "dev", "eth0", "address", "02:00:5e:10:00:01"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(net.ok("setup", pod).stdout)["mac"] == "02:00:5e:10:00:01" == net.pod_mac(pod)
     net.ok("teardown", pod)
@@ -176,8 +179,13 @@ def test_host_veth_name_is_the_same_without_bash_52(bridge_net: BridgeNet) -> No
         pod = Pod(pod.namespace, pod.name, infra, pod.netns, host_veth_name(infra))
         net.infra_ids.append(infra)
         for opt in ("-O", "+O"):  # patsub_replacement on (the 5.2 default) and off (as in bash 5.1)
-            r = subprocess.run(["bash", opt, "patsub_replacement", *net.argv("setup", pod)],
-                               env=net.call_env("setup", pod), capture_output=True, text=True, timeout=60)
+            r = subprocess.run(
+                ["bash", opt, "patsub_replacement", *net.argv("setup", pod)],
+                env=net.call_env("setup", pod),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert r.returncode == 0, r.stderr
             assert json.loads(r.stdout)["hostInterface"] == pod.host_veth, opt
             assert link_exists(pod.host_veth)
@@ -269,18 +277,22 @@ def test_netns_given_as_proc_path(bridge_net: BridgeNet) -> None:
         holder.wait()
 
 
-def ip_failing_in_pod_netns(tmp_path: Path, action: str) -> str:
+def ip_failing_in_pod_netns(tmp_path: Path, action: str, *, at_once: bool = False) -> str:
     """A PATH whose `ip` runs ``action`` for its batch inside a pod netns, and is the real ip otherwise.
 
     The action runs once the batch's first line arrives: the plugin starts the batch early and sends
-    it when it has created the veth and allocated the address, what a failure must undo.
+    it when it has created the veth and allocated the address, what a failure must undo. With
+    ``at_once`` it runs before reading anything, and `ip link add` waits 0.5 s first, so that the
+    plugin writes to an ip that is gone.
     """
     fakebin = tmp_path / "fakebin"
     fakebin.mkdir()
     host_netns = os.readlink("/proc/self/ns/net")
+    slow_veth = "if [[ $1 == link && $2 == add ]]; then sleep 0.5; fi\n" if at_once else ""
+    first = "" if at_once else "read -r _; "
     (fakebin / "ip").write_text(
-        "#!/bin/bash\n"
-        f'if [[ $1 == -batch && $(readlink /proc/self/ns/net) != "{host_netns}" ]]; then read -r _; {action}; fi\n'
+        f"#!/bin/bash\n{slow_veth}"
+        f'if [[ $1 == -batch && $(readlink /proc/self/ns/net) != "{host_netns}" ]]; then {first}{action}; fi\n'
         f'exec {shutil.which("ip")} "$@"\n'
     )
     (fakebin / "ip").chmod(0o755)
@@ -303,6 +315,21 @@ def test_failure_after_veth_creation_rolls_back(bridge_net: BridgeNet, tmp_path:
     assert_all_gone(net, [pod])
     net.ok("setup", pod)  # nothing left behind blocks a retry
     assert net.status_ip(pod) == net.pod_ip(pod)
+
+
+@kernel
+def test_pod_side_dead_before_its_commands_rolls_back(bridge_net: BridgeNet, tmp_path: Path) -> None:
+    # The batch is started early and written to later: writing to an ip that is gone must fail the
+    # step (exit 1, rolled back), not kill the plugin with SIGPIPE before its exit trap runs.
+    net = bridge_net
+    pod = net.pod(0)
+    path = ip_failing_in_pod_netns(tmp_path, 'echo "ip: injected failure" >&2; exit 1', at_once=True)
+    r = net.run("setup", pod, env={"PATH": path})
+    assert r.returncode == 1, r.stderr
+    assert "injected failure" in r.stderr
+    assert "failed to configure eth0" in r.stderr
+    assert not link_exists(pod.host_veth)
+    assert_all_gone(net, [pod])
 
 
 @kernel
