@@ -206,6 +206,11 @@ class BridgeNet:
         words = out.split()
         return words[words.index("inet") + 1].split("/")[0]
 
+    def pod_mac(self, pod: Pod) -> str:
+        """The MAC address of eth0 inside the pod (read with ip, not the plugin)."""
+        words = _run(["ip", "-n", pod.netns, "-o", "link", "show", "dev", "eth0"]).stdout.split()
+        return words[words.index("link/ether") + 1]
+
     def status_ip(self, pod: Pod) -> str | None:
         out = self.ok("status", pod).stdout.strip()
         if not out:

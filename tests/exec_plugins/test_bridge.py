@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from bridgenet import AUDIT, BRIDGE, EXEC_PLUGINS, LOOPBACK, TCP_PORT, BridgeNet, Pod, link_exists
+from nettest import host_veth_name
 
 kernel = pytest.mark.kernel
 
@@ -128,19 +129,67 @@ def test_setup_prints_the_status_document_that_status_prints(bridge_net: BridgeN
     pod, again = net.pods(1)[0], None
     setup_out = net.ok("setup", pod).stdout
     doc = json.loads(setup_out)
-    # the setup document: the status document plus the host veth, for a later chain member
+    # the setup document: the status document plus the host veth, for a later chain member, and the
+    # pod interface's MAC (fixed by the plugin, so that it need not read it back)
     assert doc == {
         "apiVersion": "v1beta1",
         "kind": "PodNetworkStatus",
         "ip": net.pod_ip(pod),
         "ips": [net.pod_ip(pod)],
         "hostInterface": pod.host_veth,
+        "mac": net.pod_mac(pod),
     }
-    assert {k: v for k, v in doc.items() if k != "hostInterface"} == json.loads(net.ok("status", pod).stdout)
+    assert {k: v for k, v in doc.items() if k not in ("hostInterface", "mac")} == json.loads(
+        net.ok("status", pod).stdout
+    )
     assert setup_out.count("PodNetworkStatus") == 1  # printed once, in one format
     again = net.ok("setup", pod).stdout  # a repeated setup keeps the address and says so
     assert again == setup_out
     net.ok("teardown", pod)
+
+
+@kernel
+def test_pod_mac_is_fixed_per_infra_id_and_reported_as_the_live_one(bridge_net: BridgeNet) -> None:
+    net = bridge_net
+    pod, other = net.pods(2)
+    mac = json.loads(net.ok("setup", pod).stdout)["mac"]
+    assert mac == net.pod_mac(pod)
+    assert int(mac[:2], 16) & 3 == 2  # locally administered, unicast
+    assert json.loads(net.ok("setup", other).stdout)["mac"] == net.pod_mac(other) != mac
+    net.ok("teardown", pod)
+    assert json.loads(net.ok("setup", pod).stdout)["mac"] == mac == net.pod_mac(pod)  # same pod, same MAC
+    # A link that already has another MAC (made by an older plugin) is kept, and its MAC reported.
+    r = subprocess.run(
+        ["ip", "-n", pod.netns, "link", "set", "dev", "eth0", "address", "02:00:5e:10:00:01"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(net.ok("setup", pod).stdout)["mac"] == "02:00:5e:10:00:01" == net.pod_mac(pod)
+    net.ok("teardown", pod)
+    net.ok("teardown", other)
+
+
+@kernel
+def test_host_veth_name_is_the_same_without_bash_52(bridge_net: BridgeNet) -> None:
+    """bash 5.2 hashes the infra id in one expression; older bash loops: both give the native rule's name."""
+    net = bridge_net
+    for i, infra in enumerate(["a", "0123456789abcdef" * 4, "Pod_x.y-" + "z" * 200]):
+        pod = net.pod(i)
+        pod = Pod(pod.namespace, pod.name, infra, pod.netns, host_veth_name(infra))
+        net.infra_ids.append(infra)
+        for opt in ("-O", "+O"):  # patsub_replacement on (the 5.2 default) and off (as in bash 5.1)
+            r = subprocess.run(
+                ["bash", opt, "patsub_replacement", *net.argv("setup", pod)],
+                env=net.call_env("setup", pod),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert r.returncode == 0, r.stderr
+            assert json.loads(r.stdout)["hostInterface"] == pod.host_veth, opt
+            assert link_exists(pod.host_veth)
+            net.ok("teardown", pod)
 
 
 @kernel
@@ -228,17 +277,22 @@ def test_netns_given_as_proc_path(bridge_net: BridgeNet) -> None:
         holder.wait()
 
 
-def ip_failing_in_pod_netns(tmp_path: Path, action: str) -> str:
+def ip_failing_in_pod_netns(tmp_path: Path, action: str, *, at_once: bool = False) -> str:
     """A PATH whose `ip` runs ``action`` for its batch inside a pod netns, and is the real ip otherwise.
 
-    By then the plugin has created the veth and allocated the address: what a failure must undo.
+    The action runs once the batch's first line arrives: the plugin starts the batch early and sends
+    it when it has created the veth and allocated the address, what a failure must undo. With
+    ``at_once`` it runs before reading anything, and `ip link add` waits 0.5 s first, so that the
+    plugin writes to an ip that is gone.
     """
     fakebin = tmp_path / "fakebin"
     fakebin.mkdir()
     host_netns = os.readlink("/proc/self/ns/net")
+    slow_veth = "if [[ $1 == link && $2 == add ]]; then sleep 0.5; fi\n" if at_once else ""
+    first = "" if at_once else "read -r _; "
     (fakebin / "ip").write_text(
-        "#!/bin/bash\n"
-        f'if [[ $1 == -batch && $(readlink /proc/self/ns/net) != "{host_netns}" ]]; then {action}; fi\n'
+        f"#!/bin/bash\n{slow_veth}"
+        f'if [[ $1 == -batch && $(readlink /proc/self/ns/net) != "{host_netns}" ]]; then {first}{action}; fi\n'
         f'exec {shutil.which("ip")} "$@"\n'
     )
     (fakebin / "ip").chmod(0o755)
@@ -261,6 +315,21 @@ def test_failure_after_veth_creation_rolls_back(bridge_net: BridgeNet, tmp_path:
     assert_all_gone(net, [pod])
     net.ok("setup", pod)  # nothing left behind blocks a retry
     assert net.status_ip(pod) == net.pod_ip(pod)
+
+
+@kernel
+def test_pod_side_dead_before_its_commands_rolls_back(bridge_net: BridgeNet, tmp_path: Path) -> None:
+    # The batch is started early and written to later: writing to an ip that is gone must fail the
+    # step (exit 1, rolled back), not kill the plugin with SIGPIPE before its exit trap runs.
+    net = bridge_net
+    pod = net.pod(0)
+    path = ip_failing_in_pod_netns(tmp_path, 'echo "ip: injected failure" >&2; exit 1', at_once=True)
+    r = net.run("setup", pod, env={"PATH": path})
+    assert r.returncode == 1, r.stderr
+    assert "injected failure" in r.stderr
+    assert "failed to configure eth0" in r.stderr
+    assert not link_exists(pod.host_veth)
+    assert_all_gone(net, [pod])
 
 
 @kernel
@@ -345,7 +414,7 @@ def test_allocation_is_round_robin_from_the_cursor(bridge_net: BridgeNet) -> Non
     # The freed address is reused last, so a late packet for the old pod cannot hit a new one.
     assert net.pod_ip(c) != ip_a
     assert int(net.pod_ip(c).split(".")[3]) == int(ip_b.split(".")[3]) + 1
-    assert (net.ipam / "cursor").read_text() == f"{net.pod_ip(c)}\n"
+    assert (net.ipam / "cursor").read_text() == f"{net.pod_ip(c):<39}\n"  # in place, padded
 
 
 @kernel
@@ -422,8 +491,11 @@ def test_ipam_files_are_shared_with_the_native_ipam(bridge_net: BridgeNet) -> No
     assert record is not None
     assert (record.ip, record.namespace, record.name) == (net.pod_ip(a), a.namespace, a.name)
     ip_b, _ = native.allocate("nativeb", "default", "pod-b")
+    # one cursor for both: the bash plugin's (padded, written in place) read by the native IPAM ...
+    assert int(ip_b.split(".")[3]) == int(net.pod_ip(a).split(".")[3]) + 1
     net.ok("setup", c)
-    assert int(net.pod_ip(c).split(".")[3]) == int(ip_b.split(".")[3]) + 1  # one cursor for both
+    assert int(net.pod_ip(c).split(".")[3]) == int(ip_b.split(".")[3]) + 1  # ... and the other way
+    assert (net.ipam / "cursor").read_text() == f"{net.pod_ip(c):<39}\n"  # nothing of the old one left
     assert native.release(a.infra_id) == net.pod_ip(a)
     net.ok("teardown", c)
     assert [r.infra_id for r in native.list()] == ["nativeb"]
@@ -525,6 +597,8 @@ def effective(r: subprocess.CompletedProcess[str]) -> dict[str, str]:
         (["init", "extra"], "init takes no arguments"),
         (["setup", "default", "web"], "setup needs <namespace> <pod-name> <infra-id>"),
         (["setup", "Default", "web", "abc"], "invalid namespace 'Default'"),
+        (["setup", "a" * 64, "web", "abc"], f"invalid namespace '{'a' * 64}'"),  # a label is 63 at most
+        (["setup", "a-", "web", "abc"], "invalid namespace 'a-'"),
         (["teardown", "default", "web_0", "abc"], "invalid pod name 'web_0'"),
         (["status", "default", "web", "../etc"], "invalid infra id '../etc'"),
     ],

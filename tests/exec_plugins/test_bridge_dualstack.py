@@ -72,7 +72,7 @@ def test_ipam_files_per_family_and_repeated_setup(dual: Callable[..., DualNet]) 
     assert (net.ipam6 / "ips" / v6).read_text() == f"{pod.infra_id}\n"
     assert (net.ipam / "pods" / pod.infra_id).read_text() == f"{v4}/24 default pod-0\n"
     assert (net.ipam6 / "pods" / pod.infra_id).read_text() == f"{v6}/64 default pod-0\n"
-    assert (net.ipam6 / "cursor").read_text() == f"{v6}\n"
+    assert (net.ipam6 / "cursor").read_text() == f"{v6:<39}\n"
     assert pod_addrs(pod) == {4: [f"{v4}/24"], 6: [f"{v6}/64"]}
 
 
