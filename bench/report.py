@@ -263,7 +263,8 @@ def findings(figures: Sequence[Figure]) -> list[str]:
                 f"with the native plugin (G), {rp / ra:.2f}x A's whole ADD; the other {_fmt(rg - rp)} ms are the "
                 "shim's imports, the request and the daemon's work (plugin, durable pod and attachment records).")
         if rf is not None:
-            text += f" With the bash plugin (F) the daemon execs it twice (setup, status): {_fmt(rf - rg)} ms more."
+            text += (f" With the bash plugin (F) the daemon execs it once (setup; its setup document spares the "
+                     f"status exec): {_fmt(rf - rg)} ms more than G.")
         if rh is not None:
             text += f" The CLI's thin path with a no-op plugin (H) costs {_fmt(rh - rp)} ms over P."
         out.append(text)

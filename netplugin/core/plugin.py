@@ -87,9 +87,11 @@ The setup document (optional; one document for both uses below)
     ``setup`` may print, as its whole stdout, the same status document with
     ``"kind": "PodNetworkStatus"`` (required here: it is what marks the output as
     the document) and optionally ``"hostInterface"``, the host-side interface
-    it created for the pod (a Linux interface name)::
+    it created for the pod (a Linux interface name), and ``"mac"``, the MAC
+    address of the pod's interface::
 
-        {"kind": "PodNetworkStatus", "ip": "10.1.2.3", "ips": ["10.1.2.3"], "hostInterface": "veth1a2b3c"}
+        {"kind": "PodNetworkStatus", "ip": "10.1.2.3", "ips": ["10.1.2.3"], "hostInterface": "veth1a2b3c",
+         "mac": "0a:58:0a:01:02:03"}
 
     It serves two purposes. netplugin takes the pod's status from it and makes
     no ``status`` call after the setup (the CNI shim's ADD and the recorded IP
@@ -100,7 +102,10 @@ The setup document (optional; one document for both uses below)
     document whose status part is invalid is ignored the same way (the
     ``status`` call's error then says what is wrong). An invalid
     ``hostInterface`` fails the setup (and rolls it back): later members and
-    every teardown would act on it, and nothing else reports it.
+    every teardown would act on it, and nothing else reports it. ``mac`` (six
+    colon-separated hex pairs, unicast) is the MAC a CNI ADD result reports, so
+    netplugin need not enter the pod's netns to read it; any other ``mac`` is
+    ignored and the MAC read from the interface.
 
 Time limits
     Every action has a time limit (defaults: setup and teardown 30 s, init and
@@ -180,7 +185,7 @@ class PodNetworkStatus:
     host_interface: str | None = None
     #: the MAC address of the pod's interface, when the plugin's ``setup`` knows it (``aa:bb:...``,
     #: lower case): the CNI result needs it, and reading it again means entering the netns once more.
-    #: Not part of the status document.
+    #: Part of the setup document only (``"mac"``), not of the status document.
     mac: str | None = None
 
     def __post_init__(self) -> None:

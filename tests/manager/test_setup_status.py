@@ -52,3 +52,29 @@ def test_without_want_status_a_setup_document_is_still_recorded(plugin_dir: Any,
     assert m.setup(POD) == PodNetworkStatus("10.203.1.4")
     assert [c.split()[0] for c in p.calls()] == ["init", "setup"]
     assert m.state.get(POD).ip == "10.203.1.4"
+
+
+@pytest.mark.parametrize(
+    ("mac", "reported"),
+    [
+        ('"0a:58:0A:CB:01:02"', "0a:58:0a:cb:01:02"),  # lower-cased
+        ('"0b:58:0a:cb:01:02"', None),  # multicast bit
+        ('"ff:ff:ff:ff:ff:ff"', None),  # broadcast
+        ('"00:00:00:00:00:00"', None),
+        ('"0a:58:0a:cb:01"', None),  # five pairs
+        ('"0a:58:0a:cb:01:0g"', None),
+        ('"0a-58-0a-cb-01-02"', None),
+        ("42", None),
+    ],
+    ids=["valid", "multicast", "broadcast", "zero", "short", "not-hex", "dashes", "not-a-string"],
+)
+def test_the_setup_documents_mac_is_reported_when_it_is_a_unicast_mac(
+    plugin_dir: Any, make_manager: Any, mac: str, reported: str | None
+) -> None:
+    """A plugin's ``mac`` spares the CNI ADD a netns entry; anything but a unicast MAC is ignored."""
+    p = plugin_dir.install("p")
+    p.set("setup", stdout='{"kind":"PodNetworkStatus","ip":"10.203.1.5","mac":' + mac + '}')
+    m = make_manager(plugin="p")
+    status = m.setup(POD, CallOptions(want_status=True))
+    assert status is not None and status.ip == "10.203.1.5" and status.mac == reported
+    assert [c.split()[0] for c in p.calls()] == ["init", "setup"]  # an ignored mac costs no status exec

@@ -12,6 +12,7 @@ from typing import Any
 
 from netplugin.core.chaining import host_interface
 from netplugin.core.errors import PluginOutputError
+from netplugin.core.plaindata import replace
 from netplugin.core.plugin import PodNetworkStatus
 
 __all__ = ["TAIL", "parse_setup_document", "parse_status"]
@@ -82,9 +83,21 @@ def parse_setup_document(stdout: bytes, *, plugin: str, pod: str = "") -> PodNet
         return None
     host_interface(doc.get("hostInterface"), plugin=plugin, action="setup", out=text)
     try:
-        return parse_status(text, plugin=plugin, pod=pod, action="setup")
+        status = parse_status(text, plugin=plugin, pod=pod, action="setup")
     except PluginOutputError:
         return None
+    mac = doc.get("mac")
+    if status is not None and isinstance(mac, str) and _unicast_mac(mac):
+        status = replace(status, mac=mac.lower())
+    return status
+
+
+def _unicast_mac(text: str) -> bool:
+    """Six colon-separated hex pairs, not a multicast (or broadcast) address, not all zeros."""
+    pairs = text.split(":")
+    if len(pairs) != 6 or any(len(p) != 2 or p.strip("0123456789abcdefABCDEF") for p in pairs):
+        return False
+    return not int(pairs[0], 16) & 1 and any(int(p, 16) for p in pairs)
 
 
 def _status_ip(value: Any, what: str, bad: Callable[[str], PluginOutputError]) -> str:
