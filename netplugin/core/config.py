@@ -169,9 +169,13 @@ def read_config_file(path: str, *, cache_in: str | None = None, cache_pinned: bo
         raise ConfigError("config", f"cannot read {path}: {e.strerror or e}", source=path) from e
     except DocumentError as e:
         raise ConfigError("config", f"{path} {e}", source=path) from None
+
+    def in_its_run_dir(doc: dict[str, Any]) -> bool:
+        return cache_pinned or doc.get("run_dir") in (None, cache_in)
+
     if cache_in:
         cached = configcache.lookup(cache_in, path, data)
-        if isinstance(cached, dict) and (cache_pinned or cached.get("run_dir") in (None, cache_in)):
+        if isinstance(cached, dict) and in_its_run_dir(cached):
             return cached
     try:
         doc = load_yaml(data)
@@ -189,7 +193,7 @@ def read_config_file(path: str, *, cache_in: str | None = None, cache_pinned: bo
         if key in out:
             raise ConfigError(key, f"given twice, as {_shown(spelled[key])} and {_shown(str(k))}", source=path)
         out[key], spelled[key] = v, str(k)
-    if cache_in and (cache_pinned or out.get("run_dir") in (None, cache_in)):
+    if cache_in and in_its_run_dir(out):
         configcache.store(cache_in, path, data, out)
     return out
 

@@ -315,8 +315,8 @@ def test_a_bad_ifname_is_refused_and_its_del_succeeds(
 def test_the_add_result_names_the_pod_interfaces_mac(
     world: World, node: Callable[[str], Node], plugin: str, via: str  # noqa: F811
 ) -> None:
-    """The native bridge reports its MAC with its setup (the daemon enters the netns no second time),
-    the bash bridge does not (read in the netns): either way the result's MAC is the pod's eth0's."""
+    """Both bridges report the MAC with their setup (native: in its result; bash: the setup document's
+    ``mac``), so the daemon enters the netns no second time: the result's MAC is the pod's eth0's."""
     n = node(plugin)
     if via == "daemon":
         n.start_daemon()
