@@ -26,8 +26,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal
 
 from netplugin.core.chaining import ALL_POD_ACTIONS
@@ -56,7 +56,7 @@ from netplugin.hosts import Host, make_host
 from netplugin.manager.chain import ChainRun, Member, Observer, attach_failures, fresh_states
 from netplugin.plugins import BUILTINS
 from netplugin.plugins.bounded import BoundedPlugin
-from netplugin.store.locks import flocked, pod_lock_path
+from netplugin.store.locks import PodLock, flocked, pod_locked
 from netplugin.store.records import MemberState, PodRecord
 
 if TYPE_CHECKING:
@@ -93,6 +93,8 @@ def _version_identity(plugin: Plugin) -> tuple[Any, ...]:
     one, else its ``version()``."""
     key = getattr(plugin, "version_key", None)
     return ("key", *key()) if key is not None else ("version", plugin.version())
+
+
 
 
 class Manager:
@@ -361,11 +363,9 @@ class Manager:
             # Teardown and status must work while the API is away: the plugin owns its resources.
             return None
 
-    @contextmanager
-    def pod_lock(self, pod: PodRef) -> Iterator[None]:
-        """Serialise every action on one pod, across threads and processes."""
-        with flocked(pod_lock_path(self.config.run_dir, pod), base=self.config.run_dir):
-            yield
+    def pod_lock(self, pod: PodRef, *, live: bool = False) -> AbstractContextManager[PodLock]:
+        """Serialise every action on one pod, across threads and processes (see :func:`pod_locked`)."""
+        return pod_locked(self.config.run_dir, pod, live=live)
 
     def _run(
         self,
@@ -402,7 +402,7 @@ class Manager:
             raise InvalidArgument("netns", netns, problem)
         node = self.node()
         self.init(node=node)
-        with self.pod_lock(pod):
+        with self.pod_lock(pod, live=True):
             pod_obj = self._lookup(pod, Action.SETUP)
             run = self._run(Action.SETUP, pod, pod_obj, call, node)
             state = self.state
@@ -493,9 +493,10 @@ class Manager:
     def status(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
         node = self.node(strict=False)
         self.init(node=node)
-        with self.pod_lock(pod):
+        with self.pod_lock(pod) as hold:
             pod_obj = self._lookup(pod, Action.STATUS)
             rec = self._record_quietly(pod)
+            hold.live = rec is not None
             run = self._run(Action.STATUS, pod, pod_obj, call, node, list(rec.chain) if rec is not None else None)
             result = run.status()
             if self.state is not None and result is not None:

@@ -5,8 +5,13 @@ file conflict even inside one process: the same helper serialises threads of
 the daemon and separate CLI processes alike. Locks die with their holder, so a
 killed netplugin never leaves a pod locked.
 
-Lock files do not pile up: the last holder removes the file when it lets go.
-That is safe with flock only together with a check on the taking side: after
+Lock files do not pile up: the last holder removes the file when it lets go,
+unless it asks to ``keep`` it: a lock taken again soon (the CNI index lock, a
+live pod's lock between its setup and its teardown) keeps its file, because
+creating a file allocates an inode, and a node that creates and removes several
+per pod action pays for that churn (ext4 without a journal scans every inode
+freed in the last minute on each allocation). Removal is safe with flock only
+together with a check on the taking side: after
 ``flock`` returns, the descriptor must still be the file the path names (same
 device and inode); otherwise somebody removed (or replaced) it while we waited,
 the lock protects nothing, and we take the new file. The releasing side removes
@@ -23,14 +28,14 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import SystemFailure
 from netplugin.core.names import PodRef
 
-__all__ = ["flocked", "hold", "pod_lock_path", "release"]
+__all__ = ["PodLock", "flocked", "hold", "pod_lock_path", "pod_locked", "release"]
 
 
 def _open(path: str, base: str | None) -> int:
@@ -85,9 +90,11 @@ def hold(path: str, *, shared: bool = False, blocking: bool = True, base: str | 
             raise
 
 
-def release(fd: int, path: str) -> None:
-    """Let go of a lock taken with :func:`hold`, removing the file if nobody else holds it."""
+def release(fd: int, path: str, *, keep: bool = False) -> None:
+    """Let go of a lock taken with :func:`hold`, removing the file if nobody else holds it (and not ``keep``)."""
     try:
+        if keep:
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -105,14 +112,19 @@ def release(fd: int, path: str) -> None:
 
 
 @contextmanager
-def flocked(path: str, *, shared: bool = False, base: str | None = None) -> Iterator[int]:
-    """Hold an exclusive (or shared) flock on ``path`` (created if needed) for the block."""
+def flocked(
+    path: str, *, shared: bool = False, base: str | None = None, keep: bool | Callable[[], bool] = False
+) -> Iterator[int]:
+    """Hold an exclusive (or shared) flock on ``path`` (created if needed) for the block.
+
+    ``keep`` (or ``keep()``, asked when the block is left) leaves the file for the next holder.
+    """
     fd = hold(path, shared=shared, base=base)
     assert fd is not None
     try:
         yield fd
     finally:
-        release(fd, path)
+        release(fd, path, keep=keep() if callable(keep) else keep)
 
 
 def pod_lock_path(run_dir: str, pod: PodRef) -> str:
@@ -124,3 +136,31 @@ def pod_lock_path(run_dir: str, pod: PodRef) -> str:
 
         key = f"{key[:160]}~{hashlib.sha256(key.encode()).hexdigest()[:24]}"
     return os.path.join(run_dir, "locks", key + ".lock")
+
+
+class PodLock:
+    """A held pod lock; ``live`` says whether its file outlives the action (see :func:`pod_locked`)."""
+
+    __slots__ = ("live",)
+
+    def __init__(self, live: bool) -> None:
+        self.live = live
+
+
+@contextmanager
+def pod_locked(run_dir: str, pod: PodRef, *, live: bool = False) -> Iterator[PodLock]:
+    """Hold the lock serialising every action on ``pod``.
+
+    ``live`` (or ``.live`` set on what this yields): the pod goes on living if the block completes
+    (its setup; the status of a recorded pod), so its lock file stays for the pod's next action
+    instead of being created again; a teardown, and any block that raises, removes it.
+    """
+    hold = PodLock(live)
+    done = False
+
+    def keep() -> bool:
+        return hold.live and done
+
+    with flocked(pod_lock_path(run_dir, pod), base=run_dir, keep=keep):
+        yield hold
+        done = True

@@ -76,6 +76,7 @@ from netplugin.store.records import (
     parse_record,
     record_filename,
 )
+from netplugin.store.spares import SPARE_DIR, spares_for
 
 __all__ = [
     "READY",
@@ -228,7 +229,7 @@ class StateStore:
         except OSError as e:
             raise StateError(self.dir, f"cannot list: {e.strerror or e}") from e
         for entry in entries:
-            if entry.name == "corrupt" and entry.is_dir(follow_symlinks=False):
+            if entry.name in ("corrupt", SPARE_DIR) and entry.is_dir(follow_symlinks=False):
                 continue
             if _TMP_MARK in entry.name:
                 pid = _temp_writer_pid(entry.name)
@@ -239,12 +240,20 @@ class StateStore:
                 out.corrupt.append(CorruptFile(entry.path, "not a pod record (name does not end in .json)"))
                 continue
             try:
-                out.records.append(self.load(entry.path))
+                out.records.append(self._load_twice(entry.path))
             except FileNotFoundError:
                 continue  # removed while we listed
             except StateError as e:
                 out.corrupt.append(CorruptFile(entry.path, e.reason))
         return out
+
+    def _load_twice(self, path: str) -> PodRecord:
+        """:meth:`load`, read once more before a record counts as corrupt: without the pod's lock, a
+        file opened just before its record was removed may be a spare rewritten meanwhile."""
+        try:
+            return self.load(path)
+        except StateError:
+            return self.load(path)
 
     # --- repair -----------------------------------------------------------------------------------
 
@@ -299,7 +308,7 @@ class StateStore:
         self._checked_dir(create=True)
         path = self.path_for(rec.ref)
         try:
-            atomic_write(path, rec.encode(), mode=0o644, durable=False)
+            spares_for(self.dir, self.state_dir).write(path, rec.encode(), 0o644)
         except Exception as e:
             reason = getattr(e, "reason", None) or str(e)
             raise StateError(path, f"cannot write: {reason}") from e
@@ -428,7 +437,7 @@ class StateStore:
         if not self._checked_dir(create=False):
             return
         try:
-            os.unlink(path)
+            spares_for(self.dir, self.state_dir).remove(path)
         except FileNotFoundError:
             return
         except OSError as e:

@@ -123,7 +123,8 @@ def _index_lock(state_dir: str) -> Any:
     from netplugin.store.locks import flocked
 
     ensure_dir(os.path.join(state_dir, "cni"), base=state_dir)
-    return flocked(os.path.join(state_dir, "cni", ".lock"), base=state_dir)
+    # one fixed file taken on every CNI call: kept, not created and removed per call
+    return flocked(os.path.join(state_dir, "cni", ".lock"), base=state_dir, keep=True)
 
 
 def attachments_of(state_dir: str, container_id: str) -> list[tuple[str, str]]:
