@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import SystemFailure
 from netplugin.core.names import PodRef
+from netplugin.core.spares import NoSpare, spares_for
 
 __all__ = ["PodLock", "flocked", "hold", "pod_lock_path", "pod_locked", "release"]
 
@@ -41,10 +42,19 @@ __all__ = ["PodLock", "flocked", "hold", "pod_lock_path", "pod_locked", "release
 def _open(path: str, base: str | None) -> int:
     # The directory is checked every time (cached by inode after the first): an existing but
     # symlinked or foreign locks/ must be refused, not only a missing one created safely.
-    ensure_dir(os.path.dirname(path) or ".", base=base)
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    directory = os.path.dirname(path) or "."
+    ensure_dir(directory, base=base)
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        return os.open(path, flags, 0o600)
+        try:
+            return os.open(path, flags)
+        except FileNotFoundError:
+            pass
+        try:
+            spares_for(directory, base).create(path, b"", mode=0o600)  # False: made meanwhile
+        except NoSpare:
+            return os.open(path, flags | os.O_CREAT, 0o600)
+        return os.open(path, flags | os.O_CREAT, 0o600)
     except OSError as e:
         raise SystemFailure("cannot open lock file", path, _why(e)) from e
 
@@ -102,7 +112,7 @@ def release(fd: int, path: str, *, keep: bool = False) -> None:
         try:
             st, now = os.fstat(fd), os.lstat(path)
             if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
-                os.unlink(path)
+                spares_for(os.path.dirname(path) or ".", None).remove(path)
         except FileNotFoundError:
             pass
         except OSError as e:

@@ -63,6 +63,7 @@ from netplugin.core.fileio import TMP_INFIX, FileRefused, atomic_write, read_bou
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass, field, replace
 from netplugin.core.procs import proc_start
+from netplugin.core.spares import SPARE_DIR, spares_for
 from netplugin.store.records import (
     MAX_RECORD,
     READY,
@@ -76,7 +77,6 @@ from netplugin.store.records import (
     parse_record,
     record_filename,
 )
-from netplugin.store.spares import SPARE_DIR, spares_for
 
 __all__ = [
     "READY",
@@ -308,7 +308,7 @@ class StateStore:
         self._checked_dir(create=True)
         path = self.path_for(rec.ref)
         try:
-            spares_for(self.dir, self.state_dir).write(path, rec.encode(), 0o644)
+            spares_for(self.dir, self.state_dir).replace(path, rec.encode(), mode=0o644)
         except Exception as e:
             reason = getattr(e, "reason", None) or str(e)
             raise StateError(path, f"cannot write: {reason}") from e

@@ -26,6 +26,7 @@ from netplugin.core.dirs import UnsafeDirectory, ensure_dir
 from netplugin.core.errors import SystemFailure
 from netplugin.core.fileio import atomic_write
 from netplugin.core.names import PodRef
+from netplugin.core.spares import SPARE_DIR
 from netplugin.store.locks import flocked, hold, release
 from netplugin.store.state import StateStore
 
@@ -203,8 +204,10 @@ def test_lock_files_are_removed_after_actions(node: Path, plugin_dir: Any) -> No
     for action in ("setup", "status", "teardown"):
         r = _cli(node, "--plugin", "p", action, "default", "web-0", "abc123", plugin_dir=plugin_dir.path)
         assert r.returncode == 0, r.stderr
-    assert list((node / "run" / "locks").iterdir()) == []
-    assert [p.name for p in (node / "run" / "init").iterdir()] == ["p.json"]  # the marker stays, its lock not
+    # the pod's lock file is gone (its inode kept as a spare for the next pod's lock)
+    assert [p.name for p in (node / "run" / "locks").iterdir()] == [SPARE_DIR]
+    assert len(list((node / "run" / "locks" / SPARE_DIR).iterdir())) <= 1
+    assert sorted(p.name for p in (node / "run" / "init").iterdir()) in (["p.json"], [SPARE_DIR, "p.json"])
 
 
 def test_removing_lock_files_keeps_mutual_exclusion(tmp_path: Path) -> None:
@@ -260,9 +263,13 @@ def test_a_waiter_on_a_removed_lock_file_takes_the_new_one(tmp_path: Path) -> No
     second = hold(path, blocking=False)
     assert second is not None
     try:
-        fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the stale inode is free to lock ...
-        now = os.stat(path)
-        assert (os.fstat(stale).st_ino != now.st_ino)  # ... but no longer the lock: hold() re-checks this
+        # The removed file's inode was kept as a spare and made the new lock file (core.spares): the
+        # stale waiter then waits on the lock itself. Were it another inode, it would be free to
+        # lock but no longer the lock, which hold() re-checks. Either way it cannot get in.
+        reused = os.fstat(stale).st_ino == os.stat(path).st_ino
+        assert reused
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(stale)
         release(second, path)
@@ -311,3 +318,19 @@ def test_an_existing_symlinked_dir_of_our_own_is_refused(node: Path, user: Hosti
     assert r.returncode == 5, r.stderr
     assert f"{node / sub} is a symbolic link" in r.stderr
     assert list(theirs.iterdir()) == []
+
+
+def test_the_next_pods_lock_file_is_a_spare_of_an_earlier_one(tmp_path: Path) -> None:
+    # Lock files are made from spare inodes (netplugin.core.spares): a node's steady churn of pods
+    # allocates no inode for their locks.
+    locks = tmp_path / "locks"
+    inodes = set()
+    for i in range(5):
+        path = str(locks / f"pod-{i}.lock")
+        fd = hold(path, base=str(tmp_path))
+        assert fd is not None
+        inodes.add(os.fstat(fd).st_ino)
+        assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600 and os.fstat(fd).st_size == 0
+        release(fd, path)
+        assert not os.path.exists(path)
+    assert len(inodes) == 1

@@ -18,9 +18,9 @@ import pytest
 
 from netplugin.core.errors import PluginFailed, StateError
 from netplugin.core.names import MAX_INFRA_ID, PodRef
+from netplugin.core.spares import SPARE_DIR
 from netplugin.manager.manager import Manager
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, PodRecord, parse_record, record_filename
-from netplugin.store.spares import SPARE_DIR
 from netplugin.store.state import StateStore
 
 POD = PodRef("default", "web-0", "infra0")

@@ -56,6 +56,7 @@ from contextlib import contextmanager
 from netplugin.core.errors import InvalidArgument
 from netplugin.core.names import validate_infra_id, validate_namespace, validate_pod_name
 from netplugin.core.plaindata import dataclass
+from netplugin.core.spares import spares_for
 from netplugin.plugins.bridge.ipam_files import DirLock, IPAMError, listdir, read_owner, read_text, unlink, write_record
 
 __all__ = [
@@ -185,6 +186,8 @@ class IPAM:
         self._lock_path = lock_path or os.path.join(directory, "lock")
         self._ips = os.path.join(directory, "ips")
         self._pods = os.path.join(directory, "pods")
+        # removed and replaced records keep their inodes for the next pod (see netplugin.core.spares)
+        self._spares = spares_for(directory, directory)
         self._subnet_text = f"{self.subnet}\n"
         self.lock = DirLock(self._lock_path, (directory, self._ips, self._pods), lock_timeout)
 
@@ -223,12 +226,12 @@ class IPAM:
         addr = self._probe()
         record = Allocation(infra_id, str(addr), self.subnet.prefixlen, namespace, name)
         pod_path = os.path.join(self._pods, infra_id)
-        write_record(pod_path, f"{record.cidr} {namespace} {name}\n")
+        write_record(pod_path, f"{record.cidr} {namespace} {name}\n", spares=self._spares)
         try:
             # O_EXCL: never overwrite an address file, whoever wrote it (as the bash plugin does).
-            write_record(os.path.join(self._ips, record.ip), f"{infra_id}\n", mode="exclusive")
+            write_record(os.path.join(self._ips, record.ip), f"{infra_id}\n", mode="exclusive", spares=self._spares)
         except BaseException:
-            unlink(pod_path)
+            unlink(pod_path, self._spares)
             raise
         # Written in place: a torn or lost cursor only makes the next probe start earlier, and
         # on ext4 a rename over an existing file costs a data flush (auto_da_alloc).
@@ -253,18 +256,18 @@ class IPAM:
             # Releasing is the one thing to do with a torn record; find the address the slow way.
             log.warning("%s; releasing by scanning %s", e, self._ips)
             for ip in self._scan_owned(infra_id):
-                unlink(os.path.join(self._ips, ip))
-            unlink(pod_path)
+                unlink(os.path.join(self._ips, ip), self._spares)
+            unlink(pod_path, self._spares)
             return None
         if record is None:
             return None
         ip_path = os.path.join(self._ips, record.ip)
         owner = read_owner(ip_path)
         if owner == infra_id or owner == "":
-            unlink(ip_path)
+            unlink(ip_path, self._spares)
         elif owner is not None:
             log.warning("%s names %r, not %r: left in place", ip_path, owner, infra_id)
-        unlink(pod_path)
+        unlink(pod_path, self._spares)
         return record.ip
 
     def lookup(self, infra_id: str, *, timeout: float | None = None) -> Allocation | None:

@@ -20,6 +20,7 @@ from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.fileio import FileRefused, read_bounded, replace_file, start_writeback
 from netplugin.core.names import validate_infra_id
+from netplugin.core.spares import NoSpare, Spares
 
 __all__ = ["DirLock", "IPAMError", "listdir", "read_owner", "read_text", "unlink", "write_record"]
 
@@ -141,8 +142,11 @@ def read_owner(path: str) -> str | None:
     return owner
 
 
-def write_record(path: str, text: str, *, mode: str = "atomic") -> None:
+def write_record(path: str, text: str, *, mode: str = "atomic", spares: Spares | None = None) -> None:
     """Write a record: "atomic" (temp file + rename), "exclusive" (O_EXCL) or "in-place".
+
+    ``spares``: the IPAM directory's spare inodes (:mod:`netplugin.core.spares`), which "atomic"
+    and "exclusive" writes use before they make a new file.
 
     Records that stay as long as their pod ("atomic", "exclusive") have their writeback started at
     once (:func:`~netplugin.core.fileio.start_writeback`). "in-place" (the cursor, a repaired address
@@ -150,6 +154,17 @@ def write_record(path: str, text: str, *, mode: str = "atomic") -> None:
     zero first: on ext4 (``auto_da_alloc``) a file truncated to zero and written is flushed on close.
     """
     data = text.encode()
+    if spares is not None and mode != "in-place":
+        try:
+            if mode == "atomic":
+                spares.replace(path, data, mode=0o644, hidden=True, writeback=True)
+            elif not spares.create(path, data, mode=0o644, hidden=True, writeback=True):
+                raise IPAMError(f"cannot write {path}: {os.strerror(errno.EEXIST)}", path=path)
+            return
+        except NoSpare:
+            pass
+        except OSError as e:
+            raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
     if mode != "atomic":
         flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_EXCL if mode == "exclusive" else 0)
         try:
@@ -184,9 +199,13 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def unlink(path: str) -> None:
+def unlink(path: str, spares: Spares | None = None) -> None:
+    """Remove a record if it is there (its inode kept among ``spares`` when given)."""
     try:
-        os.unlink(path)
+        if spares is not None:
+            spares.remove(path)
+        else:
+            os.unlink(path)
     except FileNotFoundError:
         pass
     except OSError as e:

@@ -717,3 +717,26 @@ def test_ipam_refuses_a_directory_another_user_controls(ipam_dir: Path, tmp_path
     assert str(victim) in info.value.message
     assert not list((tmp_path / "bridge" / "cbr0").glob("**/abc123"))  # nothing was recorded anywhere
     assert not (tmp_path / "elsewhere").exists() or not list((tmp_path / "elsewhere").iterdir())
+
+
+def test_released_records_give_their_inodes_to_the_next_pods(ipam_dir: Path) -> None:
+    # A pod's two records (pods/<infra>, ips/<addr>) are made from the spares of earlier pods
+    # (netplugin.core.spares): no inode is allocated per pod once a few pods have come and gone.
+    ipam = IPAM(str(ipam_dir), "10.204.8.0/24")
+    seen: set[int] = set()
+    for i in range(8):
+        infra = f"spare{i}"
+        ip, _ = ipam.allocate(infra, "ns", f"p{i}")
+        made = {(ipam_dir / "pods" / infra).stat().st_ino, (ipam_dir / "ips" / ip).stat().st_ino}
+        if i >= 1:
+            assert made <= seen, f"pod {i}: its records got new inodes"
+        assert (ipam_dir / "ips" / ip).read_text() == f"{infra}\n"
+        assert (ipam_dir / "pods" / infra).read_text() == f"{ip}/24 ns p{i}\n"
+        seen |= made
+        assert ipam.release(infra) == ip
+        seen |= {p.stat().st_ino for p in (ipam_dir / ".spare").iterdir()}
+    assert len(seen) <= 2
+    # A taken address is never overwritten, spare or not.
+    (ipam_dir / "ips" / "10.204.8.2").write_text("someone\n")
+    ip, _ = ipam.allocate("after", "ns", "p")
+    assert ip != "10.204.8.2" and (ipam_dir / "ips" / "10.204.8.2").read_text() == "someone\n"

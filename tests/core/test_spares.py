@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from netplugin.core.names import PodRef
+from netplugin.core.spares import CAP, SPARE_DIR, NoSpare, Spares
 from netplugin.store.records import READY, record_filename
-from netplugin.store.spares import CAP, SPARE_DIR, Spares
 from netplugin.store.state import StateStore
 
 
@@ -70,7 +70,7 @@ def test_a_spare_that_is_also_a_live_record_is_never_written(
     for p in spare_dir.iterdir():
         p.unlink()
     os.link(rec, spare_dir / "crashed")
-    spare.write(str(pods / "other.json"), b'{"x": 1}\n', 0o644)
+    spare.replace(str(pods / "other.json"), b"{\"x\": 1}\n", mode=0o644)
     assert rec.read_bytes() == before, "the live record was overwritten through its second link"
     assert (pods / "other.json").read_bytes() == b'{"x": 1}\n'
     assert not (spare_dir / "crashed").exists(), "the shared name is dropped, not kept as a spare"
@@ -99,7 +99,7 @@ def test_a_new_process_adopts_the_spares_it_finds(tmp_path: Path) -> None:
     old.write_bytes(b"old record, longer than the new one\n")
     ino = _inode(old)
     Spares(str(d), str(tmp_path)).remove(str(old))
-    Spares(str(d), str(tmp_path)).write(str(d / "new.json"), b"new\n", 0o644)
+    Spares(str(d), str(tmp_path)).replace(str(d / "new.json"), b"new\n", mode=0o644)
     new = d / "new.json"
     assert _inode(new) == ino and new.read_bytes() == b"new\n" and (new.stat().st_mode & 0o777) == 0o644
 
@@ -123,3 +123,22 @@ def test_the_scan_reads_a_corrupt_looking_record_once_more(np_dirs: dict[str, st
     scan = Flaky(np_dirs["state_dir"]).scan()
     assert [r.ref for r in scan.records] == [ref] and scan.corrupt == []
     assert Flaky.reads == 2
+
+
+def test_create_never_replaces_and_keeps_its_spare(tmp_path: Path) -> None:
+    d = tmp_path / "ips"
+    d.mkdir(mode=0o755)
+    spares = Spares(str(d), str(tmp_path))
+    gone = d / "gone"
+    gone.write_bytes(b"x")
+    spares.remove(str(gone))
+    taken = d / "10.0.0.2"
+    taken.write_bytes(b"theirs\n")
+    assert spares.create(str(taken), b"mine\n", mode=0o644) is False
+    assert taken.read_bytes() == b"theirs\n"
+    assert len(list((d / SPARE_DIR).iterdir())) == 1, "the spare went back"
+    assert spares.create(str(d / "10.0.0.3"), b"mine\n", mode=0o644) is True
+    assert (d / "10.0.0.3").read_bytes() == b"mine\n" and (d / "10.0.0.3").stat().st_nlink == 1
+    assert sorted(p.name for p in d.iterdir() if p.name != SPARE_DIR) == ["10.0.0.2", "10.0.0.3"]
+    with pytest.raises(NoSpare):
+        spares.create(str(d / "10.0.0.4"), b"mine\n", mode=0o644)
