@@ -185,6 +185,7 @@ _CODE = (
     "netplugin.plugins.bridge.ipam_files",
     "netplugin.plugins.bridge.podipam",
     "netplugin.core.netlink",
+    "netplugin.core.nlwire",
     "netplugin.core.netns",
     "netplugin.core.fileio",
 )
