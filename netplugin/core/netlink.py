@@ -245,9 +245,10 @@ class RawNetlink:
         """``ip link set dev INDEX type bridge_slave hairpin on``."""
         self.request(RTM_NEWLINK, NLM_F_ACK, ifinfo(index) + attr(IFLA_LINKINFO, HAIRPIN), "set hairpin")
 
-    def configure_pod(self, index: int, addrs: Sequence[tuple[str, int, str]]) -> None:
+    def configure_pod(self, index: int, addrs: Sequence[tuple[str, int, str]], *, link_local: bool = True) -> None:
         """lo up; per ``(ip, prefixlen, gateway)``: ``ip addr replace IP/PREFIXLEN`` (IPv6: ``nodad``);
-        link up; per family ``ip route add default via GATEWAY``: never ``replace``, so a default
+        without ``link_local``, ``addr_gen_mode none`` (see below); link up; per family
+        ``ip route add default via GATEWAY``: never ``replace``, so a default
         route netplugin did not make (the node's own, another pod's) is never taken over. One
         that exists already is accepted only when it is this very route (a repeated setup);
         otherwise KernelError EEXIST says whose it is.
@@ -255,6 +256,11 @@ class RawNetlink:
         One sendmsg: the kernel runs the requests in order and acks each one. IPv6 addresses skip
         duplicate address detection, so they are usable as soon as this returns (the IPAM made
         them unique); otherwise they would be "tentative" for a second or two.
+
+        ``link_local=False`` (a pod without IPv6) sets ``addr_gen_mode none`` before the link goes up:
+        no IPv6 link-local address, so none of the multicast that comes with one (MLD reports,
+        duplicate address detection, router solicitations), which a bridge without a multicast
+        querier floods to every port. Tolerated where IPv6 is off (EAFNOSUPPORT: nothing to stop).
         """
         replace = NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
         steps: list[tuple[str, tuple[int, int, bytes]]] = [
@@ -289,10 +295,16 @@ class RawNetlink:
                     ),
                 )
             )
+        no_ll = -1
+        if not link_local:
+            no_ll = len(steps)
+            steps.append(("set addr_gen_mode none", (RTM_NEWLINK, NLM_F_ACK, ifinfo(index) + NO_LINK_LOCAL)))
         steps.append(("set link up", (RTM_NEWLINK, NLM_F_ACK, ifinfo(index, IFF_UP, IFF_UP))))
         steps.extend(routes)
         gateways = {len(steps) - len(addrs) + i: gw for i, (_ip, _plen, gw) in enumerate(addrs)}
         for n, ((what, _), (err, _answer)) in enumerate(zip(steps, self.transact([r for _, r in steps]), strict=True)):
+            if n == no_ll and err == errno.EAFNOSUPPORT:
+                continue  # IPv6 is disabled on this node (or for this link): no link-local address anyway
             if err == errno.EEXIST and n in gateways:
                 found = self.default_route(socket.AF_INET6 if ":" in gateways[n] else socket.AF_INET)
                 if found == (gateways[n], index):
