@@ -455,6 +455,20 @@ def test_an_ipv4_pod_interface_sends_no_ipv6_multicast(native_net: NativeNet) ->
 
 
 @kernel
+def test_an_mtu_below_ipv6_minimum_leaves_no_ipv6_to_switch_off(native_factory: Callable[..., NativeNet]) -> None:
+    """Below 1280 bytes a link has no IPv6 at all: "addr_gen_mode none" on either end is refused
+    (EAFNOSUPPORT), which must not fail the setup."""
+    net = native_factory()
+    net.init(NETPLUGIN_BRIDGE_MTU="1200")
+    pod, other = net.pods(2)
+    for p in (pod, other):
+        net.setup(p, NETPLUGIN_BRIDGE_MTU="1200")
+        assert "mtu 1200" in _run(["ip", "-n", p.netns, "-o", "link", "show", "dev", "eth0"]).stdout
+        assert _run(["ip", "-n", p.netns, "-6", "-o", "addr", "show", "dev", "eth0"]).stdout == ""
+    assert_mesh(net, [pod, other])
+
+
+@kernel
 def test_setup_twice_keeps_the_address_and_the_link(native_net: NativeNet) -> None:
     net = native_net
     pod, other = net.pods(2)
