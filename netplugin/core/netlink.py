@@ -18,168 +18,62 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from netplugin.core.netns import netns_socket
+from netplugin.core.nlwire import (
+    HAIRPIN,
+    IFA_ADDRESS,
+    IFA_F_NODAD,
+    IFA_LOCAL,
+    IFADDR,
+    IFF_UP,
+    IFINFO,
+    IFLA_ADDRESS,
+    IFLA_GROUP,
+    IFLA_IFNAME,
+    IFLA_INFO_DATA,
+    IFLA_INFO_KIND,
+    IFLA_LINK,
+    IFLA_LINKINFO,
+    IFLA_MASTER,
+    IFLA_MTU,
+    IFLA_NET_NS_FD,
+    NLHDR,
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_EXCL,
+    NLM_F_REPLACE,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    NO_LINK_LOCAL,
+    RT_SCOPE_UNIVERSE,
+    RT_TABLE_MAIN,
+    RTA_GATEWAY,
+    RTA_OIF,
+    RTA_TABLE,
+    RTM_DELLINK,
+    RTM_GETADDR,
+    RTM_GETLINK,
+    RTM_GETROUTE,
+    RTM_NEWADDR,
+    RTM_NEWLINK,
+    RTM_NEWROUTE,
+    RTMSG,
+    RTN_UNICAST,
+    RTPROT_BOOT,
+    U32,
+    VETH_INFO_PEER,
+    attr,
+    find_attr,
+    ifinfo,
+    str_attr,
+    u32_attr,
+)
 
 __all__ = ["IFF_UP", "KernelError", "RawNetlink", "drop_root_netlink", "netns_netlink", "root_netlink"]
 
-
-IFF_UP = 1
-
-
-_NLMSG_ERROR = 2
-
-
-_NLMSG_DONE = 3
-
-
-_RTM_NEWLINK = 16
-
-
-_RTM_DELLINK = 17
-
-
-_RTM_GETLINK = 18
-
-
-_RTM_NEWADDR = 20
-
-
-_RTM_GETADDR = 22
-
-
-_RTM_NEWROUTE = 24
-_RTM_GETROUTE = 26
-
-
-_NLM_F_REQUEST = 0x1
-
-
-_NLM_F_ACK = 0x4
-
-
-_NLM_F_DUMP = 0x300
-
-
-_NLM_F_REPLACE = 0x100
-
-
-_NLM_F_EXCL = 0x200
-
-
-_NLM_F_CREATE = 0x400
-
-
-_IFLA_ADDRESS = 1
-_IFLA_IFNAME = 3
-
-
-_IFLA_MTU = 4
-
-
-_IFLA_LINK = 5
-
-
-_IFLA_MASTER = 10
-
-
-_IFLA_LINKINFO = 18
-
-
-_IFLA_GROUP = 27
-
-
-_IFLA_NET_NS_FD = 28
-
-
-_IFLA_INFO_KIND = 1
-
-
-_IFLA_INFO_DATA = 2
-
-
-_IFLA_INFO_SLAVE_KIND = 4
-
-
-_IFLA_INFO_SLAVE_DATA = 5
-
-
-_IFLA_BRPORT_MODE = 4  # hairpin
-
-
-_IFLA_AF_SPEC = 26
-
-
-_IFLA_INET6_ADDR_GEN_MODE = 8  # IN6_ADDR_GEN_MODE_NONE = 1: no link-local address
-
-
-_VETH_INFO_PEER = 1
-
-
-_IFA_ADDRESS = 1
-_IFA_F_NODAD = 0x02
-
-
-_IFA_LOCAL = 2
-
-
-_RTA_OIF = 4
-
-
-_RTA_GATEWAY = 5
-_RTA_TABLE = 15
-
-
-_RT_TABLE_MAIN = 254
-_RT_SCOPE_UNIVERSE = 0
-
-
-_RTPROT_BOOT = 3  # what `ip route` uses: routes look the same whichever bridge plugin made them
-
-
-_RTN_UNICAST = 1
-
-
-_NLHDR = struct.Struct("=IHHII")
-
-
-_IFINFO = struct.Struct("=BxHiII")
-
-
-_IFADDR = struct.Struct("=BBBBI")
-
-
-_RTMSG = struct.Struct("=BBBBBBBBI")
-
-
 #: Requests per sendmsg: keeps the kernel's replies well inside the socket's receive buffer.
 _CHUNK = 128
-
-
-def _attr(kind: int, payload: bytes) -> bytes:
-    n = 4 + len(payload)
-    return struct.pack("=HH", n, kind) + payload + b"\0" * (-n & 3)
-
-
-def _str_attr(kind: int, value: str) -> bytes:
-    return _attr(kind, value.encode() + b"\0")
-
-
-def _u32_attr(kind: int, value: int) -> bytes:
-    return _attr(kind, _U32.pack(value))
-
-
-def _find_attr(payload: bytes, offset: int, kind: int) -> bytes | None:
-    while offset + 4 <= len(payload):
-        length, akind = struct.unpack_from("=HH", payload, offset)
-        if length < 4:
-            return None
-        if akind & 0x3FFF == kind:
-            return payload[offset + 4 : offset + length]
-        offset += (length + 3) & ~3
-    return None
-
-
-def _ifinfo(index: int = 0, flags: int = 0, change: int = 0) -> bytes:
-    return _IFINFO.pack(0, 0, index, flags, change)
 
 
 class KernelError(OSError):
@@ -226,7 +120,7 @@ class RawNetlink:
             for kind, flags, body in chunk:
                 seq = self._next_seq()
                 seqs.append(seq)
-                parts.append(_NLHDR.pack(_NLHDR.size + len(body), kind, flags | _NLM_F_REQUEST, seq, 0) + body)
+                parts.append(NLHDR.pack(NLHDR.size + len(body), kind, flags | NLM_F_REQUEST, seq, 0) + body)
             self.sock.send(b"".join(parts))
             pending = {seq: i for i, seq in enumerate(seqs)}
             results: list[tuple[int, bytes]] = [(0, b"")] * len(chunk)
@@ -235,7 +129,7 @@ class RawNetlink:
                     i = pending.pop(seq, None)
                     if i is None:
                         continue  # a late reply to an abandoned request
-                    if kind == _NLMSG_ERROR:
+                    if kind == NLMSG_ERROR:
                         results[i] = (-struct.unpack_from("=i", payload)[0], b"")
                     else:
                         results[i] = (0, payload)
@@ -252,14 +146,14 @@ class RawNetlink:
     def dump(self, kind: int, body: bytes, what: str) -> Iterator[bytes]:
         """The payloads of a dump request's answers."""
         seq = self._next_seq()
-        self.sock.send(_NLHDR.pack(_NLHDR.size + len(body), kind, _NLM_F_REQUEST | _NLM_F_DUMP, seq, 0) + body)
+        self.sock.send(NLHDR.pack(NLHDR.size + len(body), kind, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
         while True:
             for rkind, _flags, rseq, payload in self._receive():
                 if rseq != seq:
                     continue
-                if rkind == _NLMSG_DONE:
+                if rkind == NLMSG_DONE:
                     return
-                if rkind == _NLMSG_ERROR:
+                if rkind == NLMSG_ERROR:
                     err = -struct.unpack_from("=i", payload)[0]
                     if err:
                         raise KernelError(err, f"{what}: {os.strerror(err)}")
@@ -270,11 +164,11 @@ class RawNetlink:
         data = self.sock.recv(1 << 16)
         out: list[tuple[int, int, int, bytes]] = []
         off = 0
-        while off + _NLHDR.size <= len(data):
-            length, kind, flags, seq, _pid = _NLHDR.unpack_from(data, off)
-            if length < _NLHDR.size or off + length > len(data):
+        while off + NLHDR.size <= len(data):
+            length, kind, flags, seq, _pid = NLHDR.unpack_from(data, off)
+            if length < NLHDR.size or off + length > len(data):
                 raise OSError(errno.EPROTO, "malformed netlink reply")
-            out.append((kind, flags, seq, data[off + _NLHDR.size : off + length]))
+            out.append((kind, flags, seq, data[off + NLHDR.size : off + length]))
             off += (length + 3) & ~3
         return out
 
@@ -293,16 +187,16 @@ class RawNetlink:
 
         The MAC is ``aa:bb:cc:dd:ee:ff`` (None for a link without a 6-byte address).
         """
-        err, answer = self.transact([(_RTM_GETLINK, 0, _ifinfo() + _str_attr(_IFLA_IFNAME, ifname))])[0]
+        err, answer = self.transact([(RTM_GETLINK, 0, ifinfo() + str_attr(IFLA_IFNAME, ifname))])[0]
         if err == errno.ENODEV:
             return None
         if err:
             raise KernelError(err, f"get link {ifname}: {os.strerror(err)}")
-        index = int(_IFINFO.unpack_from(answer)[2])
-        peer = _find_attr(answer, _IFINFO.size, _IFLA_LINK)
-        addr = _find_attr(answer, _IFINFO.size, _IFLA_ADDRESS)
+        index = int(IFINFO.unpack_from(answer)[2])
+        peer = find_attr(answer, IFINFO.size, IFLA_LINK)
+        addr = find_attr(answer, IFINFO.size, IFLA_ADDRESS)
         mac = ":".join(f"{b:02x}" for b in addr) if addr is not None and len(addr) == 6 else None
-        return index, (int(_U32.unpack_from(peer)[0]) if peer is not None and len(peer) >= 4 else None), mac
+        return index, (int(U32.unpack_from(peer)[0]) if peer is not None and len(peer) >= 4 else None), mac
 
     def add_veth(self, name: str, peer: str, netns_fd: int, mtu: int, master: int) -> None:
         """A bridge port for a pod, in one sendmsg: ``ip link add NAME mtu MTU master M type veth peer
@@ -315,23 +209,22 @@ class RawNetlink:
         the creation fails, NAME is deleted again before KernelError says which step failed.
         """
         peer_msg = (
-            _ifinfo() + _str_attr(_IFLA_IFNAME, peer) + _u32_attr(_IFLA_NET_NS_FD, netns_fd) + _u32_attr(_IFLA_MTU, mtu)
+            ifinfo() + str_attr(IFLA_IFNAME, peer) + u32_attr(IFLA_NET_NS_FD, netns_fd) + u32_attr(IFLA_MTU, mtu)
         )
-        linkinfo = _str_attr(_IFLA_INFO_KIND, "veth") + _attr(_IFLA_INFO_DATA, _attr(_VETH_INFO_PEER, peer_msg))
+        linkinfo = str_attr(IFLA_INFO_KIND, "veth") + attr(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer_msg))
         create = (
-            _ifinfo()
-            + _str_attr(_IFLA_IFNAME, name)
-            + _u32_attr(_IFLA_MTU, mtu)
-            + _u32_attr(_IFLA_MASTER, master)
-            + _attr(_IFLA_LINKINFO, linkinfo)
+            ifinfo()
+            + str_attr(IFLA_IFNAME, name)
+            + u32_attr(IFLA_MTU, mtu)
+            + u32_attr(IFLA_MASTER, master)
+            + attr(IFLA_LINKINFO, linkinfo)
         )
-        by_name = _ifinfo() + _str_attr(_IFLA_IFNAME, name)
-        no_ll = _attr(_IFLA_AF_SPEC, _attr(socket.AF_INET6, _attr(_IFLA_INET6_ADDR_GEN_MODE, b"\x01")))
+        by_name = ifinfo() + str_attr(IFLA_IFNAME, name)
         steps = [
-            (f"add veth {name}", (_RTM_NEWLINK, _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_EXCL, create)),
-            (f"set addr_gen_mode none on {name}", (_RTM_NEWLINK, _NLM_F_ACK, by_name + no_ll)),
-            (f"set hairpin on {name}", (_RTM_NEWLINK, _NLM_F_ACK, by_name + _attr(_IFLA_LINKINFO, _HAIRPIN))),
-            (f"set {name} up", (_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(0, IFF_UP, IFF_UP) + _str_attr(_IFLA_IFNAME, name))),
+            (f"add veth {name}", (RTM_NEWLINK, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, create)),
+            (f"set addr_gen_mode none on {name}", (RTM_NEWLINK, NLM_F_ACK, by_name + NO_LINK_LOCAL)),
+            (f"set hairpin on {name}", (RTM_NEWLINK, NLM_F_ACK, by_name + attr(IFLA_LINKINFO, HAIRPIN))),
+            (f"set {name} up", (RTM_NEWLINK, NLM_F_ACK, ifinfo(0, IFF_UP, IFF_UP) + str_attr(IFLA_IFNAME, name))),
         ]
         results = self.transact([r for _, r in steps])
         for n, ((what, _), (err, _answer)) in enumerate(zip(steps, results, strict=True)):
@@ -340,21 +233,22 @@ class RawNetlink:
             if err:
                 if n:
                     # The kernel carried on after the failed step (each request is separate): undo all.
-                    self.transact([(_RTM_DELLINK, _NLM_F_ACK, by_name)])
+                    self.transact([(RTM_DELLINK, NLM_F_ACK, by_name)])
                 raise KernelError(err, f"{what}: {os.strerror(err)}")
 
     def attach(self, index: int, mtu: int, master: int) -> None:
         """``ip link set dev INDEX mtu MTU master M up``."""
-        body = _ifinfo(index, IFF_UP, IFF_UP) + _u32_attr(_IFLA_MTU, mtu) + _u32_attr(_IFLA_MASTER, master)
-        self.request(_RTM_NEWLINK, _NLM_F_ACK, body, f"attach link {index}")
+        body = ifinfo(index, IFF_UP, IFF_UP) + u32_attr(IFLA_MTU, mtu) + u32_attr(IFLA_MASTER, master)
+        self.request(RTM_NEWLINK, NLM_F_ACK, body, f"attach link {index}")
 
     def hairpin(self, index: int) -> None:
         """``ip link set dev INDEX type bridge_slave hairpin on``."""
-        self.request(_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(index) + _attr(_IFLA_LINKINFO, _HAIRPIN), "set hairpin")
+        self.request(RTM_NEWLINK, NLM_F_ACK, ifinfo(index) + attr(IFLA_LINKINFO, HAIRPIN), "set hairpin")
 
-    def configure_pod(self, index: int, addrs: Sequence[tuple[str, int, str]]) -> None:
+    def configure_pod(self, index: int, addrs: Sequence[tuple[str, int, str]], *, link_local: bool = True) -> None:
         """lo up; per ``(ip, prefixlen, gateway)``: ``ip addr replace IP/PREFIXLEN`` (IPv6: ``nodad``);
-        link up; per family ``ip route add default via GATEWAY``: never ``replace``, so a default
+        without ``link_local``, ``addr_gen_mode none`` (see below); link up; per family
+        ``ip route add default via GATEWAY``: never ``replace``, so a default
         route netplugin did not make (the node's own, another pod's) is never taken over. One
         that exists already is accepted only when it is this very route (a repeated setup);
         otherwise KernelError EEXIST says whose it is.
@@ -362,25 +256,30 @@ class RawNetlink:
         One sendmsg: the kernel runs the requests in order and acks each one. IPv6 addresses skip
         duplicate address detection, so they are usable as soon as this returns (the IPAM made
         them unique); otherwise they would be "tentative" for a second or two.
+
+        ``link_local=False`` (a pod without IPv6) sets ``addr_gen_mode none`` before the link goes up:
+        no IPv6 link-local address, so none of the multicast that comes with one (MLD reports,
+        duplicate address detection, router solicitations), which a bridge without a multicast
+        querier floods to every port. Tolerated where IPv6 is off (EAFNOSUPPORT: nothing to stop).
         """
-        replace = _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_REPLACE
+        replace = NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
         steps: list[tuple[str, tuple[int, int, bytes]]] = [
-            ("set lo up", (_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(1, IFF_UP, IFF_UP))),  # lo is ifindex 1
+            ("set lo up", (RTM_NEWLINK, NLM_F_ACK, ifinfo(1, IFF_UP, IFF_UP))),  # lo is ifindex 1
         ]
         routes: list[tuple[str, tuple[int, int, bytes]]] = []
         for ip, prefixlen, gateway in addrs:
             family = socket.AF_INET6 if ":" in ip else socket.AF_INET
             raw = socket.inet_pton(family, ip)
-            flags = _IFA_F_NODAD if family == socket.AF_INET6 else 0
+            flags = IFA_F_NODAD if family == socket.AF_INET6 else 0
             steps.append(
                 (
                     f"add address {ip}/{prefixlen}",
                     (
-                        _RTM_NEWADDR,
+                        RTM_NEWADDR,
                         replace,
-                        _IFADDR.pack(family, prefixlen, flags, 0, index)
-                        + _attr(_IFA_LOCAL, raw)
-                        + _attr(_IFA_ADDRESS, raw),
+                        IFADDR.pack(family, prefixlen, flags, 0, index)
+                        + attr(IFA_LOCAL, raw)
+                        + attr(IFA_ADDRESS, raw),
                     ),
                 )
             )
@@ -388,18 +287,24 @@ class RawNetlink:
                 (
                     f"add default route via {gateway}",
                     (
-                        _RTM_NEWROUTE,
-                        _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_EXCL,
-                        _RTMSG.pack(family, 0, 0, 0, _RT_TABLE_MAIN, _RTPROT_BOOT, 0, _RTN_UNICAST, 0)
-                        + _attr(_RTA_GATEWAY, socket.inet_pton(family, gateway))
-                        + _u32_attr(_RTA_OIF, index),
+                        RTM_NEWROUTE,
+                        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+                        RTMSG.pack(family, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, 0, RTN_UNICAST, 0)
+                        + attr(RTA_GATEWAY, socket.inet_pton(family, gateway))
+                        + u32_attr(RTA_OIF, index),
                     ),
                 )
             )
-        steps.append(("set link up", (_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(index, IFF_UP, IFF_UP))))
+        no_ll = -1
+        if not link_local:
+            no_ll = len(steps)
+            steps.append(("set addr_gen_mode none", (RTM_NEWLINK, NLM_F_ACK, ifinfo(index) + NO_LINK_LOCAL)))
+        steps.append(("set link up", (RTM_NEWLINK, NLM_F_ACK, ifinfo(index, IFF_UP, IFF_UP))))
         steps.extend(routes)
         gateways = {len(steps) - len(addrs) + i: gw for i, (_ip, _plen, gw) in enumerate(addrs)}
         for n, ((what, _), (err, _answer)) in enumerate(zip(steps, self.transact([r for _, r in steps]), strict=True)):
+            if n == no_ll and err == errno.EAFNOSUPPORT:
+                continue  # IPv6 is disabled on this node (or for this link): no link-local address anyway
             if err == errno.EEXIST and n in gateways:
                 found = self.default_route(socket.AF_INET6 if ":" in gateways[n] else socket.AF_INET)
                 if found == (gateways[n], index):
@@ -413,30 +318,30 @@ class RawNetlink:
     def default_route(self, family: int) -> tuple[str, int] | None:
         """(gateway, output ifindex) of the main table's default route of ``family``, or None."""
         found: tuple[str, int] | None = None
-        body = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
-        for answer in self.dump(_RTM_GETROUTE, body, "list routes"):
-            fam, dst_len, _src, _tos, table, _proto, _scope, _type, _flags = _RTMSG.unpack_from(answer)
-            raw_table = _find_attr(answer, _RTMSG.size, _RTA_TABLE)
+        body = RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
+        for answer in self.dump(RTM_GETROUTE, body, "list routes"):
+            fam, dst_len, _src, _tos, table, _proto, _scope, _type, _flags = RTMSG.unpack_from(answer)
+            raw_table = find_attr(answer, RTMSG.size, RTA_TABLE)
             if raw_table is not None and len(raw_table) >= 4:
-                table = _U32.unpack_from(raw_table)[0]
-            if found is not None or fam != family or dst_len != 0 or table != _RT_TABLE_MAIN:
+                table = U32.unpack_from(raw_table)[0]
+            if found is not None or fam != family or dst_len != 0 or table != RT_TABLE_MAIN:
                 continue  # keep reading: the dump must be drained
-            gw = _find_attr(answer, _RTMSG.size, _RTA_GATEWAY)
-            oif = _find_attr(answer, _RTMSG.size, _RTA_OIF)
+            gw = find_attr(answer, RTMSG.size, RTA_GATEWAY)
+            oif = find_attr(answer, RTMSG.size, RTA_OIF)
             gateway = socket.inet_ntop(family, gw) if gw is not None else ""
-            found = (gateway, _U32.unpack_from(oif)[0] if oif is not None and len(oif) >= 4 else 0)
+            found = (gateway, U32.unpack_from(oif)[0] if oif is not None and len(oif) >= 4 else 0)
         return found
 
     def addresses(self, index: int) -> dict[int, str]:
         """``{4: first IPv4 address, 6: first global IPv6 address}`` of link ``index`` (those it has)."""
         found: dict[int, str] = {}
-        for answer in self.dump(_RTM_GETADDR, _IFADDR.pack(socket.AF_UNSPEC, 0, 0, 0, 0), "list addresses"):
-            family, _plen, _flags, scope, ifindex = _IFADDR.unpack_from(answer)
+        for answer in self.dump(RTM_GETADDR, IFADDR.pack(socket.AF_UNSPEC, 0, 0, 0, 0), "list addresses"):
+            family, _plen, _flags, scope, ifindex = IFADDR.unpack_from(answer)
             version = 4 if family == socket.AF_INET else 6 if family == socket.AF_INET6 else 0
             # Keep reading even when done: the dump must be drained. Link-local IPv6 is not the pod's.
-            if ifindex != index or not version or version in found or scope != _RT_SCOPE_UNIVERSE:
+            if ifindex != index or not version or version in found or scope != RT_SCOPE_UNIVERSE:
                 continue
-            raw = _find_attr(answer, _IFADDR.size, _IFA_LOCAL) or _find_attr(answer, _IFADDR.size, _IFA_ADDRESS)
+            raw = find_attr(answer, IFADDR.size, IFA_LOCAL) or find_attr(answer, IFADDR.size, IFA_ADDRESS)
             if raw is not None and len(raw) == (4 if version == 4 else 16):
                 found[version] = socket.inet_ntop(family, raw)
         return found
@@ -462,7 +367,7 @@ class RawNetlink:
             group = 0x10000000 | int.from_bytes(os.urandom(4), "little") & 0x6FFFFFFF
             moved = []
             results = self.transact(
-                [(_RTM_NEWLINK, _NLM_F_ACK, _ifinfo(i) + _u32_attr(_IFLA_GROUP, group)) for i in todo]
+                [(RTM_NEWLINK, NLM_F_ACK, ifinfo(i) + u32_attr(IFLA_GROUP, group)) for i in todo]
             )
             for i, (err, _) in zip(todo, results, strict=True):
                 if not err:
@@ -471,12 +376,12 @@ class RawNetlink:
                     failed[i] = err
             if not moved:
                 return failed
-            err, _ = self.transact([(_RTM_DELLINK, _NLM_F_ACK, _ifinfo(0) + _u32_attr(_IFLA_GROUP, group))])[0]
+            err, _ = self.transact([(RTM_DELLINK, NLM_F_ACK, ifinfo(0) + u32_attr(IFLA_GROUP, group))])[0]
             if err in (0, errno.ENODEV):  # ENODEV: another process deleted them meanwhile
                 return failed
             todo = moved  # for example EOPNOTSUPP: fall back to one request per link
         for i, (err, _) in zip(
-            todo, self.transact([(_RTM_DELLINK, _NLM_F_ACK, _ifinfo(i)) for i in todo]), strict=True
+            todo, self.transact([(RTM_DELLINK, NLM_F_ACK, ifinfo(i)) for i in todo]), strict=True
         ):
             if err and err != errno.ENODEV:
                 failed[i] = err
@@ -509,9 +414,3 @@ def netns_netlink(path: str) -> Iterator[RawNetlink]:
     """A netlink socket in the netns at ``path`` for the block (FileNotFoundError if there is none)."""
     with RawNetlink(netns_socket(path)) as nl:
         yield nl
-
-
-_U32 = struct.Struct("=I")
-
-#: IFLA_LINKINFO of "bridge_slave hairpin on"
-_HAIRPIN = _str_attr(_IFLA_INFO_SLAVE_KIND, "bridge") + _attr(_IFLA_INFO_SLAVE_DATA, _attr(_IFLA_BRPORT_MODE, b"\x01"))

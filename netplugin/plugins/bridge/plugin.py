@@ -22,6 +22,14 @@ IPv6 addresses (the bridge's and the pods') are added without duplicate address 
 (``nodad``), and the bridge's own link-local address skips it too, so a pod is reachable over
 IPv6 as soon as setup returns rather than after DAD's second or two.
 
+On a bridge without IPv6 (SUBNET of IPv4 only) the pod end gets no IPv6 link-local address either
+(``addr_gen_mode none``, set before it goes up), like the host end: a link-local address brings
+MLD reports, duplicate address detection and router solicitations, multicast that a bridge
+without a multicast querier floods to every port, so each new pod cost every pod present a few
+frames (~6 x N deliveries per pod start, softirq time on the node that grows with the pods). The
+interface keeps IPv6 itself (``::1`` on ``lo``, an address added later); a dual-stack pod keeps
+its link-local address, which neighbour discovery and MLD use.
+
 This module is imported only when the plugin is selected. Choices, from measurements
 (``tests/plugins/test_bridge.py::test_measure_per_pod_costs`` prints the current numbers):
 
@@ -30,8 +38,9 @@ This module is imported only when the plugin is selected. Choices, from measurem
   kernel needs 10-50 us, and cannot send several requests in one ``sendmsg``. A setup is one
   4-request batch in the root netns (the veth with its peer in the pod netns, then no IPv6
   link-local address, hairpin and up on the host end: :meth:`RawNetlink.add_veth`), one lookup
-  and one 4-request batch in the pod netns, and a few sysfs reads: ~2.5-4 ms per pod, against
-  ~8 ms with pyroute2's API and ~15-20 ms for the bash plugin. pyroute2 still does init (rare; readability wins there).
+  and one batch of 4-6 requests in the pod netns (:meth:`RawNetlink.configure_pod`), and a few
+  sysfs reads: ~2.5-4 ms per pod, against ~8 ms with pyroute2's API and ~15-20 ms for the bash
+  plugin. pyroute2 still does init (rare; readability wins there).
 * **Namespaced sockets without a fork**: only the calling thread enters the pod netns with
   ``setns(2)``, for the one ``socket()`` call, and switches back at once; the socket stays in
   the netns it was made in. ``IPRoute(netns=...)`` forks a helper (6-8 ms, and unsafe with
@@ -185,6 +194,7 @@ _CODE = (
     "netplugin.plugins.bridge.ipam_files",
     "netplugin.plugins.bridge.podipam",
     "netplugin.core.netlink",
+    "netplugin.core.nlwire",
     "netplugin.core.netns",
     "netplugin.core.fileio",
 )
@@ -424,7 +434,11 @@ class NativeBridgePlugin:
                 gws = [str(g) for g in s.gateways]  # the IPAM's families are in the settings' order
                 what = ", ".join(f"{a.cidr} via {gw}" for a, gw in zip(allocs, gws, strict=True))
                 step.what = f"configure {s.ifname} in {ctx.netns} ({what})"
-                ns.configure_pod(peer, [(a.ip, a.prefixlen, gw) for a, gw in zip(allocs, gws, strict=True)])
+                ns.configure_pod(
+                    peer,
+                    [(a.ip, a.prefixlen, gw) for a, gw in zip(allocs, gws, strict=True)],
+                    link_local=any(net.version == 6 for net in s.subnets),
+                )
             return tuple(dict.fromkeys(str(a.ip) for a in allocs)), found[2] if found is not None else None
         except BaseException:
             # Undo only what this call did: a repeated setup must not break the running pod.

@@ -434,6 +434,41 @@ def test_three_pods_reach_each_other_and_teardown_removes_everything(native_net:
 
 
 @kernel
+def test_an_ipv4_pod_interface_sends_no_ipv6_multicast(native_net: NativeNet) -> None:
+    """On a bridge without IPv6 the pod end gets no IPv6 link-local address, set before it is up.
+
+    With one, it would join a solicited-node group and send MLD reports, a DAD probe and router
+    solicitations: multicast that the bridge (no querier) floods to every pod present, so each
+    pod start cost the node work that grows with the pods (the scale figure's growth)."""
+    net = native_net
+    pod, other = net.pods(2)
+    net.setup(pod)
+    net.setup(other)
+    for p in (pod, other):
+        assert _run(["ip", "-n", p.netns, "-6", "-o", "addr", "show", "dev", "eth0"]).stdout == ""
+        assert "addrgenmode none" in _run(["ip", "-n", p.netns, "-d", "link", "show", "dev", "eth0"]).stdout
+        groups = _run(["ip", "-n", p.netns, "-6", "maddr", "show", "dev", "eth0"]).stdout
+        assert "ff02::1:ff" not in groups  # no solicited-node group: nothing to report, nothing to probe
+    net.setup(pod)  # a repeated setup keeps it so
+    assert _run(["ip", "-n", pod.netns, "-6", "-o", "addr", "show", "dev", "eth0"]).stdout == ""
+    assert_mesh(net, [pod, other])
+
+
+@kernel
+def test_an_mtu_below_ipv6_minimum_leaves_no_ipv6_to_switch_off(native_factory: Callable[..., NativeNet]) -> None:
+    """Below 1280 bytes a link has no IPv6 at all: "addr_gen_mode none" on either end is refused
+    (EAFNOSUPPORT), which must not fail the setup."""
+    net = native_factory()
+    net.init(NETPLUGIN_BRIDGE_MTU="1200")
+    pod, other = net.pods(2)
+    for p in (pod, other):
+        net.setup(p, NETPLUGIN_BRIDGE_MTU="1200")
+        assert "mtu 1200" in _run(["ip", "-n", p.netns, "-o", "link", "show", "dev", "eth0"]).stdout
+        assert _run(["ip", "-n", p.netns, "-6", "-o", "addr", "show", "dev", "eth0"]).stdout == ""
+    assert_mesh(net, [pod, other])
+
+
+@kernel
 def test_setup_twice_keeps_the_address_and_the_link(native_net: NativeNet) -> None:
     net = native_net
     pod, other = net.pods(2)

@@ -189,6 +189,10 @@ def test_dual_stack_pods_reach_each_other_at_once(native_dual: Callable[..., Nat
         assert pod_default_routes(p) == {4: f"default via {net.gateway} dev eth0",
                                          6: f"default via {net.gateway6} dev eth0"}
         assert net.status(p) == PodNetworkStatus(v4, (v4, v6))
+        # a pod with IPv6 keeps its link-local address (neighbour discovery and MLD use it)
+        link = subprocess.run(["ip", "-n", p.netns, "-6", "-o", "addr", "show", "dev", "eth0", "scope", "link"],
+                              capture_output=True, text=True).stdout
+        assert " fe80::" in link
     net.assert_mesh(pods)
     for p in pods:
         net.teardown(p)

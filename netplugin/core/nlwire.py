@@ -1,0 +1,158 @@
+"""The NETLINK_ROUTE wire format the hand-packed client speaks: constants, structs, attribute packing.
+
+Only what :mod:`netplugin.core.netlink` sends and reads (links, veths, addresses, routes), under
+the kernel's own names. Packing is plain :mod:`struct`; nothing here touches a socket.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+__all__ = [
+    "HAIRPIN",
+    "IFADDR",
+    "IFA_ADDRESS",
+    "IFA_F_NODAD",
+    "IFA_LOCAL",
+    "IFF_UP",
+    "IFINFO",
+    "IFLA_ADDRESS",
+    "IFLA_AF_SPEC",
+    "IFLA_BRPORT_MODE",
+    "IFLA_GROUP",
+    "IFLA_IFNAME",
+    "IFLA_INET6_ADDR_GEN_MODE",
+    "IFLA_INFO_DATA",
+    "IFLA_INFO_KIND",
+    "IFLA_INFO_SLAVE_DATA",
+    "IFLA_INFO_SLAVE_KIND",
+    "IFLA_LINK",
+    "IFLA_LINKINFO",
+    "IFLA_MASTER",
+    "IFLA_MTU",
+    "IFLA_NET_NS_FD",
+    "NLHDR",
+    "NLMSG_DONE",
+    "NLMSG_ERROR",
+    "NLM_F_ACK",
+    "NLM_F_CREATE",
+    "NLM_F_DUMP",
+    "NLM_F_EXCL",
+    "NLM_F_REPLACE",
+    "NLM_F_REQUEST",
+    "NO_LINK_LOCAL",
+    "RTA_GATEWAY",
+    "RTA_OIF",
+    "RTA_TABLE",
+    "RTMSG",
+    "RTM_DELLINK",
+    "RTM_GETADDR",
+    "RTM_GETLINK",
+    "RTM_GETROUTE",
+    "RTM_NEWADDR",
+    "RTM_NEWLINK",
+    "RTM_NEWROUTE",
+    "RTN_UNICAST",
+    "RTPROT_BOOT",
+    "RT_SCOPE_UNIVERSE",
+    "RT_TABLE_MAIN",
+    "U32",
+    "VETH_INFO_PEER",
+    "attr",
+    "find_attr",
+    "ifinfo",
+    "str_attr",
+    "u32_attr",
+]
+
+U32 = struct.Struct("=I")
+
+# message types and flags (linux/netlink.h, linux/rtnetlink.h)
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+RTM_NEWLINK = 16
+RTM_DELLINK = 17
+RTM_GETLINK = 18
+RTM_NEWADDR = 20
+RTM_GETADDR = 22
+RTM_NEWROUTE = 24
+RTM_GETROUTE = 26
+NLM_F_REQUEST = 0x1
+NLM_F_ACK = 0x4
+NLM_F_DUMP = 0x300
+NLM_F_REPLACE = 0x100
+NLM_F_EXCL = 0x200
+NLM_F_CREATE = 0x400
+
+# links (linux/if.h, linux/if_link.h, linux/veth.h)
+IFF_UP = 1
+IFLA_ADDRESS = 1
+IFLA_IFNAME = 3
+IFLA_MTU = 4
+IFLA_LINK = 5
+IFLA_MASTER = 10
+IFLA_LINKINFO = 18
+IFLA_AF_SPEC = 26
+IFLA_GROUP = 27
+IFLA_NET_NS_FD = 28
+IFLA_INFO_KIND = 1
+IFLA_INFO_DATA = 2
+IFLA_INFO_SLAVE_KIND = 4
+IFLA_INFO_SLAVE_DATA = 5
+IFLA_BRPORT_MODE = 4  # hairpin
+IFLA_INET6_ADDR_GEN_MODE = 8  # IN6_ADDR_GEN_MODE_NONE = 1: no link-local address
+VETH_INFO_PEER = 1
+
+# addresses and routes (linux/if_addr.h, linux/rtnetlink.h)
+IFA_ADDRESS = 1
+IFA_LOCAL = 2
+IFA_F_NODAD = 0x02
+RTA_OIF = 4
+RTA_GATEWAY = 5
+RTA_TABLE = 15
+RT_TABLE_MAIN = 254
+RT_SCOPE_UNIVERSE = 0
+RTPROT_BOOT = 3  # what `ip route` uses: routes look the same whichever bridge plugin made them
+RTN_UNICAST = 1
+
+# headers: nlmsghdr, ifinfomsg, ifaddrmsg, rtmsg
+NLHDR = struct.Struct("=IHHII")
+IFINFO = struct.Struct("=BxHiII")
+IFADDR = struct.Struct("=BBBBI")
+RTMSG = struct.Struct("=BBBBBBBBI")
+
+
+def attr(kind: int, payload: bytes) -> bytes:
+    n = 4 + len(payload)
+    return struct.pack("=HH", n, kind) + payload + b"\0" * (-n & 3)
+
+
+def str_attr(kind: int, value: str) -> bytes:
+    return attr(kind, value.encode() + b"\0")
+
+
+def u32_attr(kind: int, value: int) -> bytes:
+    return attr(kind, U32.pack(value))
+
+
+def find_attr(payload: bytes, offset: int, kind: int) -> bytes | None:
+    while offset + 4 <= len(payload):
+        length, akind = struct.unpack_from("=HH", payload, offset)
+        if length < 4:
+            return None
+        if akind & 0x3FFF == kind:
+            return payload[offset + 4 : offset + length]
+        offset += (length + 3) & ~3
+    return None
+
+
+def ifinfo(index: int = 0, flags: int = 0, change: int = 0) -> bytes:
+    return IFINFO.pack(0, 0, index, flags, change)
+
+
+#: IFLA_LINKINFO of "bridge_slave hairpin on"
+HAIRPIN = str_attr(IFLA_INFO_SLAVE_KIND, "bridge") + attr(IFLA_INFO_SLAVE_DATA, attr(IFLA_BRPORT_MODE, b"\x01"))
+
+#: IFLA_AF_SPEC of "addrgenmode none": the link gets no IPv6 link-local address
+NO_LINK_LOCAL = attr(IFLA_AF_SPEC, attr(socket.AF_INET6, attr(IFLA_INET6_ADDR_GEN_MODE, b"\x01")))
