@@ -17,14 +17,21 @@ from .util import Pod
 __all__ = ["FloorContender"]
 
 
+#: IFLA_AF_SPEC of an interface without an IPv6 link-local address (IN6_ADDR_GEN_MODE_NONE = 1): no
+#: MLD, DAD or router solicitation from it, which a bridge without a querier floods to every port
+_NO_LINK_LOCAL = {"attrs": [("AF_INET6", {"attrs": [("IFLA_INET6_ADDR_GEN_MODE", 1)]})]}
+
+
 class FloorContender(Contender):
     """E: the netlink requests every contender needs, sent with pyroute2 from this process.
 
-    Per pod: one RTM_NEWLINK creating the veth with its peer already in the pod netns, the
-    host end enslaved and up; hairpin through sysfs; a netlink socket opened inside the pod
-    netns (the calling thread switches there for the ``socket()`` call only); lo up, the
-    address, eth0 up and the default route. Teardown is one RTM_DELLINK. The address is the
-    pod's index: no IPAM, no lock, no state, no exec.
+    Per pod: one RTM_NEWLINK creating the veth with its peer already in the pod netns, the host
+    end enslaved, then without an IPv6 link-local address (``addr_gen_mode none``, as
+    netplugin.io/bridge does on an IPv4 bridge) and up; hairpin through sysfs; a netlink socket
+    opened inside the pod netns (the calling thread switches there for the ``socket()`` call
+    only); lo up, eth0 without a link-local address, the address, eth0 up and the default route.
+    Teardown is one RTM_DELLINK. The address is the pod's index: no IPAM, no lock, no state, no
+    exec.
     """
 
     key = "E"
@@ -65,19 +72,21 @@ class FloorContender(Contender):
         fd = os.open(pod.netns, os.O_RDONLY | os.O_CLOEXEC)
         try:
             self._ipr.link(
-                "add", ifname=host, kind="veth", mtu=1500, master=self._bridge_index, state="up",
+                "add", ifname=host, kind="veth", mtu=1500, master=self._bridge_index,
                 peer={"ifname": "eth0", "net_ns_fd": fd, "mtu": 1500},
             )
         finally:
             os.close(fd)
+        index = self._ipr.link_lookup(ifname=host)[0]
+        self._ipr.link("set", index=index, IFLA_AF_SPEC=_NO_LINK_LOCAL)
+        self._ipr.link("set", index=index, state="up")
         with open(f"/sys/class/net/{host}/brport/hairpin_mode", "w") as f:
             f.write("1")
-        with open(f"/sys/class/net/{host}/ifindex") as f:
-            index = int(f.read())
         self._hosts[pod.infra_id] = (host, index, addr)
         with self._in_netns(pod.netns) as ns:
             ns.link("set", index=1, state="up")
             eth0 = ns.link_lookup(ifname="eth0")[0]
+            ns.link("set", index=eth0, IFLA_AF_SPEC=_NO_LINK_LOCAL)
             ns.addr("add", index=eth0, address=addr, prefixlen=self.net.subnet.prefixlen)
             ns.link("set", index=eth0, state="up")
             ns.route("add", dst="default", gateway=self.net.gateway)

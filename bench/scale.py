@@ -127,10 +127,10 @@ def _scale_figures(
         "and the kernel is still finishing that veth's deletion; compare a row with itself across N.",
         "E, the floor, shows what the kernel alone does as pods accumulate (every port added to a bridge "
         "walks the bridge's port list, for example); growth beyond E's is the contender's own.",
-        "E's pod interfaces keep the kernel's IPv6 defaults: a link-local address, whose MLD reports, DAD probe "
-        "and router solicitations the bridge (no multicast querier) floods to every port, for ~10 s after each "
-        "pod starts. netplugin.io/bridge (D) gives a pod on an IPv4-only bridge no link-local address, so D's "
-        "pods send none of it; E's growth includes that flood (A's and the bash plugin's pods send it too).",
+        "E and D give a pod on an IPv4-only bridge no IPv6 link-local address (either veth end): its MLD "
+        "reports, DAD probe and router solicitations would be flooded by the bridge (no multicast querier) to "
+        "every port for ~10 s after each pod starts. A's and the bash plugin's pods keep the kernel's default "
+        "and send them, so their rows include that flood.",
         f"A Linux bridge takes at most {BRIDGE_MAX_PORTS} ports (BR_MAX_PORTS; the next port fails with "
         "\"Exchange full\"): no bridge plugin, reference or netplugin's, can hold more pods on one bridge.",
     ]
