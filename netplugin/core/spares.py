@@ -39,8 +39,9 @@ from netplugin.core.fileio import replace_file, start_writeback, temp_name
 
 __all__ = ["CAP", "SPARE_DIR", "NoSpare", "Spares", "spares_for"]
 
-#: spare inodes kept per directory (a burst of that many removals is recycled)
-CAP = 64
+#: spare inodes kept per directory (a burst of that many removals is recycled), and how many
+#: :meth:`Spares.fill` makes ahead (the daemon at start: that many pod starts make no file)
+CAP = 128
 #: where a directory keeps them
 SPARE_DIR = ".spare"
 
@@ -127,6 +128,26 @@ class Spares:
         if name is not None:
             with self._lock:
                 self._names.append(name)
+
+    def fill(self, target: int = CAP) -> int:
+        """Make empty spares until there are ``target``, ahead of need (off the pod-start path); how many made.
+
+        Raises OSError or NetpluginError when the directory cannot be used.
+        """
+        with self._lock:
+            self._list()
+            missing = target - len(self._names)
+        if missing <= 0:
+            return 0
+        ensure_dir(self.dir, base=self.base, mode=0o700)
+        self._ready = True
+        made = 0
+        for _ in range(missing):
+            name = os.path.join(self.dir, f"{os.getpid()}.{next(_counter)}")
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            self._add(name)
+            made += 1
+        return made
 
     # --- the three writes --------------------------------------------------------------------------
 

@@ -56,7 +56,7 @@ from netplugin.hosts import Host, make_host
 from netplugin.manager.chain import ChainRun, Member, Observer, attach_failures, fresh_states
 from netplugin.plugins import BUILTINS
 from netplugin.plugins.bounded import BoundedPlugin
-from netplugin.store.locks import PodLock, flocked, pod_locked
+from netplugin.store.locks import PodLock, flocked, pod_locked, stock_pod_locks
 from netplugin.store.records import MemberState, PodRecord
 
 if TYPE_CHECKING:
@@ -362,6 +362,12 @@ class Manager:
                 raise
             # Teardown and status must work while the API is away: the plugin owns its resources.
             return None
+
+    def stock(self) -> None:
+        """Spare inodes for pod records and lock files, made ahead of the pods (the daemon at start)."""
+        if self.state is not None:
+            self.state.stock()
+        stock_pod_locks(self.config.run_dir)
 
     def pod_lock(self, pod: PodRef, *, live: bool = False) -> AbstractContextManager[PodLock]:
         """Serialise every action on one pod, across threads and processes (see :func:`pod_locked`)."""

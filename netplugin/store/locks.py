@@ -36,7 +36,7 @@ from netplugin.core.errors import SystemFailure
 from netplugin.core.names import PodRef
 from netplugin.core.spares import NoSpare, spares_for
 
-__all__ = ["PodLock", "flocked", "hold", "pod_lock_path", "pod_locked", "release"]
+__all__ = ["PodLock", "flocked", "hold", "pod_lock_path", "pod_locked", "release", "stock_pod_locks"]
 
 
 def _open(path: str, base: str | None) -> int:
@@ -135,6 +135,13 @@ def flocked(
         yield fd
     finally:
         release(fd, path, keep=keep() if callable(keep) else keep)
+
+
+def stock_pod_locks(run_dir: str) -> int:
+    """Make spare inodes for pod lock files ahead of need (:meth:`netplugin.core.spares.Spares.fill`)."""
+    locks = os.path.join(run_dir, "locks")
+    ensure_dir(locks, base=run_dir)
+    return spares_for(locks, run_dir).fill()
 
 
 def pod_lock_path(run_dir: str, pod: PodRef) -> str:

@@ -201,6 +201,11 @@ class StateStore:
         """
         return ensure_dir(self.dir, base=self.state_dir, mode=0o755, create=create) is not None
 
+    def stock(self) -> int:
+        """Make the records' spare inodes ahead of need (:meth:`netplugin.core.spares.Spares.fill`)."""
+        self._checked_dir(create=True)
+        return spares_for(self.dir, self.state_dir).fill()
+
     # --- reading --------------------------------------------------------------------------------
 
     def load(self, path: str) -> PodRecord:

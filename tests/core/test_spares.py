@@ -4,6 +4,7 @@ allocating or freeing inodes, and nothing a reader can see changes."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,24 @@ def test_create_never_replaces_and_keeps_its_spare(tmp_path: Path) -> None:
     assert sorted(p.name for p in d.iterdir() if p.name != SPARE_DIR) == ["10.0.0.2", "10.0.0.3"]
     with pytest.raises(NoSpare):
         spares.create(str(d / "10.0.0.4"), b"mine\n", mode=0o644)
+
+
+def test_fill_makes_spares_ahead_and_writes_take_them(tmp_path: Path) -> None:
+    d = tmp_path / "pods"
+    d.mkdir(mode=0o755)
+    spares = Spares(str(d), str(tmp_path))
+    assert spares.fill(5) == 5 and spares.fill(5) == 0
+    made = {p.stat().st_ino for p in (d / SPARE_DIR).iterdir()}
+    assert len(made) == 5 and stat.S_IMODE((d / SPARE_DIR).stat().st_mode) == 0o700
+    for i in range(5):
+        spares.replace(str(d / f"r{i}.json"), b"{}\n", mode=0o644)
+        assert (d / f"r{i}.json").stat().st_ino in made, "a write took a spare made ahead"
+    assert list((d / SPARE_DIR).iterdir()) == []
+
+
+def test_the_daemon_stocks_records_and_locks_at_start(np_dirs: dict[str, str], mgr: Any) -> None:
+    m = mgr()
+    m.stock()
+    pods = Path(np_dirs["state_dir"]) / "pods" / SPARE_DIR
+    locks = Path(np_dirs["run_dir"]) / "locks" / SPARE_DIR
+    assert len(list(pods.iterdir())) == CAP and len(list(locks.iterdir())) == CAP

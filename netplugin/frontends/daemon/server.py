@@ -168,6 +168,10 @@ class Daemon:
                 return
             self._plugin_problem = None
             log.info("plugin %s ready (%s)", chain, "init ran" if ran else "init already done this boot")
+            try:
+                self.manager.stock()  # files the first pods would make, made now (core/spares)
+            except (OSError, NetpluginError) as e:
+                log.warning("cannot make spare inodes: %s", e)
 
     def reload(self) -> None:
         """SIGHUP: re-read the settings, rescan the exec dir, select the plugin, run init if needed."""

@@ -53,7 +53,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from netplugin.core.errors import InvalidArgument
+from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.names import validate_infra_id, validate_namespace, validate_pod_name
 from netplugin.core.plaindata import dataclass
 from netplugin.core.spares import spares_for
@@ -315,6 +315,13 @@ class IPAM:
             yield
 
     # --- internals --------------------------------------------------------------------------------
+
+    def stock(self) -> None:
+        """Spare inodes for the records, made ahead of the pods (init; see :mod:`netplugin.core.spares`)."""
+        try:
+            self._spares.fill()
+        except (OSError, NetpluginError) as e:
+            log.warning("cannot make spare inodes in %s: %s", self.directory, e)
 
     def check_subnet(self) -> None:
         """Refuse a directory created for another subnet; record ours in a new one (with the lock)."""

@@ -53,6 +53,8 @@ class PodIPAM:
         with self.lock.hold(timeout):
             for f in self.families:
                 f.check_subnet()
+        for f in self.families:
+            f.stock()
 
     def claim(
         self, infra_id: str, namespace: str, name: str, *, timeout: float | None = None

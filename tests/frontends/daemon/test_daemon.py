@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, PluginFailed
+from netplugin.core.spares import CAP, SPARE_DIR
 
 from .conftest import GATE, wait_for
 
@@ -42,11 +43,17 @@ def samples(text: str, name: str) -> dict[str, float]:
 # --- the CLI goes through the daemon -----------------------------------------------------------------
 
 
-def test_setup_status_teardown_go_through_the_daemon(start_daemon: Any, cli: Any, plugin_dir: Any) -> None:
+def test_setup_status_teardown_go_through_the_daemon(
+    start_daemon: Any, cli: Any, plugin_dir: Any, np_dirs: dict[str, str]
+) -> None:
     p = plugin_dir.install("scripted")
     p.set("status", stdout='{"ip": "10.203.0.7"}')
     d = start_daemon(env={"NETPLUGIN_PLUGIN": "scripted"})
     assert p.calls() == ["init"]  # init ran once, at start
+    # ... and the files the first pods need were made then, off their path (netplugin.core.spares)
+    for sub in ("state_dir/pods", "run_dir/locks"):
+        key, rest = sub.split("/")
+        assert len(list((Path(np_dirs[key]) / rest / SPARE_DIR).iterdir())) == CAP, sub
 
     env = {"NETPLUGIN_PLUGIN": "scripted"}
     r = cli("-o", "json", "setup", *POD, env=env)

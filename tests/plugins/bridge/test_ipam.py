@@ -740,3 +740,17 @@ def test_released_records_give_their_inodes_to_the_next_pods(ipam_dir: Path) -> 
     (ipam_dir / "ips" / "10.204.8.2").write_text("someone\n")
     ip, _ = ipam.allocate("after", "ns", "p")
     assert ip != "10.204.8.2" and (ipam_dir / "ips" / "10.204.8.2").read_text() == "someone\n"
+
+
+def test_init_makes_the_records_spares_ahead_of_the_pods(ipam_dir: Path) -> None:
+    from netplugin.core.spares import CAP
+
+    ipam = PodIPAM(str(ipam_dir), [ipaddress.ip_network("10.205.9.0/24"), ipaddress.ip_network("fd00:10:205:9::/64")])
+    ipam.check()
+    for fam in ipam.families:
+        spares = Path(fam.directory) / ".spare"
+        assert len(list(spares.iterdir())) == CAP
+    allocs, _ = ipam.claim("stocked", "ns", "p")
+    ip4 = Path(ipam.families[0].directory) / "ips" / allocs[0].ip
+    assert len(list((Path(ipam.families[0].directory) / ".spare").iterdir())) == CAP - 2, "both records took spares"
+    assert ip4.read_text() == "stocked\n"
