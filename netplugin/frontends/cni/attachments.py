@@ -45,6 +45,7 @@ __all__ = [
     "recorded_attachment",
     "refuse_foreign_netns",
     "remove_stale_temps",
+    "stock_attachments",
     "valid_attachments",
 ]
 
@@ -107,15 +108,32 @@ def attachment_path(state_dir: str, network: str, container_id: str, ifname: str
 
 
 def record_attachment(cfg: Config, network: str, att: Attachment) -> str:
-    """Write the attachment record atomically; not synced: the setup's intent record makes it
-    durable in the same commit (CallOptions.durable_with). Returns its path."""
+    """Write the attachment record atomically (from a spare inode when there is one: see
+    :mod:`netplugin.core.spares`); not synced: the setup's intent record makes it durable in the
+    same commit (CallOptions.durable_with). Returns its path."""
     from netplugin.core.dirs import ensure_dir
-    from netplugin.core.fileio import atomic_write
+    from netplugin.core.errors import SystemFailure
+    from netplugin.core.spares import spares_for
 
-    ensure_dir(attachment_dir(cfg.state_dir, network), base=cfg.state_dir)
+    directory = attachment_dir(cfg.state_dir, network)
+    ensure_dir(directory, base=cfg.state_dir)
     path = attachment_path(cfg.state_dir, network, att.container_id, att.ifname)
-    atomic_write(path, json.dumps(att.to_dict()).encode() + b"\n", mode=0o644, durable=False)
+    try:
+        spares_for(directory, cfg.state_dir).replace(path, json.dumps(att.to_dict()).encode() + b"\n", mode=0o644)
+    except OSError as e:
+        raise SystemFailure("cannot write", path, e.strerror or str(e)) from e
     return path
+
+
+def stock_attachments(state_dir: str, network: str) -> int:
+    """Make spare inodes for ``network``'s attachment records ahead of need (the daemon, once per
+    network); how many it made."""
+    from netplugin.core.dirs import ensure_dir
+    from netplugin.core.spares import spares_for
+
+    directory = attachment_dir(state_dir, network)
+    ensure_dir(directory, base=state_dir)
+    return spares_for(directory, state_dir).fill()
 
 
 def _index_lock(state_dir: str) -> Any:
@@ -315,16 +333,42 @@ def recorded_attachment(cfg: Config, network: str, container_id: str, ifname: st
     return att
 
 
-def forget_attachment(cfg: Config, network: str, container_id: str, ifname: str) -> None:
+def forget_attachment(cfg: Config, network: str, container_id: str, ifname: str, netns: str | None = None) -> None:
+    """Remove the attachment record, and the netns index's link to it when ``netns`` still names
+    the namespace it indexes; the record's inode then becomes a spare (:mod:`netplugin.core.spares`).
+    A record still linked from the index is unlinked (the index entry goes at the next CNI GC)."""
     from netplugin.core.errors import SystemFailure
+    from netplugin.core.spares import spares_for
 
     path = attachment_path(cfg.state_dir, network, container_id, ifname)
     try:
-        os.unlink(path)
+        if netns:
+            _unindex(cfg.state_dir, path, netns)
+        if os.lstat(path).st_nlink == 1:
+            spares_for(attachment_dir(cfg.state_dir, network), cfg.state_dir).remove(path)
+        else:
+            os.unlink(path)
     except FileNotFoundError:
         pass
     except OSError as e:
         raise SystemFailure("cannot remove", path, e.strerror or str(e)) from e
+
+
+def _unindex(state_dir: str, record: str, netns: str) -> None:
+    """Drop ``cni/.netns/<dev>-<ino>`` of ``netns`` if it is a link of ``record`` (under the index lock)."""
+    from netplugin.core.netns import netns_identity
+
+    try:
+        ident = netns_identity(netns)
+    except OSError:
+        return  # the namespace is gone: the index entry is pruned by the next CNI GC
+    index = _netns_index(state_dir, ident)
+    with _index_lock(state_dir):
+        try:
+            if os.path.samefile(index, record):
+                os.unlink(index)
+        except FileNotFoundError:
+            pass
 
 
 def remove_stale_temps(state_dir: str, network: str) -> list[str]:

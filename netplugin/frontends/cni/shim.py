@@ -124,6 +124,7 @@ from netplugin.frontends.cni.attachments import (
     prune_netns_index,
     refuse_foreign_netns,
     remove_stale_temps,
+    stock_attachments,
     valid_attachments,
 )
 from netplugin.frontends.cni.netconf import build_config, call_options, pod_ref_for
@@ -175,6 +176,10 @@ class Refused(Exception):
     """The daemon must not run this call (its settings differ); the shim runs it itself."""
 
 
+#: (state dir, network) pairs whose attachment spares this daemon has made
+_STOCKED: set[tuple[str, str]] = set()
+
+
 @dataclass(frozen=True)
 class DaemonSide:
     """What the daemon lends a call the shim forwarded (see :mod:`netplugin.frontends.cni.fast`).
@@ -204,6 +209,7 @@ class _Ops:
         self.req = req
         self.cfg = cfg
         self.call = call_options(req)
+        self.in_daemon = daemon is not None
         if daemon is None:
             from netplugin.manager.manager import Manager
 
@@ -278,6 +284,9 @@ def _add(ops: _Ops) -> dict[str, Any]:
     refuse_foreign_netns(req.netns)
     call = replace(ops.call, want_status=True)
     if network:
+        if ops.in_daemon and (cfg.state_dir, network) not in _STOCKED:
+            _STOCKED.add((cfg.state_dir, network))
+            stock_attachments(cfg.state_dir, network)  # once per network: its first pods make no file
         att = Attachment(req.container_id, req.ifname, req.netns, pod.namespace, pod.name)
         # a second attachment of the container: CNI error 4; the record becomes durable with the pod's
         call = replace(call, durable_with=(claim_attachment(cfg, network, att),))
@@ -325,7 +334,7 @@ def _del(ops: _Ops) -> None:
     pod = recorded.pod if recorded is not None else pod_ref_for(req)
     ops.manager.teardown(pod, ops.call)
     if network:
-        forget_attachment(cfg, network, req.container_id, req.ifname)
+        forget_attachment(cfg, network, req.container_id, req.ifname, recorded.netns if recorded else None)
 
 
 def _check(ops: _Ops) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from nettest import free_third_octet
 
+from netplugin.core.spares import SPARE_DIR
 from netplugin.frontends.cni.result import link_mac
 
 from .test_podman import BRIDGE, TEST_RANGE
@@ -113,7 +114,14 @@ def test_shim_with_the_bridge_plugin(netns: Any, shim: Any, plugin_dir: Any) -> 
             assert ping.returncode == 0, ping.stdout + ping.stderr
 
         ns1, cid1, _ = pods[0]
+        state = Path(shim.conf["stateDir"]) / "cni"
+        record = state / shim.conf["name"] / f"{cid1}:eth0.json"
+        ino, index = record.stat().st_ino, state / ".netns"
+        assert record.stat().st_nlink == 2 and len(os.listdir(index)) == 2  # each netns indexed by a link
         assert shim.run("DEL", container_id=cid1, netns=f"/run/netns/{ns1}").returncode == 0
+        # its index link went with it, and the record's inode became a spare (netplugin.core.spares)
+        assert len(os.listdir(index)) == 1 and not record.exists()
+        assert ino in {p.stat().st_ino for p in (record.parent / SPARE_DIR).iterdir()}
         assert shim.run("DEL", container_id=cid1, netns=f"/run/netns/{ns1}").returncode == 0
         # DEL after the namespace is gone, and without one: still releases the address
         ns2, cid2, ip2 = pods[1]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from netplugin.core.spares import SPARE_DIR
 from netplugin.frontends.cni.netconf import derived_pod_name
 from netplugin.frontends.cni.protocol import NO_NETNS, SUPPORTED_VERSIONS, parse_cni_args
 from netplugin.frontends.cni.result import make_result
@@ -292,7 +293,7 @@ def test_gc_tears_down_only_attachments_that_are_no_longer_valid(shim: Any, fake
     assert "teardown web p-gone2 gone2" in fake.calls()
     # the netns recorded at ADD is the one the teardown gets
     assert fake.env_of("teardown")["NETPLUGIN_NETNS"] == str(shim.netns)
-    assert sorted(p.name for p in index.iterdir()) == ["keep1:eth0.json", "keep3:eth0.json"]
+    assert sorted(p.name for p in index.iterdir() if p.name != SPARE_DIR) == ["keep1:eth0.json", "keep3:eth0.json"]
 
     assert _gc(shim, [{"containerID": "keep1", "ifname": "eth0"}, {"containerID": "keep3"}]).returncode == 0
     assert _teardowns(fake) == ["gone2"]  # nothing more to collect
