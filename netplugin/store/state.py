@@ -12,6 +12,12 @@ Life of a record, every write atomic (temp file, rename):
 * ``mark_teardown`` before the plugin's teardown runs: state ``tearing-down``;
 * ``remove``       after teardown (or a rollback) succeeded: the file is gone.
 
+A write takes a spare inode (``pods/.spare/``: a removed or replaced record's, or one the daemon
+made at start) rather than making a file, and a removal keeps the record's inode there; readers
+see the same files either way (:mod:`netplugin.core.spares`). A scan reads a corrupt-looking
+record a second time before it reports it: without the pod's lock, a file opened just before its
+record was removed may be a spare rewritten meanwhile.
+
 A chain's record also lists its members, each with its own progress (``chain``, see
 :class:`~netplugin.store.records.MemberState`): ``begin`` writes it right before the first member's
 setup starts, :meth:`StateStore.progress` before each later member's setup starts and after each
