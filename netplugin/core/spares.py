@@ -46,6 +46,9 @@ CAP = 128
 SPARE_DIR = ".spare"
 
 _counter = itertools.count()
+#: this process's spare names: ``<pid>-<random>.<n>``; the random part keeps a later process with a
+#: reused pid (the daemon after a reboot) clear of the names an earlier one left
+_PREFIX = f"{os.getpid()}-{os.urandom(4).hex()}"
 
 
 class Spares:
@@ -114,7 +117,7 @@ class Spares:
             except (OSError, NetpluginError):
                 return None  # no spares then: files are made and removed as by the plain writers
             self._ready = True
-        name = os.path.join(self.dir, f"{os.getpid()}.{next(_counter)}")
+        name = os.path.join(self.dir, f"{_PREFIX}.{next(_counter)}")
         try:
             (os.rename if move else os.link)(path, name)
         except FileNotFoundError:
@@ -143,7 +146,7 @@ class Spares:
         self._ready = True
         made = 0
         for _ in range(missing):
-            name = os.path.join(self.dir, f"{os.getpid()}.{next(_counter)}")
+            name = os.path.join(self.dir, f"{_PREFIX}.{next(_counter)}")
             os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
             self._add(name)
             made += 1
