@@ -601,6 +601,15 @@ def effective(r: subprocess.CompletedProcess[str]) -> dict[str, str]:
         (["setup", "a-", "web", "abc"], "invalid namespace 'a-'"),
         (["teardown", "default", "web_0", "abc"], "invalid pod name 'web_0'"),
         (["status", "default", "web", "../etc"], "invalid infra id '../etc'"),
+        (["setup", "default", "web..0", "abc"], "invalid pod name 'web..0'"),
+        (["setup", "default", "web.-0", "abc"], "invalid pod name 'web.-0'"),
+        (["setup", "default", "web-.0", "abc"], "invalid pod name 'web-.0'"),
+        (["setup", "default", ".web", "abc"], "invalid pod name '.web'"),
+        (["setup", "default", "web.", "abc"], "invalid pod name 'web.'"),
+        (["setup", "default", "a" * 254, "abc"], "invalid pod name"),
+        (["setup", "-a", "web", "abc"], "invalid namespace '-a'"),
+        (["setup", "default", "web", "_abc"], "invalid infra id '_abc'"),
+        (["setup", "default", "web", "a" * 256], "invalid infra id"),
     ],
 )
 def test_bad_arguments_are_usage_errors(tmp_path: Path, argv: list[str], message: str) -> None:
@@ -608,6 +617,17 @@ def test_bad_arguments_are_usage_errors(tmp_path: Path, argv: list[str], message
     assert r.returncode == 2
     assert message in r.stderr
     assert "usage:" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "ns, pod, infra",
+    [("a", "b", "C"), ("a-0", "web-1.svc-2.x", "Ab_c.d-e"), ("a" * 63, ".".join(["b" * 63] * 4)[:253], "f" * 255)],
+)
+def test_good_arguments_are_accepted(tmp_path: Path, ns: str, pod: str, infra: str) -> None:
+    # status with no netns prints nothing and succeeds: whatever fails here is the argument checks.
+    env = plain_env(tmp_path, NETPLUGIN_NETNS=str(tmp_path / "no-netns"))
+    r = run_plugin(["status", ns, pod, infra], env)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
 
 
 def test_default_settings(tmp_path: Path) -> None:
@@ -696,10 +716,13 @@ def test_invalid_settings_are_rejected(tmp_path: Path, source: str, key: str, va
         conf = tmp_path / "bridge.conf"
         conf.write_text(f"{key}={value}\n")
         env = plain_env(tmp_path, **base, NETPLUGIN_BRIDGE_CONF=str(conf))
-    for action in (["config"], ["init"]):
+    # setup and teardown parse only part of the script (see its Layout): they check the same.
+    pod = ["default", "web", "abc"]
+    for action in (["config"], ["init"], ["setup", *pod], ["teardown", *pod]):
         r = run_plugin(action, env)
-        assert r.returncode == 1
-        assert message in r.stderr
+        assert r.returncode == 1, action
+        assert message in r.stderr, action
+        assert "command not found" not in r.stderr, action
 
 
 @pytest.mark.parametrize(
