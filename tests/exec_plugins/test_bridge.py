@@ -108,6 +108,11 @@ def test_three_pods_reach_each_other_and_teardown_removes_everything(bridge_net:
         assert (net.ipam / "ips" / ip).read_text() == f"{p.infra_id}\n"
         assert net.status_ip(p) == ip
         assert Path(f"/sys/class/net/{p.host_veth}/brport/hairpin_mode").read_text().strip() == "1"
+        # The host end is a bridge port without an IPv6 address (no DAD, RS or MLD to flood).
+        link = subprocess.run(["ip", "-d", "link", "show", "dev", p.host_veth], capture_output=True, text=True)
+        assert "addrgenmode none" in link.stdout
+        addrs = subprocess.run(["ip", "-6", "addr", "show", "dev", p.host_veth], capture_output=True, text=True)
+        assert addrs.stdout == ""
     route = subprocess.run(
         ["ip", "-n", pods[0].netns, "route", "show", "default"], capture_output=True, text=True
     ).stdout
@@ -288,7 +293,13 @@ def ip_failing_in_pod_netns(tmp_path: Path, action: str, *, at_once: bool = Fals
     fakebin = tmp_path / "fakebin"
     fakebin.mkdir()
     host_netns = os.readlink("/proc/self/ns/net")
-    slow_veth = "if [[ $1 == link && $2 == add ]]; then sleep 0.5; fi\n" if at_once else ""
+    # The veth is made by a batch in the host netns (an older plugin ran `ip link add`).
+    slow_veth = (
+        f'if [[ $1 == -batch && $(readlink /proc/self/ns/net) == "{host_netns}" ]] || [[ $1 == link && $2 == add ]]; '
+        "then sleep 0.5; fi\n"
+        if at_once
+        else ""
+    )
     first = "" if at_once else "read -r _; "
     (fakebin / "ip").write_text(
         f"#!/bin/bash\n{slow_veth}"
@@ -315,6 +326,49 @@ def test_failure_after_veth_creation_rolls_back(bridge_net: BridgeNet, tmp_path:
     assert_all_gone(net, [pod])
     net.ok("setup", pod)  # nothing left behind blocks a retry
     assert net.status_ip(pod) == net.pod_ip(pod)
+
+
+@kernel
+def test_veth_made_but_its_batch_failing_later_rolls_back(bridge_net: BridgeNet, tmp_path: Path) -> None:
+    # The host side's batch creates the pair, then fails on a later line: the pair is this call's
+    # and must go with the rollback, as must the address.
+    net = bridge_net
+    pod = net.pod(0)
+    fakebin = tmp_path / "fakebin"
+    fakebin.mkdir()
+    host_netns = os.readlink("/proc/self/ns/net")
+    (fakebin / "ip").write_text(
+        "#!/bin/bash\n"
+        f'if [[ $1 == -batch && $(readlink /proc/self/ns/net) == "{host_netns}" ]]; then\n'
+        f'    {{ cat; echo "link set dev npnosuchlink0 up"; }} | {shutil.which("ip")} "$@"\n'
+        "    exit\n"
+        "fi\n"
+        f'exec {shutil.which("ip")} "$@"\n'
+    )
+    (fakebin / "ip").chmod(0o755)
+    r = net.run("setup", pod, env={"PATH": f"{fakebin}:{os.environ['PATH']}"})
+    assert r.returncode == 1, r.stderr
+    assert "failed to create veth" in r.stderr
+    assert not link_exists(pod.host_veth)
+    assert_all_gone(net, [pod])
+    net.ok("setup", pod)
+    assert net.status_ip(pod) == net.pod_ip(pod)
+
+
+@kernel
+def test_netns_path_with_blanks_and_a_hash(bridge_net: BridgeNet, tmp_path: Path) -> None:
+    # ip's batch splits a line at blanks and cuts it at '#': the path must not go through it.
+    net = bridge_net
+    pod = net.pod(0)
+    odd = tmp_path / "a dir # with" / "net ns"
+    odd.parent.mkdir()
+    odd.symlink_to(pod.netns_path)
+    doc = json.loads(net.ok("setup", pod, netns=str(odd)).stdout)
+    assert doc["ip"] == net.pod_ip(pod)
+    assert net.bridge_ports() == [pod.host_veth]
+    assert_mesh(net, [pod])
+    net.ok("teardown", pod, netns=str(odd))
+    assert_all_gone(net, [pod])
 
 
 @kernel
