@@ -108,6 +108,11 @@ def test_three_pods_reach_each_other_and_teardown_removes_everything(bridge_net:
         assert (net.ipam / "ips" / ip).read_text() == f"{p.infra_id}\n"
         assert net.status_ip(p) == ip
         assert Path(f"/sys/class/net/{p.host_veth}/brport/hairpin_mode").read_text().strip() == "1"
+        # The host end is a bridge port without an IPv6 address (no DAD, RS or MLD to flood).
+        link = subprocess.run(["ip", "-d", "link", "show", "dev", p.host_veth], capture_output=True, text=True)
+        assert "addrgenmode none" in link.stdout
+        addrs = subprocess.run(["ip", "-6", "addr", "show", "dev", p.host_veth], capture_output=True, text=True)
+        assert addrs.stdout == ""
     route = subprocess.run(
         ["ip", "-n", pods[0].netns, "route", "show", "default"], capture_output=True, text=True
     ).stdout
@@ -288,7 +293,13 @@ def ip_failing_in_pod_netns(tmp_path: Path, action: str, *, at_once: bool = Fals
     fakebin = tmp_path / "fakebin"
     fakebin.mkdir()
     host_netns = os.readlink("/proc/self/ns/net")
-    slow_veth = "if [[ $1 == link && $2 == add ]]; then sleep 0.5; fi\n" if at_once else ""
+    # The veth is made by a batch in the host netns (an older plugin ran `ip link add`).
+    slow_veth = (
+        f'if [[ $1 == -batch && $(readlink /proc/self/ns/net) == "{host_netns}" ]] || [[ $1 == link && $2 == add ]]; '
+        "then sleep 0.5; fi\n"
+        if at_once
+        else ""
+    )
     first = "" if at_once else "read -r _; "
     (fakebin / "ip").write_text(
         f"#!/bin/bash\n{slow_veth}"
@@ -315,6 +326,49 @@ def test_failure_after_veth_creation_rolls_back(bridge_net: BridgeNet, tmp_path:
     assert_all_gone(net, [pod])
     net.ok("setup", pod)  # nothing left behind blocks a retry
     assert net.status_ip(pod) == net.pod_ip(pod)
+
+
+@kernel
+def test_veth_made_but_its_batch_failing_later_rolls_back(bridge_net: BridgeNet, tmp_path: Path) -> None:
+    # The host side's batch creates the pair, then fails on a later line: the pair is this call's
+    # and must go with the rollback, as must the address.
+    net = bridge_net
+    pod = net.pod(0)
+    fakebin = tmp_path / "fakebin"
+    fakebin.mkdir()
+    host_netns = os.readlink("/proc/self/ns/net")
+    (fakebin / "ip").write_text(
+        "#!/bin/bash\n"
+        f'if [[ $1 == -batch && $(readlink /proc/self/ns/net) == "{host_netns}" ]]; then\n'
+        f'    {{ cat; echo "link set dev npnosuchlink0 up"; }} | {shutil.which("ip")} "$@"\n'
+        "    exit\n"
+        "fi\n"
+        f'exec {shutil.which("ip")} "$@"\n'
+    )
+    (fakebin / "ip").chmod(0o755)
+    r = net.run("setup", pod, env={"PATH": f"{fakebin}:{os.environ['PATH']}"})
+    assert r.returncode == 1, r.stderr
+    assert "failed to create veth" in r.stderr
+    assert not link_exists(pod.host_veth)
+    assert_all_gone(net, [pod])
+    net.ok("setup", pod)
+    assert net.status_ip(pod) == net.pod_ip(pod)
+
+
+@kernel
+def test_netns_path_with_blanks_and_a_hash(bridge_net: BridgeNet, tmp_path: Path) -> None:
+    # ip's batch splits a line at blanks and cuts it at '#': the path must not go through it.
+    net = bridge_net
+    pod = net.pod(0)
+    odd = tmp_path / "a dir # with" / "net ns"
+    odd.parent.mkdir()
+    odd.symlink_to(pod.netns_path)
+    doc = json.loads(net.ok("setup", pod, netns=str(odd)).stdout)
+    assert doc["ip"] == net.pod_ip(pod)
+    assert net.bridge_ports() == [pod.host_veth]
+    assert_mesh(net, [pod])
+    net.ok("teardown", pod, netns=str(odd))
+    assert_all_gone(net, [pod])
 
 
 @kernel
@@ -601,6 +655,15 @@ def effective(r: subprocess.CompletedProcess[str]) -> dict[str, str]:
         (["setup", "a-", "web", "abc"], "invalid namespace 'a-'"),
         (["teardown", "default", "web_0", "abc"], "invalid pod name 'web_0'"),
         (["status", "default", "web", "../etc"], "invalid infra id '../etc'"),
+        (["setup", "default", "web..0", "abc"], "invalid pod name 'web..0'"),
+        (["setup", "default", "web.-0", "abc"], "invalid pod name 'web.-0'"),
+        (["setup", "default", "web-.0", "abc"], "invalid pod name 'web-.0'"),
+        (["setup", "default", ".web", "abc"], "invalid pod name '.web'"),
+        (["setup", "default", "web.", "abc"], "invalid pod name 'web.'"),
+        (["setup", "default", "a" * 254, "abc"], "invalid pod name"),
+        (["setup", "-a", "web", "abc"], "invalid namespace '-a'"),
+        (["setup", "default", "web", "_abc"], "invalid infra id '_abc'"),
+        (["setup", "default", "web", "a" * 256], "invalid infra id"),
     ],
 )
 def test_bad_arguments_are_usage_errors(tmp_path: Path, argv: list[str], message: str) -> None:
@@ -608,6 +671,17 @@ def test_bad_arguments_are_usage_errors(tmp_path: Path, argv: list[str], message
     assert r.returncode == 2
     assert message in r.stderr
     assert "usage:" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "ns, pod, infra",
+    [("a", "b", "C"), ("a-0", "web-1.svc-2.x", "Ab_c.d-e"), ("a" * 63, ".".join(["b" * 63] * 4)[:253], "f" * 255)],
+)
+def test_good_arguments_are_accepted(tmp_path: Path, ns: str, pod: str, infra: str) -> None:
+    # status with no netns prints nothing and succeeds: whatever fails here is the argument checks.
+    env = plain_env(tmp_path, NETPLUGIN_NETNS=str(tmp_path / "no-netns"))
+    r = run_plugin(["status", ns, pod, infra], env)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
 
 
 def test_default_settings(tmp_path: Path) -> None:
@@ -696,10 +770,13 @@ def test_invalid_settings_are_rejected(tmp_path: Path, source: str, key: str, va
         conf = tmp_path / "bridge.conf"
         conf.write_text(f"{key}={value}\n")
         env = plain_env(tmp_path, **base, NETPLUGIN_BRIDGE_CONF=str(conf))
-    for action in (["config"], ["init"]):
+    # setup and teardown parse only part of the script (see its Layout): they check the same.
+    pod = ["default", "web", "abc"]
+    for action in (["config"], ["init"], ["setup", *pod], ["teardown", *pod]):
         r = run_plugin(action, env)
-        assert r.returncode == 1
-        assert message in r.stderr
+        assert r.returncode == 1, action
+        assert message in r.stderr, action
+        assert "command not found" not in r.stderr, action
 
 
 @pytest.mark.parametrize(

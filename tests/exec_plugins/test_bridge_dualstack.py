@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -196,5 +197,33 @@ def test_teardown_and_status_work_after_the_node_lost_its_cidrs(dual: Callable[.
     assert json.loads(net.ok("status", pod, env=gone).stdout)["ips"] == [
         str(net.subnet.network_address + 2), str(net.subnet6.network_address + 2)]
     net.ok("teardown", pod, env=gone)
+    assert net.ipam_files("pods") == net.ipam6_files("pods") == net.ipam6_files("ips") == []
+    assert net.bridge_ports() == []
+
+
+def test_settings_only_in_files_load_the_sections_setup_skips(dual: Callable[..., DualNet], tmp_path: Path) -> None:
+    # An IPv4-looking environment runs setup from the script's first dispatch line, which parses
+    # neither the settings-file reader nor the IPv6 helpers: the files (dual stack) must load them.
+    net = dual()
+    install = tmp_path / "bridge"
+    install.mkdir()
+    exe = install / "bridge"
+    shutil.copy2(BRIDGE, exe)
+    (install / "bridge.conf").write_text(f"SUBNET={net.subnet},{net.subnet6}\n")
+    extra = tmp_path / "extra.conf"
+    extra.write_text("MTU=1400\n")
+    env = {"NETPLUGIN_BRIDGE_SUBNET": "", "NETPLUGIN_BRIDGE_CONF": str(extra)}
+    net.ok("init", plugin=exe, env=env)
+    pod = net.pod(0)
+    r = net.ok("setup", pod, plugin=exe, env=env)
+    assert r.stderr == ""
+    v4, v6 = str(net.subnet.network_address + 2), str(net.subnet6.network_address + 2)
+    assert json.loads(r.stdout)["ips"] == [v4, v6]
+    assert pod_addrs(pod) == {4: [f"{v4}/24"], 6: [f"{v6}/64"]}
+    assert Path(f"/sys/class/net/{pod.host_veth}/mtu").read_text().strip() == "1400"
+    r = net.ok("status", pod, plugin=exe, env=env)
+    assert (json.loads(r.stdout)["ips"], r.stderr) == ([v4, v6], "")
+    r = net.ok("teardown", pod, plugin=exe, env=env)
+    assert r.stderr == ""
     assert net.ipam_files("pods") == net.ipam6_files("pods") == net.ipam6_files("ips") == []
     assert net.bridge_ports() == []
