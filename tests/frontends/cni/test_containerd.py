@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 from nettest import free_third_octet
 
+from netplugin.core.spares import SPARE_DIR
 from netplugin.frontends.client import NotSent, exchange
 
 from .containerd import Containerd, Sandbox, unavailable_reason
@@ -180,8 +181,9 @@ class CniNet:
         return [json.loads(p.read_text()) for p in sorted((self.state / "pods").glob("*.json"))]
 
     def attachments(self) -> list[str]:
+        """The attachment records (not the spare inodes kept beside them: netplugin.core.spares)."""
         d = self.state / "cni" / self.name
-        return sorted(os.listdir(d)) if d.is_dir() else []
+        return sorted(n for n in os.listdir(d) if n != SPARE_DIR) if d.is_dir() else []
 
     def ipam_files(self, sub: str) -> list[str]:
         d = self.state / "bridge" / self.bridge / sub
