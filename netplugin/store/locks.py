@@ -34,26 +34,26 @@ from contextlib import contextmanager
 from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import SystemFailure
 from netplugin.core.names import PodRef
-from netplugin.core.spares import NoSpare, spares_for
+from netplugin.core.spares import NoSpare, Spares, spares_for
 
 __all__ = ["PodLock", "flocked", "hold", "pod_lock_path", "pod_locked", "release", "stock_pod_locks"]
 
 
-def _open(path: str, base: str | None) -> int:
+def _open(path: str, base: str | None, spares: Spares | None) -> int:
     # The directory is checked every time (cached by inode after the first): an existing but
     # symlinked or foreign locks/ must be refused, not only a missing one created safely.
-    directory = os.path.dirname(path) or "."
-    ensure_dir(directory, base=base)
+    ensure_dir(os.path.dirname(path) or ".", base=base)
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        try:
-            return os.open(path, flags)
-        except FileNotFoundError:
-            pass
-        try:
-            spares_for(directory, base).create(path, b"", mode=0o600)  # False: made meanwhile
-        except NoSpare:
-            return os.open(path, flags | os.O_CREAT, 0o600)
+        if spares is not None:
+            try:
+                return os.open(path, flags)
+            except FileNotFoundError:
+                pass
+            try:
+                spares.create(path, b"", mode=0o600)  # False: made meanwhile, opened below
+            except NoSpare:
+                pass
         return os.open(path, flags | os.O_CREAT, 0o600)
     except OSError as e:
         raise SystemFailure("cannot open lock file", path, _why(e)) from e
@@ -65,14 +65,19 @@ def _why(e: OSError) -> str:
     return e.strerror or str(e)
 
 
-def hold(path: str, *, shared: bool = False, blocking: bool = True, base: str | None = None) -> int | None:
+def hold(
+    path: str, *, shared: bool = False, blocking: bool = True, base: str | None = None, spares: Spares | None = None
+) -> int | None:
     """Take the lock on ``path``; its descriptor, or None if ``blocking`` is False and it is taken.
+
+    ``spares``: the lock directory's spare inodes (:mod:`netplugin.core.spares`), to make the file
+    from when it is missing (pod locks: a node's steady churn of pods then makes no file).
 
     ``base`` is the configured directory the lock file lives under (see :func:`ensure_dir`).
     """
     op = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
     while True:
-        fd = _open(path, base)
+        fd = _open(path, base, spares)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
@@ -100,8 +105,9 @@ def hold(path: str, *, shared: bool = False, blocking: bool = True, base: str | 
             raise
 
 
-def release(fd: int, path: str, *, keep: bool = False) -> None:
-    """Let go of a lock taken with :func:`hold`, removing the file if nobody else holds it (and not ``keep``)."""
+def release(fd: int, path: str, *, keep: bool = False, spares: Spares | None = None) -> None:
+    """Let go of a lock taken with :func:`hold`, removing the file if nobody else holds it (and not
+    ``keep``); into ``spares`` when given."""
     try:
         if keep:
             return
@@ -112,7 +118,10 @@ def release(fd: int, path: str, *, keep: bool = False) -> None:
         try:
             st, now = os.fstat(fd), os.lstat(path)
             if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
-                spares_for(os.path.dirname(path) or ".", None).remove(path)
+                if spares is not None:
+                    spares.remove(path)
+                else:
+                    os.unlink(path)
         except FileNotFoundError:
             pass
         except OSError as e:
@@ -123,18 +132,24 @@ def release(fd: int, path: str, *, keep: bool = False) -> None:
 
 @contextmanager
 def flocked(
-    path: str, *, shared: bool = False, base: str | None = None, keep: bool | Callable[[], bool] = False
+    path: str,
+    *,
+    shared: bool = False,
+    base: str | None = None,
+    keep: bool | Callable[[], bool] = False,
+    spares: Spares | None = None,
 ) -> Iterator[int]:
     """Hold an exclusive (or shared) flock on ``path`` (created if needed) for the block.
 
-    ``keep`` (or ``keep()``, asked when the block is left) leaves the file for the next holder.
+    ``keep`` (or ``keep()``, asked when the block is left) leaves the file for the next holder;
+    ``spares`` as for :func:`hold` and :func:`release`.
     """
-    fd = hold(path, shared=shared, base=base)
+    fd = hold(path, shared=shared, base=base, spares=spares)
     assert fd is not None
     try:
         yield fd
     finally:
-        release(fd, path, keep=keep() if callable(keep) else keep)
+        release(fd, path, keep=keep() if callable(keep) else keep, spares=spares)
 
 
 def stock_pod_locks(run_dir: str) -> int:
@@ -178,6 +193,7 @@ def pod_locked(run_dir: str, pod: PodRef, *, live: bool = False) -> Iterator[Pod
     def keep() -> bool:
         return hold.live and done
 
-    with flocked(pod_lock_path(run_dir, pod), base=run_dir, keep=keep):
+    spares = spares_for(os.path.join(run_dir, "locks"), run_dir)
+    with flocked(pod_lock_path(run_dir, pod), base=run_dir, keep=keep, spares=spares):
         yield hold
         done = True

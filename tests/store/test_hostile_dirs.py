@@ -26,7 +26,7 @@ from netplugin.core.dirs import UnsafeDirectory, ensure_dir
 from netplugin.core.errors import SystemFailure
 from netplugin.core.fileio import atomic_write
 from netplugin.core.names import PodRef
-from netplugin.core.spares import SPARE_DIR
+from netplugin.core.spares import SPARE_DIR, spares_for
 from netplugin.store.locks import flocked, hold, release
 from netplugin.store.state import StateStore
 
@@ -207,7 +207,7 @@ def test_lock_files_are_removed_after_actions(node: Path, plugin_dir: Any) -> No
     # the pod's lock file is gone (its inode kept as a spare for the next pod's lock)
     assert [p.name for p in (node / "run" / "locks").iterdir()] == [SPARE_DIR]
     assert len(list((node / "run" / "locks" / SPARE_DIR).iterdir())) <= 1
-    assert sorted(p.name for p in (node / "run" / "init").iterdir()) in (["p.json"], [SPARE_DIR, "p.json"])
+    assert [p.name for p in (node / "run" / "init").iterdir()] == ["p.json"]  # the marker stays, its lock not
 
 
 def test_removing_lock_files_keeps_mutual_exclusion(tmp_path: Path) -> None:
@@ -254,25 +254,30 @@ def test_a_shared_holder_leaves_the_file_to_the_last_one(tmp_path: Path) -> None
     assert not os.path.exists(path)
 
 
-def test_a_waiter_on_a_removed_lock_file_takes_the_new_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("recycled", [False, True], ids=["unlinked", "spare"])
+def test_a_waiter_on_a_removed_lock_file_takes_the_new_one(tmp_path: Path, recycled: bool) -> None:
     path = str(tmp_path / "w.lock")
-    first = hold(path)
+    spares = spares_for(str(tmp_path), str(tmp_path)) if recycled else None
+    first = hold(path, spares=spares)
     assert first is not None
     stale = os.open(path, os.O_RDWR)  # a waiter that opened the file before it was removed
-    release(first, path)
-    second = hold(path, blocking=False)
+    release(first, path, spares=spares)
+    second = hold(path, blocking=False, spares=spares)
     assert second is not None
     try:
-        # The removed file's inode was kept as a spare and made the new lock file (core.spares): the
-        # stale waiter then waits on the lock itself. Were it another inode, it would be free to
-        # lock but no longer the lock, which hold() re-checks. Either way it cannot get in.
-        reused = os.fstat(stale).st_ino == os.stat(path).st_ino
-        assert reused
-        with pytest.raises(BlockingIOError):
-            fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if recycled:
+            # The removed file's inode was kept as a spare and made the new lock file: the stale
+            # waiter then waits on the lock itself and cannot get in.
+            assert os.fstat(stale).st_ino == os.stat(path).st_ino
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the stale inode is free to lock ...
+            now = os.stat(path)
+            assert os.fstat(stale).st_ino != now.st_ino  # ... but no longer the lock: hold() re-checks this
     finally:
         os.close(stale)
-        release(second, path)
+        release(second, path, spares=spares)
 
 
 def test_gc_listing_sees_no_busy_pod_after_its_lock_file_is_gone(node: Path, plugin_dir: Any) -> None:
@@ -324,13 +329,14 @@ def test_the_next_pods_lock_file_is_a_spare_of_an_earlier_one(tmp_path: Path) ->
     # Lock files are made from spare inodes (netplugin.core.spares): a node's steady churn of pods
     # allocates no inode for their locks.
     locks = tmp_path / "locks"
+    spares = spares_for(str(locks), str(tmp_path))
     inodes = set()
     for i in range(5):
         path = str(locks / f"pod-{i}.lock")
-        fd = hold(path, base=str(tmp_path))
+        fd = hold(path, base=str(tmp_path), spares=spares)
         assert fd is not None
         inodes.add(os.fstat(fd).st_ino)
         assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600 and os.fstat(fd).st_size == 0
-        release(fd, path)
+        release(fd, path, spares=spares)
         assert not os.path.exists(path)
     assert len(inodes) == 1
