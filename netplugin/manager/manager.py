@@ -95,8 +95,6 @@ def _version_identity(plugin: Plugin) -> tuple[Any, ...]:
     return ("key", *key()) if key is not None else ("version", plugin.version())
 
 
-
-
 class Manager:
     """Runs plugin actions with netplugin's guarantees. Thread-safe."""
 
