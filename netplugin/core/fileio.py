@@ -50,6 +50,7 @@ __all__ = [
     "start_writeback",
     "temp_name",
     "temp_writer_pids",
+    "write_all",
 ]
 
 #: what a temp file adds after the destination's name: "<path>.tmp.<pid>.<thread-id>"
@@ -161,6 +162,13 @@ def start_writeback(fd: int) -> None:
         pass
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` at ``fd``'s offset (a short write is continued); raises OSError."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _write_temp(path: str, data: bytes, mode: int, durable: bool, hidden: bool, writeback: bool = False) -> str:
     """A complete temp file beside ``path`` holding ``data``; removed again if writing fails."""
     tmp = temp_name(path, hidden=hidden)
@@ -168,10 +176,7 @@ def _write_temp(path: str, data: bytes, mode: int, durable: bool, hidden: bool, 
     try:
         try:
             os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
+            write_all(fd, data)
             if durable:
                 os.fsync(fd)
             elif writeback:

@@ -35,7 +35,7 @@ import threading
 
 from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import NetpluginError
-from netplugin.core.fileio import replace_file, start_writeback, temp_name
+from netplugin.core.fileio import replace_file, start_writeback, temp_name, write_all
 
 __all__ = ["CAP", "SPARE_DIR", "NoSpare", "Spares", "spares_for"]
 
@@ -162,10 +162,7 @@ class Spares:
             return None
         try:
             try:
-                off = 0
-                view = memoryview(data)
-                while off < len(data):
-                    off += os.pwrite(fd, view[off:], off)
+                write_all(fd, data)  # just opened: at offset 0
                 os.ftruncate(fd, len(data))
                 if writeback:
                     start_writeback(fd)

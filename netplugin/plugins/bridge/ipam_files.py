@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import InvalidArgument, NetpluginError
-from netplugin.core.fileio import FileRefused, read_bounded, replace_file, start_writeback
+from netplugin.core.fileio import FileRefused, read_bounded, replace_file, start_writeback, write_all
 from netplugin.core.names import validate_infra_id
 from netplugin.core.spares import NoSpare, Spares
 
@@ -172,7 +172,7 @@ def write_record(path: str, text: str, *, mode: str = "atomic", spares: Spares |
         except OSError as e:
             raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             if mode == "exclusive":
                 start_writeback(fd)
             else:
@@ -191,12 +191,6 @@ def write_record(path: str, text: str, *, mode: str = "atomic", spares: Spares |
         replace_file(path, data, mode=0o644, durable=False, hidden=True, writeback=True)
     except OSError as e:
         raise IPAMError(f"cannot write {path}: {e.strerror or e}", path=path) from e
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def unlink(path: str, spares: Spares | None = None) -> None:
