@@ -48,10 +48,16 @@ def fig_overhead(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetP
             variants["C-status"] = daemon.status
         if "B" in keys:
             variants["B"] = CliContender(net, env=cli_env).setup
-        pods = [Pod("bench", f"p-ov-{i}", f"{ctx.tag}-ov-{i}", i) for i in range(runs + 3)]
+        # Each variant sets up pods of its own: on a pod another variant set up first, a setup would
+        # be a repeated one (an existing record to read and replace), not the fresh one measured.
+        # The status request asks about the warm-up pod, which the daemon set up.
+        pods = {v: [Pod("bench", f"p-ov{n}-{i}", f"{ctx.tag}-ov{n}-{i}", i) for i in range(runs + 1)]
+                for n, v in enumerate(variants)}
         for v in variants:  # warm-up (init marker, caches)
-            variants[v](pods[-1])
-        samples = interleaved(runs, {v: partial(_timed_pod, f, pods) for v, f in variants.items()})
+            variants[v](pods[v][-1])
+        if "C-status" in pods:
+            pods["C-status"] = [pods["C"][-1]] * runs
+        samples = interleaved(runs, {v: partial(_timed_pod, f, pods[v]) for v, f in variants.items()})
     finally:
         if daemon is not None:
             daemon.stop()

@@ -125,10 +125,11 @@ def _safe_call_conf(path: str) -> dict[str, Any] | None:
 
 def _shim_problem(path: str) -> str | None:
     from netplugin import __version__
+    from netplugin.frontends.cni.native import MAX_BINARY
     from netplugin.frontends.rpc import CNI_VERSIONS
 
     with open(path, "rb") as f:
-        head = f.read(1 << 16)
+        head = f.read(MAX_BINARY)  # a statically linked shim's own strings sit past libc's
     if b"netplugin" not in head:
         return f"{path} is not netplugin's shim"
     marker = b"(netplugin "

@@ -41,11 +41,20 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from netplugin.core.defaults import DEFAULT_KILL_GRACE, DEFAULT_MAX_OUTPUT
-from netplugin.core.execplugin._proctree import kill_on_timeout, kill_stragglers, signal_group, wait_readable
+from netplugin.core.execplugin._proctree import (
+    adopt_orphans,
+    kill_on_timeout,
+    kill_stragglers,
+    reap_adopted,
+    signal_group,
+    spawned,
+    spawning,
+    wait_readable,
+)
 from netplugin.core.execplugin._pump import Pump
 from netplugin.core.plaindata import dataclass, field
 
-__all__ = ["Background", "Completed", "Runner", "SpawnError", "run", "start"]
+__all__ = ["Background", "Completed", "Runner", "SpawnError", "adopt_orphans", "run", "start"]
 
 # How long to keep reading pipes after the process tree is gone; a detached grandchild
 # that kept our pipes open must not hold the caller.
@@ -109,20 +118,23 @@ def _spawn(
     argv: list[str], env: Mapping[str, str], stdin: bytes | None, cwd: str, exe_fd: int | None
 ) -> subprocess.Popen[bytes]:
     try:
-        return subprocess.Popen(
-            argv,
-            executable=None if exe_fd is None else f"/proc/self/fd/{exe_fd}",
-            pass_fds=() if exe_fd is None else (exe_fd,),
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(env),
-            cwd=cwd,
-            close_fds=True,
-            start_new_session=True,
-        )
+        with spawning() as leaders:
+            proc = subprocess.Popen(
+                argv,
+                executable=None if exe_fd is None else f"/proc/self/fd/{exe_fd}",
+                pass_fds=() if exe_fd is None else (exe_fd,),
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=dict(env),
+                cwd=cwd,
+                close_fds=True,
+                start_new_session=True,
+            )
+            leaders.add(proc.pid)
     except OSError as e:
         raise SpawnError(argv[0], e) from e
+    return proc
 
 
 def run(
@@ -160,6 +172,8 @@ def run(
         if proc.returncode is None:  # an exception escaped above: never leave the tree behind
             signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
+        spawned(proc.pid)
+        reap_adopted()
     result.returncode = proc.returncode
     result.stdout = bytes(pump.out.buf)
     result.stderr = bytes(pump.err.buf)
@@ -195,6 +209,7 @@ class Background:
         if self.proc.returncode is None:
             signal_group(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        spawned(self.proc.pid)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
@@ -202,17 +217,19 @@ class Background:
 def start(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Background:
     """Start ``argv`` in its own process group with stdout piped; see :class:`Background`."""
     try:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=None if env is None else dict(env),
-            close_fds=True,
-            start_new_session=True,
-            # Unbuffered: read_line selects on the fd, so no line may hide in a Python-side buffer.
-            bufsize=0,
-        )
+        with spawning() as leaders:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=None if env is None else dict(env),
+                close_fds=True,
+                start_new_session=True,
+                # Unbuffered: read_line selects on the fd, so no line may hide in a Python-side buffer.
+                bufsize=0,
+            )
+            leaders.add(proc.pid)
     except OSError as e:
         raise SpawnError(argv[0], e) from e
     return Background(proc)

@@ -503,8 +503,10 @@ def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Call
     watchdog = Watchdog(env)
     env.pop("WATCHDOG_USEC", None)
     env.pop("WATCHDOG_PID", None)
+    from netplugin.core.execplugin.invoke import adopt_orphans
     from netplugin.manager.manager import Manager
 
+    adopt_orphans()  # a call's stragglers are then found among our children, not in all of /proc
     manager = Manager(config)
     configure_logging(env)
     daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog, reread=reread)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from netplugin.core.execplugin.invoke import Completed, SpawnError, run, start
+from netplugin.core.execplugin._proctree import reap_adopted
+from netplugin.core.execplugin.invoke import Completed, SpawnError, adopt_orphans, run, start
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 # Generous: a call that should finish on its own and instead hangs shows up as timed_out.
@@ -162,7 +164,41 @@ def test_spawn_error(tmp_path: Path, content: str | None, mode: int | None, err:
 # --- time limits and process trees --------------------------------------------------------------------------
 
 
-def test_timeout_kills_the_tree_including_grandchildren_that_ignore_sigterm(plugin_dir: Any, procs: Any) -> None:
+def _zombie_children() -> list[int]:
+    """Our children (of any thread) that have exited and were not reaped."""
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            for pid in map(int, f.read().split()):
+                with open(f"/proc/{pid}/stat", "rb") as st:
+                    data = st.read()
+                if data[data.rfind(b")") + 2 :][:1] == b"Z":
+                    out.append(pid)
+    return out
+
+
+@pytest.fixture(params=["walk", "adopt"])
+def finding(request: pytest.FixtureRequest) -> Any:
+    """How a call's stragglers are found: by walking /proc (the CLI) or as a subreaper (the daemon)."""
+    if request.param == "walk":
+        yield request.param
+        return
+    before = set(_zombie_children())
+    assert adopt_orphans()
+    try:
+        yield request.param
+    finally:
+        deadline = time.monotonic() + 5
+        while set(_zombie_children()) - before and time.monotonic() < deadline:
+            reap_adopted()
+            time.sleep(0.02)
+        adopt_orphans(False)
+    assert set(_zombie_children()) <= before, "an adopted process was left a zombie"
+
+
+def test_timeout_kills_the_tree_including_grandchildren_that_ignore_sigterm(
+    plugin_dir: Any, procs: Any, finding: str
+) -> None:
     p = plugin_dir.install("tree")
     p.set("setup", spawn=3, sleep=300)  # 3 background children with SIGTERM ignored, then a long sleep
     done = run([str(p.exe), "setup", "ns", "pod", "id"], env=ENV, timeout=1.0, kill_grace=0.5)
@@ -174,7 +210,7 @@ def test_timeout_kills_the_tree_including_grandchildren_that_ignore_sigterm(plug
     assert not procs.alive(done.pid)
 
 
-def test_leader_that_ignores_sigterm_is_killed_after_the_grace(script: Script, procs: Any) -> None:
+def test_leader_that_ignores_sigterm_is_killed_after_the_grace(script: Script, procs: Any, finding: str) -> None:
     p = script("trap '' TERM\nsleep 300 &\necho $! > \"$(dirname \"$0\")/child\"\nsleep 300\n")
     done = run([str(p)], env=ENV, timeout=1.0, kill_grace=0.3)
     assert done.timed_out
@@ -198,7 +234,7 @@ sleep 300
 """
 
 
-def test_timeout_kills_children_that_called_setsid(script: Script, procs: Any) -> None:
+def test_timeout_kills_children_that_called_setsid(script: Script, procs: Any, finding: str) -> None:
     p = script(SETSID_TREE)
     done = run([str(p)], env=ENV, timeout=4.0, kill_grace=0.5)
     assert done.timed_out
@@ -214,7 +250,7 @@ def test_timeout_kills_children_that_called_setsid(script: Script, procs: Any) -
     assert procs.still_alive(pids) == []
 
 
-def test_leftover_children_after_a_normal_exit_are_killed_and_counted(script: Script, procs: Any) -> None:
+def test_leftover_children_after_a_normal_exit_are_killed_and_counted(script: Script, procs: Any, finding: str) -> None:
     p = script(
         'd=$(dirname "$0")\n'
         'sleep 300 & echo $! >> "$d/pids"\n'
@@ -230,7 +266,7 @@ def test_leftover_children_after_a_normal_exit_are_killed_and_counted(script: Sc
     assert procs.still_alive(procs.read_pids(p.parent / "pids")) == []
 
 
-def test_scriptable_spawn_leftovers_are_killed(plugin_dir: Any, procs: Any) -> None:
+def test_scriptable_spawn_leftovers_are_killed(plugin_dir: Any, procs: Any, finding: str) -> None:
     p = plugin_dir.install("spawner")
     p.set("teardown", spawn=2)
     done = run([str(p.exe), "teardown", "ns", "pod", "id"], env=ENV, timeout=NO_HANG, kill_grace=0.3)
@@ -239,13 +275,13 @@ def test_scriptable_spawn_leftovers_are_killed(plugin_dir: Any, procs: Any) -> N
     assert procs.still_alive(procs.read_pids(p.dir / "children.pids")) == []
 
 
-def test_no_leftover_when_children_were_waited_for(script: Script) -> None:
+def test_no_leftover_when_children_were_waited_for(script: Script, finding: str) -> None:
     done = run([str(script("sleep 0.1 & sleep 0.1 & wait\n"))], env=ENV, timeout=NO_HANG)
     assert done.leftover == 0
     assert done.ok
 
 
-def test_a_daemon_that_detached_with_setsid_survives_a_normal_exit(script: Script, procs: Any) -> None:
+def test_a_daemon_that_detached_with_setsid_survives_a_normal_exit(script: Script, procs: Any, finding: str) -> None:
     # The contract: a plugin that wants a daemon detaches it with setsid; only its own group is swept.
     p = script('setsid sleep 300 </dev/null >/dev/null 2>&1 &\necho $! > "$(dirname "$0")/daemon"\n'
                'for _ in $(seq 200); do [ "$(awk \'{print $6}\' /proc/$!/stat)" = "$!" ] && break; sleep 0.01; done\n')
@@ -257,6 +293,53 @@ def test_a_daemon_that_detached_with_setsid_survives_a_normal_exit(script: Scrip
         assert procs.alive(daemon)
     finally:
         os.kill(daemon, signal.SIGKILL)
+
+
+def test_what_left_the_group_or_the_environment_is_found_and_killed(script: Script, procs: Any, finding: str) -> None:
+    # set -m: its own process group; env -i: no trace of the call in its environment; the leader
+    # exits first, so both are orphans (adopted by this process when it is a subreaper).
+    p = script('d=$(dirname "$0")\nset -m\nsleep 300 &\necho $! >> "$d/pids"\nset +m\n'
+               'env -i /bin/sleep 301 </dev/null >/dev/null 2>&1 &\necho $! >> "$d/pids"\nexit 0\n')
+    done = run([str(p)], env=ENV, timeout=NO_HANG, kill_grace=0.3)
+    assert done.returncode == 0 and done.leftover == 2
+    assert procs.still_alive(procs.read_pids(p.parent / "pids")) == []
+
+
+def test_an_adopted_daemon_is_reaped_by_a_later_call_once_it_exits(script: Script, procs: Any) -> None:
+    assert adopt_orphans()
+    try:
+        p = script('setsid sleep 0.3 </dev/null >/dev/null 2>&1 &\necho $! > "$(dirname "$0")/daemon"\n'
+                   'for _ in $(seq 200); do\n'
+                   '  [ "$(awk \'{print $6}\' /proc/$!/stat)" = "$!" ] && break; sleep 0.01\n'
+                   'done\n')
+        assert run([str(p)], env=ENV, timeout=NO_HANG).ok
+        (daemon,) = procs.read_pids(p.parent / "daemon")
+        with open(f"/proc/{daemon}/stat") as f:
+            assert int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()  # adopted: its parent is us
+        deadline = time.monotonic() + 10
+        while daemon not in _zombie_children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert daemon in _zombie_children()  # it exited; nobody but us can reap it
+        assert run(["/bin/true"], env=ENV, timeout=NO_HANG).ok
+        assert daemon not in _zombie_children() and not os.path.exists(f"/proc/{daemon}")
+    finally:
+        adopt_orphans(False)
+
+
+def test_a_leader_is_left_to_its_waiter_by_a_reap() -> None:
+    # Started from this (the main) thread: an exited leader is a zombie among the adopted ones,
+    # but registered, so only its Popen reaps it and sees its real status.
+    assert adopt_orphans()
+    try:
+        bg = start(["sh", "-c", "exit 3"], env=ENV)
+        deadline = time.monotonic() + 10
+        while bg.proc.pid not in _zombie_children() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reap_adopted() == 0
+        assert bg.proc.wait() == 3
+        bg.stop()
+    finally:
+        adopt_orphans(False)
 
 
 # --- bounded output -----------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from .conftest import wait_for
+
 RUNS = 50
 
 NAIVE = """#!/bin/bash
@@ -83,6 +85,54 @@ def test_a_naive_setsid_daemon_survives_50_setups_in_a_row(cli: Any, start_daemo
 def test_a_child_that_stays_in_the_session_is_still_swept(cli: Any, daemons: Any) -> None:
     p = daemons("stay", STAYS)
     r = cli("setup", "default", "web-0", "infra0", mode="never", env={"NETPLUGIN_PLUGIN": "stay"})
+    assert r.returncode == 1 and "left 1 process(es) running" in r.stderr, r
+    (pid,) = [int(x) for x in (p.dir / "daemons").read_text().split()]
+    assert not _alive(pid)
+
+
+# The daemon is a subreaper (it finds a call's stragglers among its children, not in all of
+# /proc): a plugin's detached daemon becomes its child once the call's leader is gone, and it
+# must be reaped when it exits, or every such daemon would stay a zombie of netplugin's.
+BRIEF = """#!/bin/bash
+if [ "$1" = setup ]; then
+    setsid sleep 0.5 </dev/null >/dev/null 2>&1 &
+    echo $! >> "$(dirname "$0")/daemons"
+fi
+exit 0
+"""
+
+
+def _parent_and_state(pid: int) -> tuple[int, bytes] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), fields[0]
+
+
+def test_the_daemon_adopts_a_detached_daemon_and_reaps_it_after_it_exits(cli: Any, start_daemon: Any,
+                                                                          daemons: Any) -> None:
+    p = daemons("brief", BRIEF)
+    env = {"NETPLUGIN_PLUGIN": "brief"}
+    d = start_daemon(env=env)
+    r = cli("setup", "default", "web-0", "infra0", mode="always", env=env)
+    assert r.returncode == 0, r.stderr
+    (pid,) = [int(x) for x in (p.dir / "daemons").read_text().split()]
+    seen = _parent_and_state(pid)
+    assert seen is not None and seen[0] == d.proc.pid  # adopted by the daemon, not by init
+    wait_for(lambda: (_parent_and_state(pid) or (0, b"Z"))[1] == b"Z", "the detached daemon to exit")
+    r = cli("status", "default", "web-0", "infra0", mode="always", env=env)  # any later call reaps
+    assert r.returncode == 0, r.stderr
+    assert _parent_and_state(pid) is None  # reaped: not a zombie of netplugin's
+
+
+def test_through_the_daemon_a_child_that_stays_in_the_session_is_swept(cli: Any, start_daemon: Any,
+                                                                       daemons: Any) -> None:
+    p = daemons("stay", STAYS)
+    env = {"NETPLUGIN_PLUGIN": "stay"}
+    start_daemon(env=env)
+    r = cli("setup", "default", "web-0", "infra0", mode="always", env=env)
     assert r.returncode == 1 and "left 1 process(es) running" in r.stderr, r
     (pid,) = [int(x) for x in (p.dir / "daemons").read_text().split()]
     assert not _alive(pid)
