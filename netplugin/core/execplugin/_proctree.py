@@ -114,14 +114,15 @@ def _stat_state_sid(pid: int) -> tuple[bytes, int] | None:
     return fields[0], int(fields[4])
 
 
-def reap_adopted() -> int:
+def reap_adopted(*, wait: bool = True) -> int:
     """Reap the adopted orphans that have exited (not our own children of our own session, nor a
-    leader still to be waited for); returns how many. Does nothing unless adopting."""
+    leader still to be waited for); returns how many. Does nothing unless adopting, nor, with
+    ``wait=False`` (the event loop's SIGCHLD handler), while a spawn holds the registry."""
     path = _ADOPTION.children
-    if path is None:
+    if path is None or not _ADOPTION.lock.acquire(blocking=wait):
         return 0
     reaped = 0
-    with _ADOPTION.lock:
+    try:
         for pid in _read_children(path):
             found = _stat_state_sid(pid)
             if found is None or found[0] != b"Z" or found[1] == _ADOPTION.sid or pid in _ADOPTION.leaders:
@@ -129,6 +130,8 @@ def reap_adopted() -> int:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
                 reaped += 1
+    finally:
+        _ADOPTION.lock.release()
     return reaped
 
 

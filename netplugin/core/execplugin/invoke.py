@@ -54,7 +54,7 @@ from netplugin.core.execplugin._proctree import (
 from netplugin.core.execplugin._pump import Pump
 from netplugin.core.plaindata import dataclass, field
 
-__all__ = ["Background", "Completed", "Runner", "SpawnError", "adopt_orphans", "run", "start"]
+__all__ = ["Background", "Completed", "Runner", "SpawnError", "adopt_orphans", "reap_adopted", "run", "start"]
 
 # How long to keep reading pipes after the process tree is gone; a detached grandchild
 # that kept our pipes open must not hold the caller.

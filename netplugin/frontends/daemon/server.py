@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 from netplugin import __version__
 from netplugin.core._yaml import load_json
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
+from netplugin.core.execplugin.invoke import adopt_orphans, reap_adopted
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass
 from netplugin.frontends.daemon.envelope import check_request
@@ -419,11 +420,12 @@ class Daemon:
         server: asyncio.AbstractServer | None = None
         pinger: asyncio.Task[None] | None = None
         try:
-            # Before the (possibly slow) init: SIGHUP's default action would kill us, and SIGTERM
-            # meanwhile should still end in an orderly exit.
+            # Before the (possibly slow) init: SIGHUP's default would kill us; SIGTERM must end in order.
             for sig, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")):
                 loop.add_signal_handler(sig, self._on_stop, name)
             loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+            if adopt_orphans():  # a call's leftovers are found among our children, not in all of /proc
+                loop.add_signal_handler(signal.SIGCHLD, lambda: reap_adopted(wait=False))
             # First the caches (a plugin's init may need this node's pod CIDRs), then the plugin.
             self.nodes.start()
             await asyncio.to_thread(self.prepare)
@@ -503,10 +505,8 @@ def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Call
     watchdog = Watchdog(env)
     env.pop("WATCHDOG_USEC", None)
     env.pop("WATCHDOG_PID", None)
-    from netplugin.core.execplugin.invoke import adopt_orphans
     from netplugin.manager.manager import Manager
 
-    adopt_orphans()  # a call's stragglers are then found among our children, not in all of /proc
     manager = Manager(config)
     configure_logging(env)
     daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog, reread=reread)

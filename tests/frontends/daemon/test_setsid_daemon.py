@@ -111,8 +111,8 @@ def _parent_and_state(pid: int) -> tuple[int, bytes] | None:
     return int(fields[1]), fields[0]
 
 
-def test_the_daemon_adopts_a_detached_daemon_and_reaps_it_after_it_exits(cli: Any, start_daemon: Any,
-                                                                          daemons: Any) -> None:
+def test_the_daemon_adopts_a_detached_daemon_and_reaps_it_when_it_exits(cli: Any, start_daemon: Any,
+                                                                         daemons: Any) -> None:
     p = daemons("brief", BRIEF)
     env = {"NETPLUGIN_PLUGIN": "brief"}
     d = start_daemon(env=env)
@@ -121,10 +121,8 @@ def test_the_daemon_adopts_a_detached_daemon_and_reaps_it_after_it_exits(cli: An
     (pid,) = [int(x) for x in (p.dir / "daemons").read_text().split()]
     seen = _parent_and_state(pid)
     assert seen is not None and seen[0] == d.proc.pid  # adopted by the daemon, not by init
-    wait_for(lambda: (_parent_and_state(pid) or (0, b"Z"))[1] == b"Z", "the detached daemon to exit")
-    r = cli("status", "default", "web-0", "infra0", mode="always", env=env)  # any later call reaps
-    assert r.returncode == 0, r.stderr
-    assert _parent_and_state(pid) is None  # reaped: not a zombie of netplugin's
+    # Reaped when it exits (SIGCHLD), with no further call: never left a zombie of netplugin's.
+    wait_for(lambda: _parent_and_state(pid) is None, "the detached daemon to exit and be reaped", within=30)
 
 
 def test_through_the_daemon_a_child_that_stays_in_the_session_is_swept(cli: Any, start_daemon: Any,
