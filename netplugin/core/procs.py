@@ -6,7 +6,7 @@ A pid alone is reused; (pid, start time, boot id) names one process for ever. Bo
 
 from __future__ import annotations
 
-__all__ = ["boot_id", "proc_start"]
+__all__ = ["boot_id", "proc_start", "proc_stat"]
 
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
@@ -23,15 +23,22 @@ def boot_id() -> str:
         return f"btime:{int(psutil.boot_time())}"
 
 
-def proc_start(pid: int) -> int | None:
-    """A live process's start time (clock ticks since boot), or None if it is gone or a zombie."""
+def proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first: proc(5)'s field 3
+    is index 0), or None if the process is gone. The name is skipped by its last ``)``: it may
+    hold blanks and parentheses."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
-    fields = data[data.rfind(b")") + 2 :].split()
-    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def proc_start(pid: int) -> int | None:
+    """A live process's start time (clock ticks since boot), or None if it is gone or a zombie."""
+    fields = proc_stat(pid)
+    if fields is None or len(fields) < 20 or fields[0] in (b"Z", b"X"):
         return None
     try:
         return int(fields[19])  # field 22 of proc(5): starttime

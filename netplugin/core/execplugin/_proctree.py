@@ -26,6 +26,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
+from netplugin.core.procs import proc_stat
+
 __all__ = [
     "adopt_orphans",
     "kill_on_timeout",
@@ -104,16 +106,6 @@ def _children_of(pid: int) -> list[int]:
     return [c for t in tids for c in _read_children(f"/proc/{pid}/task/{t}/children")]
 
 
-def _stat_state_sid(pid: int) -> tuple[bytes, int] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2 :].split()
-    return fields[0], int(fields[4])
-
-
 def reap_adopted(*, wait: bool = True) -> int:
     """Reap the adopted orphans that have exited (not our own children of our own session, nor a
     leader still to be waited for); returns how many. Does nothing unless adopting, nor, with
@@ -124,8 +116,8 @@ def reap_adopted(*, wait: bool = True) -> int:
     reaped = 0
     try:
         for pid in _read_children(path):
-            found = _stat_state_sid(pid)
-            if found is None or found[0] != b"Z" or found[1] == _ADOPTION.sid or pid in _ADOPTION.leaders:
+            fields = proc_stat(pid)  # state, ppid, pgrp, session, ...
+            if not fields or fields[0] != b"Z" or int(fields[3]) == _ADOPTION.sid or pid in _ADOPTION.leaders:
                 continue
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
@@ -155,13 +147,8 @@ def signal_group(pgid: int, sig: int) -> bool:
 
 def _is_zombie(pid: int) -> bool:
     """True for a zombie (dead, only waiting for its parent) or a process already gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return True
-    state = data[data.rfind(b")") + 2 :][:1]
-    return state in (b"Z", b"X")
+    fields = proc_stat(pid)
+    return not fields or fields[0] in (b"Z", b"X")
 
 
 def live_session_members(sid: int) -> list[tuple[int, int]]:

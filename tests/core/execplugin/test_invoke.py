@@ -342,6 +342,23 @@ def test_a_leader_is_left_to_its_waiter_by_a_reap() -> None:
         adopt_orphans(False)
 
 
+def test_a_child_of_our_own_session_is_left_to_its_waiter() -> None:
+    # What the caller runs itself (the daemon's nft, say) stays in its session: a reap never takes it.
+    import subprocess
+
+    assert adopt_orphans()
+    try:
+        child = subprocess.Popen(["sh", "-c", "exit 4"])
+        deadline = time.monotonic() + 10
+        while child.pid not in _zombie_children() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert child.pid in _zombie_children()
+        assert reap_adopted() == 0
+        assert child.wait() == 4
+    finally:
+        adopt_orphans(False)
+
+
 # --- bounded output -----------------------------------------------------------------------------------------
 
 
