@@ -174,6 +174,39 @@ def test_install_built_refuses_what_does_not_fit(
     assert not dest.exists()
 
 
+def _interpreter(path: Path) -> bytes | None:
+    """The ELF's PT_INTERP (its dynamic loader), or None for a static binary."""
+    import struct
+
+    data = path.read_bytes()
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    for i in range(phnum):
+        kind, _flags, offset, _vaddr, _paddr, size = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+        if kind == 3:  # PT_INTERP
+            return data[offset : offset + size].rstrip(b"\0")
+    return None
+
+
+@pytest.mark.parametrize(
+    ("libc_a", "interpreter"),
+    [pytest.param(True, False, id="static-pie"), pytest.param(False, True, id="no-libc.a-dynamic")],
+)
+def test_the_shim_is_a_static_pie_unless_the_toolchain_cannot_link_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, libc_a: bool, interpreter: bool
+) -> None:
+    if not libc_a:  # a compiler whose static libc is missing: the static link fails as it would
+        cc = tmp_path / "cc"
+        cc.write_text('#!/bin/sh\ncase " $* " in *" -static-pie "*) echo "cannot find -lc" >&2; exit 1;; esac\n'
+                      'exec cc "$@"\n')
+        cc.chmod(0o755)
+        monkeypatch.setenv("CC", str(cc))
+    shim = Path(build_native(str(tmp_path / "netplugin-cni"), fallback=""))
+    assert (_interpreter(shim) is not None) is interpreter
+    done = subprocess.run([str(shim)], env={"CNI_COMMAND": "VERSION"}, capture_output=True, timeout=20)
+    assert done.returncode == 0 and "supportedVersions" in json.loads(done.stdout)
+
+
 @pytest.mark.parametrize(
     ("env", "extra", "native", "fallback"),
     [
