@@ -9,6 +9,16 @@ Layers (see ARCHITECTURE.md), lowest first:
 
     4  bench                                            a front end of its own (the benchmark harness)
 
+Inside ``netplugin.frontends`` the parts are ranked the same way, lowest first:
+
+    0  wire                                   the daemon protocol, codec, frame, code tables, client
+    1  cni, lab                               the CNI operations; the demos and simulated cluster
+    2  daemon                                 ``netplugin serve``
+    3  checks, nodeconfig, entrypoints        the node's checks, its config file, the entry scripts
+    4  cli                                    the command line
+
+and ``lab`` is imported by the ``demo`` command's module alone (:data:`ONLY_FROM`).
+
 A module may import from its own layer package or a lower layer. Every import counts: module
 level, inside functions, and under ``TYPE_CHECKING``. ``bench`` stands above every layer: it may
 import any of netplugin, and netplugin never imports it. The size caps hold for netplugin and
@@ -27,6 +37,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "netplugin"
 RANKS = {"core": 0, "store": 1, "hosts": 1, "plugins": 1, "nodenet": 1, "manager": 2, "frontends": 3}
+#: the parts of netplugin.frontends (sub-packages and top modules), ranked as the layers are
+FRONTEND_RANKS = {
+    "wire": 0,
+    "cni": 1,
+    "lab": 1,
+    "daemon": 2,
+    "checks": 3,
+    "nodeconfig": 3,
+    "entrypoints": 3,
+    "cli": 4,
+}
+#: front-end parts that only the named modules may import
+ONLY_FROM = {"lab": frozenset({"netplugin.frontends.cli.commands.tools"})}
 #: top-level packages above every layer of netplugin, with their rank: they import netplugin, never the reverse
 ABOVE = {"bench": 4}
 TOPS = (PACKAGE, *ABOVE)
@@ -82,6 +105,28 @@ def _rank(layer: str) -> int:
     return ABOVE.get(layer, RANKS.get(layer, -1))
 
 
+def _frontend_part(module: str) -> str | None:
+    """The front-end part (``wire``, ``cli``...) of a module under netplugin.frontends, else None."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == [PACKAGE, "frontends"] else None
+
+
+def _frontend_problem(mod: str, target: str) -> str | None:
+    """What is wrong with ``mod`` importing ``target`` by the front ends' own ranks (None: nothing)."""
+    src, dst = _frontend_part(mod), _frontend_part(target)
+    if src is None or dst is None or src == dst:
+        return None
+    for part in (src, dst):
+        if part not in FRONTEND_RANKS:
+            return f"netplugin.frontends.{part} is in no front-end rank ({', '.join(FRONTEND_RANKS)})"
+    if dst in ONLY_FROM and mod not in ONLY_FROM[dst]:
+        return f"{mod} imports {target}: only {', '.join(sorted(ONLY_FROM[dst]))} may import {dst}"
+    if FRONTEND_RANKS[dst] >= FRONTEND_RANKS[src]:
+        kind = "sideways" if FRONTEND_RANKS[dst] == FRONTEND_RANKS[src] else "upward"
+        return f"{kind} front-end import: {mod} ({src}) imports {target} ({dst})"
+    return None
+
+
 def check_tree(root: Path) -> list[str]:
     """Every layering problem of the packages under ``root``: upward or sibling edges, and circles."""
     mods = _modules(root)
@@ -107,6 +152,8 @@ def check_tree(root: Path) -> list[str]:
             elif dst != src and _rank(dst) >= _rank(src or PACKAGE):
                 kind = "sideways" if _rank(dst) == _rank(src or PACKAGE) else "upward"
                 problems.append(f"{path}:{line}: {kind} import: {mod} ({src}) imports {target} ({dst})")
+            elif (why := _frontend_problem(mod, target)) is not None:
+                problems.append(f"{path}:{line}: {why}")
     problems += [f"import circle: {' -> '.join(c)}" for c in _cycles(graph)]
     return problems
 
@@ -154,6 +201,13 @@ def test_every_subpackage_is_a_layer() -> None:
     subpackages = {p.name for p in (REPO / PACKAGE).iterdir() if (p / "__init__.py").exists()}
     assert subpackages <= set(RANKS), f"unknown layer package(s): {subpackages - set(RANKS)}"
     assert {"core", "store", "hosts", "plugins", "manager", "frontends"} <= subpackages
+
+
+def test_every_front_end_part_is_ranked() -> None:
+    """Each sub-package and module directly under netplugin/frontends has a front-end rank, and each rank is used."""
+    root = REPO / PACKAGE / "frontends"
+    parts = {p.stem for p in root.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()} - {"__init__"}
+    assert parts == set(FRONTEND_RANKS)
 
 
 def check_rooms(root: Path) -> list[str]:
@@ -257,6 +311,54 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
             id="upward-between-subpackages",
         ),
         pytest.param(
+            {
+                "frontends/wire/codec.py": "def f():\n    from netplugin.frontends.cli import app\n",
+                "frontends/cli/app.py": "",
+            },
+            "upward front-end import: netplugin.frontends.wire.codec (wire) imports netplugin.frontends.cli.app (cli)",
+            id="frontends-upward-in-function",
+        ),
+        pytest.param(
+            {
+                "frontends/cni/router.py": "from netplugin.frontends.daemon import server\n",
+                "frontends/daemon/server.py": "",
+            },
+            "upward front-end import: netplugin.frontends.cni.router (cni)",
+            id="frontends-cni-imports-daemon",
+        ),
+        pytest.param(
+            {
+                "frontends/cni/spec.py": "from netplugin.frontends.lab import demo\n",
+                "frontends/lab/demo.py": "",
+            },
+            "only netplugin.frontends.cli.commands.tools may import lab",
+            id="frontends-lab-from-cni",
+        ),
+        pytest.param(
+            {
+                "frontends/cli/commands/pods.py": "from netplugin.frontends.lab import demo\n",
+                "frontends/lab/demo.py": "",
+            },
+            "only netplugin.frontends.cli.commands.tools may import lab",
+            id="frontends-lab-from-another-command",
+        ),
+        pytest.param(
+            {
+                "frontends/checks.py": "from netplugin.frontends.cli import app\n",
+                "frontends/cli/app.py": "",
+            },
+            "upward front-end import: netplugin.frontends.checks (checks)",
+            id="frontends-top-module-imports-cli",
+        ),
+        pytest.param(
+            {
+                "frontends/misc/x.py": "from netplugin.frontends.wire import codec\n",
+                "frontends/wire/codec.py": "",
+            },
+            "netplugin.frontends.misc is in no front-end rank",
+            id="frontends-unranked-part",
+        ),
+        pytest.param(
             {"plugins/bridge/ipam.py": "from netplugin.store import s\n", "store/s.py": ""},
             "sideways import: netplugin.plugins.bridge.ipam (plugins)",
             id="sibling-from-a-subpackage",
@@ -285,6 +387,11 @@ def test_the_checker_accepts_downward_edges(tmp_path: Path) -> None:
             "frontends/f.py": "def g():\n    from netplugin.manager.m import y\n",
             "bench/b.py": "from netplugin.core import a\nfrom netplugin.frontends.f import g\nfrom .c import z\n",
             "bench/c.py": "from netplugin.store.s import w\n",
+            "frontends/wire/codec.py": "",
+            "frontends/cni/router.py": "from netplugin.frontends.wire import codec\n",
+            "frontends/daemon/server.py": "from netplugin.frontends.cni import router\n",
+            "frontends/cli/commands/tools.py": "def d():\n    from netplugin.frontends.lab import demo\n",
+            "frontends/lab/demo.py": "from netplugin.frontends.wire.codec import loads\n",
         },
     )
     assert check_tree(root) == []
