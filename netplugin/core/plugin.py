@@ -229,6 +229,11 @@ class Plugin(Protocol):
         """Identifies the plugin's code; ``init`` runs again when it changes."""
         ...
 
+    def version_key(self) -> tuple[int, ...] | None:
+        """A cheap identity of the plugin's code (a stat, no hashing), or None when it has none: an init
+        marker whose key matches is current without calling :meth:`version`."""
+        ...
+
     def init(self, ctx: CallContext) -> frozenset[str] | None:
         """Prepare the node; may return the pod actions it handles (its mask; None: all)."""
         ...

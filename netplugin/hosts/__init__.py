@@ -1,6 +1,6 @@
 """Hosts: where pods (and, for plugins that want one, a kube client) come from.
 
-* :mod:`.base`   the :class:`Host` protocol, :class:`NullHost`, :class:`FakeHost` (tests);
+* :mod:`.base`   the :class:`Host` protocol, :class:`ClusterHost`, :class:`NullHost`;
 * :mod:`.static` pod manifests in a directory, for nodes without an API server;
 * :mod:`.kube`   a real API server (settings from :mod:`.kubeconfig`), imported only when chosen.
 """
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from netplugin.hosts.base import FakeHost, Host, NullHost
+from netplugin.hosts.base import ClusterHost, Host, NullHost
 from netplugin.hosts.static import StaticHost
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
 
-__all__ = ["FakeHost", "Host", "NullHost", "StaticHost", "make_host"]
+__all__ = ["ClusterHost", "Host", "NullHost", "StaticHost", "make_host"]
 
 
 def make_host(config: Config) -> Host:

@@ -6,7 +6,6 @@ client. netplugin hands the pod to exec plugins as JSON on stdin.
 
 Hosts here:
 
-* :class:`FakeHost` — an in-memory dict, for tests.
 * :class:`StaticHost` — pod manifests (YAML or JSON, one pod per file) in a
   directory; the embedded default that needs no cluster (used by the demo).
 * ``netplugin.hosts.kube.KubeHost`` — a real API server (lives in its own module so
@@ -14,16 +13,20 @@ Hosts here:
 
 Every host also knows the node netplugin runs on (:meth:`Host.node_info`, handed to
 plugins) and the nodes of its cluster (:meth:`Host.list_nodes`, which the daemon routes to).
+A host that also watches the cluster for the daemon is a :class:`ClusterHost`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from netplugin.core.node import NodeInfo, node_name
 
-__all__ = ["FakeHost", "Host", "NullHost", "Pod"]
+if TYPE_CHECKING:
+    from netplugin.hosts.watch import ClusterCache
+
+__all__ = ["ClusterHost", "Host", "NullHost", "Pod"]
 
 Pod = dict[str, Any]
 
@@ -60,6 +63,27 @@ class Host(Protocol):
         ...
 
 
+@runtime_checkable
+class ClusterHost(Host, Protocol):
+    """A host that watches the cluster for the daemon (``host: kube``): what its node keeper reads beyond
+    :class:`Host`. A host without these answers at once and is polled instead."""
+
+    #: the list+watch caches while watching; None before :meth:`start_watching` and after :meth:`stop_watching`
+    cache: ClusterCache | None
+    #: requests made to the API server, by (verb, resource)
+    requests: Mapping[tuple[str, str], int]
+
+    def start_watching(self, on_nodes_change: Callable[[], None] | None = None) -> ClusterCache:
+        """Start the list+watch caches (every Node, this node's Pods); ``on_nodes_change`` on each Node event."""
+        ...
+
+    def stop_watching(self) -> None: ...
+
+    def node_problems(self) -> list[tuple[str, str]]:
+        """(node name, reason) of each Node that cannot be read."""
+        ...
+
+
 class NullHost:
     """Knows no pods and has no client (the kubelet's ``NewFakeHost(nil)``); knows this node by name only."""
 
@@ -81,42 +105,3 @@ class NullHost:
 
     def list_nodes(self) -> list[NodeInfo]:
         return []
-
-
-class FakeHost:
-    """Pods from a dict keyed by ``(namespace, name)``; records every lookup."""
-
-    def __init__(
-        self,
-        pods: Mapping[tuple[str, str], Pod] | None = None,
-        client: Any | None = None,
-        *,
-        nodes: Iterable[NodeInfo] = (),
-        node_name: str = "fake-node",
-    ) -> None:
-        self.pods: dict[tuple[str, str], Pod] = dict(pods or {})
-        self.client = client
-        self.lookups: list[tuple[str, str]] = []
-        self.nodes: dict[str, NodeInfo] = {n.name: n for n in nodes}
-        self._node_name = node_name
-
-    def add(self, pod: Pod) -> None:
-        meta = pod.get("metadata") or {}
-        self.pods[(meta.get("namespace", "default"), meta["name"])] = pod
-
-    def get_pod_by_name(self, namespace: str, name: str) -> Pod | None:
-        self.lookups.append((namespace, name))
-        return self.pods.get((namespace, name))
-
-    def kube_client(self) -> Any | None:
-        return self.client
-
-    @property
-    def node_name(self) -> str:
-        return self._node_name
-
-    def node_info(self) -> NodeInfo:
-        return self.nodes.get(self._node_name) or NodeInfo(self._node_name)
-
-    def list_nodes(self) -> list[NodeInfo]:
-        return [self.nodes[k] for k in sorted(self.nodes)]

@@ -223,6 +223,9 @@ class _Absent:
     def version(self) -> str:
         return "absent"
 
+    def version_key(self) -> None:
+        return None
+
     def _never(self, *_: object) -> None:
         raise PluginInvalid(self.name, "is no longer installed")
 

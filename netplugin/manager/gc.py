@@ -79,12 +79,9 @@ class GcIncomplete(PluginFailed):
 def host_is_authoritative(host: Host) -> bool:
     """Whether "the host does not know this pod" means the pod is gone.
 
-    A host may say so with an ``authoritative`` attribute. Otherwise: NullHost knows no pods at all,
-    and a StaticHost whose directory does not exist is not in use; every other host is trusted.
+    NullHost knows no pods at all, and a StaticHost whose directory does not exist is not in use;
+    every other host is trusted.
     """
-    flag = getattr(host, "authoritative", None)
-    if isinstance(flag, bool):
-        return flag
     if isinstance(host, NullHost):
         return False
     if isinstance(host, StaticHost):

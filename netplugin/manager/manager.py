@@ -91,8 +91,8 @@ class CallOptions:
 def _version_identity(plugin: Plugin) -> tuple[Any, ...]:
     """What changes when the plugin's code does: its ``version_key()`` (a stat, no hashing) if it has
     one, else its ``version()``."""
-    key = getattr(plugin, "version_key", None)
-    return ("key", *key()) if key is not None else ("version", plugin.version())
+    key = plugin.version_key()
+    return ("key", *key) if key is not None else ("version", plugin.version())
 
 
 class Manager:
@@ -245,8 +245,8 @@ class Manager:
         handles = marker.get("actions", sorted(ALL_POD_ACTIONS))
         if not isinstance(handles, list) or not set(handles) <= ALL_POD_ACTIONS:
             return False
-        key = getattr(plugin, "version_key", None)
-        unchanged = key is not None and marker.get("version_key") == list(key())  # no hashing needed
+        key = plugin.version_key()
+        unchanged = key is not None and marker.get("version_key") == list(key)  # no hashing needed
         if not unchanged and marker.get("version") != plugin.version():
             return False
         self._handles[plugin.name] = frozenset(handles)
@@ -289,13 +289,13 @@ class Manager:
             declared = plugin.init(self._context(Action.INIT, None, node=node))
             handles = ALL_POD_ACTIONS if declared is None else frozenset(declared)
             self._handles[plugin.name] = handles
-            key = getattr(plugin, "version_key", None)
+            key = plugin.version_key()
             marker: dict[str, Any] = {
                 "actions": sorted(handles),
                 "plugin": plugin.name,
                 "boot_id": boot,
                 "version": plugin.version(),
-                "version_key": list(key()) if key is not None else None,
+                "version_key": list(key) if key is not None else None,
                 "settings": self._settings(node),
                 "time": time.time(),
                 "pid": os.getpid(),
@@ -312,16 +312,12 @@ class Manager:
         ``strict=False`` (teardown, status: they must work while the API is away) turns a
         host that cannot answer into a node known by name only.
         """
-        lookup = getattr(self.host, "node_info", None)
-        if lookup is None:  # a Host written before hosts knew nodes
-            return NodeInfo(node_name(self.config.node_name))
         try:
-            info: NodeInfo = lookup()
+            return self.host.node_info()
         except HostError:
             if strict:
                 raise
-            return NodeInfo(getattr(self.host, "node_name", None) or node_name(self.config.node_name))
-        return info
+            return NodeInfo(self.host.node_name or node_name(self.config.node_name))
 
     # --- pod actions ------------------------------------------------------------------------------------
 

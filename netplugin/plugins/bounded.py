@@ -103,6 +103,9 @@ class BoundedPlugin:
     def version(self) -> str:
         return self.inner.version()
 
+    def version_key(self) -> tuple[int, ...] | None:
+        return self.inner.version_key()
+
     def _run(self, action: str, pod: PodRef | None, ctx: CallContext, fn: Callable[[], T]) -> T:
         what = f"{self.name} {action}" + (f" of pod {pod}" if pod is not None else "")
         try:

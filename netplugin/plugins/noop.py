@@ -16,6 +16,9 @@ class NoopPlugin:
     def version(self) -> str:
         return "builtin:no-op:1"
 
+    def version_key(self) -> None:
+        return None
+
     def init(self, ctx: CallContext) -> None:
         return None
 

@@ -84,18 +84,7 @@ from netplugin.store.records import (
     record_filename,
 )
 
-__all__ = [
-    "READY",
-    "SETTING_UP",
-    "TEARING_DOWN",
-    "CorruptFile",
-    "Owner",
-    "PodRecord",
-    "Scan",
-    "StateStore",
-    "parse_record",
-    "record_filename",
-]
+__all__ = ["CorruptFile", "Scan", "StateStore"]
 
 
 def _log() -> Any:

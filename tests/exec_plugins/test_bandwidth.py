@@ -20,9 +20,9 @@ from nettest import tcp_rate
 
 from netplugin.core.errors import PluginFailed
 from netplugin.core.names import PodRef
-from netplugin.hosts.base import FakeHost
 from netplugin.manager.manager import CallOptions, Manager
 from netplugin.plugins import BRIDGE_NAME
+from tests.fakehost import FakeHost
 
 kernel = pytest.mark.kernel
 BANDWIDTH = EXEC_PLUGINS / "bandwidth" / "bandwidth"

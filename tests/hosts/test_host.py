@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,11 @@ import pytest
 from netplugin.core.config import Config
 from netplugin.core.errors import HostError
 from netplugin.hosts import make_host
-from netplugin.hosts.base import FakeHost, Host, NullHost
+from netplugin.hosts.base import ClusterHost, Host, NullHost
+from netplugin.hosts.kube import KubeHost
+from netplugin.hosts.kubeconfig import KubeSettings
 from netplugin.hosts.static import MAX_MANIFEST_BYTES, StaticHost, load_manifest
+from tests.fakehost import FakeHost
 
 WEB_YAML = """\
 apiVersion: v1
@@ -320,3 +324,27 @@ def test_hostile_kubeconfigs_are_host_errors(tmp_path: Path) -> None:
         with pytest.raises(HostError) as info:
             load_kubeconfig(str(path))
         assert str(path) in info.value.message and words in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("make", "cluster"),
+    [
+        pytest.param(lambda d: NullHost(), False, id="null"),
+        pytest.param(lambda d: StaticHost(str(d)), False, id="static"),
+        pytest.param(lambda d: FakeHost(), False, id="fake"),
+        pytest.param(
+            lambda d: KubeHost(settings=KubeSettings(server="http://127.0.0.1:1", source="t"), proxies={}, environ={}),
+            True,
+            id="kube",
+        ),
+    ],
+)
+def test_only_a_watching_host_is_a_cluster_host(tmp_path: Path, make: Callable[[Path], Host], cluster: bool) -> None:
+    """The daemon's node keeper watches through ClusterHost's declared members, and polls every other Host."""
+    from netplugin.frontends.daemon.nodekeeper import NodeKeeper
+
+    host = make(tmp_path)
+    assert isinstance(host, Host)
+    assert isinstance(host, ClusterHost) is cluster
+    keeper = NodeKeeper(Config(node_routes=False), host)
+    assert keeper.watching is cluster and (keeper.cluster is host) is cluster

@@ -19,15 +19,16 @@ from typing import Any
 import psutil
 import pytest
 
-from netplugin.core.errors import HostError, PluginFailed
+from netplugin.core.errors import PluginFailed
 from netplugin.core.names import PodRef
-from netplugin.hosts.base import FakeHost, NullHost
+from netplugin.hosts.base import NullHost
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.gc import host_is_authoritative, run_gc
 from netplugin.manager.manager import Manager
 from netplugin.store.orphans import plugin_processes
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, record_filename
 from netplugin.store.state import StateStore
+from tests.fakehost import DownHost, FakeHost
 
 POD = PodRef("default", "web-0", "infra0")
 ARGV = "default web-0 infra0"
@@ -265,16 +266,6 @@ def test_only_hosts_that_knew_the_pod_can_declare_it_gone(
     assert run_gc(m, check_host=False).actions == [], "--no-host-check keeps every pod with a live netns"
     report = run_gc(m)
     assert (store.get(POD) is None) is torn_down, report.text()
-
-
-class DownHost:
-    """A host that cannot answer (the API server is away)."""
-
-    def get_pod_by_name(self, namespace: str, name: str) -> dict[str, Any] | None:
-        raise HostError("connection refused", url="https://api.invalid")
-
-    def kube_client(self) -> Any:
-        return None
 
 
 def test_a_host_that_cannot_answer_keeps_the_pod_and_says_so(mgr: Any, store: StateStore, sc: Any) -> None:

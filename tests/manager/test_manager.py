@@ -29,28 +29,15 @@ from netplugin.core.execplugin.exec_plugin import ExecPlugin
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import NOOP_NAME, PodNetworkStatus
 from netplugin.core.procs import boot_id
-from netplugin.hosts.base import FakeHost, NullHost
+from netplugin.hosts.base import NullHost
 from netplugin.manager.manager import Manager
 from netplugin.plugins import BUILTINS
+from tests.fakehost import DownHost, FakeHost
 
 POD = PodRef("default", "web-0", "abc123")
 POD_ARGS = "default web-0 abc123"
 POD_OBJ = {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": "default", "name": "web-0"},
            "spec": {"nodeName": "n1"}}
-
-
-class DownHost:
-    """A host that cannot answer (an API server that is away)."""
-
-    def __init__(self) -> None:
-        self.lookups = 0
-
-    def get_pod_by_name(self, namespace: str, name: str) -> dict[str, Any] | None:
-        self.lookups += 1
-        raise HostError("pod lookup failed: connection refused", status=503, url="https://api/pods")
-
-    def kube_client(self) -> Any | None:
-        return None
 
 
 def spawn_cli(cli_env: dict[str, str], *args: str) -> subprocess.Popen[str]:

@@ -27,6 +27,9 @@ class _Builtin:
     def version(self) -> str:
         return "1"
 
+    def version_key(self) -> None:
+        return None
+
     def _wait(self) -> None:
         if self.gate is not None:
             self.gate.wait(10)

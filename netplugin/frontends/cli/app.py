@@ -35,7 +35,6 @@ from netplugin.frontends.cli.commands.tools import COMPLETE_VAR
 from netplugin.frontends.cli.context import State
 from netplugin.frontends.cli.options import global_options
 from netplugin.frontends.wire.codes import (
-    EXIT_CODES,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -47,7 +46,7 @@ from netplugin.frontends.wire.codes import (
 if TYPE_CHECKING:
     from netplugin.core.extras import MissingExtra
 
-__all__ = ["COMMANDS", "EXIT_CODES", "cli", "exit_code_for", "json_wanted", "main", "usage_error_doc"]
+__all__ = ["COMMANDS", "cli", "json_wanted", "main", "usage_error_doc"]
 
 #: command name -> the module (in this package) that defines it, named by its job
 COMMANDS = {

@@ -7,7 +7,7 @@ the ``NETPLUGIN_*`` variables) and the daemon builds the config from them exactl
 :mod:`netplugin.frontends.cli.app` would, runs the action only when that config's fingerprint
 equals its own and its ``use_daemon`` is not ``never``, and otherwise answers "unavailable".
 Output, messages and exit codes are those of the full CLI. With no daemon to ask, the pod command
-runs here (:func:`locally`: the config and the manager, without click's ~40 ms of imports).
+runs here (:func:`locally`: the config and the manager, without importing click).
 Everything else (other commands, ``--help``, ``-v``, an unusual option, a refusal, ``use_daemon:
 always``) goes to :func:`netplugin.frontends.cli.app.main`, which decides again with the full
 config (``use_daemon: always`` then fails with exit 6 there).
@@ -28,16 +28,16 @@ from netplugin.core.defaults import socket_path as _socket_path
 from netplugin.frontends.cli import by_name
 from netplugin.frontends.wire.codec import dumps
 from netplugin.frontends.wire.codes import (
-    EXIT_CODES,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_SYSTEM,
+    error_classes,
     exit_code_for_classes,
 )
-from netplugin.frontends.wire.protocol import POD_OPS, pod_output, pod_request, pod_result, process_environ, settings
+from netplugin.frontends.wire.protocol import POD_OPS, pod_output, pod_request, process_environ, run_pod_op, settings
 
-__all__ = ["EXIT_CODES", "exit_code_for_classes", "locally", "main", "parse_pod_command"]
+__all__ = ["locally", "main", "parse_pod_command"]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -162,15 +162,6 @@ def _emit_result(cmd: PodCommand, result: object) -> None:
         _say(text)
 
 
-def _classes(cls: type) -> list[str]:
-    names = []
-    for c in cls.__mro__:
-        names.append(c.__name__)
-        if c.__name__ == "NetpluginError":
-            break
-    return names
-
-
 def locally(cmd: PodCommand, environ: "Mapping[str, str]") -> int | None:
     """Run the command in this process, as the full CLI would but without click: its exit status,
     or None when the full CLI must run it (a daemon its config file names, or use_daemon: always,
@@ -185,17 +176,9 @@ def locally(cmd: PodCommand, environ: "Mapping[str, str]") -> int | None:
             return None
         from netplugin.manager.manager import Manager
 
-        ref = PodRef(cmd.namespace, cmd.pod, cmd.infra_id)
-        m = Manager(cfg)
-        if cmd.action == "setup":
-            result = pod_result(cmd.action, m.setup(ref))
-        elif cmd.action == "teardown":
-            m.teardown(ref)
-            result = pod_result(cmd.action, None)
-        else:
-            result = pod_result(cmd.action, m.status(ref))
+        result = run_pod_op(Manager(cfg), cmd.action, PodRef(cmd.namespace, cmd.pod, cmd.infra_id))
     except NetpluginError as e:
-        code = exit_code_for_classes(_classes(type(e)))
+        code = exit_code_for_classes(error_classes(type(e)))
         if cmd.output == "json":
             _say(dumps({"exit_code": code, **e.to_dict()}, sort_keys=True), err=True)
         else:

@@ -1,4 +1,4 @@
-"""``netplugin-cni``: the CNI shim (see :mod:`netplugin.frontends.cni.operations` for the contract).
+"""``netplugin-cni``: the CNI shim (its reference: ``docs/cni.md``).
 
 Modules: :mod:`.router` (the entry point: the daemon path, stdlib only), :mod:`.spec` (CNI
 requests, versions, error codes), :mod:`.netconf` (network config to netplugin config and pod

@@ -29,7 +29,8 @@ from typing import Any
 from netplugin.core.config import Config
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass
-from netplugin.frontends.cni.spec import E_CONFIG, E_ENV, CniError
+from netplugin.frontends.cni.spec import CniError
+from netplugin.frontends.wire.codes import CNI_INVALID_CONFIG, CNI_INVALID_ENV
 
 __all__ = [
     "Attachment",
@@ -59,15 +60,17 @@ def valid_attachments(conf: Mapping[str, Any]) -> set[tuple[str, str]]:
     if raw is None:
         raw = conf.get("cni.dev/attachments")
     if raw is None:
-        raise CniError(E_CONFIG, "GC needs cni.dev/valid-attachments in the network config")
+        raise CniError(CNI_INVALID_CONFIG, "GC needs cni.dev/valid-attachments in the network config")
     if not isinstance(raw, list):
-        raise CniError(E_CONFIG, "cni.dev/valid-attachments must be a list")
+        raise CniError(CNI_INVALID_CONFIG, "cni.dev/valid-attachments must be a list")
     out: set[tuple[str, str]] = set()
     for entry in raw:
         if not isinstance(entry, dict) or not isinstance(entry.get("containerID"), str):
             from netplugin.core._yaml import short_repr
 
-            raise CniError(E_CONFIG, f"cni.dev/valid-attachments: bad entry {short_repr(entry)} (needs containerID)")
+            raise CniError(
+                CNI_INVALID_CONFIG, f"cni.dev/valid-attachments: bad entry {short_repr(entry)} (needs containerID)"
+            )
         ifname = entry.get("ifname")
         out.add((entry["containerID"], ifname if isinstance(ifname, str) else ""))
     return out
@@ -191,7 +194,7 @@ def claim_attachment(cfg: Config, network: str, att: Attachment) -> str:
         for other_network, ifname in attachments_of(cfg.state_dir, att.container_id):
             if (other_network, ifname) != (network, att.ifname):
                 raise CniError(
-                    E_ENV,
+                    CNI_INVALID_ENV,
                     f"container {att.container_id} already has interface {ifname!r} on network "
                     f"{other_network!r}: netplugin attaches a container once per state dir, so "
                     f"CNI_IFNAME {att.ifname!r} on network {network!r} is refused",
@@ -201,7 +204,7 @@ def claim_attachment(cfg: Config, network: str, att: Attachment) -> str:
             before = recorded_attachment(cfg, network, att.container_id, att.ifname)
             if before is not None and (before.namespace, before.name) != (att.namespace, att.name):
                 raise CniError(
-                    E_ENV,
+                    CNI_INVALID_ENV,
                     f"container {att.container_id} ({att.ifname}) is already attached as pod "
                     f"{before.pod}; CNI_ARGS now name pod {att.namespace}/{att.name}: a DEL must come first",
                     "the existing attachment is left as it is",
@@ -221,7 +224,7 @@ def refuse_foreign_netns(netns: str) -> None:
 
     problem = netns_problem(netns)
     if problem is not None:
-        raise CniError(E_ENV, f"invalid CNI_NETNS {short_repr(netns)}: {problem}")
+        raise CniError(CNI_INVALID_ENV, f"invalid CNI_NETNS {short_repr(netns)}: {problem}")
 
 
 def _netns_index(state_dir: str, ident: tuple[int, int]) -> str:
@@ -271,7 +274,7 @@ def _shared_netns(cfg: Config, att: Attachment) -> tuple[int, int] | None:
             continue
         if same and rec is not None:
             raise CniError(
-                E_ENV,
+                CNI_INVALID_ENV,
                 f"invalid CNI_NETNS {short_repr(att.netns)}: it is the network namespace of container "
                 f"{other} (pod {rec.pod}, network {network!r}); a container may not attach to "
                 "another container's namespace",

@@ -17,7 +17,8 @@ from netplugin.core._yaml import short_repr
 from netplugin.core.config import Config
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import replace
-from netplugin.frontends.cni.spec import DEFAULT_NAMESPACE, E_CONFIG, E_ENV, NO_NETNS, CniError, CniRequest
+from netplugin.frontends.cni.spec import DEFAULT_NAMESPACE, NO_NETNS, CniError, CniRequest
+from netplugin.frontends.wire.codes import CNI_INVALID_CONFIG, CNI_INVALID_ENV
 
 if TYPE_CHECKING:
     from netplugin.manager.manager import CallOptions
@@ -196,7 +197,7 @@ def bandwidth_env(conf: Mapping[str, Any]) -> dict[str, str]:
     if bw is None:
         return {}
     if not isinstance(bw, dict):
-        raise CniError(E_CONFIG, f"runtimeConfig.bandwidth must be an object (got {short_repr(bw)})")
+        raise CniError(CNI_INVALID_CONFIG, f"runtimeConfig.bandwidth must be an object (got {short_repr(bw)})")
     out: dict[str, str] = {}
     for key, var in BANDWIDTH_ENV.items():
         # The spec's spelling, else Go's field name: containerd 1.6 (go-cni's BandWidth has no JSON
@@ -206,7 +207,7 @@ def bandwidth_env(conf: Mapping[str, Any]) -> dict[str, str]:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < 1 << 63:
             reason = f"must be a whole number of bits (got {short_repr(v)})"
-            raise CniError(E_CONFIG, f"runtimeConfig.bandwidth.{key} {reason}")
+            raise CniError(CNI_INVALID_CONFIG, f"runtimeConfig.bandwidth.{key} {reason}")
         out[var] = str(v)
     return out
 
@@ -229,7 +230,7 @@ def pod_ref_for(req: CniRequest) -> PodRef:
             name = derived_pod_name(req.container_id)
     except InvalidArgument as e:
         which = "K8S_POD_NAMESPACE" if e.field == "namespace" else "K8S_POD_NAME"
-        raise CniError(E_ENV, f"invalid CNI_ARGS {which} {short_repr(e.value)}: {e.reason}") from None
+        raise CniError(CNI_INVALID_ENV, f"invalid CNI_ARGS {which} {short_repr(e.value)}: {e.reason}") from None
     return PodRef(namespace, name, req.container_id)
 
 

@@ -1,109 +1,11 @@
-"""``netplugin-cni``: a CNI plugin (spec 1.1) that drives netplugin's exec plugins.
+"""The CNI operations (spec 1.1) of ``netplugin-cni``, each mapped onto the :class:`~netplugin.manager.Manager`.
 
-A container runtime (kubelet's CRI runtime, podman's CNI backend, cnitool)
-runs this executable with ``CNI_*`` variables and the network config on stdin.
-The shim maps each CNI operation onto the :class:`~netplugin.manager.Manager`,
-so CNI pods get the same guarantees as netplugin's own (init once, per-pod
-locks across processes, time limits, rollback of a failed setup).
-
-Operations
-    ``ADD``     setup and status (one locked action); prints a CNI result (see "Result" below).
-    ``DEL``     teardown. Idempotent: it succeeds when the pod's resources or its
-                network namespace are gone, and when ``CNI_NETNS`` is empty.
-    ``CHECK``   status; fails when the plugin reports no address (code 3) or an
-                address that is not in ``prevResult`` (code 999).
-    ``VERSION`` ``{"cniVersion", "supportedVersions"}``.
-    ``STATUS``  exit 0 when the plugin can be selected and initialised, else code 50.
-    ``GC``      tears down every attachment this network recorded (ADD records
-                ``<stateDir>/cni/<network>/<containerID>:<ifname>.json`` before setup,
-                a successful DEL removes it) that is not in ``cni.dev/valid-attachments``;
-                continues past errors and reports all of them. Pods that netplugin's
-                CLI or daemon set up in the same state dir are never touched.
-
-Network config (stdin), besides the CNI keys
-    ``plugin``           netplugin plugin name (e.g. ``"bridge"``)
-    ``pluginDir``        exec dir; ``stateDir``, ``runDir`` as netplugin's
-    ``configFile``       a netplugin YAML file to load (must exist); without it the
-                         default ``/etc/netplugin/netplugin.yaml`` is read if present
-                         (or the file named by ``NETPLUGIN_CONFIG``)
-    ``netplugin``        an object of any netplugin config keys (``timeouts``, ``host``, ...)
-    ``env``              variables added to the exec plugin's environment, on top of the
-                         config's ``env:`` (e.g. ``{"NETPLUGIN_BRIDGE_SUBNET": "10.201.3.0/24"}``)
-    ``defaultNamespace`` the pod namespace when ``CNI_ARGS`` has none (default ``"default"``)
-    ``logFile``          append one JSON line per call (command, container, outcome, time)
-    Precedence, rising: defaults < config file < ``NETPLUGIN_*`` environment < ``netplugin``
-    object < the top-level keys above. A bad value is error code 7 naming the key.
-
-Pod identity
-    The infra id is ``CNI_CONTAINERID``; the namespace and name come from
-    ``CNI_ARGS`` ``K8S_POD_NAMESPACE`` / ``K8S_POD_NAME`` (Kubernetes runtimes send
-    both; invalid values are error code 4). Runtimes that send no namespace
-    (podman sends ``IgnoreUnknown=1;K8S_POD_NAME=<container name>`` only) get
-    ``defaultNamespace``; their name is used when it is a valid DNS-1123
-    subdomain, else (podman allows ``_`` and capitals) the name is
-    ``cni-`` + the first 12 alphanumerics of the container id, lowercased.
-    The derivation depends only on the call's inputs; ``DEL`` uses the identity that ``ADD``
-    recorded for the attachment (see GC) when there is one, so a renamed container is
-    still torn down as the pod it was set up as.
-
-Network namespace and interface
-    ``NETPLUGIN_NETNS`` is ``CNI_NETNS`` for the call (the config's ``netns_template`` is not
-    used). When ``CNI_NETNS`` is empty (allowed for DEL and GC) it is ``/dev/null/no-netns``, a
-    path that can never exist, so a plugin's "netns gone" branch runs. ``CNI_IFNAME`` is given
-    to the plugin as ``NETPLUGIN_IFNAME`` and ``NETPLUGIN_BRIDGE_IFNAME``; the ``CNI_*``
-    variables themselves are inherited as well (unless ``inherit_env`` is false). These are
-    per-call options (:class:`~netplugin.manager.manager.CallOptions`), not settings: they are
-    no part of init's marker nor of the settings compared with the daemon's.
-
-Where it runs
-    The entry point (:mod:`netplugin.frontends.cni.router`) hands the call to ``netplugin serve``
-    when it answers and runs with the same settings (the daemon then calls :func:`run` with
-    its manager); otherwise :func:`run` runs here. The result is the same either way.
-
-Result
-    ``interfaces: [{name: CNI_IFNAME, mac, sandbox: CNI_NETNS}]``, ``ips: [{address,
-    interface: 0, gateway?}]``. The MAC is read from the netns after setup (podman
-    refuses a container interface without one); it is left out when the
-    interface does not exist or cannot be read. A status reports only an address, so the prefix
-    length comes from ``NETPLUGIN_BRIDGE_SUBNET`` in the plugin environment when the
-    address is inside it (and the gateway from ``NETPLUGIN_BRIDGE_GATEWAY``, or the
-    subnet's first host); otherwise the address is a host route, ``/32`` or ``/128``.
-    A plugin that reports no address yields ``ips: []``. The result is in the config's
-    ``cniVersion`` (0.3.x and 0.4.0 results carry ``ips[].version``). A ``prevResult``
-    (chaining) is passed through with ours appended.
-
-Errors
-    The CNI error JSON ``{cniVersion, code, msg, details}`` on stdout and exit 1:
-
-    ====  =================================================================
-    1     ``cniVersion`` not supported, or too old for the command (CHECK, STATUS, GC)
-    3     CHECK: the plugin reports no address for the container
-    4     a ``CNI_*`` variable is missing or invalid (command, container id,
-          ifname, netns, ``CNI_ARGS``)
-    5     I/O: the exec dir, a lock, state or a host lookup failed
-    6     stdin is not a JSON object
-    7     invalid network or netplugin config (names the key; STATUS too); the plugin is
-          not found or not usable; CHECK without ``prevResult``
-    11    try again later: the plugin timed out (its process tree was killed); the
-          daemon is required (``use_daemon: always``) but unavailable, or it was lost
-          while it ran the call
-    50    STATUS: the plugin cannot be selected or initialised
-    999   the plugin failed (details: its stderr tail), or an internal error
-    ====  =================================================================
-
-    No traceback ever reaches the runtime: anything unexpected is code 999.
-
-Installing
-    The runtime finds the plugin by its ``type`` in its CNI bin dirs (``CNI_PATH``;
-    podman: ``cni_plugin_dirs``, on Debian ``/usr/lib/cni``; containerd: ``/opt/cni/bin``),
-    so put the entry script there: ``netplugin install-shim /opt/cni/bin`` (it starts
-    ``python -I -S`` with an explicit path; a console script works too, slower), and install a
-    conflist like ``etc/cni/10-netplugin.conflist`` in ``/etc/cni/net.d``. Use
-    ``"cniVersion": "1.0.0"`` with podman 4.x and containerd 1.6: their libcni cannot read
-    1.1.0 results (podman never sends STATUS, GC or CHECK); ``"cniVersions": ["1.0.0", "1.1.0"]``
-    lets newer runtimes pick 1.1.0. CHECK needs a config version >= 0.4.0, STATUS and GC
-    >= 1.1.0 (as libcni applies them); older ones get code 1. ``scripts/podman-setup.sh`` prepares
-    podman's CNI backend for trying this.
+A container runtime runs the shim with ``CNI_*`` variables and the network config on stdin; the
+entry point (:mod:`netplugin.frontends.cni.router`) hands the call to ``netplugin serve`` when it
+answers with the same settings (the daemon then calls :func:`run` with its manager), else :func:`run`
+runs here. The result is the same either way, and CNI pods get netplugin's guarantees (init once,
+per-pod locks across processes, time limits, rollback of a failed setup). The reference for the
+operations, network-config keys, pod identity, results and error codes is ``docs/cni.md``.
 """
 
 from __future__ import annotations
@@ -130,43 +32,29 @@ from netplugin.frontends.cni.attachments import (
 from netplugin.frontends.cni.netconf import build_config, call_options, pod_ref_for
 from netplugin.frontends.cni.result import link_mac, make_result, prev_ips
 from netplugin.frontends.cni.spec import (
-    E_CONFIG,
-    E_INTERNAL,
-    E_TRY_AGAIN,
-    E_UNAVAILABLE,
-    E_UNKNOWN_CONTAINER,
     LATEST,
     NO_NETNS,
-    SUPPORTED_VERSIONS,
     CniError,
     CniRequest,
     check_version_rules,
     error_for,
     parse_request,
 )
+from netplugin.frontends.wire.codes import (
+    CNI_INTERNAL,
+    CNI_INVALID_CONFIG,
+    CNI_PLUGIN_UNAVAILABLE,
+    CNI_TRY_AGAIN,
+    CNI_UNKNOWN_CONTAINER,
+)
+from netplugin.frontends.wire.protocol import version_answer
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.core.plugin import PodNetworkStatus
     from netplugin.manager.manager import CallOptions, Manager
 
-__all__ = [
-    "NO_NETNS",
-    "SUPPORTED_VERSIONS",
-    "Attachment",
-    "CniError",
-    "CniRequest",
-    "DaemonSide",
-    "Refused",
-    "build_config",
-    "error_for",
-    "link_mac",
-    "list_attachments",
-    "make_result",
-    "parse_request",
-    "pod_ref_for",
-    "run",
-]
+__all__ = ["DaemonSide", "Refused", "run"]
 
 
 # --- where the operations run ----------------------------------------------------------------------------
@@ -217,7 +105,7 @@ class _Ops:
                 # A cluster node: the daemon owns what the plugin needs (the Node's pod CIDRs).
                 where = f" (use_daemon: always in {cfg.config_path})" if cfg.config_path else ""
                 msg = f"the netplugin daemon is required{where} but did not run the call"
-                raise CniError(E_TRY_AGAIN, msg, unavailable or f"no daemon answers at {cfg.socket_path}")
+                raise CniError(CNI_TRY_AGAIN, msg, unavailable or f"no daemon answers at {cfg.socket_path}")
 
             self.manager = Manager(cfg, environ=dict(environ))
             self.timed: Callable[[str, Callable[[], Any]], Any] = lambda op, fn: fn()
@@ -263,12 +151,6 @@ def _fingerprint(cfg: Config) -> dict[str, Any]:
 
 
 # --- operations -----------------------------------------------------------------------------------------
-
-
-def _version(req: CniRequest) -> dict[str, Any]:
-    asked = req.conf.get("cniVersion")
-    version = asked if isinstance(asked, str) and asked in SUPPORTED_VERSIONS else LATEST
-    return {"cniVersion": version, "supportedVersions": list(SUPPORTED_VERSIONS)}
 
 
 def _network(req: CniRequest) -> str | None:
@@ -341,19 +223,19 @@ def _check(ops: _Ops) -> None:
     req = ops.req
     prev = req.conf.get("prevResult")
     if not isinstance(prev, dict):
-        raise CniError(E_CONFIG, "CHECK needs prevResult in the network config")
+        raise CniError(CNI_INVALID_CONFIG, "CHECK needs prevResult in the network config")
     pod = pod_ref_for(req)
     status: PodNetworkStatus | None = ops.manager.status(pod, ops.call)
     if status is None:
         raise CniError(
-            E_UNKNOWN_CONTAINER,
+            CNI_UNKNOWN_CONTAINER,
             f"network plugin reports no address for container {req.container_id} (pod {pod})",
         )
     expected = prev_ips(prev)
     for ip in status.ips:
         if ip not in expected:
             raise CniError(
-                E_INTERNAL,
+                CNI_INTERNAL,
                 f"pod {pod} has address {ip}, but prevResult has {', '.join(sorted(expected)) or 'none'}",
             )
 
@@ -372,7 +254,7 @@ def _gc(ops: _Ops) -> None:
     valid = valid_attachments(req.conf)
     network = req.conf.get("name")
     if not isinstance(network, str) or not network:
-        raise CniError(E_CONFIG, "GC needs the network name in the network config")
+        raise CniError(CNI_INVALID_CONFIG, "GC needs the network name in the network config")
     attachments, failures = list_attachments(cfg.state_dir, network)
     failures += remove_stale_temps(cfg.state_dir, network)
     prune_netns_index(cfg.state_dir)
@@ -387,7 +269,7 @@ def _gc(ops: _Ops) -> None:
         except NetpluginError as e:
             failures.append(f"{att.pod} (container {att.container_id}, {att.ifname}): {e.message}")
     if failures:
-        raise CniError(E_INTERNAL, f"GC: {len(failures)} problem(s); the rest was collected", "; ".join(failures))
+        raise CniError(CNI_INTERNAL, f"GC: {len(failures)} problem(s); the rest was collected", "; ".join(failures))
 
 
 def run(
@@ -413,7 +295,7 @@ def run(
         version = req.cni_version if req else LATEST
         if isinstance(e, NetpluginError):
             return 1, error_for(e, req.command if req else "").to_dict(version)
-        return 1, CniError(E_INTERNAL, f"internal error: {type(e).__name__}: {e}").to_dict(version)
+        return 1, CniError(CNI_INTERNAL, f"internal error: {type(e).__name__}: {e}").to_dict(version)
 
 
 #: CNI command -> the daemon metrics' operation
@@ -424,7 +306,7 @@ def _dispatch(
     req: CniRequest, environ: Mapping[str, str], daemon: DaemonSide | None, unavailable: str | None = None
 ) -> dict[str, Any] | None:
     if req.command == "VERSION":
-        return _version(req)
+        return version_answer(req.conf.get("cniVersion"))
     check_version_rules(req)
     if req.refused:
         return None  # a DEL of an attachment whose ADD was refused: nothing of it exists
@@ -436,7 +318,7 @@ def _dispatch(
         raise  # code 7 naming the key, for STATUS too
     except NetpluginError as e:
         if req.command == "STATUS":
-            raise CniError(E_UNAVAILABLE, e.message) from None
+            raise CniError(CNI_PLUGIN_UNAVAILABLE, e.message) from None
         raise
     ops = _Ops(req, cfg, environ, daemon, unavailable)
     if req.command in _TIMED:

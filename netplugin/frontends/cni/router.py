@@ -43,14 +43,8 @@ import time
 from netplugin.core.defaults import answer_timeout as _answer_timeout
 from netplugin.core.defaults import socket_path
 from netplugin.frontends.wire.codec import dumps, loads
-from netplugin.frontends.wire.protocol import (
-    CNI_IO_FAILURE,
-    CNI_TRY_AGAIN,
-    CNI_VERSIONS,
-    MAX_STDIN,
-    cni_request,
-    process_environ,
-)
+from netplugin.frontends.wire.codes import CNI_IO_FAILURE, CNI_TRY_AGAIN
+from netplugin.frontends.wire.protocol import CNI_VERSIONS, MAX_STDIN, cni_request, process_environ, version_answer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -60,8 +54,6 @@ __all__ = ["answer_timeout", "conf_of", "daemon_target", "forward", "log_call", 
 
 #: commands the daemon can run for the shim (VERSION is answered here, without any state)
 FORWARDED = ("ADD", "DEL", "CHECK", "STATUS", "GC")
-E_IO = CNI_IO_FAILURE
-E_TRY_AGAIN = CNI_TRY_AGAIN
 LATEST = CNI_VERSIONS[-1]
 #: the daemon op or plugin action each CNI command may wait for (GC: one teardown per stale attachment)
 _COMMAND_OP = {"ADD": "setup", "DEL": "teardown", "CHECK": "status", "STATUS": "init", "GC": "gc"}
@@ -147,10 +139,10 @@ def forward(
     except NotSent as e:
         if mode == "always":
             msg = f"the netplugin daemon at {sock} is required (use_daemon: always) but unavailable: {e}"
-            return 1, cni_error(E_TRY_AGAIN, msg, version=version)
+            return 1, cni_error(CNI_TRY_AGAIN, msg, version=version)
         return f"no netplugin daemon answers at {sock}: {e}"
     except NoAnswer as e:
-        return 1, cni_error(E_TRY_AGAIN, f"netplugin daemon at {sock}: {e}", version=version)
+        return 1, cni_error(CNI_TRY_AGAIN, f"netplugin daemon at {sock}: {e}", version=version)
     result = response.get("result")
     if response["ok"] and isinstance(result, dict) and isinstance(result.get("code"), int):
         doc = result.get("doc")
@@ -161,7 +153,7 @@ def forward(
     said = err.get("message") if isinstance(err, dict) else None
     why = str(said or f"the netplugin daemon at {sock} did not run the call")
     if mode == "always":
-        return 1, cni_error(E_TRY_AGAIN, why, version=version)
+        return 1, cni_error(CNI_TRY_AGAIN, why, version=version)
     return why
 
 
@@ -248,9 +240,7 @@ def _run(
 ) -> tuple[int, dict[str, object] | None, str, str | None]:
     """:func:`run_call_why` with the network config already parsed (``conf``: None when it is not an object)."""
     if environ.get("CNI_COMMAND") == "VERSION" and (conf is not None or not stdin.strip()):
-        asked = conf.get("cniVersion") if conf is not None else None
-        version = asked if isinstance(asked, str) and asked in CNI_VERSIONS else LATEST
-        return 0, {"cniVersion": version, "supportedVersions": list(CNI_VERSIONS)}, "local", None
+        return 0, version_answer(conf.get("cniVersion") if conf is not None else None), "local", None
     why: str | None = None
     if conf is not None and environ.get("CNI_COMMAND") in FORWARDED:
         mode, sock = daemon_target(conf, environ)
@@ -282,7 +272,7 @@ def main(argv: object = None) -> None:
         stdin = sys.stdin.buffer.read(MAX_STDIN + 1)
     except Exception as e:
         stdin = b""
-        code, doc = 1, cni_error(E_IO, f"cannot read stdin: {e}")
+        code, doc = 1, cni_error(CNI_IO_FAILURE, f"cannot read stdin: {e}")
     else:
         # Parsed once here: the routing, the daemon's answer timeout and the log line all read it.
         conf = conf_of(stdin) if stdin else None

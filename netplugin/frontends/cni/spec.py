@@ -17,20 +17,20 @@ from typing import Any
 from netplugin.core._yaml import short_repr
 from netplugin.core.errors import NetpluginError
 from netplugin.core.plaindata import dataclass, field
-from netplugin.frontends.wire.protocol import CNI_IO_FAILURE, CNI_TRY_AGAIN, CNI_VERSIONS, MAX_STDIN
+from netplugin.frontends.wire.codes import (
+    CNI_DECODE_FAILURE,
+    CNI_INCOMPATIBLE_VERSION,
+    CNI_INVALID_CONFIG,
+    CNI_INVALID_ENV,
+    CNI_PLUGIN_UNAVAILABLE,
+    cni_code_for_classes,
+    error_classes,
+)
+from netplugin.frontends.wire.protocol import CNI_VERSIONS, MAX_STDIN
 
 __all__ = [
     "COMMANDS",
     "DEFAULT_NAMESPACE",
-    "E_CONFIG",
-    "E_DECODE",
-    "E_ENV",
-    "E_INTERNAL",
-    "E_IO",
-    "E_TRY_AGAIN",
-    "E_UNAVAILABLE",
-    "E_UNKNOWN_CONTAINER",
-    "E_VERSION",
     "LATEST",
     "MAX_STDIN",
     "NO_NETNS",
@@ -57,34 +57,6 @@ NO_NETNS = "/dev/null/no-netns"
 
 
 DEFAULT_NAMESPACE = "default"
-
-
-# CNI error codes (spec "Error", plus libcni's 999)
-E_VERSION = 1
-
-
-E_UNKNOWN_CONTAINER = 3
-
-
-E_ENV = 4
-
-
-E_IO = CNI_IO_FAILURE
-
-
-E_DECODE = 6
-
-
-E_CONFIG = 7
-
-
-E_TRY_AGAIN = CNI_TRY_AGAIN
-
-
-E_UNAVAILABLE = 50
-
-
-E_INTERNAL = 999
 
 
 #: what the kernel and ``ip`` accept as a name, in ASCII (dev_valid_name: no '/', ':' or space)
@@ -143,7 +115,7 @@ def parse_cni_args(raw: str) -> dict[str, str]:
             continue
         key, sep, value = piece.partition("=")
         if not sep or not key:
-            raise CniError(E_ENV, f"invalid CNI_ARGS {short_repr(raw)}: {short_repr(piece)} is not KEY=VALUE")
+            raise CniError(CNI_INVALID_ENV, f"invalid CNI_ARGS {short_repr(raw)}: {short_repr(piece)} is not KEY=VALUE")
         out[key] = value
     return out
 
@@ -208,9 +180,9 @@ def parse_request(environ: Mapping[str, str], stdin: bytes) -> CniRequest:
     try:
         if command not in COMMANDS:
             if not command:
-                raise CniError(E_ENV, "CNI_COMMAND is not set", f"expected one of {', '.join(COMMANDS)}")
+                raise CniError(CNI_INVALID_ENV, "CNI_COMMAND is not set", f"expected one of {', '.join(COMMANDS)}")
             raise CniError(
-                E_ENV, f"unknown CNI_COMMAND {short_repr(command)}", f"expected one of {', '.join(COMMANDS)}"
+                CNI_INVALID_ENV, f"unknown CNI_COMMAND {short_repr(command)}", f"expected one of {', '.join(COMMANDS)}"
             )
         if bad_conf is not None:
             raise bad_conf
@@ -226,9 +198,9 @@ def _read_conf(text: bytes) -> dict[str, Any]:
     try:  # bounded size and depth; duplicate keys: the last one wins, as in libcni (Go)
         conf = load_json(text, max_bytes=MAX_STDIN, duplicates=True)
     except DocumentError as e:
-        raise CniError(E_DECODE, f"network config on stdin is not JSON: {e}") from None
+        raise CniError(CNI_DECODE_FAILURE, f"network config on stdin is not JSON: {e}") from None
     if not isinstance(conf, dict):
-        raise CniError(E_DECODE, f"network config must be a JSON object, got {type(conf).__name__}")
+        raise CniError(CNI_DECODE_FAILURE, f"network config must be a JSON object, got {type(conf).__name__}")
     return conf
 
 
@@ -238,14 +210,20 @@ def _check_request(req: CniRequest, environ: Mapping[str, str]) -> CniRequest:
     if command == "VERSION":
         return req
     if version is None:
-        raise CniError(E_VERSION, "network config has no cniVersion", f"supported: {', '.join(SUPPORTED_VERSIONS)}")
+        raise CniError(
+            CNI_INCOMPATIBLE_VERSION, "network config has no cniVersion", f"supported: {', '.join(SUPPORTED_VERSIONS)}"
+        )
     if version not in SUPPORTED_VERSIONS:
         raise CniError(
-            E_VERSION, f"incompatible CNI version {short_repr(version)}", f"supported: {', '.join(SUPPORTED_VERSIONS)}"
+            CNI_INCOMPATIBLE_VERSION,
+            f"incompatible CNI version {short_repr(version)}",
+            f"supported: {', '.join(SUPPORTED_VERSIONS)}",
         )
     name = req.conf.get("name")
     if name is not None and (not isinstance(name, str) or not _NETWORK_NAME.match(name)):
-        raise CniError(E_CONFIG, f"invalid network name {short_repr(name)}", "must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+        raise CniError(
+            CNI_INVALID_CONFIG, f"invalid network name {short_repr(name)}", "must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$"
+        )
     if command in ("STATUS", "GC"):
         req.netns = environ.get("CNI_NETNS", "")
         req.path = environ.get("CNI_PATH", "")
@@ -259,7 +237,7 @@ def _check_request(req: CniRequest, environ: Mapping[str, str]) -> CniRequest:
     try:
         validate_infra_id(req.container_id)
     except InvalidArgument as e:
-        raise CniError(E_ENV, f"invalid CNI_CONTAINERID {short_repr(req.container_id)}: {e.reason}") from None
+        raise CniError(CNI_INVALID_ENV, f"invalid CNI_CONTAINERID {short_repr(req.container_id)}: {e.reason}") from None
     req.ifname = environ.get("CNI_IFNAME", "")
     problem = _ifname_problem(req.ifname)
     if problem and command == "DEL":
@@ -267,17 +245,17 @@ def _check_request(req: CniRequest, environ: Mapping[str, str]) -> CniRequest:
         req.refused = f"invalid CNI_IFNAME {short_repr(req.ifname)}: {problem}"
         return req
     if problem:
-        raise CniError(E_ENV, f"invalid CNI_IFNAME {short_repr(req.ifname)}: {problem}")
+        raise CniError(CNI_INVALID_ENV, f"invalid CNI_IFNAME {short_repr(req.ifname)}: {problem}")
     if command != "DEL" and "prevResult" in req.conf:
         problem = _prev_result_problem(req.conf["prevResult"])
         if problem:
-            raise CniError(E_CONFIG, f"invalid prevResult: {problem}")
+            raise CniError(CNI_INVALID_CONFIG, f"invalid prevResult: {problem}")
     req.netns = environ.get("CNI_NETNS", "")
     if command != "DEL":
         if not req.netns:
-            raise CniError(E_ENV, f"CNI_NETNS is required for {command}")
+            raise CniError(CNI_INVALID_ENV, f"CNI_NETNS is required for {command}")
         if not os.path.exists(req.netns):
-            raise CniError(E_ENV, f"CNI_NETNS {short_repr(req.netns)} does not exist")
+            raise CniError(CNI_INVALID_ENV, f"CNI_NETNS {short_repr(req.netns)} does not exist")
     req.args = parse_cni_args(environ.get("CNI_ARGS", ""))
     req.path = environ.get("CNI_PATH", "")
     return req
@@ -299,26 +277,16 @@ def check_version_rules(req: CniRequest) -> None:
         return
     if version_tuple(version) < version_tuple(need):
         raise CniError(
-            E_VERSION,
+            CNI_INCOMPATIBLE_VERSION,
             f"incompatible CNI version {version!r} for {req.command}",
             f"{req.command} needs a config cniVersion of {need} or later",
         )
 
 
 def error_for(err: NetpluginError, command: str) -> CniError:
-    """The CNI error for a netplugin error (see the table in the module docstring)."""
-    from netplugin.core.errors import (
-        ConfigError,
-        DiscoveryError,
-        HostError,
-        InvalidArgument,
-        PluginError,
-        PluginInvalid,
-        PluginNotFound,
-        PluginTimeout,
-        StateError,
-        SystemFailure,
-    )
+    """The CNI error for a netplugin error: :data:`~netplugin.frontends.wire.codes.CNI_CODES`, except
+    that STATUS reports any but a config error as "plugin unavailable", and a bad plugin name is a config error."""
+    from netplugin.core.errors import ConfigError, InvalidArgument, PluginError
 
     details = ""
     if isinstance(err, PluginError):
@@ -329,19 +297,7 @@ def error_for(err: NetpluginError, command: str) -> CniError:
     elif err.details:
         details = json.dumps(err.details, default=str, sort_keys=True)
     if command == "STATUS" and not isinstance(err, ConfigError):
-        return CniError(E_UNAVAILABLE, err.message, details)
-    if isinstance(err, PluginTimeout):
-        code = E_TRY_AGAIN
-    elif isinstance(err, PluginError):
-        code = E_INTERNAL
-    elif isinstance(err, ConfigError | PluginNotFound | PluginInvalid):
-        code = E_CONFIG
-    elif isinstance(err, InvalidArgument):
-        code = E_CONFIG if err.field == "plugin name" else E_ENV
-    elif isinstance(err, HostError):
-        code = E_TRY_AGAIN
-    elif isinstance(err, DiscoveryError | SystemFailure | StateError):
-        code = E_IO
-    else:
-        code = E_INTERNAL
-    return CniError(code, err.message, details)
+        return CniError(CNI_PLUGIN_UNAVAILABLE, err.message, details)
+    if isinstance(err, InvalidArgument) and err.field == "plugin name":
+        return CniError(CNI_INVALID_CONFIG, err.message, details)
+    return CniError(cni_code_for_classes(error_classes(type(err))), err.message, details)

@@ -127,9 +127,10 @@ def run_cni_call(
     """
     problem = environ_problem(environ)
     if problem is not None:  # CNI error 4 before anything runs, as a bad CNI_* variable
-        from netplugin.frontends.cni.spec import E_ENV, LATEST, CniError
+        from netplugin.frontends.cni.spec import LATEST, CniError
+        from netplugin.frontends.wire.codes import CNI_INVALID_ENV
 
-        return 1, CniError(E_ENV, problem).to_dict(LATEST)
+        return 1, CniError(CNI_INVALID_ENV, problem).to_dict(LATEST)
     from netplugin.frontends.cni.operations import DaemonSide, Refused, run
 
     try:

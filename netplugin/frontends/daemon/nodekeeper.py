@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError, NetpluginError
 from netplugin.core.node import NodeInfo
+from netplugin.hosts.base import ClusterHost
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -83,7 +84,9 @@ class NodeKeeper:
         #: this node was in the cluster (its Node seen) / has left it (its Node deleted since)
         self.member = False
         self.departed = False
-        self.watching = hasattr(host, "start_watching")
+        #: the host, when it watches the cluster (else it is polled)
+        self.cluster: ClusterHost | None = host if isinstance(host, ClusterHost) else None
+        self.watching = self.cluster is not None
         self.nodes: list[NodeInfo] | None = None
         self.report: RouteReport | None = None
         self.error: str | None = None
@@ -98,8 +101,8 @@ class NodeKeeper:
     # --- life cycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self.watching:
-            self.host.start_watching(self.kick)  # type: ignore[attr-defined]
+        if self.cluster is not None:
+            self.cluster.start_watching(self.kick)
         else:
             self.sync()  # a host without watches answers at once: routes and egress before the socket opens
         self._thread = threading.Thread(target=self._loop, name="netplugin-nodes", daemon=True)
@@ -110,8 +113,8 @@ class NodeKeeper:
         self._kick.set()
         if self._thread is not None:
             self._thread.join(10)
-        if self.watching:
-            self.host.stop_watching()  # type: ignore[attr-defined]
+        if self.cluster is not None:
+            self.cluster.stop_watching()
         if self.routes is not None:
             self.routes.close()
         if self.egress is not None:
@@ -128,7 +131,7 @@ class NodeKeeper:
         self._kick.set()
 
     def _synced(self) -> bool:
-        cache = getattr(self.host, "cache", None)
+        cache = self.cluster.cache if self.cluster is not None else None
         return cache is not None and bool(cache.nodes.synced.is_set())
 
     def _loop(self) -> None:
@@ -252,7 +255,7 @@ class NodeKeeper:
             }
             if self.report is not None:
                 out.update(self.report.to_dict())
-        cache = getattr(self.host, "cache", None)
+        cache = self.cluster.cache if self.cluster is not None else None
         if cache is not None:
             out["watch"] = cache.status()
         out["problems"] = self.problems(out.get("watch"))
@@ -271,11 +274,12 @@ class NodeKeeper:
             {"kind": p.kind, "node": p.node, "cidr": p.cidr, "reason": p.reason}
             for p in (report.problems if report else [])
         ]
-        node_problems = getattr(self.host, "node_problems", None)
-        if node_problems is not None:
-            out += [{"kind": "bad_node", "node": n, "cidr": "", "reason": why} for n, why in node_problems()]
+        cache = None
+        if self.cluster is not None:
+            bad = self.cluster.node_problems()
+            out += [{"kind": "bad_node", "node": n, "cidr": "", "reason": why} for n, why in bad]
+            cache = self.cluster.cache
         if watch is None:
-            cache = getattr(self.host, "cache", None)
             watch = cache.status() if cache is not None else {}
         for resource, st in (watch or {}).items():
             if st.get("failing") or not st.get("alive", True):
@@ -329,34 +333,8 @@ class _Collector:
         yield by_kind
         yield GaugeMetricFamily("netplugin_nodes", "Nodes in the cluster, as last read.", value=len(nodes or []))
         yield CounterMetricFamily("netplugin_node_syncs", "Passes over the nodes (route reconciliations).", value=syncs)
-        counts = getattr(k.host, "requests", None)
-        if counts is not None:
-            req = CounterMetricFamily(
-                "netplugin_kube_requests",
-                "Requests to the Kubernetes API, by verb and resource.",
-                labels=["verb", "resource"],
-            )
-            for (verb, resource), n in sorted(dict(counts).items()):
-                req.add_metric([verb, resource], n)
-            yield req
-        cache = getattr(k.host, "cache", None)
-        if cache is not None:
-            watch = CounterMetricFamily(
-                "netplugin_kube_watch_events",
-                "What the list+watch caches did: lists, watches, relists after 410 Gone, failures, events, bookmarks.",
-                labels=["resource", "kind"],
-            )
-            relists = CounterMetricFamily(
-                "netplugin_kube_relists",
-                "LISTs made again because a watch's revision had left the API server's history (410 Gone).",
-                labels=["resource"],
-            )
-            for resource, st in cache.status().items():
-                for kind in ("lists", "watches", "relists", "failures", "events", "bookmarks"):
-                    watch.add_metric([resource, kind], st[kind])
-                relists.add_metric([resource], st["relists"])
-            yield watch
-            yield relists
+        if k.cluster is not None:
+            yield from _cluster_metrics(k.cluster)
 
 
 def problem_text(p: Mapping[str, str]) -> str:
@@ -366,3 +344,35 @@ def problem_text(p: Mapping[str, str]) -> str:
     if p.get("node"):
         return f"node {p['node']}: {p['reason']}"
     return str(p["reason"])
+
+
+def _cluster_metrics(cluster: ClusterHost) -> Iterator[Metric]:
+    """The metrics of a host that watches the cluster: its API requests and its list+watch caches."""
+    from prometheus_client.core import CounterMetricFamily
+
+    req = CounterMetricFamily(
+        "netplugin_kube_requests",
+        "Requests to the Kubernetes API, by verb and resource.",
+        labels=["verb", "resource"],
+    )
+    for (verb, resource), n in sorted(dict(cluster.requests).items()):
+        req.add_metric([verb, resource], n)
+    yield req
+    cache = cluster.cache
+    if cache is not None:
+        watch = CounterMetricFamily(
+            "netplugin_kube_watch_events",
+            "What the list+watch caches did: lists, watches, relists after 410 Gone, failures, events, bookmarks.",
+            labels=["resource", "kind"],
+        )
+        relists = CounterMetricFamily(
+            "netplugin_kube_relists",
+            "LISTs made again because a watch's revision had left the API server's history (410 Gone).",
+            labels=["resource"],
+        )
+        for resource, st in cache.status().items():
+            for kind in ("lists", "watches", "relists", "failures", "events", "bookmarks"):
+                watch.add_metric([resource, kind], st[kind])
+            relists.add_metric([resource], st["relists"])
+        yield watch
+        yield relists

@@ -1,4 +1,4 @@
-"""The daemon's node-wide operations, ``pods`` and ``gc``, and the wire's error classes.
+"""The daemon's node-wide operations on the state records, ``pods`` and ``gc``.
 
 Both operations answer with what the CLI prints when it runs alone (the rendered table, the gc
 report's text), so a command gives the same output through the daemon as without it. A gc that
@@ -9,23 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from netplugin.core.errors import NetpluginError
+from netplugin.frontends.wire.codes import error_classes
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.manager.manager import Manager
 
-__all__ = ["error_classes", "gc_answer", "pods_answer"]
-
-
-def error_classes(cls: type) -> list[str]:
-    """An error class and its bases up to NetpluginError, by name (the wire's ``classes``)."""
-    names = []
-    for c in cls.__mro__:
-        names.append(c.__name__)
-        if c is NetpluginError:
-            break
-    return names
+__all__ = ["gc_answer", "pods_answer"]
 
 
 def pods_answer(config: Config) -> dict[str, Any]:

@@ -7,10 +7,8 @@ and for native plugins their warm libraries) and answers the thin client of
 * **Start.** Takes ``<socket>.lock`` (one daemon per socket), runs the plugin's
   init once (a failure is logged, not fatal: the next operation retries it, and
   SIGHUP rescans once the plugin is installed), starts the metrics server, then
-  binds the socket: created under a 0177 umask (mode 0600 from the first
-  instant) beside its final path and renamed over it, so a stale socket left by
-  a killed daemon is replaced atomically, and only after it proved dead (it does
-  not answer). Then it tells systemd ``READY=1`` (``Type=notify``).
+  binds the socket (mode 0600, a stale one replaced atomically: :mod:`.listener`) and tells
+  systemd ``READY=1`` (``Type=notify``).
 * **Operations** run in a thread pool, so different pods proceed in parallel; actions on one
   pod serialise on the manager's per-pod flock, which the CLI and the CNI shim take too, so
   daemon and direct callers never overlap (``pods`` and ``gc``: :mod:`.records`). Requests for
@@ -73,8 +71,9 @@ from netplugin.frontends.daemon.nativecalls import read_frame, run_frame
 from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 from netplugin.frontends.daemon.podqueue import Turns
 from netplugin.frontends.daemon.reconfig import Live, reload_settings
-from netplugin.frontends.daemon.records import error_classes, gc_answer, pods_answer
+from netplugin.frontends.daemon.records import gc_answer, pods_answer
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
+from netplugin.frontends.wire.codes import error_classes
 from netplugin.frontends.wire.protocol import (
     FRAME_MAGIC,
     MAX_MESSAGE,
@@ -82,7 +81,7 @@ from netplugin.frontends.wire.protocol import (
     POD_OPS,
     encode_unavailable,
     init_result,
-    pod_result,
+    run_pod_op,
 )
 from netplugin.plugins.bounded import stuck_calls
 
@@ -90,7 +89,7 @@ if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.manager.manager import Manager
 
-__all__ = ["MAX_WORKERS", "Daemon", "Metrics", "bind_socket", "error_classes", "sd_notify", "serve"]
+__all__ = ["MAX_WORKERS", "Daemon", "serve"]
 
 log = logging.getLogger("netplugin.daemon")
 
@@ -208,9 +207,9 @@ class Daemon:
             check_settings(req["settings"], self.fingerprint, self.socket_path)
         if op in POD_OPS:
             pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
-            result = self._pod_op(op, pod)  # timed in _answer, with the wait for the pod's turn
+            answer = run_pod_op(self.manager, op, pod)  # timed in _answer, with the wait for the pod's turn
             self._plugin_ok()
-            return result
+            return answer
         if op == "init":
             members = self.manager.init_members(force=bool(req.get("force")))
             self._plugin_ok()
@@ -222,15 +221,6 @@ class Daemon:
         if op == "gc":
             return gc_answer(self.manager, req)
         raise InvalidArgument("op", op, f"must be one of {', '.join(OPS)}")
-
-    def _pod_op(self, op: str, pod: PodRef) -> Any:
-        m = self.manager
-        if op == "setup":
-            return pod_result(op, m.setup(pod))
-        if op == "teardown":
-            m.teardown(pod)
-            return pod_result(op, None)
-        return pod_result(op, m.status(pod))
 
     def _plugin_ok(self) -> None:
         """An action succeeded, so the plugin is usable (a problem logged at start or reload is over)."""
@@ -452,21 +442,7 @@ class Daemon:
                 pinger = asyncio.create_task(keep_watchdog(self.watchdog, self.notify_socket))
 
             await self._stop.wait()
-
-            self._stopping = True
-            sd_notify("STOPPING=1", self.notify_socket)
-            server.close()
-            unlink_if(self.socket_path, inode)  # from now on new callers work alone
-            try:
-                await asyncio.wait_for(self._idle.wait(), self.drain_bound())
-            except TimeoutError:
-                log.error("requests still running after %.0fs; exiting without them", self.drain_bound())
-                self.abandoned = True
-                return 1
-            for task in list(self._conns):
-                task.cancel()  # idle connections: nothing in flight
-            log.info("drained; exiting")
-            return 0
+            return await self._drain(server, inode)
         finally:
             if pinger is not None:
                 pinger.cancel()
@@ -479,6 +455,23 @@ class Daemon:
             self.nodes.stop()
             self.metrics.close()
             unlock_daemon(lock_fd, self.socket_path + ".lock")
+
+    async def _drain(self, server: asyncio.AbstractServer, inode: int) -> int:
+        """Stop accepting, then wait for the requests in flight (bounded); the exit status."""
+        self._stopping = True
+        sd_notify("STOPPING=1", self.notify_socket)
+        server.close()
+        unlink_if(self.socket_path, inode)  # from now on new callers work alone
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.drain_bound())
+        except TimeoutError:
+            log.error("requests still running after %.0fs; exiting without them", self.drain_bound())
+            self.abandoned = True
+            return 1
+        for task in list(self._conns):
+            task.cancel()  # idle connections: nothing in flight
+        log.info("drained; exiting")
+        return 0
 
 
 def _text(req: dict[str, Any], key: str) -> str:

@@ -2,7 +2,7 @@
 
 JSON comes from the C accelerator ``_json`` alone: ``import json`` costs more than the rest of
 a CNI call's start-up (json.decoder and json.encoder import ``re``, which imports ``enum`` and
-``functools``: ~12 ms, about the bare interpreter's whole start). :func:`loads` and :func:`dumps`
+``functools``: about the bare interpreter's whole start). :func:`loads` and :func:`dumps`
 drive ``_json``'s parser and serializer directly, with the same results as ``json.loads`` and
 ``json.dumps`` (compact, or ``sort_keys`` with the default separators). Only on a syntax error
 does :func:`loads` import ``json`` (to raise :class:`json.JSONDecodeError` with json's message).

@@ -1,16 +1,13 @@
-"""The daemon protocol's one home: version, ops, limits, the JSON codec, requests and answers.
+"""The daemon protocol's one home: version, ops, limits, requests and answers, and the binary frame.
 
 Standard library only, and cheap to import: the per-call fast paths (``netplugin`` through
 :mod:`netplugin.frontends.cli.entry`, ``netplugin-cni`` through :mod:`netplugin.frontends.cni.router`)
 load it on every call. :mod:`netplugin.frontends.wire.client` carries these messages (transport only),
 :mod:`netplugin.frontends.daemon.server` answers them.
 
-Protocol (one unix stream socket, newline-delimited JSON, any number of requests per connection,
-answered in order)::
-
-    -> {"v": 1, "op": "setup", "namespace": "default", "pod": "web-0", "infra_id": "abc", "config": {...}}
-    <- {"ok": true, "result": {"ip": "10.1.2.3"}}
-    <- {"ok": false, "error": {"error": "PluginTimeout", "message": "...", ...}, "classes": [...]}
+Protocol: one unix stream socket, newline-delimited JSON (:mod:`.codec`), any number of requests per
+connection, answered in order: ``{"v": 1, "op": "setup", "namespace": ..., "pod": ..., "infra_id": ...}``
+in; ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}, "classes": [...]}`` out.
 
 ``op`` is one of :data:`OPS`: setup, teardown, status (pod triple required, :func:`pod_request`),
 init (``force``), plugins, pods, gc (``dry_run``, ``check_host``), health, and cni
@@ -27,9 +24,9 @@ work itself. Callers that cannot build a Config cheaply (the two fast paths) sen
 instead (:func:`settings`): the daemon builds the config from them as the caller would have and
 compares its fingerprint.
 
-The compiled CNI shim's binary frame (``netplugin_cni.c``, which parses no JSON). All integers are
-big-endian; a JSON request line starts with ``{``, so the daemon's listener tells a frame by its
-first byte.
+The compiled CNI shim's binary frame (``netplugin_cni.c`` parses no JSON; it includes the header
+:func:`c_header` writes, so every number of the frame has this one home). Integers are big-endian; a
+JSON request line starts with ``{``, so the daemon's listener tells a frame by its first byte.
 
 * Request: :data:`FRAME_MAGIC`, ``u32`` body length (at most :data:`FRAME_MAX_REQUEST`), then
   fields ``tag (1 byte) | u32 length | value``: ``E`` one environment entry ``NAME=VALUE`` whose
@@ -41,10 +38,7 @@ first byte.
   ``X`` the exit status (1 byte, exactly once), ``O`` stdout and ``R`` stderr (each at most once);
   or ``U`` instead of ``X``: the daemon did not run the call (unavailable, draining, other
   settings), the value says why, and the shim falls back (it execs the Python shim with the same
-  environment and stdin on standalone nodes, or prints CNI error :data:`CNI_TRY_AGAIN`).
-
-The C source includes the header :func:`c_header` writes (``python3 -m netplugin.frontends.wire.protocol
---c-header``), so every number of the frame has this one home.
+  environment and stdin on standalone nodes, or prints CNI error :data:`~.codes.CNI_TRY_AGAIN`).
 """
 
 # No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
@@ -54,10 +48,9 @@ import posix
 import sys
 
 from netplugin.frontends.wire.codec import dumps
+from netplugin.frontends.wire.codes import CNI_IO_FAILURE, CNI_TRY_AGAIN
 
 __all__ = [
-    "CNI_IO_FAILURE",
-    "CNI_TRY_AGAIN",
     "CNI_VERSIONS",
     "FRAME_MAGIC",
     "FRAME_MAX_ANSWER",
@@ -87,7 +80,9 @@ __all__ = [
     "process_environ",
     "read_frame_header",
     "request",
+    "run_pod_op",
     "settings",
+    "version_answer",
 ]
 
 # Not typing's: importing typing costs the fast paths more than the rest of them (~15 ms).
@@ -96,11 +91,22 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, Protocol
 
+    from netplugin.core.names import PodRef
+
     class _PodStatus(Protocol):
         @property
         def ip(self) -> str | None: ...
 
         def to_dict(self) -> dict[str, Any]: ...
+
+    class _PodActions(Protocol):
+        """What a pod op calls: the Manager's three pod actions."""
+
+        def setup(self, pod: PodRef) -> _PodStatus | None: ...
+
+        def teardown(self, pod: PodRef) -> None: ...
+
+        def status(self, pod: PodRef) -> _PodStatus | None: ...
 
 
 # --- the messages' limits and names --------------------------------------------------------------
@@ -114,10 +120,6 @@ MAX_MESSAGE = 16 << 20
 MAX_STDIN = 4 << 20
 #: the CNI versions op ``cni`` (and the shim that sends it) speaks, oldest first
 CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
-#: CNI error code "try again later": the daemon is required but did not run the call
-CNI_TRY_AGAIN = 11
-#: CNI error code "I/O failure" (reading stdin, talking to the daemon)
-CNI_IO_FAILURE = 5
 
 # --- requests ----------------------------------------------------------------------------------------
 
@@ -178,6 +180,22 @@ def pod_result(op: str, status: "_PodStatus | None") -> "dict[str, Any] | None":
     if op == "teardown":
         return None
     return status.to_dict() if status is not None else None
+
+
+def run_pod_op(actions: "_PodActions", op: str, pod: "PodRef") -> "dict[str, Any] | None":
+    """Run pod op ``op`` (one of :data:`POD_OPS`) with the manager's call, answered as :func:`pod_result`."""
+    if op == "setup":
+        return pod_result(op, actions.setup(pod))
+    if op == "teardown":
+        actions.teardown(pod)
+        return pod_result(op, None)
+    return pod_result(op, actions.status(pod))
+
+
+def version_answer(asked: object) -> "dict[str, Any]":
+    """CNI ``VERSION``'s answer: the config's ``cniVersion`` when spoken here (else the latest), and every version."""
+    version = asked if isinstance(asked, str) and asked in CNI_VERSIONS else CNI_VERSIONS[-1]
+    return {"cniVersion": version, "supportedVersions": list(CNI_VERSIONS)}
 
 
 def pod_output(op: str, namespace: str, pod: str, infra_id: str, result: "Any") -> "tuple[Any, str | None]":
@@ -350,6 +368,7 @@ def c_header() -> str:
         "NPF_ANSWER_TIMEOUT_MS": int(add_wait * 1000),
         "NPF_GC_TIMEOUT_MS": int(FRAME_GC_WAIT * 1000),
         "NPF_E_TRY_AGAIN": CNI_TRY_AGAIN,
+        "NPF_E_IO": CNI_IO_FAILURE,
         "NPF_CNI_LATEST": f'"{CNI_VERSIONS[-1]}"',
         "NPF_CNI_VERSIONS": f'"{versions}"',
     }

@@ -263,6 +263,9 @@ class NativeBridgePlugin:
             self._version = _code_version()
         return self._version
 
+    def version_key(self) -> None:
+        return None  # the version is computed once per process, so it needs no cheaper key
+
     # --- settings ---------------------------------------------------------------------------------
 
     def settings(

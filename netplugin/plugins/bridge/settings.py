@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
+from netplugin.core.defaults import DEFAULT_STATE_DIR
 from netplugin.core.errors import NetpluginError
 from netplugin.core.plaindata import dataclass
 
@@ -238,7 +239,7 @@ def load_settings(
         "SUBNET": "10.244.0.0/24",
         "GATEWAY": "",
         "MTU": "1500",
-        "STATE_DIR": (env.get("NETPLUGIN_STATE_DIR") or "/var/lib/netplugin") + "/bridge",
+        "STATE_DIR": (env.get("NETPLUGIN_STATE_DIR") or DEFAULT_STATE_DIR) + "/bridge",
         "IFNAME": "eth0",
         "IP_FORWARD": "true",
     }

@@ -27,7 +27,7 @@ from netplugin.core.errors import (
     StateError,
     SystemFailure,
 )
-from netplugin.frontends.cli.app import EXIT_CODES, exit_code_for
+from netplugin.frontends.wire.codes import EXIT_CODES, exit_code_for
 
 POD = ["default", "web-0", "abc123"]
 

@@ -196,7 +196,7 @@ def test_native_plugin_without_the_daemon_extra_names_the_extra(tmp_path: Path, 
 
 def test_missing_extra_error_is_exit_5_not_70() -> None:
     from netplugin.core.extras import MissingExtra, extra_for, require
-    from netplugin.frontends.cli.app import exit_code_for
+    from netplugin.frontends.wire.codes import exit_code_for
 
     assert extra_for("prometheus_client.exposition") == "daemon"
     assert extra_for("json") is None

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from netplugin.frontends.cni.netconf import bandwidth_env
-from netplugin.frontends.cni.spec import E_CONFIG, CniError
+from netplugin.frontends.cni.spec import CniError
+from netplugin.frontends.wire.codes import CNI_INVALID_CONFIG
 
 R = "NETPLUGIN_BANDWIDTH_"
 
@@ -47,4 +48,4 @@ def test_the_capability_becomes_the_chains_variables(runtime: Any, env: dict[str
 def test_a_bad_capability_is_error_7_naming_the_key(bw: Any, words: str) -> None:
     with pytest.raises(CniError) as info:
         bandwidth_env({"runtimeConfig": {"bandwidth": bw}})
-    assert info.value.code == E_CONFIG and words in info.value.msg
+    assert info.value.code == CNI_INVALID_CONFIG and words in info.value.msg

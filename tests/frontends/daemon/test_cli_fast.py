@@ -14,16 +14,11 @@ from typing import Any
 
 import pytest
 
-from netplugin.frontends.cli import app as full_cli
 from netplugin.frontends.cli import entry as thin
 from tests.frontends.fastpath import outside_allowed
 
 REPO = Path(__file__).resolve().parents[3]
 POD = ("default", "web-0", "infra0")
-
-
-def test_exit_codes_are_the_full_clis() -> None:
-    assert thin.EXIT_CODES == full_cli.EXIT_CODES
 
 
 @pytest.mark.parametrize(

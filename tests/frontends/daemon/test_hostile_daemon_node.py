@@ -34,6 +34,9 @@ class Hang:
     def version(self):
         return "1"
 
+    def version_key(self):
+        return None
+
     def init(self, ctx):
         pass
 

@@ -17,8 +17,8 @@ from netplugin.core.config import Config
 from netplugin.core.errors import HostError
 from netplugin.core.node import NodeInfo
 from netplugin.frontends.daemon.nodekeeper import NodeKeeper
-from netplugin.hosts.base import FakeHost
 from netplugin.nodenet.routes import Route, RouteProblem, RouteReport
+from tests.fakehost import FakeHost
 
 ME = NodeInfo("fake-node", ("10.206.129.0/24",), ("10.206.0.11",))
 PEER = NodeInfo("peer", ("10.206.130.0/24",), ("10.206.0.12",))
@@ -157,6 +157,9 @@ class WatchingHost(FakeHost):
 
     def stop_watching(self) -> None:
         self.cache = None
+
+    def node_problems(self) -> list[tuple[str, str]]:
+        return []
 
 
 def test_watching_host_waits_for_its_first_list_then_follows_kicks() -> None:

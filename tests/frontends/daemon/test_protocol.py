@@ -11,10 +11,9 @@ import pytest
 
 from netplugin.core import errors as E
 from netplugin.core.config import load_config
-from netplugin.frontends.cli.app import EXIT_CODES, exit_code_for
 from netplugin.frontends.daemon.listener import bind_socket
-from netplugin.frontends.daemon.server import error_classes
 from netplugin.frontends.daemon.systemd import sd_notify
+from netplugin.frontends.wire.codes import EXIT_CODES, error_classes, exit_code_for
 from netplugin.frontends.wire.fingerprint import fingerprint
 
 ERRORS: list[E.NetpluginError] = [

@@ -10,7 +10,7 @@ import click
 
 from netplugin.frontends.cli.context import LOCAL, State, pass_state
 from netplugin.frontends.cli.options import command, pod_arguments
-from netplugin.frontends.wire.protocol import pod_output, pod_result
+from netplugin.frontends.wire.protocol import pod_output, run_pod_op
 
 __all__ = ["gc", "pods", "setup", "status", "teardown"]
 
@@ -21,14 +21,7 @@ def _pod_action(st: State, op: str, namespace: str, pod: str, infra_id: str) -> 
     ref = PodRef(namespace, pod, infra_id)
     result = st.daemon(op, namespace=namespace, pod=pod, infra_id=infra_id)
     if result is LOCAL:
-        m = st.manager
-        if op == "setup":
-            result = pod_result(op, m.setup(ref))
-        elif op == "teardown":
-            m.teardown(ref)
-            result = pod_result(op, None)
-        else:
-            result = pod_result(op, m.status(ref))
+        result = run_pod_op(st.manager, op, ref)
     st.emit(*pod_output(op, namespace, pod, infra_id, result))
 
 

@@ -290,7 +290,7 @@ static void fall_back(const struct call *c, const char *why) {
         char msg[NP_MSG_MAX];
         snprintf(msg, sizeof msg, "netplugin-cni: cannot hand stdin to the Python shim %s: %s", fallback,
                  strerror(errno));
-        cni_fail(5, msg);
+        cni_fail(NPF_E_IO, msg);
     }
     close(fd);
     signal(SIGPIPE, SIG_DFL);
@@ -306,12 +306,12 @@ static void fall_back(const struct call *c, const char *why) {
 static void read_stdin(struct call *c) {
     c->stdin_data = malloc(NPF_MAX_STDIN);
     if (!c->stdin_data)
-        cni_fail(5, "netplugin-cni: out of memory for stdin");
+        cni_fail(NPF_E_IO, "netplugin-cni: out of memory for stdin");
     int64_t deadline = now_ms() + NP_IO_TIMEOUT_MS;
     while (c->stdin_len < NPF_MAX_STDIN) {
         int r = wait_fd(STDIN_FILENO, POLLIN, deadline);
         if (r == 0)
-            cni_fail(5, "cannot read stdin: no end of input in time");
+            cni_fail(NPF_E_IO, "cannot read stdin: no end of input in time");
         if (r < 0)
             break; /* stdin closed or not open: an empty config, which the parser reports */
         ssize_t n = read(STDIN_FILENO, c->stdin_data + c->stdin_len, NPF_MAX_STDIN - c->stdin_len);
@@ -322,7 +322,7 @@ static void read_stdin(struct call *c) {
                 continue;
             char msg[NP_MSG_MAX];
             snprintf(msg, sizeof msg, "cannot read stdin: %s", strerror(errno));
-            cni_fail(5, msg);
+            cni_fail(NPF_E_IO, msg);
         }
         c->stdin_len += (size_t)n;
     }
