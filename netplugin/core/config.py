@@ -77,7 +77,7 @@ class Config:
     socket: str | None = None
     metrics_address: str = "127.0.0.1:9465"
     use_daemon: str = "auto"
-    # --- the node and its cluster (issue 11) ---
+    # --- the node and its cluster ---
     #: this node's name; None: $NODE_NAME, else the hostname (see netplugin.core.node.node_name)
     node_name: str | None = None
     #: Node manifests for the static host (clusters without an API server)

@@ -1,1 +1,6 @@
-"""Front ends: the CLI, the daemon and its stdlib client, the CNI shim, and the demo."""
+"""Front ends, by role: ``wire`` (the daemon protocol and its client), ``cni`` (the CNI shim), ``daemon``,
+``cli`` and ``lab`` (demos, the simulated cluster); ``checks``, ``nodeconfig`` and ``entrypoints`` at the top.
+
+They rank as the layers do (``tests/test_layers.py``): wire < cni, lab < daemon < checks, nodeconfig,
+entrypoints < cli, and only the ``demo`` command imports ``lab``.
+"""

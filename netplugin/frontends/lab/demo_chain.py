@@ -171,6 +171,22 @@ def _measure(report: ChainDemoReport, ips: dict[str, str], ns: dict[str, str], s
         say(f"{what:<34} {shown:>10} {bps / 1e6:>7.1f} Mbit/s  {'ok' if t.ok else 'OFF'}")
 
 
+def _clean_up(
+    manager: Manager | None, up: list[PodRef], made: list[str], bridge: str, tmp: Path, progress: Callable[[str], None]
+) -> None:
+    """Whatever a failed run left: its pods torn down, its netns, bridge and files removed."""
+    for ref in up:
+        try:
+            if manager is not None:
+                manager.teardown(ref)
+        except NetpluginError as e:
+            progress(f"cleanup: teardown of {ref} failed: {e}")
+    for ns in made:
+        run(["ip", "netns", "del", ns], env=os.environ, timeout=20)
+    run(["ip", "link", "del", bridge], env=os.environ, timeout=20)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def run_chain_demo(
     *,
     first: str = "bridge",
@@ -216,16 +232,7 @@ def run_chain_demo(
             made.remove(ns)
         report.leftovers = _leftovers(bridge, tmp / "state" / "bridge" / bridge, list(pods.values()))
     finally:
-        for ref in up:
-            try:
-                if manager is not None:
-                    manager.teardown(ref)
-            except NetpluginError as e:
-                progress(f"cleanup: teardown of {ref} failed: {e}")
-        for ns in made:
-            run(["ip", "netns", "del", ns], env=os.environ, timeout=20)
-        run(["ip", "link", "del", bridge], env=os.environ, timeout=20)
-        shutil.rmtree(tmp, ignore_errors=True)
+        _clean_up(manager, up, made, bridge, tmp, progress)
     progress(
         "left behind: " + "; ".join(report.leftovers)
         if report.leftovers

@@ -118,7 +118,7 @@ def kubelet_node(name: str, pod_cidrs: list[str], internal_ips: list[str], *, im
 
     Labels, annotations, the five conditions, capacity, node info and the image list are what
     makes a real LIST page large: big clusters were refused for a node count meant for one
-    config document (issue 21), which :func:`make_node`'s small objects never showed.
+    config document, which :func:`make_node`'s small objects never showed.
     """
     node = make_node(name, pod_cidrs, internal_ips)
     node["metadata"]["labels"].update(
@@ -137,6 +137,12 @@ def kubelet_node(name: str, pod_cidrs: list[str], internal_ips: list[str], *, im
         "volumes.kubernetes.io/controller-managed-attach-detach": "true",
         "kubeadm.alpha.kubernetes.io/cri-socket": "unix:///run/containerd/containerd.sock",
     }
+    node["status"].update(_kubelet_status(name, images))
+    return node
+
+
+def _kubelet_status(name: str, images: int) -> Obj:
+    """What a kubelet reports in a Node's status beyond its addresses: resources, conditions, info, images."""
     resources = {
         "cpu": "2",
         "ephemeral-storage": "81106868Ki",
@@ -156,31 +162,28 @@ def kubelet_node(name: str, pod_cidrs: list[str], internal_ips: list[str], *, im
         }
         for kind in ("MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable", "Ready")
     ]
-    node["status"].update(
-        {
-            "capacity": dict(resources),
-            "allocatable": dict(resources),
-            "conditions": conditions,
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-            "nodeInfo": {
-                "architecture": "amd64",
-                "bootID": f"boot-{name}",
-                "containerRuntimeVersion": "containerd://1.7.13",
-                "kernelVersion": "6.1.0-18-amd64",
-                "kubeProxyVersion": "v1.29.2",
-                "kubeletVersion": "v1.29.2",
-                "machineID": f"machine-{name}",
-                "operatingSystem": "linux",
-                "osImage": "Debian GNU/Linux 12 (bookworm)",
-                "systemUUID": f"uuid-{name}",
-            },
-            "images": [
-                {
-                    "names": [f"registry.example/img{i}@sha256:{i:064x}", f"registry.example/img{i}:v1"],
-                    "sizeBytes": 1 << 24,
-                }
-                for i in range(images)
-            ],
-        }
-    )
-    return node
+    return {
+        "capacity": dict(resources),
+        "allocatable": dict(resources),
+        "conditions": conditions,
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "nodeInfo": {
+            "architecture": "amd64",
+            "bootID": f"boot-{name}",
+            "containerRuntimeVersion": "containerd://1.7.13",
+            "kernelVersion": "6.1.0-18-amd64",
+            "kubeProxyVersion": "v1.29.2",
+            "kubeletVersion": "v1.29.2",
+            "machineID": f"machine-{name}",
+            "operatingSystem": "linux",
+            "osImage": "Debian GNU/Linux 12 (bookworm)",
+            "systemUUID": f"uuid-{name}",
+        },
+        "images": [
+            {
+                "names": [f"registry.example/img{i}@sha256:{i:064x}", f"registry.example/img{i}:v1"],
+                "sizeBytes": 1 << 24,
+            }
+            for i in range(images)
+        ],
+    }

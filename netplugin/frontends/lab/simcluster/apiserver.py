@@ -328,16 +328,7 @@ class ApiServer:
         self._send(h, 200, {"kind": KINDS[resource] + "List", "apiVersion": "v1", "metadata": meta, "items": items})
 
     def _watch(self, h: BaseHTTPRequestHandler, resource: str, sel: Selector, query: dict[str, str]) -> None:
-        rv_text = query.get("resourceVersion", "")
-        bookmarks = query.get("allowWatchBookmarks", "") in ("1", "true")
-        try:
-            timeout = float(query.get("timeoutSeconds", "1800"))
-        except ValueError:
-            raise BadRequest(f"invalid timeoutSeconds {query.get('timeoutSeconds')!r}") from None
-        try:
-            since = int(rv_text) if rv_text not in ("", "0") else None
-        except ValueError:
-            raise BadRequest(f"invalid resourceVersion {rv_text!r}") from None
+        rv_text, since, timeout, bookmarks = _watch_query(query)
         with self._cond:
             if self._http410_next or self._http410_always:
                 self._http410_next = max(0, self._http410_next - 1)
@@ -461,3 +452,18 @@ class ApiServer:
     def _end(h: BaseHTTPRequestHandler) -> None:
         h.wfile.write(b"0\r\n\r\n")
         h.wfile.flush()
+
+
+def _watch_query(query: dict[str, str]) -> tuple[str, int | None, float, bool]:
+    """A watch's (resourceVersion as sent, as a number or None for "now", timeoutSeconds, allowWatchBookmarks)."""
+    rv_text = query.get("resourceVersion", "")
+    bookmarks = query.get("allowWatchBookmarks", "") in ("1", "true")
+    try:
+        timeout = float(query.get("timeoutSeconds", "1800"))
+    except ValueError:
+        raise BadRequest(f"invalid timeoutSeconds {query.get('timeoutSeconds')!r}") from None
+    try:
+        since = int(rv_text) if rv_text not in ("", "0") else None
+    except ValueError:
+        raise BadRequest(f"invalid resourceVersion {rv_text!r}") from None
+    return rv_text, since, timeout, bookmarks
