@@ -16,8 +16,13 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from netplugin.core._yaml import short_repr
 from netplugin.core.config import Config, load_config
+from netplugin.core.defaults import DEFAULT_CONFIG
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument
+from netplugin.frontends.cni.operations import DaemonSide, Refused, run
+from netplugin.frontends.cni.spec import LATEST, CniError
+from netplugin.frontends.wire.codes import CNI_INVALID_ENV
 from netplugin.frontends.wire.fingerprint import differing_settings, fingerprint
 from netplugin.manager.manager import Manager
 
@@ -63,8 +68,6 @@ def _config_of(path: str | None, environ: dict[str, str], overrides: dict[str, s
 
     The key holds the config file's identity (inode, size, mtime, ctime) as ``load_config`` would
     find the file, so an edited or replaced file is read again. Errors are never cached."""
-    from netplugin.core.defaults import DEFAULT_CONFIG
-
     file_path = path or environ.get("NETPLUGIN_CONFIG") or DEFAULT_CONFIG
     try:
         st = os.stat(file_path)
@@ -87,8 +90,6 @@ def _config_of(path: str | None, environ: dict[str, str], overrides: dict[str, s
 
 def environ_problem(environ: Mapping[str, str]) -> str | None:
     """Why a forwarded call's environment cannot be a process's, or None."""
-    from netplugin.core._yaml import short_repr
-
     for key, value in environ.items():
         if not _VAR_NAME.fullmatch(key):
             return f"environ key {short_repr(key)} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"
@@ -127,11 +128,8 @@ def run_cni_call(
     """
     problem = environ_problem(environ)
     if problem is not None:  # CNI error 4 before anything runs, as a bad CNI_* variable
-        from netplugin.frontends.cni.spec import LATEST, CniError
-        from netplugin.frontends.wire.codes import CNI_INVALID_ENV
 
         return 1, CniError(CNI_INVALID_ENV, problem).to_dict(LATEST)
-    from netplugin.frontends.cni.operations import DaemonSide, Refused, run
 
     try:
         return run(environ, stdin, daemon=DaemonSide(manager, own, timed))

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from netplugin.core.errors import DaemonUnavailable
+from netplugin.frontends.cni.router import conf_of, log_call
 from netplugin.frontends.wire.codec import dumps
 from netplugin.frontends.wire.protocol import (
     FRAME_MAGIC,
@@ -75,8 +76,6 @@ async def run_frame(
     a function in a worker, ``run(environ, stdin, *run_args)`` the call with the daemon's manager (raising
     DaemonUnavailable when the daemon must not run it).
     """
-    from netplugin.frontends.cni.router import conf_of, log_call
-
     start = time.monotonic()
     try:
         environ, stdin = decode_request(body)

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 from netplugin.core.errors import HostError, NetpluginError
 from netplugin.core.node import NodeInfo
 from netplugin.hosts.base import ClusterHost
+from netplugin.nodenet.egress import Egress
+from netplugin.nodenet.routes import PROBLEM_KINDS, RouteTable
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -70,13 +72,9 @@ class NodeKeeper:
         self.host = host
         self.routes = routes
         if routes is None and config.node_routes:
-            from netplugin.nodenet.routes import RouteTable
-
             self.routes = RouteTable(host.node_name, cluster_cidrs=config.cluster_cidrs)
         self.egress = egress
         if egress is None and config.cluster_cidrs:
-            from netplugin.nodenet.egress import Egress
-
             self.egress = Egress()
         self.egress_rules: EgressRules | None = None
         self._egress_error: str | None = None
@@ -303,8 +301,6 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        from netplugin.nodenet.routes import PROBLEM_KINDS
 
         k = self.keeper
         with k._lock:

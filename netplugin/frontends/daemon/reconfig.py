@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 from netplugin.core.errors import NetpluginError
 from netplugin.core.plaindata import dataclass, fields
 from netplugin.frontends.wire.fingerprint import fingerprint
+from netplugin.manager.manager import Manager
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
-    from netplugin.manager.manager import Manager
 
 __all__ = ["RESTART_KEYS", "Live", "Reconfig", "plan", "reload_settings"]
 
@@ -98,7 +98,6 @@ def reload_settings(live: Live, reread: Callable[[], Config]) -> tuple[Live, str
     change = plan(live.config, new)
     if not change.live:
         return live, change.text(), not change.restart
-    from netplugin.manager.manager import Manager
 
     # The host (and so the node watches) stays: its settings are among those that need a restart.
     manager = Manager(new, host=live.manager.host)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from netplugin.frontends.wire.codes import error_classes
+from netplugin.manager.gc import GcIncomplete, run_gc
+from netplugin.store.listing import list_pods
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -20,16 +22,12 @@ __all__ = ["gc_answer", "pods_answer"]
 
 def pods_answer(config: Config) -> dict[str, Any]:
     """The ``pods`` op: the listing, and its table as ``netplugin pods`` prints it."""
-    from netplugin.store.listing import list_pods
-
     listing = list_pods(config.state_dir, config.run_dir)
     return {"listing": listing.to_dict(), "table": listing.table() if listing.rows else None}
 
 
 def gc_answer(manager: Manager, req: dict[str, Any]) -> dict[str, Any]:
     """The ``gc`` op: the report, its text, and the error of a gc that could not finish (or None)."""
-    from netplugin.manager.gc import GcIncomplete, run_gc
-
     report = run_gc(manager, dry_run=bool(req.get("dry_run")), check_host=req.get("check_host") is not False)
     out: dict[str, Any] = {"report": report.to_dict(), "text": report.text(), "error": None, "classes": None}
     if report.failed:

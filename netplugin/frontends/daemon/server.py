@@ -83,11 +83,11 @@ from netplugin.frontends.wire.protocol import (
     init_result,
     run_pod_op,
 )
+from netplugin.manager.manager import Manager
 from netplugin.plugins.bounded import stuck_calls
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
-    from netplugin.manager.manager import Manager
 
 __all__ = ["MAX_WORKERS", "Daemon", "serve"]
 
@@ -498,7 +498,6 @@ def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Call
     watchdog = Watchdog(env)
     env.pop("WATCHDOG_USEC", None)
     env.pop("WATCHDOG_PID", None)
-    from netplugin.manager.manager import Manager
 
     manager = Manager(config)
     configure_logging(env)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -116,8 +117,6 @@ def reloading_message() -> str:
 
 async def keep_watchdog(watchdog: Watchdog, address: str | None) -> None:
     """Send ``WATCHDOG=1`` every ``watchdog.ping_every`` seconds until cancelled (an event-loop task)."""
-    import asyncio
-
     while True:
         sd_notify("WATCHDOG=1", address)
         await asyncio.sleep(watchdog.ping_every)

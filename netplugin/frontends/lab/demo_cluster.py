@@ -16,13 +16,17 @@ the layout, all inside network namespaces the demo creates and removes):
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from netplugin.core.errors import InvalidArgument, NetpluginError, SystemFailure
 from netplugin.core.plaindata import dataclass, field
 from netplugin.frontends.lab.simcluster.cluster import OUTSIDE_V4, OUTSIDE_V6, SimCluster, SimNode, SimPod
+from netplugin.frontends.lab.simcluster.nsexec import netns_exists
 
 __all__ = ["ClusterReport", "run_cluster_demo"]
 
@@ -65,7 +69,6 @@ def run_cluster_demo(
     if not 2 <= nodes <= 8:
         raise InvalidArgument("nodes", nodes, "must be between 2 and 8")
     _check_prerequisites()
-    from pathlib import Path
 
     report = ClusterReport()
     source = Path(plugin_source) if plugin_source else None
@@ -81,7 +84,6 @@ def run_cluster_demo(
         _remove_last(c, members, report, progress)
         _teardown(c, report, progress)
         tag = c.tag
-    from netplugin.frontends.lab.simcluster.nsexec import netns_exists
 
     stray = [ns for ns in (c.underlay, *(f"np{tag}n{i}" for i in range(1, nodes + 1))) if netns_exists(ns)]
     if stray:
@@ -94,9 +96,6 @@ def run_cluster_demo(
 
 
 def _check_prerequisites() -> None:
-    import os
-    import shutil
-
     if os.geteuid() != 0:
         raise SystemFailure("netplugin demo --nodes", None, "must run as root (it creates network namespaces)")
     for tool in ("ip", "nft", "flock"):
