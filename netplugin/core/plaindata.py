@@ -1,10 +1,10 @@
 """Data classes for netplugin's own types, without the standard library's import cost.
 
 ``dataclasses`` imports ``inspect`` (and with it ``ast``, ``dis``, ``tokenize``, ``linecache``)
-and writes five to seven functions per class through ``exec``: together about 25 ms of every
-``netplugin`` and ``netplugin-cni`` process that loads the config, the manager and the store,
-the CLI's cold start (issue 18). This module gives the subset netplugin uses, with the same
-behaviour and spelling, so a module switches by its import line alone:
+and writes five to seven functions per class through ``exec``: a large part of every ``netplugin``
+and ``netplugin-cni`` process that loads the config, the manager and the store, among them the Python
+shim the compiled one falls back to on each pod. This module gives the subset netplugin uses, with
+the same behaviour and spelling, so a module switches by its import line alone:
 
 * ``@dataclass``, ``@dataclass(frozen=True, order=True, slots=True)``;
 * ``field(default=..., default_factory=..., repr=..., compare=...)``;
@@ -21,7 +21,8 @@ Type checkers treat it as ``dataclasses`` itself (:pep:`681`'s ``dataclass_trans
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # not typing's: importing typing costs a cold start more than this module
+from typing import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, TypeVar, dataclass_transform

@@ -39,6 +39,7 @@ from netplugin.frontends.wire.protocol import POD_OPS, pod_output, pod_request, 
 
 __all__ = ["locally", "main", "parse_pod_command"]
 
+# Not typing's TYPE_CHECKING: importing typing would put the CLI's daemon path (and the Python shim's) over its target.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -46,6 +46,7 @@ from netplugin.frontends.wire.codec import dumps, loads
 from netplugin.frontends.wire.codes import CNI_IO_FAILURE, CNI_TRY_AGAIN
 from netplugin.frontends.wire.protocol import CNI_VERSIONS, MAX_STDIN, cni_request, process_environ, version_answer
 
+# Not typing's TYPE_CHECKING: importing typing would put the CLI's daemon path (and the Python shim's) over its target.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -13,7 +13,7 @@ lost after the request was sent: SystemFailure, the operation may have run).
 # annotations of names imported only for type checking are strings instead.
 
 # The C module: ``socket`` adds enum wrappers and ``selectors`` this client does not use, and
-# importing them costs more (a few ms) than everything else here.
+# importing them costs more than everything else here.
 import _socket as socket
 
 # _struct, not struct: the same functions without loading struct.py on every call
@@ -26,7 +26,7 @@ from netplugin.frontends.wire.fingerprint import fingerprint
 from netplugin.frontends.wire.protocol import MAX_MESSAGE, encode_line
 from netplugin.frontends.wire.protocol import request as build_request
 
-# Not typing's: importing typing costs this path more than the rest of it (~15 ms).
+# Not typing's TYPE_CHECKING: importing typing would put the CLI's daemon path (and the Python shim's) over its target.
 TYPE_CHECKING = False
 
 if TYPE_CHECKING:

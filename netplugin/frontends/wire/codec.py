@@ -14,6 +14,7 @@ import _json
 
 __all__ = ["dumps", "loads"]
 
+# Not typing's TYPE_CHECKING: importing typing would put the CLI's daemon path (and the Python shim's) over its target.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -38,6 +39,7 @@ class _Context:
         self.memo = {}
 
 
+# Driving _json directly keeps json (and re, enum, functools) off the CLI's daemon path, whose target it would miss.
 _scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # duck-typed: the attributes it reads
 _WHITESPACE = " \t\n\r"
 

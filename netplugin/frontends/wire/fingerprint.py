@@ -8,6 +8,7 @@ with DaemonUnavailable, so the caller does the work itself with its own settings
 
 __all__ = ["differing_settings", "fingerprint"]
 
+# Not typing's TYPE_CHECKING: importing typing would put the CLI's daemon path (and the Python shim's) over its target.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
