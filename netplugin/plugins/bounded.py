@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from netplugin.core.errors import PluginTimeout
 from netplugin.core.plaindata import dataclass
@@ -87,15 +87,12 @@ class BoundedPlugin:
     """An in-process plugin whose actions run under :func:`run_bounded` with the action's limit.
 
     Past the limit the caller gets PluginTimeout (CNI 11, CLI exit 4), as for an exec plugin;
-    everything but the four actions is the wrapped plugin's own.
+    its name and version are the wrapped plugin's own.
     """
 
     def __init__(self, inner: Plugin) -> None:
         self.inner = inner
         self.name = inner.name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
 
     def __repr__(self) -> str:
         return f"BoundedPlugin({self.inner!r})"
