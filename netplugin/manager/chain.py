@@ -9,6 +9,8 @@ one implementation, for the manager and gc alike:
   members after k never run. Rollback never stops at a failure: every failure is reported.
 * ``teardown`` runs every member that handles it in reverse, goes on past failures and raises
   the first member's error with every failure attached (:func:`attach_failures`).
+* In teardown and rollback each member gets its own action time limit: a member that hangs is
+  killed at its limit and reported, and the members before it still run with their whole limit.
 * ``status`` asks the members that handle it in order and returns the first status with an IP.
 
 Progress goes to ``record`` (the pod record) as a tuple of :class:`MemberState`: before a member's
@@ -31,7 +33,15 @@ from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.store.records import MEMBER_PENDING, MEMBER_SKIPPED, MEMBER_TORN_DOWN, READY, SETTING_UP, MemberState
 
-__all__ = ["ChainRun", "Member", "Observer", "absent_member", "attach_failures", "fresh_states"]
+__all__ = [
+    "ChainRun",
+    "Member",
+    "Observer",
+    "absent_member",
+    "attach_failures",
+    "fresh_states",
+    "recorded_members",
+]
 
 #: (member name, action, seconds, outcome: "ok" | "error" | "timeout")
 Observer = Callable[[str, str, float, str], None]
@@ -173,11 +183,10 @@ class ChainRun:
         return self._teardown_members([i for i in reversed(self.started) if "teardown" in self.members[i].handles])
 
     def _teardown_members(self, order: list[int]) -> list[NetpluginError]:
-        deadline: list[float] = []
         failures: list[NetpluginError] = []
         for n, i in enumerate(order):
             try:
-                self._call(i, Action.TEARDOWN, deadline)
+                self._call(i, Action.TEARDOWN, [])  # its own limit: a hung member must not strand the rest
             except NetpluginError as e:
                 failures.append(e)
                 continue
@@ -215,23 +224,50 @@ class ChainRun:
 
 
 class _Absent:
-    """Stands in for a recorded member that never ran and is no longer installed: never called."""
+    """Stands in for a recorded member that is no longer installed (or no longer valid)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, reason: str) -> None:
         self.name = name
+        self.reason = reason
 
     def version(self) -> str:
         return "absent"
 
     def _never(self, *_: object) -> None:
-        raise PluginInvalid(self.name, "is no longer installed")
+        raise PluginInvalid(
+            self.name, f"is no longer usable ({self.reason}); the pod's record is kept until its teardown can run"
+        )
 
     init = setup = teardown = status = _never
 
 
-def absent_member(name: str) -> Member:
-    """A member that handles no action, for a plugin that is gone but never ran for the pod."""
-    return Member(cast(Plugin, _Absent(name)), frozenset())
+def absent_member(name: str, reason: str = "not installed", *, ran: bool = False) -> Member:
+    """A recorded member whose plugin is gone.
+
+    One that never ran for the pod handles no action (it holds nothing). One that ran still owes
+    its teardown: it "handles" teardown by failing with ``reason``, so the failure is reported,
+    the other members still run, and the record is kept for a later teardown or gc.
+    """
+    return Member(cast(Plugin, _Absent(name, reason)), frozenset({"teardown"}) if ran else frozenset())
+
+
+def recorded_members(
+    states: Sequence[MemberState], plugin: Callable[[str], Plugin], member: Callable[[Plugin], Member]
+) -> tuple[Member, ...]:
+    """The members a pod record names, whatever the config says now (teardown and gc use these).
+
+    ``plugin`` finds a plugin by its recorded name, ``member`` gives it its action mask. A plugin
+    that cannot be found or is no longer valid becomes an :func:`absent_member`.
+    """
+    out: list[Member] = []
+    for s in states:
+        try:
+            out.append(member(plugin(s.plugin)))
+        except NetpluginError as e:
+            out.append(absent_member(s.plugin, e.message, ran=s.ran))
+        except OSError as e:  # its file went away since it was selected
+            out.append(absent_member(s.plugin, e.strerror or str(e), ran=s.ran))
+    return tuple(out)
 
 
 def fresh_states(members: Sequence[Member]) -> list[MemberState]:

@@ -7,6 +7,7 @@ could not finish is not raised: its report comes first, then the error, as a loc
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import NetpluginError
@@ -15,7 +16,9 @@ if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.manager.manager import Manager
 
-__all__ = ["error_classes", "gc_answer", "pods_answer"]
+log = logging.getLogger("netplugin.daemon")
+
+__all__ = ["error_classes", "gc_answer", "pods_answer", "still_needed_answer"]
 
 
 def error_classes(cls: type) -> list[str]:
@@ -32,8 +35,22 @@ def pods_answer(config: Config) -> dict[str, Any]:
     """The ``pods`` op: the listing, and its table as ``netplugin pods`` prints it."""
     from netplugin.store.listing import list_pods
 
-    listing = list_pods(config.state_dir, config.run_dir)
+    listing = list_pods(config.state_dir, config.run_dir, config.chain)
     return {"listing": listing.to_dict(), "table": listing.table() if listing.rows else None}
+
+
+def still_needed_answer(config: Config) -> dict[str, list[str]]:
+    """Plugins outside the configured chain that recorded pods still need for their teardown -> pods.
+
+    A reload that drops such a plugin is taken (the pods' teardowns select it by name while it is
+    installed); health names it, and the log warns, until no pod needs it.
+    """
+    from netplugin.store.listing import still_needed
+
+    needed = still_needed(config.state_dir, config.chain)
+    for plugin, pods in needed.items():
+        log.warning("plugin %s is no longer configured but %d pod(s) still need it", plugin, len(pods))
+    return needed
 
 
 def gc_answer(manager: Manager, req: dict[str, Any]) -> dict[str, Any]:
