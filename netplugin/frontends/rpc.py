@@ -62,6 +62,7 @@ import posix
 import sys
 
 __all__ = [
+    "CNI_INVALID_ENV",
     "CNI_IO_FAILURE",
     "CNI_TRY_AGAIN",
     "CNI_VERSIONS",
@@ -128,8 +129,10 @@ MAX_STDIN = 4 << 20
 CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 #: CNI error code "try again later": the daemon is required but did not run the call
 CNI_TRY_AGAIN = 11
-#: CNI error code "I/O failure" (reading stdin, talking to the daemon)
+#: CNI error code "I/O failure" (reading stdin, talking to the daemon; an input too large to take)
 CNI_IO_FAILURE = 5
+#: CNI error code "invalid environment variables" (a name or value the call cannot carry)
+CNI_INVALID_ENV = 4
 
 # --- the JSON codec --------------------------------------------------------------------------------
 
@@ -321,7 +324,15 @@ _TAGS += (("STDERR", _STDERR), ("UNAVAILABLE", _UNAVAILABLE))
 
 
 class FrameError(ValueError):
-    """A frame that breaks the format; the text names the field and the reason."""
+    """A frame that breaks the format; the text names the field and the reason.
+
+    ``code`` is the CNI error code the caller gets: :data:`CNI_INVALID_ENV` for a variable the call
+    cannot carry, :data:`CNI_IO_FAILURE` for one too large (or too many) or a broken frame.
+    """
+
+    def __init__(self, message: str, code: int = CNI_IO_FAILURE) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _field(tag: int, value: bytes) -> bytes:
@@ -370,9 +381,9 @@ def _env_entry(value: bytes) -> "tuple[str, str]":
     try:
         key, text = name.decode(), val.decode()
     except UnicodeDecodeError:
-        raise FrameError(f"frame: environment entry {name[:40]!r} is not UTF-8") from None
+        raise FrameError(f"frame: environment entry {name[:40]!r} is not UTF-8", CNI_INVALID_ENV) from None
     if not eq or not key.startswith(_ENV_PREFIXES) or "\0" in key or "\0" in text:
-        raise FrameError(f"frame: environment entry {name[:40]!r} is not a CNI_/NETPLUGIN_ NAME=VALUE")
+        raise FrameError(f"frame: environment entry {name[:40]!r} is not a CNI_/NETPLUGIN_ NAME=VALUE", CNI_INVALID_ENV)
     return key, text
 
 
@@ -459,6 +470,8 @@ def c_header() -> str:
         "NPF_ANSWER_TIMEOUT_MS": int(add_wait * 1000),
         "NPF_GC_TIMEOUT_MS": int(FRAME_GC_WAIT * 1000),
         "NPF_E_TRY_AGAIN": CNI_TRY_AGAIN,
+        "NPF_E_INVALID_ENV": CNI_INVALID_ENV,
+        "NPF_E_IO": CNI_IO_FAILURE,
         "NPF_CNI_LATEST": f'"{CNI_VERSIONS[-1]}"',
         "NPF_CNI_VERSIONS": f'"{versions}"',
     }

@@ -17,7 +17,7 @@ from typing import Any
 from netplugin.core._yaml import short_repr
 from netplugin.core.errors import NetpluginError
 from netplugin.core.plaindata import dataclass, field
-from netplugin.frontends.rpc import CNI_IO_FAILURE, CNI_TRY_AGAIN, CNI_VERSIONS, MAX_STDIN
+from netplugin.frontends.rpc import CNI_INVALID_ENV, CNI_IO_FAILURE, CNI_TRY_AGAIN, CNI_VERSIONS, MAX_STDIN
 
 __all__ = [
     "COMMANDS",
@@ -66,7 +66,7 @@ E_VERSION = 1
 E_UNKNOWN_CONTAINER = 3
 
 
-E_ENV = 4
+E_ENV = CNI_INVALID_ENV
 
 
 E_IO = CNI_IO_FAILURE
@@ -223,8 +223,10 @@ def parse_request(environ: Mapping[str, str], stdin: bytes) -> CniRequest:
 def _read_conf(text: bytes) -> dict[str, Any]:
     from netplugin.core._yaml import DocumentError, load_json
 
-    try:  # bounded size and depth; duplicate keys: the last one wins, as in libcni (Go)
-        conf = load_json(text, max_bytes=MAX_STDIN, duplicates=True)
+    if len(text) > MAX_STDIN:  # too large, whatever it holds: said so, not "not JSON"
+        raise CniError(CNI_IO_FAILURE, f"network config on stdin is too large (more than {MAX_STDIN} bytes)")
+    try:  # bounded depth; duplicate keys: the last one wins, as in libcni (Go)
+        conf = load_json(text, duplicates=True)
     except DocumentError as e:
         raise CniError(E_DECODE, f"network config on stdin is not JSON: {e}") from None
     if not isinstance(conf, dict):
