@@ -102,7 +102,9 @@ The setup document (optional; one document for both uses below)
     document whose status part is invalid is ignored the same way (the
     ``status`` call's error then says what is wrong). An invalid
     ``hostInterface`` fails the setup (and rolls it back): later members and
-    every teardown would act on it, and nothing else reports it. ``mac`` (six
+    every teardown would act on it, and nothing else reports it; before a later
+    member gets it, netplugin checks that it is a veth whose peer is in the pod's
+    netns (:mod:`netplugin.core.podlink`), else it is invalid. ``mac`` (six
     colon-separated hex pairs, unicast) is the MAC a CNI ADD result reports, so
     netplugin need not enter the pod's netns to read it; any other ``mac`` is
     ignored and the MAC read from the interface.

@@ -27,10 +27,11 @@ from typing import cast
 
 from netplugin.core import plaindata
 from netplugin.core.chaining import ALL_POD_ACTIONS, MemberResult, PrevResult
-from netplugin.core.errors import NetpluginError, PluginInvalid, PluginTimeout
+from netplugin.core.errors import NetpluginError, PluginInvalid, PluginOutputError, PluginTimeout
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import Action, CallContext, Plugin, PodNetworkStatus
+from netplugin.core.podlink import pod_veth_problem
 from netplugin.store.records import MEMBER_PENDING, MEMBER_SKIPPED, MEMBER_TORN_DOWN, READY, SETTING_UP, MemberState
 
 __all__ = [
@@ -169,6 +170,8 @@ class ChainRun:
             got = self._call(i, Action.SETUP, deadline)
             ips = got.ips if got is not None else ()
             hif = got.host_interface if got is not None else None
+            if hif is not None and i < len(self.members) - 1:
+                self._vouch(i, hif)  # later members act on it: it must be the pod's
             if got is not None and got.mac:
                 macs[i] = got.mac
             self.states[i] = plaindata.replace(self.states[i], state=READY, ips=ips, host_interface=hif)
@@ -177,6 +180,19 @@ class ChainRun:
             return None
         s = self.states[first]
         return PodNetworkStatus(s.ips[0], s.ips, s.host_interface, mac=macs.get(first))
+
+    def _vouch(self, index: int, hif: str) -> None:
+        """Pass ``hostInterface`` on only if it is a veth whose peer is in the pod's netns (not ``eth0``)."""
+        problem = pod_veth_problem(hif, self.netns)
+        if problem is not None:
+            name = self.members[index].name
+            raise PluginOutputError(
+                f"network plugin {name!r} setup: invalid 'hostInterface' {hif!r}: {problem}",
+                plugin=name,
+                action=Action.SETUP.value,
+                chain=list(self.names),
+                member=index + 1,
+            )
 
     def rollback(self) -> list[NetpluginError]:
         """Tear down the members whose setup started, last first; returns every failure."""
