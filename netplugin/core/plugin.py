@@ -104,7 +104,8 @@ The setup document (optional; one document for both uses below)
     ``hostInterface`` fails the setup (and rolls it back): later members and
     every teardown would act on it, and nothing else reports it; before a later
     member gets it, netplugin checks that it is a veth whose peer is in the pod's
-    netns (:mod:`netplugin.core.podlink`), else it is invalid. ``mac`` (six
+    netns (:mod:`netplugin.core.podlink`), else it is invalid; an address another
+    live pod holds fails the setup (:mod:`netplugin.store.ipclaims`). ``mac`` (six
     colon-separated hex pairs, unicast) is the MAC a CNI ADD result reports, so
     netplugin need not enter the pod's netns to read it; any other ``mac`` is
     ignored and the MAC read from the interface.

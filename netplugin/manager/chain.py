@@ -32,6 +32,7 @@ from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.core.podlink import pod_veth_problem
+from netplugin.store.ipclaims import claim_ips, release_ips
 from netplugin.store.records import MEMBER_PENDING, MEMBER_SKIPPED, MEMBER_TORN_DOWN, READY, SETTING_UP, MemberState
 
 __all__ = [
@@ -92,6 +93,8 @@ class ChainRun:
     netns: str = ""
     record: Recorder | None = None
     observe: Observer | None = None
+    #: the state dir whose IP claims (:mod:`netplugin.store.ipclaims`) the members' addresses take
+    claims_in: str | None = None
     #: the members whose setup started in this run, in order (rollback tears down these)
     started: list[int] = field(default_factory=list)
 
@@ -172,6 +175,8 @@ class ChainRun:
             hif = got.host_interface if got is not None else None
             if hif is not None and i < len(self.members) - 1:
                 self._vouch(i, hif)  # later members act on it: it must be the pod's
+            if ips and self.claims_in is not None:
+                self._claim(i, ips, self.claims_in)
             if got is not None and got.mac:
                 macs[i] = got.mac
             self.states[i] = plaindata.replace(self.states[i], state=READY, ips=ips, host_interface=hif)
@@ -194,6 +199,17 @@ class ChainRun:
                 member=index + 1,
             )
 
+    def _claim(self, index: int, ips: tuple[str, ...], state_dir: str) -> None:
+        """Refuse an address another live pod holds (two pods, one IP: one gets the other's traffic)."""
+        held = claim_ips(state_dir, self.pod, ips)
+        if held is not None:
+            name = self.members[index].name
+            raise PluginOutputError(
+                f"network plugin {name!r} setup: reported the address {held}, another live pod's",
+                plugin=name,
+                action=Action.SETUP.value,
+            )
+
     def rollback(self) -> list[NetpluginError]:
         """Tear down the members whose setup started, last first; returns every failure."""
         return self._teardown_members([i for i in reversed(self.started) if "teardown" in self.members[i].handles])
@@ -206,6 +222,8 @@ class ChainRun:
             except NetpluginError as e:
                 failures.append(e)
                 continue
+            if self.claims_in is not None and self.states[i].ips:
+                release_ips(self.claims_in, self.pod, self.states[i].ips)
             self.states[i] = plaindata.replace(self.states[i], state=MEMBER_TORN_DOWN)
             if n < len(order) - 1 or failures:
                 self._save()  # after the last one, success removes the record: no write needed

@@ -288,6 +288,7 @@ def _teardown(
                 netns=current.netns,
                 record=functools.partial(store.progress, ref) if current.members else None,
                 observe=manager.observe,
+                claims_in=store.state_dir,
             )
             run.teardown(only_ran=True)  # exactly the members that ran, last first
             store.remove(ref)

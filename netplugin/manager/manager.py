@@ -395,6 +395,7 @@ class Manager:
             list(states),
             netns=netns,
             observe=self.observe,
+            claims_in=self.config.state_dir if self.state is not None else None,
         )
 
     def setup(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
@@ -471,8 +472,7 @@ class Manager:
         init_error: NetpluginError | None = None
         try:
             self.init(node=node)
-        except NetpluginError as e:
-            # best effort: what the pod holds may still be freed (and its chain need not be this one)
+        except NetpluginError as e:  # best effort: what the pod holds may still be freed (by its own chain)
             init_error = e
         with self.pod_lock(pod):
             try:
