@@ -66,3 +66,19 @@ def test_a_huge_network_config_is_too_large_not_not_json(world: World, plugin_di
     assert done.returncode == 1, done
     err = json.loads(done.stdout)
     assert err["code"] == 5 and "too large" in err["msg"] and "not JSON" not in err["msg"], err
+
+
+# --- a plain edit of the plugin between ADD and DEL (the Python shim, no daemon) ----------------------------
+
+
+def test_del_after_a_plain_edit_tears_down_the_plugin_the_pod_was_added_with(
+    world: World, plugin_dir: Any  # noqa: F811
+) -> None:
+    old, new = plugin_dir.install("fake"), plugin_dir.install("other")
+    env = {"NETPLUGIN_USE_DAEMON": "never"}
+    assert world.shim("ADD", world.conf(), **env).returncode == 0
+    world.config.write_text(world.config.read_text().replace("plugin: fake", "plugin: other"))
+    done = world.shim("DEL", world.conf(), **env)
+    assert done.returncode == 0, done.stderr
+    assert [c.split()[0] for c in old.calls()][-1] == "teardown"  # fake's own teardown
+    assert "teardown" not in [c.split()[0] for c in new.calls()]
