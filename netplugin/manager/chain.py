@@ -190,25 +190,21 @@ class ChainRun:
         """Pass ``hostInterface`` on only if it is a veth whose peer is in the pod's netns (not ``eth0``)."""
         problem = pod_veth_problem(hif, self.netns)
         if problem is not None:
-            name = self.members[index].name
-            raise PluginOutputError(
-                f"network plugin {name!r} setup: invalid 'hostInterface' {hif!r}: {problem}",
-                plugin=name,
-                action=Action.SETUP.value,
-                chain=list(self.names),
-                member=index + 1,
-            )
+            raise self._refused(index, f"invalid 'hostInterface' {hif!r}: {problem}")
 
     def _claim(self, index: int, ips: tuple[str, ...], state_dir: str) -> None:
         """Refuse an address another live pod holds (two pods, one IP: one gets the other's traffic)."""
         held = claim_ips(state_dir, self.pod, ips)
         if held is not None:
-            name = self.members[index].name
-            raise PluginOutputError(
-                f"network plugin {name!r} setup: reported the address {held}, another live pod's",
-                plugin=name,
-                action=Action.SETUP.value,
-            )
+            raise self._refused(index, f"reported the address {held}, another live pod's")
+
+    def _refused(self, index: int, why: str) -> PluginOutputError:
+        """A member's setup document that netplugin does not pass on: its setup fails (and rolls back)."""
+        name = self.members[index].name
+        err = PluginOutputError(f"network plugin {name!r} setup: {why}", plugin=name, action="setup")
+        if len(self.members) > 1:
+            err.details.update(chain=list(self.names), member=index + 1)
+        return err
 
     def rollback(self) -> list[NetpluginError]:
         """Tear down the members whose setup started, last first; returns every failure."""
