@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from netplugin.frontends.rpc import MAX_STDIN
+from netplugin.frontends.wire.protocol import MAX_STDIN
 from tests.frontends.cni.test_daemon_path import World, world  # noqa: F401 (fixture)
 from tests.frontends.cni.test_native_shim import shims  # noqa: F401 (fixture)
 
