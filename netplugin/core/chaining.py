@@ -87,6 +87,8 @@ def parse_actions(stdout: bytes, *, plugin: str) -> frozenset[str]:
     if not isinstance(doc, dict) or not isinstance(doc.get("actions"), list):
         raise _bad(plugin, "init", 'output must be {"actions": [...]} (or nothing)', text)
     names = doc["actions"]
+    if not all(isinstance(a, str) for a in names):
+        raise _bad(plugin, "init", "'actions' must be a list of action names (strings)", text)
     unknown = [a for a in names if a not in ALL_POD_ACTIONS and a != "init"]
     if unknown:
         known = ", ".join(sorted(ALL_POD_ACTIONS))

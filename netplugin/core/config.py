@@ -10,6 +10,8 @@ the key and where it came from. ``etc/netplugin.yaml`` is the commented example.
 from __future__ import annotations
 
 import os
+import re
+import stat
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -125,6 +127,9 @@ def _shown(value: Any) -> str:
     return short_repr(value)
 
 
+#: What an unknown key must look like to be quoted in the error: a name, not a line of a secret.
+_KEY_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+
 #: ``plugin`` and ``plugins`` both say which chain runs: a source names one of them, and the one a
 #: higher-precedence source names replaces the other (a ``--plugin`` flag beats the file's chain).
 _CHAIN_KEYS = ("plugin", "plugins")
@@ -140,8 +145,11 @@ def _apply(values: dict[str, Any], raw: Mapping[str, Any], source: str, key_name
         values.update({f.name: f.default for f in fields(Config) if f.name in _CHAIN_KEYS and f.name != key})
     for key, value in raw.items():
         if key not in PARSERS:
-            shown = key if len(key) <= 80 else key[:77] + "..."
-            raise ConfigError(key_name(shown), f"unknown key (known: {', '.join(sorted(PARSERS))})", source=source)
+            known = f"(known: {', '.join(sorted(PARSERS))})"
+            if not _KEY_LIKE.fullmatch(key):
+                # A line of a file that is no config (a symlinked /etc/shadow) is never quoted.
+                raise ConfigError("config", f"holds a key that is no config key name {known}", source=source)
+            raise ConfigError(key_name(key), f"unknown key {known}", source=source)
         try:
             values[key] = PARSERS[key](value)
         except ValueError as e:
@@ -150,6 +158,39 @@ def _apply(values: dict[str, Any], raw: Mapping[str, Any], source: str, key_name
 
 #: The largest config file read (the shipped, commented example is about 3 KB).
 MAX_CONFIG_BYTES = 1 << 20
+
+
+def config_file_problems(path: str) -> list[str]:
+    """Why root may not trust the config file at ``path`` (empty: it may).
+
+    The file chooses the exec dir and may turn ``check_permissions`` off, so it is trusted like
+    the exec dir (:mod:`netplugin.core.execplugin.trust`): it and every directory and symbolic
+    link on its resolved path are owned by root (or netplugin's uid) and not group/world-
+    writable; a sticky directory (``/tmp``) is accepted on the way, as above netplugin's own
+    directories, and a root-owned character device (``/dev/null``, the empty config) as the file.
+    Nothing the file says lifts this. A path that cannot be walked (missing) is left to the read.
+    """
+    from netplugin.core.execplugin.trust import UntrustedPath, mode_problem, split_path, walk
+
+    full = os.path.abspath(path)
+    try:
+        with walk(full, own_from=len(split_path(full)), check_last=False) as found:
+            problems = list(found.problems)
+            st = found.st
+            # a device's mode says who may write to it, not who chooses what it reads (/dev/null)
+            device = stat.S_ISCHR(st.st_mode) and st.st_uid == 0
+            if not device and (p := mode_problem(found.real, st, os.geteuid())):
+                problems.append(p)
+    except UntrustedPath as e:
+        return list(e.problems)
+    return problems
+
+
+def _check_trusted(path: str) -> None:
+    problems = config_file_problems(path)
+    if problems:
+        fix = "chown root: FILE && chmod go-w FILE, and the same for the directories on its path"
+        raise ConfigError("config", f"refusing config file {path}: {'; '.join(problems)} (fix: {fix})", source=path)
 
 
 def read_config_file(path: str, *, cache_in: str | None = None, cache_pinned: bool = False) -> dict[str, Any]:
@@ -163,6 +204,7 @@ def read_config_file(path: str, *, cache_in: str | None = None, cache_pinned: bo
     from netplugin.core import configcache
     from netplugin.core._yaml import DocumentError, load_yaml, read_document
 
+    _check_trusted(path)
     try:
         data = read_document(path, MAX_CONFIG_BYTES)
     except OSError as e:

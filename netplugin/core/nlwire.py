@@ -29,9 +29,12 @@ __all__ = [
     "IFLA_INFO_SLAVE_KIND",
     "IFLA_LINK",
     "IFLA_LINKINFO",
+    "IFLA_LINK_NETNSID",
     "IFLA_MASTER",
     "IFLA_MTU",
     "IFLA_NET_NS_FD",
+    "NETNSA_FD",
+    "NETNSA_NSID",
     "NLHDR",
     "NLMSG_DONE",
     "NLMSG_ERROR",
@@ -49,6 +52,7 @@ __all__ = [
     "RTM_DELLINK",
     "RTM_GETADDR",
     "RTM_GETLINK",
+    "RTM_GETNSID",
     "RTM_GETROUTE",
     "RTM_NEWADDR",
     "RTM_NEWLINK",
@@ -78,6 +82,7 @@ RTM_NEWADDR = 20
 RTM_GETADDR = 22
 RTM_NEWROUTE = 24
 RTM_GETROUTE = 26
+RTM_GETNSID = 90
 NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
 NLM_F_DUMP = 0x300
@@ -96,6 +101,9 @@ IFLA_LINKINFO = 18
 IFLA_AF_SPEC = 26
 IFLA_GROUP = 27
 IFLA_NET_NS_FD = 28
+IFLA_LINK_NETNSID = 37  # the namespace id of a veth's peer, as this namespace numbers it
+NETNSA_NSID = 1
+NETNSA_FD = 3
 IFLA_INFO_KIND = 1
 IFLA_INFO_DATA = 2
 IFLA_INFO_SLAVE_KIND = 4

@@ -102,7 +102,10 @@ The setup document (optional; one document for both uses below)
     document whose status part is invalid is ignored the same way (the
     ``status`` call's error then says what is wrong). An invalid
     ``hostInterface`` fails the setup (and rolls it back): later members and
-    every teardown would act on it, and nothing else reports it. ``mac`` (six
+    every teardown would act on it, and nothing else reports it; before a later
+    member gets it, netplugin checks that it is a veth whose peer is in the pod's
+    netns (:mod:`netplugin.core.podlink`), else it is invalid; an address another
+    live pod holds fails the setup (:mod:`netplugin.store.ipclaims`). ``mac`` (six
     colon-separated hex pairs, unicast) is the MAC a CNI ADD result reports, so
     netplugin need not enter the pod's netns to read it; any other ``mac`` is
     ignored and the MAC read from the interface.
@@ -119,7 +122,11 @@ Chains (config ``plugins: [a, b, c]``; ``plugin: a`` is a chain of one)
     k, then k-1 ... 1 (members after k never run), and the error names member k and any
     rollback failure. ``teardown`` runs every member in reverse order, goes on past failures and
     reports all of them. ``status`` is the first member's, in order, that reports an address.
-    The time limit of an action covers the whole chain: each member gets what is left of it.
+    The time limit of ``setup`` and ``status`` covers the whole chain: each member gets what is
+    left of it. In ``teardown`` and a rollback each member gets its own limit: one that hangs is
+    killed and reported, and the members before it still run. A pod's ``teardown`` (and gc's)
+    runs the chain recorded with the pod, whatever the config says now; a recorded member no
+    longer installed fails that teardown (the others still run) and the record is kept.
     A member's ``init`` may declare the pod actions it handles, ``{"actions": ["setup",
     "teardown"]}``; it is never called for the others. What a member's ``setup`` reports in the
     setup document (above) passes along the chain, as CNI's ``prevResult`` does: later members

@@ -91,7 +91,9 @@ def _call_conf(doc: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def check_conflist(node: Node) -> Check:
-    files = sorted(p for p in glob.glob(os.path.join(node.conf_dir, "*")) if p.endswith(_CONF_SUFFIXES))
+    # libcni's ConfFiles skips directories (by lstat: a symbolic link is read, and fails, as a file)
+    found = glob.glob(os.path.join(node.conf_dir, "*"))
+    files = sorted(p for p in found if p.endswith(_CONF_SUFFIXES) and not (os.path.isdir(p) and not os.path.islink(p)))
     fix_install = "install it: scripts/install.sh (or netplugin's conflist into the runtime's conf dir)"
     if not files:
         return Check("conflist", f"no network config in {node.conf_dir}", "the runtime has no network", fix_install)

@@ -9,6 +9,8 @@ one implementation, for the manager and gc alike:
   members after k never run. Rollback never stops at a failure: every failure is reported.
 * ``teardown`` runs every member that handles it in reverse, goes on past failures and raises
   the first member's error with every failure attached (:func:`attach_failures`).
+* In teardown and rollback each member gets its own action time limit: a member that hangs is
+  killed at its limit and reported, and the members before it still run with their whole limit.
 * ``status`` asks the members that handle it in order and returns the first status with an IP.
 
 Progress goes to ``record`` (the pod record) as a tuple of :class:`MemberState`: before a member's
@@ -25,13 +27,23 @@ from typing import cast
 
 from netplugin.core import plaindata
 from netplugin.core.chaining import ALL_POD_ACTIONS, MemberResult, PrevResult
-from netplugin.core.errors import NetpluginError, PluginInvalid, PluginTimeout
+from netplugin.core.errors import NetpluginError, PluginInvalid, PluginOutputError, PluginTimeout
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import Action, CallContext, Plugin, PodNetworkStatus
+from netplugin.core.podlink import pod_veth_problem
+from netplugin.store.ipclaims import claim_ips, release_ips
 from netplugin.store.records import MEMBER_PENDING, MEMBER_SKIPPED, MEMBER_TORN_DOWN, READY, SETTING_UP, MemberState
 
-__all__ = ["ChainRun", "Member", "Observer", "absent_member", "attach_failures", "fresh_states"]
+__all__ = [
+    "ChainRun",
+    "Member",
+    "Observer",
+    "absent_member",
+    "attach_failures",
+    "fresh_states",
+    "recorded_members",
+]
 
 #: (member name, action, seconds, outcome: "ok" | "error" | "timeout")
 Observer = Callable[[str, str, float, str], None]
@@ -81,6 +93,8 @@ class ChainRun:
     netns: str = ""
     record: Recorder | None = None
     observe: Observer | None = None
+    #: the state dir whose IP claims (:mod:`netplugin.store.ipclaims`) the members' addresses take
+    claims_in: str | None = None
     #: the members whose setup started in this run, in order (rollback tears down these)
     started: list[int] = field(default_factory=list)
 
@@ -159,6 +173,10 @@ class ChainRun:
             got = self._call(i, Action.SETUP, deadline)
             ips = got.ips if got is not None else ()
             hif = got.host_interface if got is not None else None
+            if hif is not None and i < len(self.members) - 1:
+                self._vouch(i, hif)  # later members act on it: it must be the pod's
+            if ips and self.claims_in is not None:
+                self._claim(i, ips, self.claims_in)
             if got is not None and got.mac:
                 macs[i] = got.mac
             self.states[i] = plaindata.replace(self.states[i], state=READY, ips=ips, host_interface=hif)
@@ -168,19 +186,40 @@ class ChainRun:
         s = self.states[first]
         return PodNetworkStatus(s.ips[0], s.ips, s.host_interface, mac=macs.get(first))
 
+    def _vouch(self, index: int, hif: str) -> None:
+        """Pass ``hostInterface`` on only if it is a veth whose peer is in the pod's netns (not ``eth0``)."""
+        problem = pod_veth_problem(hif, self.netns)
+        if problem is not None:
+            raise self._refused(index, f"invalid 'hostInterface' {hif!r}: {problem}")
+
+    def _claim(self, index: int, ips: tuple[str, ...], state_dir: str) -> None:
+        """Refuse an address another live pod holds (two pods, one IP: one gets the other's traffic)."""
+        held = claim_ips(state_dir, self.pod, ips)
+        if held is not None:
+            raise self._refused(index, f"reported the address {held}, another live pod's")
+
+    def _refused(self, index: int, why: str) -> PluginOutputError:
+        """A member's setup document that netplugin does not pass on: its setup fails (and rolls back)."""
+        name = self.members[index].name
+        err = PluginOutputError(f"network plugin {name!r} setup: {why}", plugin=name, action="setup")
+        if len(self.members) > 1:
+            err.details.update(chain=list(self.names), member=index + 1)
+        return err
+
     def rollback(self) -> list[NetpluginError]:
         """Tear down the members whose setup started, last first; returns every failure."""
         return self._teardown_members([i for i in reversed(self.started) if "teardown" in self.members[i].handles])
 
     def _teardown_members(self, order: list[int]) -> list[NetpluginError]:
-        deadline: list[float] = []
         failures: list[NetpluginError] = []
         for n, i in enumerate(order):
             try:
-                self._call(i, Action.TEARDOWN, deadline)
+                self._call(i, Action.TEARDOWN, [])  # its own limit: a hung member must not strand the rest
             except NetpluginError as e:
                 failures.append(e)
                 continue
+            if self.claims_in is not None and self.states[i].ips:
+                release_ips(self.claims_in, self.pod, self.states[i].ips)
             self.states[i] = plaindata.replace(self.states[i], state=MEMBER_TORN_DOWN)
             if n < len(order) - 1 or failures:
                 self._save()  # after the last one, success removes the record: no write needed
@@ -215,10 +254,11 @@ class ChainRun:
 
 
 class _Absent:
-    """Stands in for a recorded member that never ran and is no longer installed: never called."""
+    """Stands in for a recorded member that is no longer installed (or no longer valid)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, reason: str) -> None:
         self.name = name
+        self.reason = reason
 
     def version(self) -> str:
         return "absent"
@@ -227,14 +267,40 @@ class _Absent:
         return None
 
     def _never(self, *_: object) -> None:
-        raise PluginInvalid(self.name, "is no longer installed")
+        raise PluginInvalid(
+            self.name, f"is no longer usable ({self.reason}); the pod's record is kept until its teardown can run"
+        )
 
     init = setup = teardown = status = _never
 
 
-def absent_member(name: str) -> Member:
-    """A member that handles no action, for a plugin that is gone but never ran for the pod."""
-    return Member(cast(Plugin, _Absent(name)), frozenset())
+def absent_member(name: str, reason: str = "not installed", *, ran: bool = False) -> Member:
+    """A recorded member whose plugin is gone.
+
+    One that never ran for the pod handles no action (it holds nothing). One that ran still owes
+    its teardown: it "handles" teardown by failing with ``reason``, so the failure is reported,
+    the other members still run, and the record is kept for a later teardown or gc.
+    """
+    return Member(cast(Plugin, _Absent(name, reason)), frozenset({"teardown"}) if ran else frozenset())
+
+
+def recorded_members(
+    states: Sequence[MemberState], plugin: Callable[[str], Plugin], member: Callable[[Plugin], Member]
+) -> tuple[Member, ...]:
+    """The members a pod record names, whatever the config says now (teardown and gc use these).
+
+    ``plugin`` finds a plugin by its recorded name, ``member`` gives it its action mask. A plugin
+    that cannot be found or is no longer valid becomes an :func:`absent_member`.
+    """
+    out: list[Member] = []
+    for s in states:
+        try:
+            out.append(member(plugin(s.plugin)))
+        except NetpluginError as e:
+            out.append(absent_member(s.plugin, e.message, ran=s.ran))
+        except OSError as e:  # its file went away since it was selected
+            out.append(absent_member(s.plugin, e.strerror or str(e), ran=s.ran))
+    return tuple(out)
 
 
 def fresh_states(members: Sequence[Member]) -> list[MemberState]:

@@ -27,16 +27,16 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from netplugin.core.errors import ChainInvalid, HostError, NetpluginError, PluginFailed, StateError
+from netplugin.core.errors import HostError, NetpluginError, PluginFailed, StateError
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import NOOP_NAME
 from netplugin.hosts.base import NullHost
 from netplugin.hosts.static import StaticHost
-from netplugin.manager.chain import ChainRun, Member, absent_member
+from netplugin.manager.chain import ChainRun, recorded_members
 from netplugin.store.listing import pod_busy
 from netplugin.store.orphans import POD_ACTIONS, plugin_processes, settle
-from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, MemberState, PodRecord
+from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, PodRecord
 from netplugin.store.state import StateStore
 
 if TYPE_CHECKING:
@@ -231,17 +231,11 @@ class _Plugins:
             raise self._errors[name]
         if name not in self._cache:
             try:
+                plugin = self.manager.recorded_plugin(name)
                 if name in (self.manager.config.chain or (NOOP_NAME,)):
                     # as Manager.teardown does, before the pod lock
-                    try:
-                        plugin = next(p for p in self.manager.plugins if p.name == name)
-                    except ChainInvalid:  # another member is bad: this one may still tear down
-                        plugin = self.manager.select(name)
                     self.manager.init_member(plugin, node=self.manager.node(strict=False))
-                    self._cache[name] = plugin
-                else:
-                    # The plugin that set the pod up owns its resources, even after a config change.
-                    self._cache[name] = self.manager.select(name)
+                self._cache[name] = plugin
             except NetpluginError as e:
                 self._errors[name] = e
                 raise
@@ -259,16 +253,6 @@ def _pod_object(manager: Manager, rec: PodRecord) -> dict[str, Any] | None:
     meta = obj.get("metadata")
     uid = meta.get("uid") if isinstance(meta, dict) else None
     return obj if not rec.uid or uid == rec.uid else None
-
-
-def _member(manager: Manager, plugins: _Plugins, state: MemberState) -> Member:
-    """A recorded member for gc: one that never ran need not be installed any more (it is never called)."""
-    if state.ran:
-        return manager.member(plugins.get(state.plugin))
-    try:
-        return manager.member(plugins.get(state.plugin))
-    except (NetpluginError, OSError):  # not found, invalid, or its file went away since it was selected
-        return absent_member(state.plugin)
 
 
 def _teardown(
@@ -289,7 +273,7 @@ def _teardown(
             return  # e.g. the setup we waited for completed
         action = GcAction("teardown", _describe(ref), reason, "done", pod=ref)
         try:
-            members = tuple(_member(manager, plugins, m) for m in current.chain)
+            members = recorded_members(current.chain, plugins.get, manager.member)
             pod_obj = _pod_object(manager, current)
             action.pids = store.mark_teardown(ref)
             node = manager.node(strict=False)
@@ -301,6 +285,7 @@ def _teardown(
                 netns=current.netns,
                 record=functools.partial(store.progress, ref) if current.members else None,
                 observe=manager.observe,
+                claims_in=store.state_dir,
             )
             run.teardown(only_ran=True)  # exactly the members that ran, last first
             store.remove(ref)

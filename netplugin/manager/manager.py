@@ -1,19 +1,17 @@
 """The plugin manager: selection, init-once, per-pod serialisation, rollback.
 
-Policy lives here; mechanism (processes, files, locks) lives in ``invoke``,
-``discovery`` and ``locks``. Guarantees, across every netplugin process on the
-node (CLI, daemon, CNI shim):
+Policy lives here; mechanism (processes, files, locks) lives in ``invoke``, ``discovery`` and
+``locks``. Guarantees, across every netplugin process on the node (CLI, daemon, CNI shim):
 
 * the plugins of the chain (``plugins:``, or the chain of one ``plugin:``) are selected by
   name: built-ins first, then the exec dir; no name selects ``kubernetes.io/no-op``; a missing
   or invalid member is an error that lists every problem found while looking, for every member;
-* ``init`` runs exactly once per boot and per version of each member before its
-  first other action (a marker under the run dir, written under a file lock), and the marker
-  keeps the member's action mask;
-* pod actions run across the chain as :mod:`netplugin.manager.chain` says (order, reverse
-  rollback, one deadline per action), the pod record keeping each member's progress;
-* two actions on the same pod never overlap; different pods run in parallel
-  (one flock'd file per pod under the run dir);
+* ``init`` runs exactly once per boot and per version of each member before its first other
+  action (a marker under the run dir, written under a file lock), keeping its action mask;
+* pod actions run across the chain as :mod:`netplugin.manager.chain` says; a teardown runs the
+  chain recorded with the pod, whatever the config says now;
+* two actions on the same pod never overlap; different pods run in parallel (one flock'd file
+  per pod under the run dir);
 * a failed setup is followed by a best-effort teardown (``rollback_on_failure``);
 * every pod is recorded durably under the state dir before its setup runs, and forgotten only
   after a teardown succeeded (:mod:`netplugin.store.state`; ``netplugin gc`` repairs the rest).
@@ -53,7 +51,7 @@ from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
-from netplugin.manager.chain import ChainRun, Member, Observer, attach_failures, fresh_states
+from netplugin.manager.chain import ChainRun, Member, Observer, attach_failures, fresh_states, recorded_members
 from netplugin.plugins import BUILTINS
 from netplugin.plugins.bounded import BoundedPlugin
 from netplugin.store.locks import PodLock, flocked, pod_locked, stock_pod_locks
@@ -71,11 +69,9 @@ __all__ = ["CallOptions", "Manager"]
 class CallOptions:
     """Settings of one pod action that the config does not give (the CNI shim's per-call ones).
 
-    ``netns``: the network namespace path as the runtime gave it (instead of ``netns_template``);
-    ``env``: variables added to the plugin's environment for this action only;
-    ``want_status``: see the field. Neither ``netns`` nor ``env`` counts
-    as a setting of init (its marker), so pods set up through the CNI shim, the CLI and the
-    daemon share one init.
+    ``netns``: the netns path as the runtime gave it (instead of ``netns_template``); ``env``: added
+    to the plugin's environment for this action only. Neither is a setting of init (its marker), so
+    pods set up through the CNI shim, the CLI and the daemon share one init.
     """
 
     netns: str | None = None
@@ -214,6 +210,13 @@ class Manager:
     def member(self, plugin: Plugin) -> Member:
         """``plugin`` with its action mask (all actions unless its init declared fewer)."""
         return Member(plugin, self._handles.get(plugin.name, ALL_POD_ACTIONS))
+
+    def recorded_plugin(self, name: str) -> Plugin:
+        """The plugin a pod record names: the configured member, else the one installed by that name now."""
+        try:
+            return next(p for p in self.plugins if p.name == name)
+        except (NetpluginError, StopIteration):  # not configured now, or the chain is bad: select it alone
+            return self.select(name)
 
     def rescan(self) -> Plugin:
         """Forget the selected chain and select again (the daemon does this on SIGHUP)."""
@@ -375,9 +378,10 @@ class Manager:
         call: CallOptions | None,
         node: NodeInfo,
         states: list[MemberState] | None = None,
+        members: tuple[Member, ...] | None = None,
     ) -> ChainRun:
-        """One pod action across the chain (members with their masks, contexts, metrics)."""
-        members = self.members()
+        """One pod action across ``members`` (default: the configured chain) with contexts and metrics."""
+        members = members or self.members()
         netns = self._context(action, pod, None, call, node=node).netns
         if states is None or [m.plugin for m in states] != [m.name for m in members]:
             states = fresh_states(members)  # no record, or one of another chain: nothing to pass on
@@ -388,6 +392,7 @@ class Manager:
             list(states),
             netns=netns,
             observe=self.observe,
+            claims_in=self.config.state_dir if self.state is not None else None,
         )
 
     def setup(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
@@ -461,12 +466,10 @@ class Manager:
     def teardown(self, pod: PodRef, call: CallOptions | None = None) -> None:
         """Tear down the pod's network (also when netplugin has no record of it)."""
         node = self.node(strict=False)
-        init_error: PluginError | None = None
+        init_error: NetpluginError | None = None
         try:
             self.init(node=node)
-        except PluginError as e:
-            # Teardown is best effort: a plugin whose init fails may still free what the pod holds,
-            # and a teardown that can never succeed would be retried by the runtime for ever.
+        except NetpluginError as e:  # best effort: what the pod holds may still be freed (by its own chain)
             init_error = e
         with self.pod_lock(pod):
             try:
@@ -481,9 +484,10 @@ class Manager:
         rec = None
         if self.state is not None:
             self.state.mark_teardown(pod)
-            # a chain of one has nothing to pass on and no progress between members: no second read
-            rec = self.state.get(pod) if len(self.plugins) > 1 else None
-        run = self._run(Action.TEARDOWN, pod, pod_obj, call, node, list(rec.chain) if rec is not None else None)
+            rec = self.state.get(pod)
+        # the members that set the pod up, whatever the config says now (no record: the configured chain)
+        members = recorded_members(rec.chain, self.recorded_plugin, self.member) if rec is not None else None
+        run = self._run(Action.TEARDOWN, pod, pod_obj, call, node, list(rec.chain) if rec else None, members)
         if rec is not None and self.state is not None:
             run.record = functools.partial(self.state.progress, pod)
         run.teardown()

@@ -1,7 +1,8 @@
 """The record listing behind ``netplugin pods``: every record with its condition.
 
 A record that is not ``ready`` is either in progress (someone holds the pod's lock) or was
-interrupted (nobody does); the listing tells the two apart without taking the lock.
+interrupted (nobody does); the listing tells the two apart without taking the lock. A pod set up by
+another chain than the configured one is torn down by its recorded chain: the listing says so.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from typing import Any
 
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass
+from netplugin.core.plugin import NOOP_NAME
 from netplugin.store.locks import pod_lock_path
 from netplugin.store.records import READY, SETTING_UP, PodRecord
 from netplugin.store.state import StateStore
 
-__all__ = ["PodListing", "chain_text", "condition_of", "list_pods", "pod_busy"]
+__all__ = ["PodListing", "chain_differs", "chain_text", "condition_of", "list_pods", "pod_busy", "still_needed"]
 
 
 def pod_busy(run_dir: str, ref: PodRef) -> bool:
@@ -42,6 +44,8 @@ class PodListing:
 
     rows: list[tuple[PodRecord, str]]
     corrupt: list[Any]
+    #: the configured chain (None: not compared)
+    chain: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         pods = []
@@ -49,19 +53,31 @@ class PodListing:
             d = rec.to_dict()
             d["condition"] = condition
             d["path"] = rec.path
+            if self.chain is not None:
+                d["chain_differs"] = chain_differs(rec, self.chain)
             pods.append(d)
         return {"pods": pods, "corrupt": [c.to_dict() for c in self.corrupt]}
 
     def table(self) -> str:
         header = ("NAMESPACE", "NAME", "INFRA-ID", "STATE", "IP", "PLUGIN", "UPDATED")
         rows = [
-            (r.ref.namespace, r.ref.name, r.ref.infra_id, cond, r.ip or "-", chain_text(r), r.updated)
+            (r.ref.namespace, r.ref.name, r.ref.infra_id, cond, r.ip or "-", self._plugin_cell(r), r.updated)
             for r, cond in self.rows
         ]
         widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
         return "\n".join(
             "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
         )
+
+    def _plugin_cell(self, rec: PodRecord) -> str:
+        if self.chain is None or not chain_differs(rec, self.chain):
+            return chain_text(rec)
+        return f"{chain_text(rec)} (configured now: {','.join(self.chain) or NOOP_NAME})"
+
+
+def chain_differs(rec: PodRecord, chain: tuple[str, ...]) -> bool:
+    """Whether the pod was set up by another chain than ``chain`` (the configured one)."""
+    return tuple(m.plugin for m in rec.chain) != (chain or (NOOP_NAME,))
 
 
 def chain_text(rec: PodRecord) -> str:
@@ -80,6 +96,17 @@ def condition_of(rec: PodRecord, run_dir: str) -> str:
     return "setup-interrupted" if rec.state == SETTING_UP else "teardown-interrupted"
 
 
-def list_pods(state_dir: str, run_dir: str) -> PodListing:
+def list_pods(state_dir: str, run_dir: str, chain: tuple[str, ...] | None = None) -> PodListing:
+    """Every record with its condition; ``chain`` (the configured one) marks pods set up by another."""
     scan = StateStore(state_dir).scan()
-    return PodListing([(r, condition_of(r, run_dir)) for r in scan.records], list(scan.corrupt))
+    return PodListing([(r, condition_of(r, run_dir)) for r in scan.records], list(scan.corrupt), chain)
+
+
+def still_needed(state_dir: str, chain: tuple[str, ...]) -> dict[str, list[str]]:
+    """Plugins outside ``chain`` that recorded pods still need for their teardown -> those pods."""
+    out: dict[str, list[str]] = {}
+    for rec in StateStore(state_dir).scan().records:
+        for m in rec.chain:
+            if m.ran and m.plugin not in (chain or (NOOP_NAME,)):
+                out.setdefault(m.plugin, []).append(str(rec.ref))
+    return out

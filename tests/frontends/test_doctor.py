@@ -145,3 +145,12 @@ def test_doctor_without_a_daemon_is_a_problem_and_text_output_has_one_line_per_c
     heads = [line.split()[:2] for line in done.stdout.splitlines() if not line.startswith(" ")]
     assert [h[1] for h in heads] == list(checks)
     assert ["problem", "daemon"] in heads and ["ok", "conflist"] in heads
+
+
+@pytest.mark.parametrize("name", ["00-a.conflist", "00-b.conf", "00-c.json"])
+def test_doctor_skips_a_directory_named_like_a_conflist_as_runtimes_do(node: DoctorNode, name: str) -> None:
+    """Hostile node, round 3: libcni skips directories, so the runtime picks our conflist after it."""
+    (node.conf_dir / name).mkdir()
+    _, checks = node.doctor()
+    assert checks["conflist"]["ok"], checks["conflist"]
+    assert "10-netplugin.conflist" in checks["conflist"]["found"] and name not in checks["conflist"]["found"]

@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
+from podveth import pod_veth
 
 from netplugin.core.config import load_config
 from netplugin.core.errors import ChainInvalid, ConfigError, PluginFailed, PluginOutputError, PluginTimeout
@@ -284,23 +285,30 @@ def test_a_pod_action_syncs_only_its_intents(
 # --- state passed along --------------------------------------------------------------------------------------
 
 
+@pytest.mark.kernel
 def test_what_a_member_reports_reaches_later_members_and_their_teardown(chain: Any, store: StateStore) -> None:
+    with pod_veth() as pv:
+        _reports_reach_later_members(chain, pv)
+
+
+def _reports_reach_later_members(chain: Any, pv: Any) -> None:
     c = chain(3)
-    c.member(1).set("setup", stdout='{"kind": "PodNetworkStatus", "ip": "10.1.2.3", "hostInterface": "npveth1"}')
+    doc = {"kind": "PodNetworkStatus", "ip": "10.1.2.3", "hostInterface": pv.host}
+    c.member(1).set("setup", stdout=json.dumps(doc))  # a veth into the pod's netns: passed on
     c.member(2).set("setup", stdout="no JSON here: progress text is not parsed\n")
     m = c.make()
-    status = m.setup(POD, call=_want_status())
-    assert status is not None and (status.ip, status.host_interface) == ("10.1.2.3", "npveth1")
+    status = m.setup(POD, call=_want_status(netns=pv.netns))
+    assert status is not None and (status.ip, status.host_interface) == ("10.1.2.3", pv.host)
     assert "m1 status" not in c.calls()  # setup reported it: no second exec
     for i, action in [(2, "setup"), (3, "setup"), (3, "teardown"), (2, "teardown")]:
         if action == "teardown" and i == 3:
-            m.teardown(POD)
+            m.teardown(POD, call=_want_status(netns=pv.netns, want_status=False))
         env = c.member(i).env_of(action)
         assert (env["NETPLUGIN_CHAIN"], env["NETPLUGIN_CHAIN_INDEX"]) == ("m1,m2,m3", str(i))
-        assert (env["NETPLUGIN_PREV_IPS"], env["NETPLUGIN_PREV_HOST_INTERFACE"]) == ("10.1.2.3", "npveth1")
-        doc = json.loads(env["NETPLUGIN_PREV_RESULT"])
-        assert doc["ips"] == ["10.1.2.3"] and doc["netns"].endswith("/infra0")
-        assert [x["plugin"] for x in doc["members"]] == ["m1"]
+        assert (env["NETPLUGIN_PREV_IPS"], env["NETPLUGIN_PREV_HOST_INTERFACE"]) == ("10.1.2.3", pv.host)
+        prev = json.loads(env["NETPLUGIN_PREV_RESULT"])
+        assert prev["ips"] == ["10.1.2.3"] and prev["netns"] == pv.netns
+        assert [x["plugin"] for x in prev["members"]] == ["m1"]
     first = c.member(1).env_of("teardown")
     assert (first["NETPLUGIN_CHAIN_INDEX"], first["NETPLUGIN_PREV_IPS"]) == ("1", "")
 
@@ -315,10 +323,10 @@ def test_a_bad_setup_document_fails_that_member(chain: Any) -> None:
     assert c.calls("setup", "teardown") == ["m1 setup", "m1 teardown"]
 
 
-def _want_status() -> Any:
+def _want_status(**kw: Any) -> Any:
     from netplugin.manager.manager import CallOptions
 
-    return CallOptions(want_status=True)
+    return CallOptions(**{"want_status": True, **kw})
 
 
 # --- selection and config ------------------------------------------------------------------------------------

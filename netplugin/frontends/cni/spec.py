@@ -22,6 +22,7 @@ from netplugin.frontends.wire.codes import (
     CNI_INCOMPATIBLE_VERSION,
     CNI_INVALID_CONFIG,
     CNI_INVALID_ENV,
+    CNI_IO_FAILURE,
     CNI_PLUGIN_UNAVAILABLE,
     cni_code_for_classes,
     error_classes,
@@ -195,8 +196,10 @@ def parse_request(environ: Mapping[str, str], stdin: bytes) -> CniRequest:
 def _read_conf(text: bytes) -> dict[str, Any]:
     from netplugin.core._yaml import DocumentError, load_json
 
-    try:  # bounded size and depth; duplicate keys: the last one wins, as in libcni (Go)
-        conf = load_json(text, max_bytes=MAX_STDIN, duplicates=True)
+    if len(text) > MAX_STDIN:  # too large, whatever it holds: said so, not "not JSON"
+        raise CniError(CNI_IO_FAILURE, f"network config on stdin is too large (more than {MAX_STDIN} bytes)")
+    try:  # bounded depth; duplicate keys: the last one wins, as in libcni (Go)
+        conf = load_json(text, duplicates=True)
     except DocumentError as e:
         raise CniError(CNI_DECODE_FAILURE, f"network config on stdin is not JSON: {e}") from None
     if not isinstance(conf, dict):

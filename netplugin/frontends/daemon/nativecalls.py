@@ -20,6 +20,7 @@ from netplugin.core.errors import DaemonUnavailable
 from netplugin.frontends.cni.router import conf_of, log_call
 from netplugin.frontends.wire.codec import dumps
 from netplugin.frontends.wire.protocol import (
+    CNI_VERSIONS,
     FRAME_MAGIC,
     FRAME_MAX_REQUEST,
     FrameError,
@@ -50,9 +51,15 @@ async def read_frame(
         return None
     except FrameError as e:
         log.warning("bad frame from pid %d: %s; closing", pid, e)
-        writer.write(encode_answer(1, stderr=f"netplugin daemon: {e}\n".encode()))
+        writer.write(frame_error_answer(e))
         await writer.drain()
         return None
+
+
+def frame_error_answer(e: FrameError) -> bytes:
+    """A request the frame cannot carry, answered as CNI does: an error document (its code) on stdout."""
+    doc = {"cniVersion": CNI_VERSIONS[-1], "code": e.code, "msg": f"netplugin daemon: {e}"}
+    return encode_answer(1, (dumps(doc) + "\n").encode(), f"netplugin daemon: {e}\n".encode())
 
 
 def _answer(code: int, doc: dict[str, Any] | None) -> bytes:
@@ -80,7 +87,7 @@ async def run_frame(
     try:
         environ, stdin = decode_request(body)
     except FrameError as e:
-        return encode_answer(1, stderr=f"netplugin daemon: {e}\n".encode()), "FrameError"
+        return frame_error_answer(e), "FrameError"
     container = environ.get("CNI_CONTAINERID", "")
     try:
         if container:

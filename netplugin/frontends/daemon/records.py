@@ -7,23 +7,38 @@ could not finish is not raised: its report comes first, then the error, as a loc
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from netplugin.frontends.wire.codes import error_classes
 from netplugin.manager.gc import GcIncomplete, run_gc
-from netplugin.store.listing import list_pods
+from netplugin.store.listing import list_pods, still_needed
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.manager.manager import Manager
 
-__all__ = ["gc_answer", "pods_answer"]
+log = logging.getLogger("netplugin.daemon")
+
+__all__ = ["gc_answer", "pods_answer", "still_needed_answer"]
 
 
 def pods_answer(config: Config) -> dict[str, Any]:
     """The ``pods`` op: the listing, and its table as ``netplugin pods`` prints it."""
-    listing = list_pods(config.state_dir, config.run_dir)
+    listing = list_pods(config.state_dir, config.run_dir, config.chain)
     return {"listing": listing.to_dict(), "table": listing.table() if listing.rows else None}
+
+
+def still_needed_answer(config: Config) -> dict[str, list[str]]:
+    """Plugins outside the configured chain that recorded pods still need for their teardown -> pods.
+
+    A reload that drops such a plugin is taken (the pods' teardowns select it by name while it is
+    installed); health names it, and the log warns, until no pod needs it.
+    """
+    needed = still_needed(config.state_dir, config.chain)
+    for plugin, pods in needed.items():
+        log.warning("plugin %s is no longer configured but %d pod(s) still need it", plugin, len(pods))
+    return needed
 
 
 def gc_answer(manager: Manager, req: dict[str, Any]) -> dict[str, Any]:

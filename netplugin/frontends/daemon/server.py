@@ -1,14 +1,15 @@
 """``netplugin serve``: the long-running node daemon.
 
-One process keeps the manager (selected plugin, init marker, host, state store,
-and for native plugins their warm libraries) and answers the thin client of
-:mod:`netplugin.frontends.wire.client` on a unix socket; see that module for the protocol.
+One process keeps the manager (selected plugin, init marker, host, state store, and for native
+plugins their warm libraries) and answers the thin client of :mod:`netplugin.frontends.wire.client`
+on a unix socket; see that module for the protocol.
 
-* **Start.** Takes ``<socket>.lock`` (one daemon per socket), runs the plugin's
-  init once (a failure is logged, not fatal: the next operation retries it, and
-  SIGHUP rescans once the plugin is installed), starts the metrics server, then
-  binds the socket (mode 0600, a stale one replaced atomically: :mod:`.listener`) and tells
-  systemd ``READY=1`` (``Type=notify``).
+* **Start.** Takes ``<socket>.lock`` (one daemon per socket), runs the plugin's init once (a
+  failure is logged, not fatal: the next operation retries it, and SIGHUP rescans once the
+  plugin is installed), starts the metrics server, then binds the socket: created under a 0177
+  umask (mode 0600 from the first instant) beside its final path and renamed over it, so a stale
+  socket left by a killed daemon is replaced atomically, and only after it proved dead (it does
+  not answer). Then it tells systemd ``READY=1`` (``Type=notify``).
 * **Operations** run in a thread pool, so different pods proceed in parallel; actions on one
   pod serialise on the manager's per-pod flock, which the CLI and the CNI shim take too, so
   daemon and direct callers never overlap (``pods`` and ``gc``: :mod:`.records`). Requests for
@@ -16,29 +17,27 @@ and for native plugins their warm libraries) and answers the thin client of
   pod holds one worker however many requests queue on it, and every other pod is served at
   once. At most :data:`~netplugin.frontends.daemon.podqueue.MAX_WAITING_PER_POD` may wait per pod;
   more are answered ``DaemonUnavailable`` (not run, so a CLI in ``auto`` mode runs them itself).
-* **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``), named
-  as the kubelet's: histogram ``network_plugin_operations_duration_seconds``,
-  counter ``network_plugin_operations_errors_total`` and gauge
-  ``network_plugin_operations_in_flight``, each labelled ``operation_type``
-  (``set_up_pod``, ``tear_down_pod``, ``get_pod_network_status``). As in the
-  kubelet, the time includes waiting for the pod's lock. Also
-  ``network_plugin_operations_total``, ``netplugin_daemon_requests_total{op,outcome}`` and
+* **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``), named as the kubelet's:
+  histogram ``network_plugin_operations_duration_seconds``, counter
+  ``network_plugin_operations_errors_total`` and gauge ``network_plugin_operations_in_flight``,
+  each labelled ``operation_type`` (``set_up_pod``, ``tear_down_pod``,
+  ``get_pod_network_status``). As in the kubelet, the time includes waiting for the pod's lock.
+  Also ``network_plugin_operations_total``, ``netplugin_daemon_requests_total{op,outcome}`` and
   ``netplugin_build_info`` (see :mod:`.metrics`).
-* **Nodes** (:mod:`netplugin.frontends.daemon.nodekeeper`): with ``host: kube`` the
-  daemon lists and watches every Node and this node's Pods, so pod and node
-  lookups are answered from memory; it keeps routes to the other nodes' pod
-  CIDRs (``node_routes``) and reports what it cannot route, in its health
-  answer (``node``) and as ``netplugin_node_*`` and ``netplugin_kube_*`` metrics;
-  with ``cluster_cidrs`` it installs the egress masquerade (nftables ``table
-  inet netplugin``) and removes it at stop.
+* **Nodes** (:mod:`netplugin.frontends.daemon.nodekeeper`): with ``host: kube`` the daemon lists
+  and watches every Node and this node's Pods, so pod and node lookups are answered from memory;
+  it keeps routes to the other nodes' pod CIDRs (``node_routes``) and reports what it cannot
+  route, in its health answer (``node``) and as ``netplugin_node_*`` and ``netplugin_kube_*``
+  metrics; with ``cluster_cidrs`` it installs the egress masquerade (nftables ``table inet
+  netplugin``) and removes it at stop.
 * **SIGHUP** re-reads the config file as started and takes the new settings
   (:mod:`.reconfig`), rescans the exec dir, selects the plugin again and runs its init if
-  its version changed (``RELOADING=1`` ... ``READY=1`` to systemd around it). Under
+  its version changed (``RELOADING=1`` ... ``READY=1`` to systemd around it); a plugin it drops
+  that recorded pods still need is named in health (``plugins_still_needed``). Under
   ``WatchdogSec=`` the event loop pings ``WATCHDOG=1``; log lines get journald's
   ``<N>`` priority prefixes when stderr is the journal (:mod:`.systemd`).
-* **SIGTERM** (or SIGINT) stops accepting, removes the socket (new callers then
-  work alone), answers requests already read, waits for operations in flight (each
-  is bounded by its time limit) and exits 0.
+* **SIGTERM** (or SIGINT) stops accepting, removes the socket (new callers then work alone),
+  answers requests already read, waits for operations in flight (each bounded) and exits 0.
 """
 
 from __future__ import annotations
@@ -71,7 +70,7 @@ from netplugin.frontends.daemon.nativecalls import read_frame, run_frame
 from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 from netplugin.frontends.daemon.podqueue import Turns
 from netplugin.frontends.daemon.reconfig import Live, reload_settings
-from netplugin.frontends.daemon.records import gc_answer, pods_answer
+from netplugin.frontends.daemon.records import gc_answer, pods_answer, still_needed_answer
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.wire.codes import error_classes
 from netplugin.frontends.wire.protocol import (
@@ -131,6 +130,7 @@ class Daemon:
         self.stats = _Stats(started=time.monotonic())
         self._plugin: str | None = None
         self._plugin_problem: str | None = None
+        self._chain_changed = False  #: by a reload (health then names dropped plugins pods still need)
         self._reload_lock = threading.RLock()
         self._stopping = False
         self._idle = asyncio.Event()
@@ -192,6 +192,7 @@ class Daemon:
         if self.reread is not None:
             live, self.settings_status, ok = reload_settings(self._live, self.reread)
             (log.info if ok else log.error)("reload: %s", self.settings_status)
+            self._chain_changed |= live.config.chain != self.config.chain
             self._live = live
 
     def dispatch(self, req: dict[str, Any]) -> Any:
@@ -245,6 +246,7 @@ class Daemon:
             "settings": self.settings_status,
             "node": self.nodes.status(),
             "stuck": [c.to_dict() for c in stuck_calls()],  # in-process actions past their limits
+            "plugins_still_needed": still_needed_answer(self.config) if self._chain_changed else {},
         }
 
     # --- the server (event loop) -----------------------------------------------------------------

@@ -48,7 +48,7 @@ import posix
 import sys
 
 from netplugin.frontends.wire.codec import dumps
-from netplugin.frontends.wire.codes import CNI_IO_FAILURE, CNI_TRY_AGAIN
+from netplugin.frontends.wire.codes import CNI_INVALID_ENV, CNI_IO_FAILURE, CNI_TRY_AGAIN
 
 __all__ = [
     "CNI_VERSIONS",
@@ -230,7 +230,15 @@ _TAGS += (("STDERR", _STDERR), ("UNAVAILABLE", _UNAVAILABLE))
 
 
 class FrameError(ValueError):
-    """A frame that breaks the format; the text names the field and the reason."""
+    """A frame that breaks the format; the text names the field and the reason.
+
+    ``code`` is the CNI error code the caller gets: :data:`CNI_INVALID_ENV` for a variable the call
+    cannot carry, :data:`CNI_IO_FAILURE` for one too large (or too many) or a broken frame.
+    """
+
+    def __init__(self, message: str, code: int = CNI_IO_FAILURE) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _field(tag: int, value: bytes) -> bytes:
@@ -279,9 +287,9 @@ def _env_entry(value: bytes) -> "tuple[str, str]":
     try:
         key, text = name.decode(), val.decode()
     except UnicodeDecodeError:
-        raise FrameError(f"frame: environment entry {name[:40]!r} is not UTF-8") from None
+        raise FrameError(f"frame: environment entry {name[:40]!r} is not UTF-8", CNI_INVALID_ENV) from None
     if not eq or not key.startswith(_ENV_PREFIXES) or "\0" in key or "\0" in text:
-        raise FrameError(f"frame: environment entry {name[:40]!r} is not a CNI_/NETPLUGIN_ NAME=VALUE")
+        raise FrameError(f"frame: environment entry {name[:40]!r} is not a CNI_/NETPLUGIN_ NAME=VALUE", CNI_INVALID_ENV)
     return key, text
 
 

@@ -47,14 +47,14 @@ def test_nul_in_a_path_is_code_7_naming_the_key_before_anything_runs(
     assert not log.exists()
 
 
-def test_deep_or_oversized_stdin_is_code_6(shim: Any, fake: Any) -> None:
-    for stdin, words in (
-        ('{"cniVersion": "1.0.0", "x": ' + "[" * 200_000, "nested more than"),
-        ("[" * 100_000 + "]" * 100_000, "nested more than"),
-        ('{"cniVersion": "1.0.0", "pad": "' + "x" * MAX_STDIN + '"}', "larger than the limit"),
+def test_deep_stdin_is_code_6_and_oversized_is_code_5(shim: Any, fake: Any) -> None:
+    for stdin, code, words in (
+        ('{"cniVersion": "1.0.0", "x": ' + "[" * 200_000, 6, "nested more than"),
+        ("[" * 100_000 + "]" * 100_000, 6, "nested more than"),
+        ('{"cniVersion": "1.0.0", "pad": "' + "x" * MAX_STDIN + '"}', 5, "too large"),
     ):
         err = shim.run("ADD", stdin=stdin).error()
-        assert err["code"] == 6 and words in err["msg"], err
+        assert err["code"] == code and words in err["msg"], err
     assert setup_calls(fake) == []
 
 

@@ -230,28 +230,31 @@ def test_a_stdin_that_never_ends_is_a_bounded_wait(san_shims: dict[str, Path], d
 
 
 @pytest.mark.parametrize(
-    ("env", "forwarded"),
+    ("env", "code", "words"),
     [
-        ({f"UNRELATED_{i}": "v" * 1000 for i in range(2000)}, True),  # a huge environment not ours: ignored
-        ({f"CNI_X{i}": "v" for i in range(FRAME_MAX_ENV)}, False),  # too many of ours
-        ({"CNI_ARGS": "K=" + "v" * (64 << 10)}, False),  # one too long
+        ({f"UNRELATED_{i}": "v" * 1000 for i in range(2000)}, None, ""),  # a huge environment not ours: ignored
+        ({f"CNI_X{i}": "v" for i in range(FRAME_MAX_ENV)}, 5, "too many CNI_/NETPLUGIN_ variables"),
+        ({"CNI_ARGS": "K=" + "v" * (64 << 10)}, 5, "variable is too large"),
     ],
     ids=["unrelated", "too-many", "too-long"],
 )
-def test_environments_past_the_frames_limits_fall_back(
-    env: dict[str, str], forwarded: bool, san_shims: dict[str, Path], daemon: FakeDaemon
+def test_environments_past_the_frames_limits_are_input_errors_not_outages(
+    env: dict[str, str], code: int | None, words: str, san_shims: dict[str, Path], daemon: FakeDaemon
 ) -> None:
+    """Beyond the frame's limits the call itself is at fault: CNI error 5 ("too large") in either
+    install, never 11 (that blames the daemon and asks the runtime to try again)."""
     import json
 
-    done = _run(san_shims["standalone"], daemon, **env)
-    assert done.returncode == 0, done
-    assert bool(daemon.requests) is forwarded
-    assert done.stdout.startswith(b"fallback ran") is not forwarded
-    if forwarded:
-        assert not any(k.startswith("UNRELATED") for k in daemon.requests[-1][0])
-    else:
-        err = json.loads(_run(san_shims["cluster"], daemon, **env).stdout)
-        assert err["code"] == 11 and "than the frame allows" in err["msg"], err
+    for shim in ("standalone", "cluster"):
+        daemon.requests.clear()
+        done = _run(san_shims[shim], daemon, **env)
+        if code is None:
+            assert done.returncode == 0 and daemon.requests, done
+            assert not any(k.startswith("UNRELATED") for k in daemon.requests[-1][0])
+            continue
+        assert done.returncode == 1 and not daemon.requests, done
+        err = json.loads(done.stdout)
+        assert err["code"] == code and words in err["msg"], err
 
 
 def test_the_answer_parser_survives_a_bounded_random_fuzz(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ def pods(st: State) -> None:
         return
     from netplugin.store.listing import list_pods
 
-    listing = list_pods(st.config.state_dir, st.config.run_dir)
+    listing = list_pods(st.config.state_dir, st.config.run_dir, st.config.chain)
     st.emit(listing.to_dict(), listing.table() if listing.rows else None)
     for corrupt in listing.corrupt:
         _corrupt_warning(corrupt.path, corrupt.reason)

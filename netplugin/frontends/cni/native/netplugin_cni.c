@@ -328,8 +328,11 @@ static void read_stdin(struct call *c) {
     }
 }
 
-/* The request frame, or NULL with *why when the environment is beyond the frame's limits. */
-static unsigned char *build_request(const struct call *c, size_t *len, const char **why) {
+/* The request frame, or NULL with *why. *input is the CNI code of an input the frame cannot carry (too
+ * many or too long variables: 5; one without '=': 4), a permanent error of the call, not the daemon's;
+ * 0 when the frame could not be built for another reason. */
+static unsigned char *build_request(const struct call *c, size_t *len, const char **why, int *input) {
+    *input = 0;
     struct buf b = {.cap = NPF_MAX_REQUEST + NPF_HEADER};
     b.p = malloc(b.cap);
     if (!b.p) {
@@ -343,8 +346,13 @@ static unsigned char *build_request(const struct call *c, size_t *len, const cha
             continue;
         size_t n = strnlen(*e, NPF_MAX_ENV_ENTRY + 1);
         if (++count > NPF_MAX_ENV || n > NPF_MAX_ENV_ENTRY || !memchr(*e, '=', n)) {
-            *why = n > NPF_MAX_ENV_ENTRY ? "a CNI_/NETPLUGIN_ variable is longer than the frame allows"
-                                         : "more CNI_/NETPLUGIN_ variables than the frame allows";
+            if (n > NPF_MAX_ENV_ENTRY)
+                *why = "a CNI_/NETPLUGIN_ variable is too large (longer than the frame allows)";
+            else if (count > NPF_MAX_ENV)
+                *why = "too many CNI_/NETPLUGIN_ variables (more than the frame allows)";
+            else
+                *why = "a CNI_/NETPLUGIN_ variable is not NAME=VALUE";
+            *input = n <= NPF_MAX_ENV_ENTRY && count <= NPF_MAX_ENV ? NPF_E_INVALID_ENV : NPF_E_IO;
             free(b.p);
             return NULL;
         }
@@ -455,7 +463,13 @@ int main(void) {
         fall_back(&c, "NETPLUGIN_USE_DAEMON is never");
     const char *why = NULL;
     size_t req_len = 0;
-    unsigned char *req = build_request(&c, &req_len, &why);
+    int input = 0;
+    unsigned char *req = build_request(&c, &req_len, &why, &input);
+    if (!req && input) {
+        char imsg[NP_MSG_MAX];
+        snprintf(imsg, sizeof imsg, "netplugin-cni: %s", why);
+        cni_fail(input, imsg);
+    }
     if (!req)
         fall_back(&c, why);
     char cwhy[NP_MSG_MAX];
