@@ -377,6 +377,7 @@ def c_header() -> str:
         "NPF_GC_TIMEOUT_MS": int(FRAME_GC_WAIT * 1000),
         "NPF_E_TRY_AGAIN": CNI_TRY_AGAIN,
         "NPF_E_IO": CNI_IO_FAILURE,
+        "NPF_E_INVALID_ENV": CNI_INVALID_ENV,
         "NPF_CNI_LATEST": f'"{CNI_VERSIONS[-1]}"',
         "NPF_CNI_VERSIONS": f'"{versions}"',
     }
