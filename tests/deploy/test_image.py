@@ -103,6 +103,7 @@ class Node:
                         "NETPLUGIN_BRIDGE_NAME": self.bridge,
                         "NETPLUGIN_BRIDGE_SUBNET": self.subnet,
                         "NETPLUGIN_BRIDGE_IP_FORWARD": "false",  # the host's setting is not ours
+                        "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
                     },
                 }
             )

@@ -81,6 +81,7 @@ class InstalledNode:
         for kv in (f"NETPLUGIN_BRIDGE_NAME={self.bridge}", f"NETPLUGIN_BRIDGE_SUBNET={self.subnet}"):
             argv += ["--plugin-env", kv]
         argv += ["--plugin-env", "NETPLUGIN_BRIDGE_IP_FORWARD=false"]  # the host's sysctl is not ours
+        argv += ["--plugin-env", "NETPLUGIN_BRIDGE_BR_NETFILTER=false"]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NETPLUGIN_", "PYTHON"))}
         return subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env, stdin=subprocess.DEVNULL)
 

@@ -16,7 +16,7 @@ is installed as ``<plugin_dir>/bridge/`` < the file named by ``NETPLUGIN_BRIDGE_
 (cbr0), SUBNET (10.244.0.0/24; an IPv4 and an IPv6 network separated by a comma for dual
 stack, or ``node`` for the node's pod CIDRs from NETPLUGIN_NODE_POD_CIDRS), GATEWAY (first host
 of each subnet), MTU (1500), STATE_DIR (``$NETPLUGIN_STATE_DIR/bridge``), IFNAME (eth0),
-IP_FORWARD (true).
+IP_FORWARD (true), BR_NETFILTER (true: :func:`~netplugin.plugins.bridge.sysctls.bridge_netfilter_on`).
 
 IPv6 addresses (the bridge's and the pods') are added without duplicate address detection
 (``nodad``), and the bridge's own link-local address skips it too, so a pod is reachable over
@@ -78,6 +78,7 @@ from netplugin.core.plugin import CallContext, PodNetworkStatus
 from netplugin.plugins.bridge.podipam import PodIPAM
 from netplugin.plugins.bridge.reaper import LinkReaper
 from netplugin.plugins.bridge.settings import SETTING_KEYS, BridgeError, BridgeSettings, host_veth_name, load_settings
+from netplugin.plugins.bridge.sysctls import FORWARDING, bridge_netfilter_on, sysctl_on
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -198,9 +199,6 @@ _CODE = (
     "netplugin.core.netns",
     "netplugin.core.fileio",
 )
-_FORWARDING = {4: "/proc/sys/net/ipv4/ip_forward", 6: "/proc/sys/net/ipv6/conf/all/forwarding"}
-
-
 def _code_version() -> str:
     import hashlib
     import importlib.util
@@ -357,10 +355,10 @@ class NativeBridgePlugin:
             index = _configure_bridge(s, step)
         for net in s.subnets if s.ip_forward else ():
             step.what = f"enable IPv{net.version} forwarding"
-            with open(_FORWARDING[net.version], "r+") as f:
-                if f.read().strip() != "1":
-                    f.seek(0)
-                    f.write("1\n")
+            sysctl_on(FORWARDING[net.version])
+        if s.br_netfilter and s.subnets:
+            step.what = "enable bridge netfilter"
+            bridge_netfilter_on(net.version for net in s.subnets)
         return index
 
     # --- setup -----------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 
-SETTING_KEYS = ("NAME", "SUBNET", "GATEWAY", "MTU", "STATE_DIR", "IFNAME", "IP_FORWARD")
+SETTING_KEYS = ("NAME", "SUBNET", "GATEWAY", "MTU", "STATE_DIR", "IFNAME", "IP_FORWARD", "BR_NETFILTER")
 
 
 _IFNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}\Z")
@@ -70,6 +70,7 @@ class BridgeSettings:
     state_dir: str
     ifname: str
     ip_forward: bool
+    br_netfilter: bool = True
 
     @property
     def ipam_dir(self) -> str:
@@ -98,6 +99,7 @@ class BridgeSettings:
             "NETPLUGIN_BRIDGE_STATE_DIR": self.state_dir,
             "NETPLUGIN_BRIDGE_IFNAME": self.ifname,
             "NETPLUGIN_BRIDGE_IP_FORWARD": "true" if self.ip_forward else "false",
+            "NETPLUGIN_BRIDGE_BR_NETFILTER": "true" if self.br_netfilter else "false",
         }
 
 
@@ -241,6 +243,7 @@ def load_settings(
         "STATE_DIR": (env.get("NETPLUGIN_STATE_DIR") or "/var/lib/netplugin") + "/bridge",
         "IFNAME": "eth0",
         "IP_FORWARD": "true",
+        "BR_NETFILTER": "true",
     }
     for path in conf_files:
         _read_conf_file(path, raw)
@@ -286,9 +289,12 @@ def load_settings(
     if not state_dir:
         raise SettingsError("invalid NETPLUGIN_BRIDGE_STATE_DIR '/': refusing the root directory")
 
-    forward = raw["IP_FORWARD"].lower()
-    if forward not in ("true", "yes", "1", "false", "no", "0"):
-        raise bad("IP_FORWARD", "expected true or false")
+    flags: dict[str, bool] = {}
+    for key in ("IP_FORWARD", "BR_NETFILTER"):
+        value = raw[key].lower()
+        if value not in ("true", "yes", "1", "false", "no", "0"):
+            raise bad(key, "expected true or false")
+        flags[key] = value in ("true", "yes", "1")
 
     return BridgeSettings(
         name=raw["NAME"],
@@ -297,5 +303,6 @@ def load_settings(
         mtu=int(raw["MTU"], 10),
         state_dir=state_dir,
         ifname=raw["IFNAME"],
-        ip_forward=forward in ("true", "yes", "1"),
+        ip_forward=flags["IP_FORWARD"],
+        br_netfilter=flags["BR_NETFILTER"],
     )
