@@ -2,7 +2,7 @@
 
 The plugin runs inside the node through ``ip netns exec`` (the node's own /sys and sysctls): the
 bash plugin as its executable, the native one through a small driver calling
-:class:`~netplugin.plugins.bridge.plugin.NativeBridgePlugin`. Pods are netns of the test's too.
+:class:`~netplugin.plugins.bridge.bridge_plugin.NativeBridgePlugin`. Pods are netns of the test's too.
 Everything (node, pods, the netns's iptables and nft state with them) is deleted by ``close()``.
 Addresses: the pod subnet 10.205.X.0/24 with X free on this host; ``outside`` links the node to
 an underlay host netns on 10.205.(X+1).0/24 (all inside namespaces created here).
@@ -29,7 +29,7 @@ _NATIVE = r"""
 import os, sys
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext
-from netplugin.plugins.bridge.plugin import NativeBridgePlugin
+from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
 env = dict(os.environ)
 ctx = CallContext(netns=env.get("NETPLUGIN_NETNS", ""), env=env, state_dir=env["NETPLUGIN_STATE_DIR"], timeout=30)
 plugin = NativeBridgePlugin()
