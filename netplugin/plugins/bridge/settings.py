@@ -225,6 +225,13 @@ def _host_range(net: Network) -> tuple[int, int]:
     return int(net.network_address) + 1, int(net.broadcast_address)
 
 
+def _flag(raw: Mapping[str, str], key: str) -> bool:
+    value = raw[key].lower()
+    if value not in ("true", "yes", "1", "false", "no", "0"):
+        raise SettingsError(f"invalid NETPLUGIN_BRIDGE_{key} '{raw[key]}': expected true or false")
+    return value in ("true", "yes", "1")
+
+
 def load_settings(
     env: Mapping[str, str], conf_files: Sequence[str] = (), *, subnets_optional: bool = False
 ) -> BridgeSettings:
@@ -289,13 +296,7 @@ def load_settings(
     if not state_dir:
         raise SettingsError("invalid NETPLUGIN_BRIDGE_STATE_DIR '/': refusing the root directory")
 
-    flags: dict[str, bool] = {}
-    for key in ("IP_FORWARD", "BR_NETFILTER"):
-        value = raw[key].lower()
-        if value not in ("true", "yes", "1", "false", "no", "0"):
-            raise bad(key, "expected true or false")
-        flags[key] = value in ("true", "yes", "1")
-
+    flags = {key: _flag(raw, key) for key in ("IP_FORWARD", "BR_NETFILTER")}
     return BridgeSettings(
         name=raw["NAME"],
         subnets=subnets,
