@@ -66,7 +66,8 @@ class BridgeSettings:
     subnets: tuple[Network, ...]
     #: the bridge's address in each of ``subnets`` (same order)
     gateways: tuple[Address, ...]
-    mtu: int
+    #: None: ``auto``, the underlay's (computed by init, recorded in :attr:`mtu_record`)
+    mtu: int | None
     state_dir: str
     ifname: str
     ip_forward: bool
@@ -75,6 +76,11 @@ class BridgeSettings:
     @property
     def ipam_dir(self) -> str:
         return os.path.join(self.state_dir, self.name)
+
+    @property
+    def mtu_record(self) -> str:
+        """Where init records the MTU it found (``auto``), for setup to use."""
+        return os.path.join(self.ipam_dir, "mtu")
 
     @property
     def subnet(self) -> Network:
@@ -95,7 +101,7 @@ class BridgeSettings:
             "NETPLUGIN_BRIDGE_NAME": self.name,
             "NETPLUGIN_BRIDGE_SUBNET": ",".join(str(n) for n in self.subnets),
             "NETPLUGIN_BRIDGE_GATEWAY": ",".join(str(g) for g in self.gateways),
-            "NETPLUGIN_BRIDGE_MTU": str(self.mtu),
+            "NETPLUGIN_BRIDGE_MTU": "auto" if self.mtu is None else str(self.mtu),
             "NETPLUGIN_BRIDGE_STATE_DIR": self.state_dir,
             "NETPLUGIN_BRIDGE_IFNAME": self.ifname,
             "NETPLUGIN_BRIDGE_IP_FORWARD": "true" if self.ip_forward else "false",
@@ -246,7 +252,7 @@ def load_settings(
         "NAME": "cbr0",
         "SUBNET": "10.244.0.0/24",
         "GATEWAY": "",
-        "MTU": "1500",
+        "MTU": "auto",
         "STATE_DIR": (env.get("NETPLUGIN_STATE_DIR") or "/var/lib/netplugin") + "/bridge",
         "IFNAME": "eth0",
         "IP_FORWARD": "true",
@@ -284,10 +290,13 @@ def load_settings(
         )
     gateways = parse_gateways(raw["GATEWAY"], subnets) if subnets else ()
 
-    if not re.fullmatch(r"[0-9]{1,5}", raw["MTU"]) or not 68 <= int(raw["MTU"], 10) <= 65535:
-        raise bad("MTU", "expected an integer 68-65535")
-    if any(n.version == 6 for n in subnets) and int(raw["MTU"], 10) < 1280:
-        raise bad("MTU", "IPv6 needs at least 1280")
+    mtu: int | None = None
+    if raw["MTU"].lower() != "auto":
+        if not re.fullmatch(r"[0-9]{1,5}", raw["MTU"]) or not 68 <= int(raw["MTU"], 10) <= 65535:
+            raise bad("MTU", "expected auto or an integer 68-65535")
+        mtu = int(raw["MTU"], 10)
+        if any(n.version == 6 for n in subnets) and mtu < 1280:
+            raise bad("MTU", "IPv6 needs at least 1280")
 
     state_dir = raw["STATE_DIR"]
     if not state_dir.startswith("/"):
@@ -301,7 +310,7 @@ def load_settings(
         name=raw["NAME"],
         subnets=subnets,
         gateways=gateways,
-        mtu=int(raw["MTU"], 10),
+        mtu=mtu,
         state_dir=state_dir,
         ifname=raw["IFNAME"],
         ip_forward=flags["IP_FORWARD"],
