@@ -38,6 +38,7 @@ ENV_HOST_PORTS = "NETPLUGIN_HOST_PORTS"
 PROTOCOLS = ("tcp", "udp", "sctp")
 #: more than a pod can sensibly ask for; bounds the rules one pod makes
 MAX_MAPPINGS = 256
+_KEYS = ("hostPort", "containerPort", "protocol", "hostIP")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,9 @@ def from_runtime_config(conf: Mapping[str, Any]) -> tuple[HostPort, ...]:
         field = f"runtimeConfig.portMappings[{i}]"
         if not isinstance(m, dict):
             raise InvalidArgument(field, m, "must be an object")
-        out.append(_one(field, m.get("hostPort"), m.get("containerPort"), m.get("protocol"), m.get("hostIP")))
+        # the spec's spelling, else Go's field names (containerd 1.6: go-cni's PortMapping has no JSON tags)
+        values = [m.get(key, m.get(key[0].upper() + key[1:])) for key in _KEYS]
+        out.append(_one(field, *values))
     return _unique(out)
 
 
