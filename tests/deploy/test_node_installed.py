@@ -214,6 +214,7 @@ def test_the_unit_and_conflist_are_as_installed(node: InstalledNode) -> None:
         "configFile": str(node.config),
         "runDir": str(node.dirs["run"]),
         "logFile": str(node.log),
+        "capabilities": {"portMappings": True},
     }
 
 
