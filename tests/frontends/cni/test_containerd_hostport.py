@@ -1,8 +1,9 @@
-"""hostPorts under containerd through netplugin's own chain ``[netplugin.io/bridge, hostport]``.
+"""hostPorts under containerd through netplugin's own chain: the native bridge, then the shipped
+``hostport`` exec plugin or the built-in ``netplugin.io/hostport`` (the same table of checks).
 
 The conflist declares the ``portMappings`` capability, containerd passes a sandbox's port mappings
 in ``runtimeConfig.portMappings``, netplugin hands them to the chain in ``NETPLUGIN_HOST_PORTS``,
-and the shipped ``hostport`` exec plugin DNATs them in its nft table. In a node netns of the
+and the hostport member DNATs them in its nft table. In a node netns of the
 test's own (containerd, the daemon and every rule inside it) with an underlay host beside it:
 the pod's hostPort answers (TCP and UDP) from the underlay host, from the node itself, from
 another pod and from the pod itself (hairpin); a second pod asking for the same port gets a clear
@@ -33,8 +34,8 @@ REPO = Path(__file__).resolve().parents[3]
 HOSTPORT = REPO / "exec_plugins" / "hostport" / "hostport"
 
 
-@pytest.fixture
-def net(node: Node, tmp_path: Path) -> Iterator[CniNet]:  # noqa: F811
+@pytest.fixture(params=["hostport", "netplugin.io/hostport"], ids=["bash", "native"])
+def net(node: Node, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CniNet]:  # noqa: F811
     n = CniNet(node.ctd, tmp_path / "net")
     n.subnet = ipaddress.ip_network("10.201.251.0/24")
     d = n.exec_dir / "hostport"
@@ -42,7 +43,7 @@ def net(node: Node, tmp_path: Path) -> Iterator[CniNet]:  # noqa: F811
     shutil.copyfile(HOSTPORT, d / "hostport")
     os.chmod(d / "hostport", 0o755)
     config = n.daemon_config()
-    text = config.read_text().replace("plugin: bridge\n", "plugins: [netplugin.io/bridge, hostport]\n")
+    text = config.read_text().replace("plugin: bridge\n", f"plugins: [netplugin.io/bridge, {request.param}]\n")
     for key in ("IP_FORWARD", "BR_NETFILTER"):  # the node netns is the test's
         text = text.replace(f'NETPLUGIN_BRIDGE_{key}: "false"', f'NETPLUGIN_BRIDGE_{key}: "true"')
     config.write_text(text)
