@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,3 +88,29 @@ def test_the_rebuild_of_1000_mappings_is_one_transaction(netns: str, tmp_path: P
                           text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr[-500:]
     assert nft(netns, "list", "map", *TABLE.split(), "ports").count(": jump pod_") == 1000
+
+
+def test_the_daemon_rebuilds_the_table_from_the_records_at_every_start(netns: str, tmp_path: Path) -> None:
+    records = tmp_path / "state" / "hostport"
+    records.mkdir(parents=True)
+    chain = chain_name("infra-web")
+    rules = pod_rules(chain, parse_env("tcp/8080/80"), ["10.201.9.2"])
+    (records / chain).write_text("default/web infra-web\ntcp.8080\n" + "\n".join(rules) + "\n")
+    cfg = tmp_path / "netplugin.yaml"
+    cfg.write_text(f"plugins: [netplugin.io/hostport]\nstate_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\n"
+                   f"plugin_dir: {tmp_path}\nhost: none\nmetrics_address: none\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+    env.update(NETPLUGIN_CONFIG=str(cfg), PYTHONPATH=str(REPO))
+    for start in (1, 2):  # the second start: init ran this boot already, the table is rebuilt anyway
+        subprocess.run(["ip", "netns", "exec", netns, "nft", "flush", "ruleset"], check=True)
+        argv = ["ip", "netns", "exec", netns, sys.executable, "-m", "netplugin", "serve"]
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while "tcp . 8080 : jump " + chain not in nft(netns, "list", "map", *TABLE.split(), "ports"):
+                assert proc.poll() is None and time.monotonic() < deadline, f"start {start}: no rebuild"
+                time.sleep(0.1)
+            assert "dnat ip to 10.201.9.2:80" in nft(netns, "list", "chain", *TABLE.split(), chain)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
