@@ -33,8 +33,10 @@ __all__ = [
     "TABLE",
     "HostPortPlugin",
     "chain_name",
+    "forget",
     "pod_script",
     "rebuild_script",
+    "recorded_pods",
     "remove_table",
 ]
 
@@ -123,6 +125,33 @@ def rebuild_script(records_dir: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def recorded_pods(records_dir: str) -> dict[str, tuple[str, str]]:
+    """Chain -> (``namespace/name``, infra id) of every pod record (gc's view of who holds rules)."""
+    out = {}
+    names = sorted(os.listdir(records_dir)) if os.path.isdir(records_dir) else []
+    for chain in (n for n in names if re.fullmatch(r"pod_[0-9a-f]{12}", n)):
+        with open(os.path.join(records_dir, chain), encoding="utf-8", errors="replace") as f:
+            words = f.readline().split()
+        if len(words) == 2:
+            out[chain] = (words[0], words[1])
+    return out
+
+
+def forget(records_dir: str, chain: str, nft: str = "nft") -> None:
+    """Remove a pod's map elements, chain and record by its chain name; idempotent. Raises NetpluginError."""
+    held = _ports_held(nft)
+    if held is not None:  # else no table: nothing of the pod's can be left in it
+        # the elements pointing at its chain, whatever the record says (it may be gone or stale)
+        script = "".join(f"delete element {TABLE} ports {{ {_element(k)} }}\n" for k, c in held.items() if c == chain)
+        err = _nft(nft, script + f"add chain {TABLE} {chain}\ndelete chain {TABLE} {chain}\n")
+        if err:
+            raise NetpluginError(f"cannot remove the hostPort rules of chain {chain}: {err}")
+    try:
+        os.unlink(os.path.join(records_dir, chain))
+    except FileNotFoundError:
+        pass
+
+
 def remove_table(nft: str = "nft") -> None:
     """Delete the table if it exists (the uninstall's); nothing else. Raises NetpluginError."""
     _nft(nft, f"table {TABLE}\ndelete table {TABLE}\n")
@@ -204,21 +233,10 @@ class HostPortPlugin:
         return None
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None:
-        chain, records = chain_name(pod.infra_id), self._records(ctx)
-        path = os.path.join(records, chain)
-        held = _ports_held(self.nft)
-        if held is not None:  # else no table: nothing of the pod's can be left in it
-            # the elements pointing at its chain, whatever the record says (it may be gone or stale)
-            keys = sorted(k for k, c in held.items() if c == chain)
-            script = "".join(f"delete element {TABLE} ports {{ {_element(k)} }}\n" for k in keys)
-            script += f"add chain {TABLE} {chain}\ndelete chain {TABLE} {chain}\n"
-            err = _nft(self.nft, script)
-            if err:
-                raise self._fail("teardown", f"cannot remove the hostPort rules of chain {chain}: {err}")
         try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+            forget(self._records(ctx), chain_name(pod.infra_id), self.nft)
+        except NetpluginError as e:
+            raise self._fail("teardown", e.message) from None
 
     def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
         return None

@@ -114,3 +114,40 @@ def test_the_daemon_rebuilds_the_table_from_the_records_at_every_start(netns: st
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0
+
+
+def test_gc_forgets_the_hostports_of_a_pod_no_longer_recorded(netns: str, tmp_path: Path) -> None:
+    infra = f"np{secrets.token_hex(3)}i1"
+    subprocess.run(["ip", "netns", "add", infra], check=True)  # the pod's netns, by netns_template
+    try:
+        cfg = tmp_path / "netplugin.yaml"
+        cfg.write_text(
+            f"plugins: [netplugin.io/bridge, netplugin.io/hostport]\nstate_dir: {tmp_path}/state\n"
+            f"run_dir: {tmp_path}/run\nplugin_dir: {tmp_path}\nhost: none\nenv:\n  NETPLUGIN_BRIDGE_NAME: npbrhp\n"
+            "  NETPLUGIN_BRIDGE_SUBNET: 10.201.9.0/24\n  NETPLUGIN_HOST_PORTS: tcp/8080/80\n"
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+        env.update(NETPLUGIN_CONFIG=str(cfg), PYTHONPATH=str(REPO))
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            argv = ["ip", "netns", "exec", netns, sys.executable, "-m", "netplugin", *args]
+            return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+        done = cli("setup", "default", "web", infra)
+        assert done.returncode == 0, done.stderr
+        records = tmp_path / "state" / "hostport"
+        gone = chain_name("infra-gone")  # rules and a record left by a pod whose own record is gone
+        rules = pod_rules(gone, parse_env("tcp/9090/90"), ["10.201.9.77"])
+        (records / gone).write_text("default/gone infra-gone\ntcp.9090\n" + "\n".join(rules) + "\n")
+        script = [f"add chain {TABLE} {gone}", *rules, f"add element {TABLE} ports {{ tcp . 9090 : jump {gone} }}"]
+        subprocess.run(["ip", "netns", "exec", netns, "nft", "-f", "-"], check=True, text=True,
+                       input="\n".join(script) + "\n")  # fmt: skip
+        done = cli("gc")
+        assert done.returncode == 0, done.stdout + done.stderr
+        table = nft(netns, "list", "table", *TABLE.split())
+        assert gone not in table and "9090" not in table and not (records / gone).exists(), table
+        assert chain_name(infra) in table and "tcp . 8080 : jump" in table  # the recorded pod keeps its rules
+        assert cli("teardown", "default", "web", infra).returncode == 0
+        assert chain_name(infra) not in nft(netns, "list", "table", *TABLE.split())
+    finally:
+        subprocess.run(["ip", "netns", "del", infra], check=False)
