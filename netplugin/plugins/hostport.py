@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from netplugin.core.errors import NetpluginError, PluginFailed
 from netplugin.core.fileio import atomic_write
@@ -177,6 +178,15 @@ def _ports_held(nft: str) -> dict[str, str] | None:
     return {f"{p}.{port}": chain for p, port, chain in _ELEMENT.findall(out.stdout)}
 
 
+def _flush_udp(ports: Iterable[str]) -> None:
+    """Delete the conntrack entries of UDP ``ports``: a flow that predates the DNAT would keep going
+    to whoever had the port before. With the ``conntrack`` command, as the bash plugin."""
+    tool = shutil.which("conntrack")
+    for port in ports if tool else ():
+        # exit 1: no entry to delete, the common case
+        subprocess.run([tool or "conntrack", "-D", "-p", "udp", "--dport", port], capture_output=True, timeout=30)
+
+
 class HostPortPlugin:
     """The hostport chain member; ``nft`` is the command (a path in tests)."""
 
@@ -230,6 +240,10 @@ class HostPortPlugin:
         os.makedirs(records, exist_ok=True)
         text = f"{pod.namespace}/{pod.name} {pod.infra_id}\n{' '.join(keys)}\n" + "".join(r + "\n" for r in rules)
         atomic_write(os.path.join(records, chain), text.encode(), mode=0o644)
+        try:
+            _flush_udp(k.split(".")[1] for k in keys if k.startswith("udp."))
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise self._fail("setup", f"cannot flush the UDP conntrack entries: {e}") from None
         return None
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None:
