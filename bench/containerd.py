@@ -53,6 +53,7 @@ def _daemon_config(ctx: RunContext, subnet: Any, bridge: str) -> tuple[Path, Pat
         "host: none\nmetrics_address: none\nenv:\n"
         f"  NETPLUGIN_BRIDGE_NAME: {bridge}\n  NETPLUGIN_BRIDGE_SUBNET: {subnet}\n"
         "  NETPLUGIN_BRIDGE_IP_FORWARD: 'false'\n"
+        "  NETPLUGIN_BRIDGE_BR_NETFILTER: 'false'\n"
     )
     return cfg, d / "run"
 

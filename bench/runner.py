@@ -28,6 +28,7 @@ from .contenders import CNI_BRIDGE, CNI_DIR, CONTENDERS
 from .context import RunContext, clean_environ, cli_command, leftovers, with_checkout
 from .daemon import Daemon
 from .harness import Plan
+from .hostport import HOSTPORT_KEYS, fig_hostport
 from .overhead import fig_overhead
 from .plaininstall import compile_checkout
 from .pods import fig_burst, fig_drain, fig_pods
@@ -50,6 +51,7 @@ FIGURES = (
     "cluster",
     "bigcluster",
     "chain",
+    "hostport",
 )
 CNI_HINT = "install Debian's reference plugins: apt-get install -y containernetworking-plugins (into /usr/lib/cni)"
 
@@ -264,6 +266,7 @@ def _run_figures(ctx: RunContext, plan: Plan, args: argparse.Namespace, out: _Ou
         ("cluster", lambda: fig_cluster(plan.quick, _say)),
         ("bigcluster", lambda: fig_bigcluster(plan.quick, _say)),
         ("chain", lambda: fig_chain(ctx, plan, keys, pool)),
+        ("hostport", lambda: fig_hostport(ctx, plan, list(HOSTPORT_KEYS))),
     ]
     only = _only(args)
     for name, step in steps:

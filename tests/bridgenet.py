@@ -125,6 +125,7 @@ class BridgeNet:
             NETPLUGIN_BRIDGE_STATE_DIR=str(self.state_dir),
             # ip_forward is global to the host netns; tests that check it run init in their own netns.
             NETPLUGIN_BRIDGE_IP_FORWARD="false",
+            NETPLUGIN_BRIDGE_BR_NETFILTER="false",
         )
 
     # -- paths ---------------------------------------------------------------------------------------

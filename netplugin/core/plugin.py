@@ -40,6 +40,10 @@ Environment
     namespace, from ``netns_template``, default ``/var/run/netns/{infra_id}``).
     ``NETPLUGIN_CALL_ID`` is opaque: it proves a process belongs to a call
     netplugin made (:mod:`netplugin.core.execplugin.calls`).
+    ``NETPLUGIN_HOST_PORTS`` (``setup`` of a pod with hostPorts): the pod's port
+    mappings, ``PROTOCOL/HOSTPORT/CONTAINERPORT[/HOSTIP]`` separated by spaces,
+    validated (:mod:`netplugin.core.hostports`), from the CNI ``portMappings``
+    capability, else from the Pod's spec when the host knows the pod.
     The rest of netplugin's environment is inherited by default, as the kubelet
     did (plugins read their settings from it, and need ``PATH``);
     ``inherit_env: false`` passes only ``PATH``, ``LANG``, ``LC_ALL`` and

@@ -14,6 +14,9 @@
 ``plugin``    the selected plugin is valid and its init ran (this boot, these settings);
 ``node``      this node's pod CIDRs and the routes to the other nodes (the daemon's view);
 ``egress``    the egress masquerade table, when ``cluster_cidrs`` asks for one;
+``bridge_netfilter``  bridge-nf-call-ip(6)tables on while the bridge plugin's bridge serves pods;
+``forward``   pod traffic not dropped by an iptables FORWARD policy DROP (netplugin's chain accepts it);
+``mtu``       the bridge plugin's MTU (configured, or recorded by init) not above the underlay's;
 ``dirs``      the state and run dirs are netplugin's own (root's, not group/world-writable, no links).
 
 A check that cannot be answered (no daemon to ask) is a problem, with how to fix it. The CLI
@@ -33,6 +36,7 @@ from netplugin.core.plaindata import dataclass
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
+    from netplugin.plugins.bridge.settings import BridgeSettings
 
 __all__ = ["CNI_BIN_DIRS", "Check", "Node", "inline_differences", "run_checks"]
 
@@ -337,8 +341,81 @@ def check_dirs(node: Node) -> Check:
     return Check("dirs", ", ".join(found) + ": netplugin's own")
 
 
+_BRIDGES = ("bridge", "netplugin.io/bridge")
+
+
+def _bridge_settings(node: Node) -> BridgeSettings | None:
+    """The bridge plugin's settings when the chain has one (else None), as its init reads them."""
+    if not any(m in _BRIDGES for m in node.config.chain):
+        return None
+    from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
+
+    cfg = node.config
+    return NativeBridgePlugin.from_config(cfg).settings(cfg.env, cfg.state_dir, subnets_optional=True)
+
+
+def check_bridge_netfilter(node: Node) -> Check:
+    from netplugin.plugins.bridge.sysctls import bridge_netfilter_off
+
+    s = _bridge_settings(node)
+    brif = f"/sys/class/net/{s.name}/brif" if s is not None else ""
+    ports = os.listdir(brif) if brif and os.path.isdir(brif) else []
+    if s is None or not ports:
+        return Check("bridge_netfilter", "no bridge serving pods")
+    off = bridge_netfilter_off(n.version for n in s.subnets)
+    if off:
+        why = f"{', '.join(off)} off while bridge {s.name} serves {len(ports)} pod(s)"
+        why += ": a Service whose backend is on the same bridge does not answer"
+        fix = "NETPLUGIN_BRIDGE_BR_NETFILTER=true (the default), then netplugin init"
+        return Check("bridge_netfilter", s.name, why, fix)
+    return Check("bridge_netfilter", f"bridged pod traffic passes netfilter ({s.name})")
+
+
+def check_forward(node: Node) -> Check:
+    from netplugin.nodenet.egress import parse_cidrs
+    from netplugin.nodenet.forward import Forward
+
+    s = _bridge_settings(node)
+    pod_cidrs = ((node.health or {}).get("node") or {}).get("pod_cidrs") or []
+    cidrs = [*parse_cidrs("cluster_cidrs", node.config.cluster_cidrs), *parse_cidrs("pod_cidrs", pod_cidrs)]
+    cidrs += list(s.subnets) if s else []
+    problems = [p for p in (st.problem(cidrs) for st in Forward().check()) if p]
+    if problems:
+        fix = "set cluster_cidrs and start the daemon (it keeps the chain), or accept the pod CIDRs in FORWARD"
+        return Check("forward", "FORWARD policy DROP", "; ".join(problems), fix)
+    return Check("forward", "pod traffic is not dropped in FORWARD")
+
+
+def check_mtu(node: Node) -> Check:
+    from netplugin.plugins.bridge.mtu import node_links, read_record, underlay_mtu
+
+    s = _bridge_settings(node)
+    if s is None:
+        return Check("mtu", "no bridge plugin")
+    underlay = underlay_mtu(node_links(), s.name)
+    mtu = s.mtu if s.mtu is not None else read_record(s.mtu_record)
+    if mtu is not None and mtu > underlay:
+        how = "configured" if s.mtu is not None else "found by init"
+        fix = "NETPLUGIN_BRIDGE_MTU=auto (the default), then netplugin init; pods started since keep theirs"
+        why = f"the pods' MTU {mtu} ({how}) is above the underlay's {underlay}"
+        return Check("mtu", f"{s.name} mtu {mtu}", why, fix)
+    return Check("mtu", f"{s.name} mtu {mtu or 'auto (init not run)'}, underlay {underlay}")
+
+
 #: the checks, in the order they run (later ones use what earlier ones learned)
-CHECKS = (check_conflist, check_shim, check_daemon, check_settings, check_plugin, check_node, check_egress, check_dirs)
+CHECKS = (
+    check_conflist,
+    check_shim,
+    check_daemon,
+    check_settings,
+    check_plugin,
+    check_node,
+    check_egress,
+    check_bridge_netfilter,
+    check_forward,
+    check_mtu,
+    check_dirs,
+)
 
 
 def run_checks(config: Config, conf_dir: str, bin_dirs: tuple[str, ...] = CNI_BIN_DIRS) -> list[Check]:

@@ -119,7 +119,7 @@ def _reason(rec: PodRecord, host: Host | None, notes: list[str]) -> str | None:
 class GcAction:
     """One thing gc did (or, in a dry run, would do)."""
 
-    kind: str  # "teardown" | "set-aside" | "settle" | "remove-temp" | "skip"
+    kind: str  # "teardown" | "set-aside" | "settle" | "remove-temp" | "skip" | "forget-hostports"
     target: str
     reason: str
     outcome: str  # "done" | "planned" | "failed" | "skipped"
@@ -360,6 +360,7 @@ def run_gc(manager: Manager, *, dry_run: bool = False, check_host: bool = True) 
         handled.add(rec.ref)
         _teardown(manager, store, rec, host, plugins, report)
 
+    _hostport_leaks(manager, store, report, dry_run)
     # Orphaned plugin processes of pods gc did not tear down (no record, or a ready one).
     orphans = _pending_orphans(manager, store.state_dir, handled)
     for ref, pids in sorted(orphans.items(), key=lambda kv: str(kv[0])):
@@ -375,6 +376,34 @@ def run_gc(manager: Manager, *, dry_run: bool = False, check_host: bool = True) 
                 got = settle(procs, timeout_for=manager.config.timeout_for, kill_grace=manager.config.kill_grace)
                 report.actions.append(GcAction("settle", _describe(ref), why, "done", pod=ref, pids=got))
     return report
+
+
+def _hostport_leaks(manager: Manager, store: StateStore, report: GcReport, dry_run: bool) -> None:
+    """hostPort rules whose pod netplugin no longer records (a crash between its teardown's steps)."""
+    from netplugin.plugins.hostport import HOSTPORT_NAME, forget, recorded_pods
+
+    if not {"hostport", HOSTPORT_NAME} & set(manager.chain_names):
+        return
+    records = os.path.join(store.state_dir, "hostport")
+    for chain, (holder, infra) in recorded_pods(records).items():
+        why = "hostPort rules of a pod netplugin no longer records"
+        try:
+            ref = PodRef(*holder.partition("/")[::2], infra)
+        except NetpluginError as e:
+            report.actions.append(GcAction("forget-hostports", chain, why, "failed", error=e.message))
+            continue
+        with manager.pod_lock(ref):  # a setup of the pod holds it: its record exists before its rules
+            rec = store.get(ref)
+            if rec is not None and rec.ref.infra_id == infra:
+                continue
+            if dry_run:
+                report.actions.append(GcAction("forget-hostports", holder, why, "planned", pod=ref))
+                continue
+            try:
+                forget(records, chain)
+                report.actions.append(GcAction("forget-hostports", holder, why, "done", pod=ref))
+            except NetpluginError as e:
+                report.actions.append(GcAction("forget-hostports", holder, why, "failed", error=e.message))
 
 
 # --- listing ---------------------------------------------------------------------------------------------

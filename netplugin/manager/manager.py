@@ -44,6 +44,7 @@ from netplugin.core.errors import (
 from netplugin.core.execplugin.environ import base_env
 from netplugin.core.execplugin.exec_plugin import ExecPlugin
 from netplugin.core.fileio import atomic_write, read_small
+from netplugin.core.hostports import pod_host_ports
 from netplugin.core.names import PodRef, escape_plugin_name, validate_plugin_name
 from netplugin.core.netns import netns_problem
 from netplugin.core.node import NodeInfo, node_name
@@ -340,11 +341,12 @@ class Manager:
             netns = call.netns
         else:
             netns = c.netns_path(pod.infra_id)
+        env = {**self._env, **node.env(), **(call.env if call is not None else {})}
         return CallContext(
             netns=netns,
             pod=pod_obj,
             timeout=c.timeout_for(action.value),
-            env={**self._env, **node.env(), **(call.env if call is not None else {})},
+            env={**env, **pod_host_ports(env, pod_obj)} if action is Action.SETUP else env,
             state_dir=c.state_dir,
             kill_grace=c.kill_grace,
             max_output=c.max_output,

@@ -42,4 +42,12 @@ def _native_bridge(config: Config) -> Plugin:
 
 
 register_builtin(NOOP_NAME, lambda config: NoopPlugin())
+def _hostport(config: Config) -> Plugin:
+    from netplugin.plugins.hostport import HostPortPlugin
+
+    plugin: Plugin = HostPortPlugin()
+    return plugin
+
+
 register_builtin(BRIDGE_NAME, _native_bridge)
+register_builtin("netplugin.io/hostport", _hostport)

@@ -103,6 +103,7 @@ class Node:
                         "NETPLUGIN_BRIDGE_NAME": self.bridge,
                         "NETPLUGIN_BRIDGE_SUBNET": self.subnet,
                         "NETPLUGIN_BRIDGE_IP_FORWARD": "false",  # the host's setting is not ours
+                        "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
                     },
                 }
             )
@@ -244,7 +245,8 @@ def test_init_container_puts_plugins_and_a_working_shim_onto_the_node(image: str
     for module in ("netplugin", "click", "yaml", "psutil"):
         assert (node.lib / module / "__init__.py").is_file(), module
     conf = json.loads((node.cni_conf / "10-netplugin.conflist").read_text())
-    assert conf["plugins"][0] == {"type": "netplugin-cni", "configFile": str(node.config), "runDir": str(node.run_dir)}
+    assert conf["plugins"][0] == {"type": "netplugin-cni", "configFile": str(node.config), "runDir": str(node.run_dir),
+                                  "capabilities": {"portMappings": True}}
     assert node.config.read_text() == node.configmap.read_text()
     # The runtime's shim is the image's compiled one (an ELF binary, not a script), with this node's
     # socket written in and no fallback (cluster mode); the Python shim runs on the host's

@@ -248,8 +248,10 @@ def test_install_writes_one_config_and_a_conflist_that_only_names_it(tmp_path: P
     assert out.returncode == 0, out.stderr
     conf = json.loads((targets["--cni-conf-dir"] / "10-netplugin.conflist").read_text())
     [plugin] = [p for p in conf["plugins"] if p["type"] == "netplugin-cni"]
-    # The conflist names the node's config file and the run dir, and carries no setting.
-    assert plugin == {"type": "netplugin-cni", "configFile": str(config), "runDir": str(run)}
+    # The conflist names the node's config file and the run dir, declares the portMappings
+    # capability (the runtime passes hostPorts), and carries no setting.
+    assert plugin == {"type": "netplugin-cni", "configFile": str(config), "runDir": str(run),
+                      "capabilities": {"portMappings": True}}
     shipped = json.loads(CNI_CONFLIST.read_text())
     assert conf["name"] == shipped["name"] and conf["cniVersion"] == shipped["cniVersion"]
     assert set(shipped["plugins"][0]) == set(plugin)

@@ -81,6 +81,7 @@ class InstalledNode:
         for kv in (f"NETPLUGIN_BRIDGE_NAME={self.bridge}", f"NETPLUGIN_BRIDGE_SUBNET={self.subnet}"):
             argv += ["--plugin-env", kv]
         argv += ["--plugin-env", "NETPLUGIN_BRIDGE_IP_FORWARD=false"]  # the host's sysctl is not ours
+        argv += ["--plugin-env", "NETPLUGIN_BRIDGE_BR_NETFILTER=false"]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NETPLUGIN_", "PYTHON"))}
         return subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env, stdin=subprocess.DEVNULL)
 
@@ -213,6 +214,7 @@ def test_the_unit_and_conflist_are_as_installed(node: InstalledNode) -> None:
         "configFile": str(node.config),
         "runDir": str(node.dirs["run"]),
         "logFile": str(node.log),
+        "capabilities": {"portMappings": True},
     }
 
 

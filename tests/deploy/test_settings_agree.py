@@ -37,7 +37,8 @@ from netplugin.frontends.wire.fingerprint import fingerprint
 UNIT = REPO / "etc" / "systemd" / "netplugin.service"
 CONFLIST = REPO / "etc" / "cni" / "10-netplugin.conflist"
 #: the keys a conflist entry of netplugin-cni may have: where the settings are, none of them
-NO_SETTINGS = {"type", "configFile", "runDir", "logFile"}
+# capabilities: what the runtime passes (portMappings), not a netplugin setting
+NO_SETTINGS = {"type", "configFile", "runDir", "logFile", "capabilities"}
 
 
 def _call_conf(conflist: dict[str, Any]) -> dict[str, Any]:

@@ -76,13 +76,15 @@ def test_init_enables_forwarding_in_its_own_netns(bridge_net_factory: Factory) -
     net = bridge_net_factory()
     node = net.add_netns("node")
     env = net.call_env("init", None)
-    del env["NETPLUGIN_BRIDGE_IP_FORWARD"]
+    del env["NETPLUGIN_BRIDGE_IP_FORWARD"], env["NETPLUGIN_BRIDGE_BR_NETFILTER"]
+    nf = "/proc/sys/net/bridge/bridge-nf-call-iptables"  # per netns too: off in the node before init
+    subprocess.run(["ip", "netns", "exec", node, "sh", "-c", f"echo 0 > {nf}"], check=True)
     r = subprocess.run(["ip", "netns", "exec", node, str(BRIDGE), "init"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     fwd = subprocess.run(
-        ["ip", "netns", "exec", node, "cat", "/proc/sys/net/ipv4/ip_forward"], capture_output=True, text=True
+        ["ip", "netns", "exec", node, "cat", "/proc/sys/net/ipv4/ip_forward", nf], capture_output=True, text=True
     )
-    assert fwd.stdout.strip() == "1"
+    assert fwd.stdout.split() == ["1", "1"]
     inside = subprocess.run(["ip", "-n", node, "-o", "link", "show", net.bridge], capture_output=True)
     assert inside.returncode == 0
     assert not link_exists(net.bridge)
@@ -690,10 +692,11 @@ def test_default_settings(tmp_path: Path) -> None:
         "NETPLUGIN_BRIDGE_NAME": "cbr0",
         "NETPLUGIN_BRIDGE_SUBNET": "10.244.0.0/24",
         "NETPLUGIN_BRIDGE_GATEWAY": "10.244.0.1",
-        "NETPLUGIN_BRIDGE_MTU": "1500",
+        "NETPLUGIN_BRIDGE_MTU": "auto",
         "NETPLUGIN_BRIDGE_STATE_DIR": str(tmp_path / "state" / "bridge"),
         "NETPLUGIN_BRIDGE_IFNAME": "eth0",
         "NETPLUGIN_BRIDGE_IP_FORWARD": "true",
+        "NETPLUGIN_BRIDGE_BR_NETFILTER": "true",
     }
 
 
@@ -745,14 +748,15 @@ def test_shipped_example_settings_are_the_defaults(tmp_path: Path, uncomment: bo
         ("GATEWAY", "10.201.0.1", "not a host address of 10.200.1.0/24"),
         ("GATEWAY", "10.200.1.255", "not a host address of 10.200.1.0/24"),
         ("GATEWAY", "gw", "expected an IPv4 or IPv6 address"),
-        ("MTU", "jumbo", "expected an integer 68-65535"),
-        ("MTU", "67", "expected an integer 68-65535"),
-        ("MTU", "65536", "expected an integer 68-65535"),
+        ("MTU", "jumbo", "expected auto or an integer 68-65535"),
+        ("MTU", "67", "expected auto or an integer 68-65535"),
+        ("MTU", "65536", "expected auto or an integer 68-65535"),
         ("NAME", "bridge-name-too-long", "invalid NETPLUGIN_BRIDGE_NAME"),
         ("NAME", "a/b", "invalid NETPLUGIN_BRIDGE_NAME"),
         ("IFNAME", "eth 0", "invalid NETPLUGIN_BRIDGE_IFNAME"),
         ("STATE_DIR", "relative/dir", "must be an absolute path"),
         ("IP_FORWARD", "maybe", "expected true or false"),
+        ("BR_NETFILTER", "on", "expected true or false"),
     ],
 )
 @pytest.mark.parametrize("source", ["env", "file"])
@@ -762,6 +766,7 @@ def test_invalid_settings_are_rejected(tmp_path: Path, source: str, key: str, va
         "NETPLUGIN_BRIDGE_SUBNET": "10.200.1.0/24",
         "NETPLUGIN_BRIDGE_NAME": f"npbr{secrets.token_hex(3)}",
         "NETPLUGIN_BRIDGE_IP_FORWARD": "false",
+        "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
     }
     base = {k: v for k, v in base.items() if k != f"NETPLUGIN_BRIDGE_{key}"}
     if source == "env":

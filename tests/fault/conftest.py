@@ -108,6 +108,7 @@ class FaultNet:
             "NETPLUGIN_BRIDGE_STATE_DIR": str(self.bridge_state),
             # ip_forward is global to the host: these tests leave it alone.
             "NETPLUGIN_BRIDGE_IP_FORWARD": "false",
+            "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
             **self.extra_env,
         }
         doc = {

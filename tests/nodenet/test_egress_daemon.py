@@ -84,7 +84,13 @@ def test_daemon_installs_egress_at_start_and_removes_it_at_stop(netns: str, tmp_
         assert "10.206.0.0/20" in rules and "fd00:10:206::/56" in rules and rules.count("masquerade") == 2
     finally:
         assert _stop(proc) == 0, log.read_text()
-    assert _nft_tables(netns) == ["table ip np_foreign"]
+    # the FORWARD accepts (iptables-nft's filter tables) stay: pods forward through a restart
+    filters = ("table ip filter", "table ip6 filter")
+    assert [t for t in _nft_tables(netns) if t not in filters] == ["table ip np_foreign"]
+    for cmd, cidr in (("iptables", "10.206.0.0/20"), ("ip6tables", "fd00:10:206::/56")):
+        kept = subprocess.run(["ip", "netns", "exec", netns, cmd, "-S"], capture_output=True, text=True).stdout
+        assert "-A FORWARD -m comment --comment \"netplugin pod forwarding\" -j NETPLUGIN-FORWARD" in kept, kept
+        assert f"-A NETPLUGIN-FORWARD -s {cidr}" in kept
     assert "egress: masquerading pod traffic leaving 10.206.0.0/20, fd00:10:206::/56" in log.read_text()
 
 

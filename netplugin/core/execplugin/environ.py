@@ -33,6 +33,7 @@ _OWN_ENV = frozenset(
         "NETPLUGIN_INFRA_ID",
         "NETPLUGIN_NETNS",
         "NETPLUGIN_CALL_ID",
+        "NETPLUGIN_HOST_PORTS",  # the pod's own, set per call
         # set from the host at every call; an outer value must never leak in
         "NETPLUGIN_NODE_NAME",
         "NETPLUGIN_NODE_POD_CIDRS",

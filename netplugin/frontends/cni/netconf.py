@@ -23,7 +23,15 @@ from netplugin.frontends.wire.codes import CNI_INVALID_CONFIG, CNI_INVALID_ENV
 if TYPE_CHECKING:
     from netplugin.manager.manager import CallOptions
 
-__all__ = ["BANDWIDTH_ENV", "bandwidth_env", "build_config", "call_options", "derived_pod_name", "pod_ref_for"]
+__all__ = [
+    "BANDWIDTH_ENV",
+    "bandwidth_env",
+    "build_config",
+    "call_options",
+    "derived_pod_name",
+    "host_ports_env",
+    "pod_ref_for",
+]
 
 #: top-level network-config keys and the netplugin config key each sets
 _TOP_KEYS = {"plugin": "plugin", "pluginDir": "plugin_dir", "stateDir": "state_dir", "runDir": "run_dir"}
@@ -177,12 +185,14 @@ def _build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
 def call_options(req: CniRequest, netns: str | None = None) -> CallOptions:
     """The per-call part: ``CNI_NETNS`` as the netns (NO_NETNS when empty), ``CNI_IFNAME`` as
     ``NETPLUGIN_IFNAME`` and ``NETPLUGIN_BRIDGE_IFNAME``, the ``bandwidth`` capability as
-    ``NETPLUGIN_BANDWIDTH_*``. Kept out of the Config, so that the config of a CNI call equals the
-    daemon's (and init's marker) when the settings are the same."""
+    ``NETPLUGIN_BANDWIDTH_*``, the ``portMappings`` capability as ``NETPLUGIN_HOST_PORTS``. Kept out
+    of the Config, so that the config of a CNI call equals the daemon's (and init's marker) when the
+    settings are the same."""
     from netplugin.manager.manager import CallOptions
 
     env = {"NETPLUGIN_IFNAME": req.ifname, "NETPLUGIN_BRIDGE_IFNAME": req.ifname} if req.ifname else {}
     env.update(bandwidth_env(req.conf))
+    env.update(host_ports_env(req.conf))
     return CallOptions(netns=netns if netns is not None else (req.netns or NO_NETNS), env=env)
 
 
@@ -210,6 +220,19 @@ def bandwidth_env(conf: Mapping[str, Any]) -> dict[str, str]:
             raise CniError(CNI_INVALID_CONFIG, f"runtimeConfig.bandwidth.{key} {reason}")
         out[var] = str(v)
     return out
+
+
+def host_ports_env(conf: Mapping[str, Any]) -> dict[str, str]:
+    """``runtimeConfig.portMappings`` (the runtime's, for a conflist declaring the capability) as
+    ``NETPLUGIN_HOST_PORTS`` (:mod:`netplugin.core.hostports`); a bad entry is error 7 naming it."""
+    from netplugin.core.errors import InvalidArgument
+    from netplugin.core.hostports import ENV_HOST_PORTS, from_runtime_config, to_env
+
+    try:
+        maps = from_runtime_config(conf)
+    except InvalidArgument as e:
+        raise CniError(CNI_INVALID_CONFIG, e.message) from None
+    return {ENV_HOST_PORTS: to_env(maps)} if maps else {}
 
 
 def pod_ref_for(req: CniRequest) -> PodRef:

@@ -30,7 +30,7 @@ from netplugin.frontends.cni.attachments import (
     valid_attachments,
 )
 from netplugin.frontends.cni.netconf import build_config, call_options, pod_ref_for
-from netplugin.frontends.cni.result import link_mac, make_result, prev_ips
+from netplugin.frontends.cni.result import host_link_mac, link_mac, make_result, prev_ips
 from netplugin.frontends.cni.spec import (
     LATEST,
     NO_NETNS,
@@ -178,6 +178,7 @@ def _add(ops: _Ops) -> dict[str, Any]:
     # record write or init check); a plugin that reports no address gives ips: [].
     status = m.setup(pod, call)
     prev = req.conf.get("prevResult")
+    hif = status.host_interface if status is not None else None
     return make_result(
         req.cni_version,
         req.ifname,
@@ -188,6 +189,7 @@ def _add(ops: _Ops) -> dict[str, Any]:
         # podman rejects a container interface without a MAC ("invalid MAC address"); a plugin that
         # reported it with its setup spares entering the netns again
         mac=status.mac if status is not None and status.mac else link_mac(req.netns, req.ifname),
+        host=(hif, host_link_mac(hif)) if hif else None,
     )
 
 

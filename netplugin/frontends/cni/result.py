@@ -1,4 +1,9 @@
-"""The CNI ADD result: addresses with their prefix and gateway from the bridge settings, the pod interface's MAC."""
+"""The CNI ADD result: the host veth and the pod interface with their MACs, the addresses with their
+prefix and gateway from the bridge settings, pointing at the pod interface.
+
+Listing the host-side interface (no ``sandbox``) is what makes the result chainable: CNI's own
+``bandwidth``, ``tuning`` and ``firewall`` find the veth to act on there, as after the reference bridge.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["link_mac", "make_result", "prev_ips"]
+__all__ = ["host_link_mac", "link_mac", "make_result", "prev_ips"]
 
 
 def _address(ip: str, env: Mapping[str, str]) -> tuple[str, str | None]:
@@ -49,18 +54,34 @@ def link_mac(netns: str, ifname: str) -> str | None:
     SIOCGIFHWADDR on it: no process and no thread is started (a thread per ADD cost the daemon
     about a millisecond). /sys cannot be used: it shows the netns of whoever mounted it.
     """
-    import fcntl
     import socket
-    import struct
 
     from netplugin.core.netns import entered
 
     try:
         with entered(netns):
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        with sock:
-            ifreq = fcntl.ioctl(sock.fileno(), _SIOCGIFHWADDR, struct.pack("256s", ifname.encode()))
-    except OSError:  # no such netns or interface: the MAC is optional in a CNI result
+    except OSError:  # no such netns: the MAC is optional in a CNI result
+        return None
+    with sock:
+        return _mac_of(sock, ifname)
+
+
+def host_link_mac(ifname: str) -> str | None:
+    """The MAC address of ``ifname`` in the caller's own netns (a pod's host veth), or None."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        return _mac_of(sock, ifname)
+
+
+def _mac_of(sock: Any, ifname: str) -> str | None:
+    import fcntl
+    import struct
+
+    try:
+        ifreq = fcntl.ioctl(sock.fileno(), _SIOCGIFHWADDR, struct.pack("256s", ifname.encode()))
+    except OSError:  # no such interface: the MAC is optional in a CNI result
         return None
     return ":".join(f"{b:02x}" for b in ifreq[18:24])
 
@@ -73,13 +94,21 @@ def make_result(
     env: Mapping[str, str],
     prev: Mapping[str, Any] | None = None,
     mac: str | None = None,
+    host: tuple[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """The ADD result in ``cni_version``'s format; ``prev`` (a prevResult) is extended, not replaced.
 
     ``ip`` is the pod's address, or all of them (a dual-stack pod's ``PodNetworkStatus.ips``).
+    ``host`` is the host-side interface the plugin made for the pod and its MAC: listed before the
+    pod interface, without ``sandbox``, as the reference bridge lists its veth.
     """
     interfaces = [dict(i) for i in (prev or {}).get("interfaces") or [] if isinstance(i, dict)]
     ips = [dict(i) for i in (prev or {}).get("ips") or [] if isinstance(i, dict)]
+    if host is not None:
+        host_iface: dict[str, Any] = {"name": host[0]}
+        if host[1]:
+            host_iface["mac"] = host[1]
+        interfaces.append(host_iface)
     index = len(interfaces)
     iface: dict[str, Any] = {"name": ifname}
     if mac:

@@ -15,6 +15,9 @@
 * with ``cluster_cidrs`` set it keeps the egress masquerade (:mod:`netplugin.nodenet.egress`)
   for this node's pod CIDRs (all of ``cluster_cidrs`` while it does not know them), and removes
   it when the daemon stops;
+* with ``cluster_cidrs`` set it also accepts pod traffic in iptables FORWARD through a chain of its
+  own (:mod:`netplugin.nodenet.forward`: hosts whose FORWARD policy is DROP), kept when it stops
+  (pods forward through a restart) and removed by the uninstall;
 * when this node's own Node is deleted (the node leaves the cluster) it removes its routes
   and its egress table, and keeps them removed until the Node comes back;
 * what cannot be routed (a node without an InternalIP of the family, or not on a directly
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.hosts import Host
     from netplugin.nodenet.egress import Egress, EgressRules
+    from netplugin.nodenet.forward import Forward
     from netplugin.nodenet.routes import RouteReport, RouteTable
 
 __all__ = ["STATIC_POLL", "NodeKeeper", "problem_text"]
@@ -66,7 +70,13 @@ class NodeKeeper:
     """Watches the nodes and keeps the routes; thread-safe status for health and metrics."""
 
     def __init__(
-        self, config: Config, host: Host, *, routes: RouteTable | None = None, egress: Egress | None = None
+        self,
+        config: Config,
+        host: Host,
+        *,
+        routes: RouteTable | None = None,
+        egress: Egress | None = None,
+        forward: Forward | None = None,
     ) -> None:
         self.config = config
         self.host = host
@@ -77,6 +87,12 @@ class NodeKeeper:
         if egress is None and config.cluster_cidrs:
             self.egress = Egress()
         self.egress_rules: EgressRules | None = None
+        self.forward = forward
+        if forward is None and config.cluster_cidrs:
+            from netplugin.nodenet.forward import Forward
+
+            self.forward = Forward()
+        self._forward_error: str | None = None
         self._egress_error: str | None = None
         self._cidrs_warned = False
         #: this node was in the cluster (its Node seen) / has left it (its Node deleted since)
@@ -173,6 +189,7 @@ class NodeKeeper:
         errors: list[str] = []
         report = self._routes(nodes, errors, fresh=force)
         self._egress(me, errors)
+        self._forward(me, errors)
         with self._lock:
             previous = self.report
             self.nodes, self.report = nodes, report or previous
@@ -221,6 +238,22 @@ class NodeKeeper:
         if rules != self.egress_rules:
             log.info("egress: masquerading pod traffic leaving %s", ", ".join(self.config.cluster_cidrs))
         self.egress_rules = rules
+
+    def _forward(self, me: NodeInfo | None, errors: list[str]) -> None:
+        if self.forward is None or self.departed:
+            return
+        from netplugin.nodenet.egress import parse_cidrs
+
+        try:
+            cidrs = parse_cidrs("cluster_cidrs", self.config.cluster_cidrs)
+            self.forward.apply([*cidrs, *parse_cidrs("pod_cidrs", me.pod_cidrs if me is not None else ())])
+        except NetpluginError as e:
+            errors.append(f"pod forwarding not accepted: {e.message}")
+            if errors[-1] != self._forward_error:
+                log.error("%s", errors[-1])
+            self._forward_error = errors[-1]
+            return
+        self._forward_error = None
 
     def _log_changes(self, report: RouteReport, previous: RouteReport | None) -> None:
         for verb, dsts in (("added", report.added), ("changed", report.changed), ("removed", report.removed)):

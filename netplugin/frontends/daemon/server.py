@@ -4,12 +4,13 @@ One process keeps the manager (selected plugin, init marker, host, state store, 
 plugins their warm libraries) and answers the thin client of :mod:`netplugin.frontends.wire.client`
 on a unix socket; see that module for the protocol.
 
-* **Start.** Takes ``<socket>.lock`` (one daemon per socket), runs the plugin's init once (a
-  failure is logged, not fatal: the next operation retries it, and SIGHUP rescans once the
-  plugin is installed), starts the metrics server, then binds the socket: created under a 0177
-  umask (mode 0600 from the first instant) beside its final path and renamed over it, so a stale
-  socket left by a killed daemon is replaced atomically, and only after it proved dead (it does
-  not answer). Then it tells systemd ``READY=1`` (``Type=notify``).
+* **Start.** Takes ``<socket>.lock`` (one daemon per socket), runs the plugin's init once
+  (``netplugin.io/hostport``'s, which rebuilds its table from the records, at every start; a failure
+  is logged, not fatal: the next operation retries it, and SIGHUP rescans once the plugin is
+  installed), starts the metrics server, then binds the socket: created under a 0177 umask (mode
+  0600 from the first instant) beside its final path and renamed over it, so a stale socket left
+  by a killed daemon is replaced atomically, and only after it proved dead (it does not answer).
+  Then it tells systemd ``READY=1`` (``Type=notify``).
 * **Operations** run in a thread pool, so different pods proceed in parallel; actions on one
   pod serialise on the manager's per-pod flock, which the CLI and the CNI shim take too, so
   daemon and direct callers never overlap (``pods`` and ``gc``: :mod:`.records`). Requests for
@@ -19,17 +20,16 @@ on a unix socket; see that module for the protocol.
   more are answered ``DaemonUnavailable`` (not run, so a CLI in ``auto`` mode runs them itself).
 * **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``), named as the kubelet's:
   histogram ``network_plugin_operations_duration_seconds``, counter
-  ``network_plugin_operations_errors_total`` and gauge ``network_plugin_operations_in_flight``,
-  each labelled ``operation_type`` (``set_up_pod``, ``tear_down_pod``,
-  ``get_pod_network_status``). As in the kubelet, the time includes waiting for the pod's lock.
-  Also ``network_plugin_operations_total``, ``netplugin_daemon_requests_total{op,outcome}`` and
-  ``netplugin_build_info`` (see :mod:`.metrics`).
-* **Nodes** (:mod:`netplugin.frontends.daemon.nodekeeper`): with ``host: kube`` the daemon lists
-  and watches every Node and this node's Pods, so pod and node lookups are answered from memory;
-  it keeps routes to the other nodes' pod CIDRs (``node_routes``) and reports what it cannot
-  route, in its health answer (``node``) and as ``netplugin_node_*`` and ``netplugin_kube_*``
-  metrics; with ``cluster_cidrs`` it installs the egress masquerade (nftables ``table inet
-  netplugin``) and removes it at stop.
+  ``network_plugin_operations_errors_total`` and gauge ``network_plugin_operations_in_flight``, each
+  labelled ``operation_type`` (``set_up_pod``, ``tear_down_pod``, ``get_pod_network_status``). As
+  in the kubelet, the time includes waiting for the pod's lock. Also
+  ``network_plugin_operations_total``, ``netplugin_daemon_requests_total{op,outcome}``, ``netplugin_build_info``.
+* **Nodes** (:mod:`netplugin.frontends.daemon.nodekeeper`): with ``host: kube`` the
+  daemon lists and watches every Node and this node's Pods, so pod and node
+  lookups are answered from memory; it keeps routes to the other nodes' pod
+  CIDRs (``node_routes``) and reports what it cannot route, in its health answer (``node``) and as
+  ``netplugin_node_*`` and ``netplugin_kube_*`` metrics; with ``cluster_cidrs`` it installs the egress
+  masquerade (``table inet netplugin``, removed at stop) and the FORWARD accepts (kept).
 * **SIGHUP** re-reads the config file as started and takes the new settings
   (:mod:`.reconfig`), rescans the exec dir, selects the plugin again and runs its init if
   its version changed (``RELOADING=1`` ... ``READY=1`` to systemd around it); a plugin it drops
@@ -84,6 +84,7 @@ from netplugin.frontends.wire.protocol import (
 )
 from netplugin.manager.manager import Manager
 from netplugin.plugins.bounded import stuck_calls
+from netplugin.plugins.hostport import HOSTPORT_NAME
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -162,6 +163,8 @@ class Daemon:
                 chain = ",".join(self.manager.chain_names)
                 self._plugin = chain
                 ran = self.manager.init()
+                for p in (p for p in self.manager.plugins if p.name == HOSTPORT_NAME):
+                    self.manager.init_member(p, force=True)  # rebuilds its table: at every start
             except NetpluginError as e:
                 self._plugin_problem = e.message
                 log.error("plugin not ready (operations will retry): %s", e.message)

@@ -15,8 +15,9 @@ is installed as ``<plugin_dir>/bridge/`` < the file named by ``NETPLUGIN_BRIDGE_
 ``NETPLUGIN_BRIDGE_*`` in the call's environment (an empty value means unset). Keys: NAME
 (cbr0), SUBNET (10.244.0.0/24; an IPv4 and an IPv6 network separated by a comma for dual
 stack, or ``node`` for the node's pod CIDRs from NETPLUGIN_NODE_POD_CIDRS), GATEWAY (first host
-of each subnet), MTU (1500), STATE_DIR (``$NETPLUGIN_STATE_DIR/bridge``), IFNAME (eth0),
-IP_FORWARD (true).
+of each subnet), MTU (auto: :mod:`netplugin.plugins.bridge.mtu`), STATE_DIR
+(``$NETPLUGIN_STATE_DIR/bridge``), IFNAME (eth0), IP_FORWARD (true), BR_NETFILTER (true:
+:func:`~netplugin.plugins.bridge.sysctls.bridge_netfilter_on`).
 
 IPv6 addresses (the bridge's and the pods') are added without duplicate address detection
 (``nodad``), and the bridge's own link-local address skips it too, so a pod is reachable over
@@ -75,9 +76,11 @@ from netplugin.core.names import PodRef
 from netplugin.core.netlink import IFF_UP, KernelError, RawNetlink, drop_root_netlink, netns_netlink, root_netlink
 from netplugin.core.netns import netns_socket, open_netns
 from netplugin.core.plugin import CallContext, PodNetworkStatus
+from netplugin.plugins.bridge.mtu import DEFAULT_MTU, IPV6_MIN_MTU, node_links, read_record, underlay_mtu, write_record
 from netplugin.plugins.bridge.podipam import PodIPAM
 from netplugin.plugins.bridge.reaper import LinkReaper
 from netplugin.plugins.bridge.settings import SETTING_KEYS, BridgeError, BridgeSettings, host_veth_name, load_settings
+from netplugin.plugins.bridge.sysctls import FORWARDING, bridge_netfilter_on, sysctl_on
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -169,11 +172,17 @@ def _configure_bridge(s: BridgeSettings, step: _Step) -> int:
                 step.what = f"disable duplicate address detection on {s.name}"
                 with open(f"/proc/sys/net/ipv6/conf/{s.name}/accept_dad", "w") as f:
                     f.write("0\n")
+            mtu = s.mtu
+            if mtu is None:
+                step.what = "find the underlay's MTU"
+                mtu = underlay_mtu(node_links(), s.name)
+                mtu = max(mtu, IPV6_MIN_MTU) if s.subnet_of(6) is not None else mtu
+                write_record(s.mtu_record, mtu)
             gws = " and ".join(f"{g}/{n.prefixlen}" for g, n in zip(s.gateways, s.subnets, strict=True))
-            step.what = f"configure bridge {s.name} ({gws}, mtu {s.mtu})"
+            step.what = f"configure bridge {s.name} ({gws}, mtu {mtu})"
             # Pinning the current MAC stops the kernel from taking the lowest port MAC as pods join,
             # which would invalidate the pods' ARP entries for the gateway.
-            ipr.link("set", index=index, address=link.get("IFLA_ADDRESS"), mtu=s.mtu)
+            ipr.link("set", index=index, address=link.get("IFLA_ADDRESS"), mtu=mtu)
             for gw, net in zip(s.gateways, s.subnets, strict=True):
                 flags = _IFA_F_NODAD if net.version == 6 else 0
                 ipr.addr("replace", index=index, address=str(gw), prefixlen=net.prefixlen, flags=flags)
@@ -190,6 +199,8 @@ _IFA_F_NODAD = 0x02
 _CODE = (
     "netplugin.plugins.bridge.bridge_plugin",
     "netplugin.plugins.bridge.settings",
+    "netplugin.plugins.bridge.sysctls",
+    "netplugin.plugins.bridge.mtu",
     "netplugin.plugins.bridge.ipam",
     "netplugin.plugins.bridge.ipam_files",
     "netplugin.plugins.bridge.podipam",
@@ -198,9 +209,6 @@ _CODE = (
     "netplugin.core.netns",
     "netplugin.core.fileio",
 )
-_FORWARDING = {4: "/proc/sys/net/ipv4/ip_forward", 6: "/proc/sys/net/ipv6/conf/all/forwarding"}
-
-
 def _code_version() -> str:
     import hashlib
     import importlib.util
@@ -360,10 +368,10 @@ class NativeBridgePlugin:
             index = _configure_bridge(s, step)
         for net in s.subnets if s.ip_forward else ():
             step.what = f"enable IPv{net.version} forwarding"
-            with open(_FORWARDING[net.version], "r+") as f:
-                if f.read().strip() != "1":
-                    f.seek(0)
-                    f.write("1\n")
+            sysctl_on(FORWARDING[net.version])
+        if s.br_netfilter and s.subnets:
+            step.what = "enable bridge netfilter"
+            bridge_netfilter_on(net.version for net in s.subnets)
         return index
 
     # --- setup -----------------------------------------------------------------------------------------
@@ -400,6 +408,7 @@ class NativeBridgePlugin:
         step.what = "allocate an address in " + " and ".join(map(str, s.subnets))
         allocs, new_allocation = ipam.claim(pod.infra_id, pod.namespace, pod.name, timeout=ctx.timeout)
         host = host_veth_name(pod.infra_id)
+        mtu = s.mtu if s.mtu is not None else read_record(s.mtu_record) or DEFAULT_MTU
         created: int | None = None
         try:
             root = root_netlink()
@@ -417,7 +426,7 @@ class NativeBridgePlugin:
                 if existing is not None and peer is not None:
                     # Setup again for the same pod: keep the pair and make sure it is configured.
                     step.what = f"attach {host} to {s.name}"
-                    root.attach(existing, s.mtu, bridge)
+                    root.attach(existing, mtu, bridge)
                     index = existing
                     step.what = f"enable hairpin on {host}"
                     _set_hairpin(host, index)
@@ -428,7 +437,7 @@ class NativeBridgePlugin:
                     step.what = f"create veth {host} with peer {s.ifname} in {ctx.netns}"
                     # The peer is created inside the pod netns: moving a link there costs ~20 ms more.
                     # One sendmsg also sets hairpin and brings the port up (see RawNetlink.add_veth).
-                    root.add_veth(host, s.ifname, nsfd, s.mtu, bridge)
+                    root.add_veth(host, s.ifname, nsfd, mtu, bridge)
                     created = _root_ifindex(host)
                     found = ns.link_info(s.ifname)
                     if created is None or found is None:

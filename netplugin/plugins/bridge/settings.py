@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-SETTING_KEYS = ("NAME", "SUBNET", "GATEWAY", "MTU", "STATE_DIR", "IFNAME", "IP_FORWARD")
+SETTING_KEYS = ("NAME", "SUBNET", "GATEWAY", "MTU", "STATE_DIR", "IFNAME", "IP_FORWARD", "BR_NETFILTER")
 
 
 _IFNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}\Z")
@@ -67,14 +67,21 @@ class BridgeSettings:
     subnets: tuple[Network, ...]
     #: the bridge's address in each of ``subnets`` (same order)
     gateways: tuple[Address, ...]
-    mtu: int
+    #: None: ``auto``, the underlay's (computed by init, recorded in :attr:`mtu_record`)
+    mtu: int | None
     state_dir: str
     ifname: str
     ip_forward: bool
+    br_netfilter: bool = True
 
     @property
     def ipam_dir(self) -> str:
         return os.path.join(self.state_dir, self.name)
+
+    @property
+    def mtu_record(self) -> str:
+        """Where init records the MTU it found (``auto``), for setup to use."""
+        return os.path.join(self.ipam_dir, "mtu")
 
     @property
     def subnet(self) -> Network:
@@ -95,10 +102,11 @@ class BridgeSettings:
             "NETPLUGIN_BRIDGE_NAME": self.name,
             "NETPLUGIN_BRIDGE_SUBNET": ",".join(str(n) for n in self.subnets),
             "NETPLUGIN_BRIDGE_GATEWAY": ",".join(str(g) for g in self.gateways),
-            "NETPLUGIN_BRIDGE_MTU": str(self.mtu),
+            "NETPLUGIN_BRIDGE_MTU": "auto" if self.mtu is None else str(self.mtu),
             "NETPLUGIN_BRIDGE_STATE_DIR": self.state_dir,
             "NETPLUGIN_BRIDGE_IFNAME": self.ifname,
             "NETPLUGIN_BRIDGE_IP_FORWARD": "true" if self.ip_forward else "false",
+            "NETPLUGIN_BRIDGE_BR_NETFILTER": "true" if self.br_netfilter else "false",
         }
 
 
@@ -224,6 +232,13 @@ def _host_range(net: Network) -> tuple[int, int]:
     return int(net.network_address) + 1, int(net.broadcast_address)
 
 
+def _flag(raw: Mapping[str, str], key: str) -> bool:
+    value = raw[key].lower()
+    if value not in ("true", "yes", "1", "false", "no", "0"):
+        raise SettingsError(f"invalid NETPLUGIN_BRIDGE_{key} '{raw[key]}': expected true or false")
+    return value in ("true", "yes", "1")
+
+
 def load_settings(
     env: Mapping[str, str], conf_files: Sequence[str] = (), *, subnets_optional: bool = False
 ) -> BridgeSettings:
@@ -238,10 +253,11 @@ def load_settings(
         "NAME": "cbr0",
         "SUBNET": "10.244.0.0/24",
         "GATEWAY": "",
-        "MTU": "1500",
+        "MTU": "auto",
         "STATE_DIR": (env.get("NETPLUGIN_STATE_DIR") or DEFAULT_STATE_DIR) + "/bridge",
         "IFNAME": "eth0",
         "IP_FORWARD": "true",
+        "BR_NETFILTER": "true",
     }
     for path in conf_files:
         _read_conf_file(path, raw)
@@ -275,10 +291,13 @@ def load_settings(
         )
     gateways = parse_gateways(raw["GATEWAY"], subnets) if subnets else ()
 
-    if not re.fullmatch(r"[0-9]{1,5}", raw["MTU"]) or not 68 <= int(raw["MTU"], 10) <= 65535:
-        raise bad("MTU", "expected an integer 68-65535")
-    if any(n.version == 6 for n in subnets) and int(raw["MTU"], 10) < 1280:
-        raise bad("MTU", "IPv6 needs at least 1280")
+    mtu: int | None = None
+    if raw["MTU"].lower() != "auto":
+        if not re.fullmatch(r"[0-9]{1,5}", raw["MTU"]) or not 68 <= int(raw["MTU"], 10) <= 65535:
+            raise bad("MTU", "expected auto or an integer 68-65535")
+        mtu = int(raw["MTU"], 10)
+        if any(n.version == 6 for n in subnets) and mtu < 1280:
+            raise bad("MTU", "IPv6 needs at least 1280")
 
     state_dir = raw["STATE_DIR"]
     if not state_dir.startswith("/"):
@@ -287,16 +306,14 @@ def load_settings(
     if not state_dir:
         raise SettingsError("invalid NETPLUGIN_BRIDGE_STATE_DIR '/': refusing the root directory")
 
-    forward = raw["IP_FORWARD"].lower()
-    if forward not in ("true", "yes", "1", "false", "no", "0"):
-        raise bad("IP_FORWARD", "expected true or false")
-
+    flags = {key: _flag(raw, key) for key in ("IP_FORWARD", "BR_NETFILTER")}
     return BridgeSettings(
         name=raw["NAME"],
         subnets=subnets,
         gateways=gateways,
-        mtu=int(raw["MTU"], 10),
+        mtu=mtu,
         state_dir=state_dir,
         ifname=raw["IFNAME"],
-        ip_forward=forward in ("true", "yes", "1"),
+        ip_forward=flags["IP_FORWARD"],
+        br_netfilter=flags["BR_NETFILTER"],
     )

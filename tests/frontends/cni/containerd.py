@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -140,6 +141,16 @@ def pause_archive(ref: str, path: Path) -> None:
 
 
 # --- containerd --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PortMap:
+    """A pod's hostPort as the kubelet hands it to the runtime (CRI PortMapping)."""
+
+    host_port: int
+    container_port: int
+    protocol: str = "tcp"
+    host_ip: str = ""
 
 
 @dataclass
@@ -345,9 +356,11 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         annotations: dict[str, str] | None = None,
         *,
         host_network: bool = False,
+        ports: Sequence[PortMap] = (),
     ) -> Sandbox:
         """RunPodSandbox, then PodSandboxStatus. Raises grpc.RpcError as the kubelet would see it."""
-        return self.status(self.run_pod_sandbox(namespace, name, uid, attempt, annotations, host_network=host_network))
+        sid = self.run_pod_sandbox(namespace, name, uid, attempt, annotations, host_network=host_network, ports=ports)
+        return self.status(sid)
 
     def run_pod_sandbox(
         self,
@@ -358,8 +371,9 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         annotations: dict[str, str] | None = None,
         *,
         host_network: bool = False,
+        ports: Sequence[PortMap] = (),
     ) -> str:
-        """RunPodSandbox alone (the call the kubelet waits for); the sandbox id."""
+        """RunPodSandbox alone (the call the kubelet waits for); the sandbox id. ``ports``: the hostPorts."""
         pb = self.pb
         meta = pb.PodSandboxMetadata(name=name, uid=uid, namespace=namespace, attempt=attempt)
         linux = pb.LinuxPodSandboxConfig()
@@ -374,6 +388,11 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             labels={"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": namespace},
             annotations=annotations or {},
             linux=linux,
+            port_mappings=[
+                pb.PortMapping(protocol=pb.Protocol.Value(p.protocol.upper()), container_port=p.container_port,
+                               host_port=p.host_port, host_ip=p.host_ip)
+                for p in ports
+            ],
         )
         resp = self._stub.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=120)
         return str(resp.pod_sandbox_id)

@@ -17,7 +17,7 @@ R = "NETPLUGIN_BANDWIDTH_"
     ("runtime", "env"),
     [
         pytest.param(None, {}, id="no-runtimeConfig"),
-        pytest.param({"portMappings": []}, {}, id="other-capability"),
+        pytest.param({"portMappings": [{"hostPort": 80, "containerPort": 80}]}, {}, id="portMappings-not-bandwidth"),
         pytest.param({"bandwidth": {"ingressRate": 1000000, "ingressBurst": 80000, "egressRate": 2000000,
                                     "egressBurst": 160000}},
                      {R + "INGRESS_RATE": "1000000", R + "INGRESS_BURST": "80000", R + "EGRESS_RATE": "2000000",

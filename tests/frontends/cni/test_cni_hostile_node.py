@@ -56,6 +56,7 @@ class Node:
                     f"  NETPLUGIN_BRIDGE_NAME: {self.bridge}",
                     f"  NETPLUGIN_BRIDGE_SUBNET: {w.bridge_subnet}",
                     "  NETPLUGIN_BRIDGE_IP_FORWARD: 'false'",
+                    "  NETPLUGIN_BRIDGE_BR_NETFILTER: 'false'",
                     "",
                 ]
             )

@@ -88,6 +88,7 @@ def test_shim_with_the_bridge_plugin(netns: Any, shim: Any, plugin_dir: Any) -> 
             "NETPLUGIN_BRIDGE_NAME": bridge,
             "NETPLUGIN_BRIDGE_SUBNET": str(subnet),
             "NETPLUGIN_BRIDGE_IP_FORWARD": "false",
+            "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
         },
     )
     ipam = Path(shim.conf["stateDir"]) / "bridge" / bridge
@@ -104,7 +105,15 @@ def test_shim_with_the_bridge_plugin(netns: Any, shim: Any, plugin_dir: Any) -> 
             assert (ipam / "pods" / cid).read_text().split() == [cidr, "default", f"pod-{i}"]
             inside = _run("ip", "-n", ns, "-4", "-o", "addr", "show", "dev", "eth0").stdout.split()
             assert inside[inside.index("inet") + 1] == cidr
-            assert result["interfaces"] == [{"name": "eth0", "mac": _mac_in(ns, "eth0"), "sandbox": f"/run/netns/{ns}"}]
+            # chainable: the host veth (no sandbox) with its MAC first, the pod interface the IPs point at
+            host = result["interfaces"][0]["name"]
+            host_mac = Path(f"/sys/class/net/{host}/address").read_text().strip()
+            assert result["interfaces"] == [
+                {"name": host, "mac": host_mac},
+                {"name": "eth0", "mac": _mac_in(ns, "eth0"), "sandbox": f"/run/netns/{ns}"},
+            ]
+            assert host in _run("ip", "-o", "link", "show", "master", bridge).stdout
+            assert result["ips"][0]["interface"] == 1
             assert result["ips"][0]["gateway"] == str(subnet.network_address + 1)
             pods.append((ns, cid, str(ipaddress.ip_interface(cidr).ip)))
 

@@ -453,3 +453,23 @@ def test_make_result_includes_mac_when_known() -> None:
     result = make_result("1.0.0", "eth0", "/run/netns/x", "10.201.5.3", {}, mac="aa:bb:cc:dd:ee:ff")
     assert result["interfaces"] == [{"name": "eth0", "mac": "aa:bb:cc:dd:ee:ff", "sandbox": "/run/netns/x"}]
     assert result["ips"] == [{"address": "10.201.5.3/32", "interface": 0}]
+
+
+@pytest.mark.parametrize(
+    ("prev", "host", "want_names", "want_index"),
+    [
+        pytest.param(None, None, [("eth0", "/run/netns/x")], 0, id="no-host-interface"),
+        pytest.param(None, ("np0a1b2c", "02:00:00:00:00:01"), [("np0a1b2c", None), ("eth0", "/run/netns/x")], 1,
+                     id="host-veth-first"),
+        pytest.param({"interfaces": [{"name": "lo", "sandbox": "/x"}], "ips": []}, ("np0a1b2c", None),
+                     [("lo", "/x"), ("np0a1b2c", None), ("eth0", "/run/netns/x")], 2, id="after-a-prev-result"),
+    ],
+)
+def test_the_result_lists_the_host_veth_and_the_ips_point_at_the_pod_interface(
+    prev: Any, host: Any, want_names: list[Any], want_index: int
+) -> None:
+    result = make_result("1.0.0", "eth0", "/run/netns/x", "10.201.5.3", {}, prev, host=host)
+    assert [(i["name"], i.get("sandbox")) for i in result["interfaces"]] == want_names
+    assert result["ips"] == [{"address": "10.201.5.3/32", "interface": want_index}]
+    if host and host[1]:
+        assert result["interfaces"][0] == {"name": host[0], "mac": host[1]}

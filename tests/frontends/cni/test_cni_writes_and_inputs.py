@@ -170,7 +170,8 @@ def test_bash_ipam_enospc_names_the_errno_and_leaves_no_temp_file(world: Any, ti
     d = tiny_fs("size=64k,nr_inodes=64")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
     env.update(NETPLUGIN_BRIDGE_NAME=f"npbr{world.tag}", NETPLUGIN_BRIDGE_SUBNET=world.bridge_subnet,
-               NETPLUGIN_BRIDGE_STATE_DIR=str(d), NETPLUGIN_BRIDGE_IP_FORWARD="false")
+               NETPLUGIN_BRIDGE_STATE_DIR=str(d), NETPLUGIN_BRIDGE_IP_FORWARD="false",
+               NETPLUGIN_BRIDGE_BR_NETFILTER="false")
 
     def plugin(*argv: str, netns: str = "") -> subprocess.CompletedProcess[bytes]:
         return world.run([str(BRIDGE), *argv], env=dict(env, NETPLUGIN_NETNS=netns), timeout=60)

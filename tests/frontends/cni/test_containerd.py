@@ -112,6 +112,7 @@ class CniNet:
                 "NETPLUGIN_BRIDGE_SUBNET": str(self.subnet),
                 # ip_forward is the host's; pods on one bridge do not need it
                 "NETPLUGIN_BRIDGE_IP_FORWARD": "false",
+                "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
             },
             **extra,
         }
@@ -139,12 +140,14 @@ class CniNet:
         path.write_text("\n".join(lines) + "\n")
         return path
 
-    def start_daemon(self, config: Path) -> subprocess.Popen[bytes]:
+    def start_daemon(self, config: Path, netns: str | None = None) -> subprocess.Popen[bytes]:
+        """``netplugin serve`` with ``config``, in the named netns (its own /sys) when given."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
         env["NETPLUGIN_CONFIG"] = str(config)
         log = open(self.tmp / "daemon.log", "wb")  # noqa: SIM115 -- the daemon writes it until close()
+        inside = ["ip", "netns", "exec", netns] if netns else []
         self.daemon = subprocess.Popen(
-            [sys.executable, "-m", "netplugin", "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
+            [*inside, sys.executable, "-m", "netplugin", "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
         )
         log.close()
         sock = str(self.run_dir / "netplugin.sock")

@@ -116,6 +116,7 @@ class PodmanNet:
                         "NETPLUGIN_BRIDGE_SUBNET": str(self.subnet),
                         # ip_forward is the host's; two pods on one bridge do not need it
                         "NETPLUGIN_BRIDGE_IP_FORWARD": "false",
+                        "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
                     },
                 }
             ],

@@ -59,18 +59,29 @@ class Egress:
         self.calls.append(("remove", ()))
 
 
+class Forward:
+    """The FORWARD accept chain at its seam: records what it was asked to accept."""
+
+    def __init__(self) -> None:
+        self.applied: list[tuple[str, ...]] = []
+
+    def apply(self, cidrs: Any) -> None:
+        self.applied.append(tuple(map(str, cidrs)))
+
+
 class DownHost(FakeHost):
     def list_nodes(self) -> list[NodeInfo]:
         raise HostError("cannot list nodes from http://api: HTTP 503")
 
 
 def keeper(host: FakeHost, **cfg: Any) -> tuple[NodeKeeper, Routes, Egress]:
-    routes, egress = Routes(), Egress()
+    routes, egress, forward = Routes(), Egress(), Forward()
     k = NodeKeeper(
         Config(cluster_cidrs=("10.206.128.0/17",), **cfg),
         host,
         routes=routes,  # type: ignore[arg-type]
         egress=egress,  # type: ignore[arg-type]
+        forward=forward,  # type: ignore[arg-type]
     )
     return k, routes, egress
 
@@ -81,6 +92,7 @@ def test_sync_reconciles_and_reports() -> None:
     assert k.sync()
     assert routes.calls == [["fake-node", "far", "peer"]]  # sorted by name
     assert egress.calls == [("ensure", ("10.206.129.0/24",))]
+    assert k.forward.applied == [("10.206.128.0/17", "10.206.129.0/24")]  # type: ignore[union-attr]
     st = k.status()
     assert st["name"] == "fake-node" and st["pod_cidrs"] == ["10.206.129.0/24"] and st["nodes"] == 3
     assert st["routes"] == [{"dst": "10.206.130.0/24", "via": "10.206.0.12", "node": "peer"}]

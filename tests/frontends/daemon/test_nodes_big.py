@@ -21,6 +21,7 @@ from netplugin.frontends.lab.simcluster.apiserver import ApiServer, kubelet_node
 from netplugin.hosts.kube import KubeHost
 from netplugin.hosts.kubeconfig import KubeSettings
 from netplugin.nodenet.egress import Egress
+from netplugin.nodenet.forward import Forward
 from netplugin.nodenet.routes import RouteTable
 from tests.nettest import ip_in as ip
 from tests.nettest import kernel_gate, underlay_netns
@@ -58,6 +59,7 @@ def test_5000_nodes_list_page_by_page_and_get_their_routes(netns: str, monkeypat
         host,
         routes=RouteTable("n00000", cluster_cidrs=CLUSTER, netns=netns),
         egress=Egress(f"np{secrets.token_hex(3)}", netns=netns),
+        forward=Forward(f"NP-{secrets.token_hex(3)}", netns=netns),
     )
     start = time.monotonic()
     keeper.start()

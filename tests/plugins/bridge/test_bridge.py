@@ -192,6 +192,7 @@ def _plain_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         {},
         {"NETPLUGIN_BRIDGE_SUBNET": "10.204.3.0/24", "NETPLUGIN_BRIDGE_GATEWAY": "10.204.3.254"},
         {"NETPLUGIN_BRIDGE_MTU": "01400", "NETPLUGIN_BRIDGE_IFNAME": "net0", "NETPLUGIN_BRIDGE_IP_FORWARD": "No"},
+        {"NETPLUGIN_BRIDGE_BR_NETFILTER": "0"},
         {"NETPLUGIN_BRIDGE_STATE_DIR": "/var/lib/x//", "NETPLUGIN_BRIDGE_NAME": "br.test-1"},
         {"NETPLUGIN_BRIDGE_SUBNET": "10.0.0.0/8", "NETPLUGIN_BRIDGE_NAME": ""},
     ],
@@ -233,13 +234,14 @@ def test_settings_files_match_the_bash_plugin(tmp_path: Path) -> None:
         ("SUBNET", "10.204.1.0/7", "prefix length must be 8-30"),
         ("GATEWAY", "10.205.0.1", "not a host address of 10.204.1.0/24"),
         ("GATEWAY", "10.204.1.255", "not a host address"),
-        ("MTU", "67", "expected an integer 68-65535"),
-        ("MTU", "65536", "expected an integer 68-65535"),
+        ("MTU", "67", "expected auto or an integer 68-65535"),
+        ("MTU", "65536", "expected auto or an integer 68-65535"),
         ("NAME", "bridge-name-too-long", "invalid NETPLUGIN_BRIDGE_NAME"),
         ("IFNAME", "eth 0", "invalid NETPLUGIN_BRIDGE_IFNAME"),
         ("STATE_DIR", "relative/dir", "must be an absolute path"),
         ("STATE_DIR", "///", "refusing the root directory"),
         ("IP_FORWARD", "maybe", "expected true or false"),
+        ("BR_NETFILTER", "on", "expected true or false"),
     ],
 )
 def test_invalid_settings_are_rejected_like_the_bash_plugin(tmp_path: Path, key: str, value: str, message: str) -> None:
@@ -314,7 +316,10 @@ def test_init_enables_forwarding_in_its_own_netns(native_factory: Callable[..., 
     # ip_forward is per netns: init runs in a throwaway "node" netns (with its own /sys via ip netns exec).
     net = native_factory()
     node = net.add_netns("node")
-    env = {k: v for k, v in net.env.items() if k != "NETPLUGIN_BRIDGE_IP_FORWARD"}
+    skip = ("NETPLUGIN_BRIDGE_IP_FORWARD", "NETPLUGIN_BRIDGE_BR_NETFILTER")
+    env = {k: v for k, v in net.env.items() if k not in skip}
+    nf = "/proc/sys/net/bridge/bridge-nf-call-iptables"  # per netns too: off in the node before init
+    _run(["ip", "netns", "exec", node, "sh", "-c", f"echo 0 > {nf}"])
     code = (
         "import sys; from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin;"
         "from netplugin.core.plugin import CallContext;"
@@ -329,7 +334,7 @@ def test_init_enables_forwarding_in_its_own_netns(native_factory: Callable[..., 
         timeout=60,
     )
     assert r.returncode == 0, r.stderr
-    assert _run(["ip", "netns", "exec", node, "cat", "/proc/sys/net/ipv4/ip_forward"]).stdout.strip() == "1"
+    assert _run(["ip", "netns", "exec", node, "cat", "/proc/sys/net/ipv4/ip_forward", nf]).stdout.split() == ["1", "1"]
     assert _run(["ip", "-n", node, "-o", "link", "show", net.bridge]).returncode == 0
     assert not link_exists(net.bridge)
 

@@ -413,6 +413,7 @@ def _bash_env(tmp_path: Path, ipam_dir: Path, subnet: str, infra: str) -> dict[s
         NETPLUGIN_BRIDGE_NAME=ipam_dir.name,
         NETPLUGIN_BRIDGE_SUBNET=subnet,
         NETPLUGIN_BRIDGE_IP_FORWARD="false",
+        NETPLUGIN_BRIDGE_BR_NETFILTER="false",
         NETPLUGIN_ACTION="teardown",
         NETPLUGIN_INFRA_ID=infra,
         NETPLUGIN_NETNS=f"/var/run/netns/{infra}",

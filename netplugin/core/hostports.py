@@ -1,0 +1,140 @@
+"""A pod's hostPorts: parsed from where they come from, checked, and written for plugins.
+
+Sources: the CNI ``portMappings`` capability (``runtimeConfig.portMappings``, which containerd and
+CRI-O pass for a conflist declaring it), else the Pod's spec (``containers[].ports[]`` with a
+``hostPort``) when the Host knows the pod, as kubenet's hostport manager read it.
+
+Plugins get them in ``NETPLUGIN_HOST_PORTS`` (part of the plugin contract, core/plugin.py): one
+entry per mapping, separated by spaces, each ``PROTOCOL/HOSTPORT/CONTAINERPORT`` or
+``PROTOCOL/HOSTPORT/CONTAINERPORT/HOSTIP`` (protocol ``tcp``, ``udp`` or ``sctp``; the host IP in
+its canonical form), already validated: a bash plugin splits it without parsing JSON.
+
+Loopback host IPs (127.0.0.0/8, ::1) are refused: DNAT to a pod from them needs
+``route_localnet``, the root of CVE-2020-8558 (services bound to localhost reachable from the
+node's neighbours).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from netplugin.core.errors import InvalidArgument
+from netplugin.core.plaindata import dataclass
+
+__all__ = [
+    "ENV_HOST_PORTS",
+    "PROTOCOLS",
+    "HostPort",
+    "from_pod",
+    "from_runtime_config",
+    "parse_env",
+    "pod_host_ports",
+    "to_env",
+]
+
+ENV_HOST_PORTS = "NETPLUGIN_HOST_PORTS"
+PROTOCOLS = ("tcp", "udp", "sctp")
+#: more than a pod can sensibly ask for; bounds the rules one pod makes
+MAX_MAPPINGS = 256
+_KEYS = ("hostPort", "containerPort", "protocol", "hostIP")
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    protocol: str
+    host_port: int
+    container_port: int
+    host_ip: str = ""
+
+    def entry(self) -> str:
+        base = f"{self.protocol}/{self.host_port}/{self.container_port}"
+        return f"{base}/{self.host_ip}" if self.host_ip else base
+
+
+def _port(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise InvalidArgument(field, value, "must be a port number 1-65535")
+    return value
+
+
+def _one(field: str, host_port: Any, container_port: Any, protocol: Any, host_ip: Any) -> HostPort:
+    proto = protocol.lower() if isinstance(protocol, str) and protocol else "tcp"
+    if proto not in PROTOCOLS:
+        raise InvalidArgument(f"{field}.protocol", protocol, "must be TCP, UDP or SCTP")
+    ip = ""
+    if host_ip not in (None, "", "0.0.0.0", "::"):
+        try:
+            addr = ipaddress.ip_address(host_ip if isinstance(host_ip, str) else "")
+        except ValueError:
+            raise InvalidArgument(f"{field}.hostIP", host_ip, "must be an IP address") from None
+        if addr.is_loopback:
+            reason = "loopback hostPorts need route_localnet (CVE-2020-8558): not supported"
+            raise InvalidArgument(f"{field}.hostIP", host_ip, reason)
+        ip = str(addr)
+    return HostPort(proto, _port(f"{field}.hostPort", host_port), _port(f"{field}.containerPort", container_port), ip)
+
+
+def _unique(maps: Iterable[HostPort]) -> tuple[HostPort, ...]:
+    out = tuple(dict.fromkeys(maps))
+    if len(out) > MAX_MAPPINGS:
+        raise InvalidArgument("portMappings", f"{len(out)} mappings", f"at most {MAX_MAPPINGS}")
+    return out
+
+
+def from_runtime_config(conf: Mapping[str, Any]) -> tuple[HostPort, ...]:
+    """``runtimeConfig.portMappings`` of a CNI config (() when absent); InvalidArgument names the entry."""
+    runtime = conf.get("runtimeConfig")
+    maps = runtime.get("portMappings") if isinstance(runtime, dict) else None
+    if maps is None:
+        return ()
+    if not isinstance(maps, list):
+        raise InvalidArgument("runtimeConfig.portMappings", maps, "must be a list")
+    out = []
+    for i, m in enumerate(maps):
+        field = f"runtimeConfig.portMappings[{i}]"
+        if not isinstance(m, dict):
+            raise InvalidArgument(field, m, "must be an object")
+        # the spec's spelling, else Go's field names (containerd 1.6: go-cni's PortMapping has no JSON tags)
+        values = [m.get(key, m.get(key[0].upper() + key[1:])) for key in _KEYS]
+        out.append(_one(field, *values))
+    return _unique(out)
+
+
+def from_pod(pod: Mapping[str, Any] | None) -> tuple[HostPort, ...]:
+    """The hostPorts of a Pod object's containers (ports without a hostPort are not mappings)."""
+    spec = (pod or {}).get("spec")
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    out = []
+    for c in containers if isinstance(containers, list) else []:
+        ports = c.get("ports") if isinstance(c, dict) else None
+        for i, p in enumerate(ports if isinstance(ports, list) else []):
+            if isinstance(p, dict) and p.get("hostPort"):
+                field = f"pod.spec.containers[{c.get('name')}].ports[{i}]"
+                out.append(_one(field, p.get("hostPort"), p.get("containerPort"), p.get("protocol"), p.get("hostIP")))
+    return _unique(out)
+
+
+def pod_host_ports(env: Mapping[str, str], pod: Mapping[str, Any] | None) -> dict[str, str]:
+    """``NETPLUGIN_HOST_PORTS`` from the Pod's spec when the runtime passed none ({} otherwise)."""
+    if pod is None or ENV_HOST_PORTS in env:
+        return {}
+    ports = to_env(from_pod(pod))
+    return {ENV_HOST_PORTS: ports} if ports else {}
+
+
+def to_env(maps: Iterable[HostPort]) -> str:
+    return " ".join(m.entry() for m in maps)
+
+
+def parse_env(value: str) -> tuple[HostPort, ...]:
+    """The variable's value back into mappings (validated again: it may come from anywhere)."""
+    out = []
+    for i, entry in enumerate(value.split()):
+        parts = entry.split("/")
+        field = f"{ENV_HOST_PORTS}[{i}]"
+        if len(parts) not in (3, 4) or not parts[1].isdigit() or not parts[2].isdigit():
+            raise InvalidArgument(field, entry, "expected PROTOCOL/HOSTPORT/CONTAINERPORT[/HOSTIP]")
+        out.append(_one(field, int(parts[1]), int(parts[2]), parts[0], parts[3] if len(parts) == 4 else ""))
+    return _unique(out)

@@ -1,0 +1,162 @@
+"""Pod traffic through hosts whose FORWARD policy is DROP (Docker, ufw, firewalld): accepted in a chain
+netplugin owns, the way CNI's ``firewall`` plugin does it.
+
+An nftables ``accept`` in netplugin's own table cannot override a ``drop`` verdict of another base
+chain on the same hook (iptables-nft's ``filter FORWARD`` is one), so the accepts go where that
+drop is: iptables (and ip6tables) ``filter``, in a chain of netplugin's own, jumped to from the top
+of ``FORWARD`` once::
+
+    -A FORWARD -m comment --comment "netplugin pod forwarding" -j NETPLUGIN-FORWARD   (inserted first)
+    -A NETPLUGIN-FORWARD -s 10.244.0.0/16 -m comment --comment "netplugin pod forwarding" -j ACCEPT
+    -A NETPLUGIN-FORWARD -d 10.244.0.0/16 -m comment --comment "netplugin pod forwarding" -j ACCEPT
+
+for every CIDR pods have (the cluster CIDRs and this node's pod CIDRs): pod to pod on this node
+(bridged frames pass FORWARD with br_netfilter), to and from other nodes, and to the underlay
+(masqueraded by :mod:`netplugin.nodenet.egress`) with its replies, hostPort and NodePort traffic
+DNATed to a pod included. Nothing else is accepted, and nothing of anyone else's is touched.
+
+:meth:`Forward.apply` rewrites the chain in one ``iptables-restore --noflush`` (declaring the chain
+empties it: never a second copy of a rule) and inserts the jump only when it is missing.
+:meth:`Forward.remove` (the uninstall's) deletes every jump to the chain, then the chain.
+:meth:`Forward.check` reads what is there, for ``netplugin doctor``. A node without the command of
+a family has no iptables FORWARD to drop in: that family is skipped (``present`` False).
+Needs iptables (the ``iptables`` package, either backend) and CAP_NET_ADMIN.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+
+from netplugin.core.errors import InvalidArgument, NetpluginError
+from netplugin.core.plaindata import dataclass
+
+__all__ = ["CHAIN", "COMMENT", "Forward", "ForwardError", "ForwardState"]
+
+CHAIN = "NETPLUGIN-FORWARD"
+COMMENT = "netplugin pod forwarding"
+_CHAIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,27}\Z")
+_COMMANDS = {4: "iptables", 6: "ip6tables"}
+_TAIL = 2048
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class ForwardError(NetpluginError):
+    """iptables failed or timed out; carries the command's stderr tail."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardState:
+    """One family's FORWARD as found: its policy, whether it jumps to the chain, what the chain accepts."""
+
+    version: int
+    present: bool
+    policy: str = ""
+    jumps: int = 0
+    accepted: tuple[str, ...] = ()
+
+    def problem(self, cidrs: Iterable[Network]) -> str | None:
+        """Why pod traffic of this family may be dropped (None: it is not), for ``doctor``."""
+        want = sorted({str(n) for n in cidrs if n.version == self.version})
+        if not self.present or self.policy != "DROP" or not want:
+            return None
+        cmd = _COMMANDS[self.version]
+        if self.jumps == 0:
+            return f"{cmd} FORWARD policy is DROP and does not jump to {CHAIN}: pod traffic through the node is dropped"
+        missing = [c for c in want if c not in self.accepted]
+        if missing:
+            return f"{cmd} FORWARD policy is DROP and {CHAIN} does not accept {', '.join(missing)}"
+        return None
+
+
+def _collapse(nets: list[Network]) -> list[Network]:
+    v4 = ipaddress.collapse_addresses(n for n in nets if isinstance(n, ipaddress.IPv4Network))
+    v6 = ipaddress.collapse_addresses(n for n in nets if isinstance(n, ipaddress.IPv6Network))
+    return [*v4, *v6]
+
+
+class Forward:
+    """The accept chain of one network namespace (``netns``: a path; default the caller's own)."""
+
+    def __init__(self, chain: str = CHAIN, *, netns: str | None = None, timeout: float = 10.0) -> None:
+        if not _CHAIN_NAME.match(chain):
+            raise InvalidArgument("chain", chain, "1-28 letters, digits, '_' and '-', starting with a letter")
+        self.chain = chain
+        self.netns = netns
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        where = f", netns={self.netns!r}" if self.netns else ""
+        return f"Forward({self.chain}{where})"
+
+    def apply(self, cidrs: Sequence[Network]) -> None:
+        """Accept traffic from and to ``cidrs`` in every family that has some; idempotent."""
+        for version, cmd in _COMMANDS.items():
+            nets = _collapse([n for n in cidrs if n.version == version])
+            if not nets or shutil.which(cmd) is None:
+                continue
+            jump = ["FORWARD", "-m", "comment", "--comment", COMMENT, "-j", self.chain]
+            lines = ["*filter", f":{self.chain} - [0:0]"]
+            for net in nets:
+                for flag in ("-s", "-d"):
+                    lines.append(f'-A {self.chain} {flag} {net} -m comment --comment "{COMMENT}" -j ACCEPT')
+            if self._run(cmd, ["-C", *jump], ok_codes=(0, 1, 2)).returncode != 0:  # 2: no chain yet
+                lines.append(f'-I FORWARD 1 -m comment --comment "{COMMENT}" -j {self.chain}')
+            lines.append("COMMIT")
+            self._run(f"{cmd}-restore", ["--noflush"], script="\n".join(lines) + "\n")
+
+    def remove(self) -> None:
+        """Delete every jump to the chain and the chain, in both families; idempotent."""
+        for cmd in _COMMANDS.values():
+            if shutil.which(cmd) is None:
+                continue
+            jump = ["FORWARD", "-m", "comment", "--comment", COMMENT, "-j", self.chain]
+            while self._run(cmd, ["-D", *jump], ok_codes=(0, 1, 2)).returncode == 0:
+                pass
+            if self._run(cmd, ["-t", "filter", "-S", self.chain], ok_codes=(0, 1, 2)).returncode == 0:
+                self._run(cmd, ["-F", self.chain])
+                self._run(cmd, ["-X", self.chain])
+
+    def check(self) -> list[ForwardState]:
+        """Each family's FORWARD as it is now."""
+        out: list[ForwardState] = []
+        for version, cmd in _COMMANDS.items():
+            if shutil.which(cmd) is None:
+                out.append(ForwardState(version, present=False))
+                continue
+            rules = self._run(cmd, ["-t", "filter", "-S"]).stdout.splitlines()
+            policy = next((r.split()[2] for r in rules if r.startswith("-P FORWARD ")), "")
+            jumps = sum(1 for r in rules if r.startswith("-A FORWARD ") and r.endswith(f"-j {self.chain}"))
+            mine = [r.split() for r in rules if r.startswith(f"-A {self.chain} -s ")]
+            accepted = tuple(str(ipaddress.ip_network(r[3])) for r in mine)
+            out.append(ForwardState(version, True, policy, jumps, accepted))
+        return out
+
+    def _run(
+        self, cmd: str, args: list[str], *, script: str | None = None, ok_codes: tuple[int, ...] = (0,)
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [cmd, "-w", *args]  # -w: wait for the xtables lock another writer holds
+        if self.netns:
+            argv = ["nsenter", f"--net={self.netns}", *argv]
+        what = f"{cmd} {' '.join(args)}"
+        try:
+            done = subprocess.run(
+                argv, input=script or "", capture_output=True, text=True, timeout=self.timeout, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise ForwardError(f"cannot run {what}: no answer within {self.timeout:g}s", chain=self.chain) from None
+        except OSError as e:
+            raise ForwardError(f"cannot run {what}: {e.strerror or e}", chain=self.chain) from e
+        if done.returncode not in ok_codes:
+            tail = done.stderr.strip()[-_TAIL:]
+            raise ForwardError(
+                f"{what} exited with status {done.returncode}: {tail or '(no message)'}",
+                chain=self.chain,
+                exit_status=done.returncode,
+                stderr_tail=tail,
+            )
+        return done

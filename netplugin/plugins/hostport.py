@@ -1,0 +1,259 @@
+"""``netplugin.io/hostport``: a pod's hostPorts DNATed with nftables, in process.
+
+The same table, chain names, rules and records as the bash plugin ``exec_plugins/hostport/hostport``
+(its README section says what a mapping does and how conflicts are refused), so the two are
+interchangeable on a node and either can follow either bridge in a chain. What this one adds:
+
+* ``init`` rebuilds the whole table from the pod records in one nft transaction (``table``;
+  ``delete table``; the table with every recorded pod's chain and map elements): after a reboot,
+  a ``nft flush ruleset`` or a firewall reload, the daemon's start brings every hostPort back.
+  :func:`rebuild_script` is what :meth:`HostPortPlugin.init` runs, and what the uninstall and
+  self-repair can call (:func:`remove_table` takes it away).
+* no bash: one ``nft`` process a setup or teardown.
+
+A record, ``$NETPLUGIN_STATE_DIR/hostport/<chain>``: line 1 ``namespace/name infra-id``, line 2
+the pod's keys (``tcp.8080 udp.53``), then the pod's ``add rule`` lines (its DNAT rules).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+
+from netplugin.core.errors import NetpluginError, PluginFailed
+from netplugin.core.fileio import atomic_write
+from netplugin.core.hostports import ENV_HOST_PORTS, HostPort, parse_env
+from netplugin.core.names import PodRef
+from netplugin.core.plugin import CallContext, PodNetworkStatus
+
+__all__ = [
+    "HOSTPORT_NAME",
+    "TABLE",
+    "HostPortPlugin",
+    "chain_name",
+    "forget",
+    "pod_script",
+    "rebuild_script",
+    "recorded_pods",
+    "remove_table",
+]
+
+HOSTPORT_NAME = "netplugin.io/hostport"
+TABLE = "inet netplugin_hostport"
+HAIRPIN_MARK = "0x2000"
+_ELEMENT = re.compile(r"(tcp|udp|sctp) \. (\d+) : jump (pod_[0-9a-f]+)")
+_BASE = f"""add table {TABLE}
+add map {TABLE} ports {{ type inet_proto . inet_service : verdict; }}
+add chain {TABLE} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}
+add chain {TABLE} output {{ type nat hook output priority -100; policy accept; }}
+add chain {TABLE} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}
+flush chain {TABLE} prerouting
+flush chain {TABLE} output
+flush chain {TABLE} postrouting
+add rule {TABLE} prerouting fib daddr type local meta l4proto . th dport vmap @ports
+add rule {TABLE} output fib daddr type local meta l4proto . th dport vmap @ports
+add rule {TABLE} postrouting meta mark & {HAIRPIN_MARK} == {HAIRPIN_MARK} masquerade
+"""
+
+
+def chain_name(infra_id: str) -> str:
+    """``pod_`` + 12 hex digits of FNV-1a-64 of the infra id (the bash plugin's rule)."""
+    h = 0xCBF29CE484222325
+    for b in infra_id.encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"pod_{h:016x}"[:16]
+
+
+def _key(m: HostPort) -> str:
+    return f"{m.protocol}.{m.host_port}"
+
+
+def pod_rules(chain: str, maps: Sequence[HostPort], ips: Sequence[str]) -> list[str]:
+    """The pod's ``add rule`` lines: per mapping and pod address of its family, the hairpin mark and the DNAT."""
+    out = []
+    for m in maps:
+        for ip in ips:
+            fam, nfp = ("ip6", "ipv6") if ":" in ip else ("ip", "ipv4")
+            if m.host_ip and (":" in m.host_ip) != (fam == "ip6"):
+                continue
+            match = f"meta nfproto {nfp} meta l4proto {m.protocol} th dport {m.host_port}"
+            if m.host_ip:
+                match += f" {fam} daddr {m.host_ip}"
+            to = f"[{ip}]" if fam == "ip6" else ip
+            out.append(f"add rule {TABLE} {chain} {match} {fam} saddr {ip} meta mark set meta mark | {HAIRPIN_MARK}")
+            out.append(f"add rule {TABLE} {chain} {match} dnat {fam} to {to}:{m.container_port}")
+    return out
+
+
+def _element(key: str) -> str:
+    return key.replace(".", " . ")
+
+
+def pod_script(chain: str, keys: Sequence[str], rules: Sequence[str]) -> str:
+    """One pod's setup as one transaction: its chain rewritten, ``keys`` pointing at it. ``add
+    element`` of a key another pod's chain holds fails (EBUSY); of one this pod holds, it does not."""
+    lines = [f"add chain {TABLE} {chain}", f"flush chain {TABLE} {chain}", *rules]
+    lines += [f"add element {TABLE} ports {{ {_element(k)} : jump {chain} }}" for k in keys]
+    return "\n".join(lines) + "\n"
+
+
+def _read_record(path: str) -> tuple[str, list[str], list[str]] | None:
+    """(holder, keys, rules) of a record, or None when there is none."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return None
+    holder = lines[0].split(" ", 1)[0] if lines else ""
+    keys = lines[1].split() if len(lines) > 1 else []
+    return holder, keys, [r for r in lines[2:] if r.startswith(f"add rule {TABLE} ")]
+
+
+def rebuild_script(records_dir: str) -> str:
+    """The whole table from the records: ``table``; ``delete table``; base; every recorded pod."""
+    lines = [f"table {TABLE}", f"delete table {TABLE}", _BASE.rstrip("\n")]
+    names = sorted(os.listdir(records_dir)) if os.path.isdir(records_dir) else []
+    for chain in (n for n in names if re.fullmatch(r"pod_[0-9a-f]{12}", n)):
+        record = _read_record(os.path.join(records_dir, chain))
+        if record is None:
+            continue
+        _, keys, rules = record
+        lines += [f"add chain {TABLE} {chain}", *rules]
+        lines += [f"add element {TABLE} ports {{ {_element(k)} : jump {chain} }}" for k in keys]
+    return "\n".join(lines) + "\n"
+
+
+def recorded_pods(records_dir: str) -> dict[str, tuple[str, str]]:
+    """Chain -> (``namespace/name``, infra id) of every pod record (gc's view of who holds rules)."""
+    out = {}
+    names = sorted(os.listdir(records_dir)) if os.path.isdir(records_dir) else []
+    for chain in (n for n in names if re.fullmatch(r"pod_[0-9a-f]{12}", n)):
+        with open(os.path.join(records_dir, chain), encoding="utf-8", errors="replace") as f:
+            words = f.readline().split()
+        if len(words) == 2:
+            out[chain] = (words[0], words[1])
+    return out
+
+
+def forget(records_dir: str, chain: str, nft: str = "nft") -> None:
+    """Remove a pod's map elements, chain and record by its chain name; idempotent. Raises NetpluginError."""
+    held = _ports_held(nft)
+    if held is not None:  # else no table: nothing of the pod's can be left in it
+        # the elements pointing at its chain, whatever the record says (it may be gone or stale)
+        script = "".join(f"delete element {TABLE} ports {{ {_element(k)} }}\n" for k, c in held.items() if c == chain)
+        err = _nft(nft, script + f"add chain {TABLE} {chain}\ndelete chain {TABLE} {chain}\n")
+        if err:
+            raise NetpluginError(f"cannot remove the hostPort rules of chain {chain}: {err}")
+    try:
+        os.unlink(os.path.join(records_dir, chain))
+    except FileNotFoundError:
+        pass
+
+
+def remove_table(nft: str = "nft") -> None:
+    """Delete the table if it exists (the uninstall's); nothing else. Raises NetpluginError."""
+    _nft(nft, f"table {TABLE}\ndelete table {TABLE}\n")
+
+
+def _nft(nft: str, script: str) -> str:
+    """Run ``nft -f -``; the stderr of a failure, "" on success. OSError and timeouts raise."""
+    try:
+        done = subprocess.run([nft, "-f", "-"], input=script, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NetpluginError(f"cannot run {nft}: {e}") from e
+    return done.stderr.strip() if done.returncode != 0 else ""
+
+
+def _ports_held(nft: str) -> dict[str, str] | None:
+    """Map key (``tcp.8080``) -> the chain holding it, from the kernel; None when there is no map."""
+    try:
+        out = subprocess.run([nft, "list", "map", *TABLE.split(), "ports"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NetpluginError(f"cannot run {nft}: {e}") from e
+    if out.returncode != 0:
+        return None
+    return {f"{p}.{port}": chain for p, port, chain in _ELEMENT.findall(out.stdout)}
+
+
+def _flush_udp(ports: Iterable[str]) -> None:
+    """Delete the conntrack entries of UDP ``ports``: a flow that predates the DNAT would keep going
+    to whoever had the port before. With the ``conntrack`` command, as the bash plugin."""
+    tool = shutil.which("conntrack")
+    for port in ports if tool else ():
+        # exit 1: no entry to delete, the common case
+        subprocess.run([tool or "conntrack", "-D", "-p", "udp", "--dport", port], capture_output=True, timeout=30)
+
+
+class HostPortPlugin:
+    """The hostport chain member; ``nft`` is the command (a path in tests)."""
+
+    name = HOSTPORT_NAME
+
+    def __init__(self, nft: str = "nft") -> None:
+        self.nft = nft
+
+    def version(self) -> str:
+        return "builtin:hostport:1"
+
+    def version_key(self) -> None:
+        return None  # the version is a constant, so it needs no cheaper key
+
+    def _fail(self, action: str, message: str) -> PluginFailed:
+        return PluginFailed(f"network plugin {self.name!r} {action} failed: {message}", plugin=self.name, action=action)
+
+    @staticmethod
+    def _records(ctx: CallContext) -> str:
+        return os.path.join(ctx.env.get("NETPLUGIN_STATE_DIR") or ctx.state_dir or "/var/lib/netplugin", "hostport")
+
+    def init(self, ctx: CallContext) -> frozenset[str]:
+        """The table rebuilt from the records (every recorded pod's hostPorts back); the action mask."""
+        err = _nft(self.nft, rebuild_script(self._records(ctx)))
+        if err:
+            raise self._fail("init", f"cannot rebuild nftables table {TABLE}: {err}")
+        return frozenset({"setup", "teardown"})
+
+    def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
+        try:
+            maps = parse_env(ctx.env.get(ENV_HOST_PORTS, ""))
+        except NetpluginError as e:
+            raise self._fail("setup", e.message) from None
+        if not maps:
+            self.teardown(pod, ctx)
+            return None
+        ips = [ip for ip in ctx.env.get("NETPLUGIN_PREV_IPS", "").split(",") if ip]
+        if not ips:
+            raise self._fail("setup", "no pod address to map to: an earlier chain member (a bridge) must report one")
+        chain, records = chain_name(pod.infra_id), self._records(ctx)
+        keys = list(dict.fromkeys(_key(m) for m in maps))
+        rules = pod_rules(chain, maps, ips)
+        err = _nft(self.nft, pod_script(chain, keys, rules))
+        if err:
+            held = _ports_held(self.nft) or {}
+            for k in keys:
+                other = held.get(k)
+                if other and other != chain:
+                    theirs = _read_record(os.path.join(records, other))
+                    who = theirs[0] if theirs else f"the pod of nft chain {other}"
+                    port, proto = k.split(".")[1], k.split(".")[0]
+                    raise self._fail("setup", f"hostPort {port}/{proto} is already held by pod {who}")
+            raise self._fail("setup", f"cannot add the hostPort rules: {err}")
+        os.makedirs(records, exist_ok=True)
+        text = f"{pod.namespace}/{pod.name} {pod.infra_id}\n{' '.join(keys)}\n" + "".join(r + "\n" for r in rules)
+        atomic_write(os.path.join(records, chain), text.encode(), mode=0o644)
+        try:
+            _flush_udp(k.split(".")[1] for k in keys if k.startswith("udp."))
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise self._fail("setup", f"cannot flush the UDP conntrack entries: {e}") from None
+        return None
+
+    def teardown(self, pod: PodRef, ctx: CallContext) -> None:
+        try:
+            forget(self._records(ctx), chain_name(pod.infra_id), self.nft)
+        except NetpluginError as e:
+            raise self._fail("teardown", e.message) from None
+
+    def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
+        return None

@@ -1,0 +1,75 @@
+"""A pod's hostPorts from the runtime's portMappings capability or the Pod's spec, and the variable
+plugins read (netplugin.core.hostports): what is accepted, what is refused and how it is named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from netplugin.core.errors import InvalidArgument
+from netplugin.core.hostports import from_pod, from_runtime_config, parse_env, pod_host_ports, to_env
+from netplugin.frontends.cni.netconf import host_ports_env
+from netplugin.frontends.cni.spec import E_CONFIG, CniError
+
+
+@pytest.mark.parametrize(
+    ("maps", "env"),
+    [
+        pytest.param(None, "", id="no-capability"),
+        pytest.param([], "", id="none"),
+        pytest.param([{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": ""}], "tcp/8080/80",
+                     id="spec-spelling"),
+        pytest.param([{"HostPort": 53, "ContainerPort": 5353, "Protocol": "UDP", "HostIP": "0.0.0.0"}], "udp/53/5353",
+                     id="containerd-1.6-spelling"),
+        pytest.param([{"hostPort": 9, "containerPort": 9, "protocol": "SCTP", "hostIP": "fd00:0::1"}],
+                     "sctp/9/9/fd00::1", id="sctp-ipv6-host-ip"),
+        pytest.param([{"hostPort": 80, "containerPort": 80}] * 2, "tcp/80/80", id="duplicates-once"),
+    ],
+)
+def test_the_capability_becomes_the_variable(maps: Any, env: str) -> None:
+    conf: dict[str, Any] = {"type": "netplugin-cni"}
+    if maps is not None:
+        conf["runtimeConfig"] = {"portMappings": maps}
+    assert to_env(from_runtime_config(conf)) == env
+    assert host_ports_env(conf) == ({"NETPLUGIN_HOST_PORTS": env} if env else {})
+    assert to_env(parse_env(env)) == env  # what a plugin reads back
+
+
+@pytest.mark.parametrize(
+    ("maps", "words"),
+    [
+        ("8080", "runtimeConfig.portMappings"),
+        ([{"hostPort": 0, "containerPort": 80}], "runtimeConfig.portMappings[0].hostPort"),
+        ([{"hostPort": 80, "containerPort": 70000}], "runtimeConfig.portMappings[0].containerPort"),
+        ([{"hostPort": 80, "containerPort": 80, "protocol": "icmp"}], "must be TCP, UDP or SCTP"),
+        ([{"hostPort": 80, "containerPort": 80, "hostIP": "node-1"}], "must be an IP address"),
+        ([{"hostPort": 80, "containerPort": 80, "hostIP": "127.0.0.1"}], "CVE-2020-8558"),
+        ([{"hostPort": 80, "containerPort": 80, "hostIP": "::1"}], "route_localnet"),
+    ],
+)
+def test_a_bad_mapping_is_error_7_naming_it(maps: Any, words: str) -> None:
+    with pytest.raises(CniError) as info:
+        host_ports_env({"runtimeConfig": {"portMappings": maps}})
+    assert info.value.code == E_CONFIG and words in info.value.msg
+
+
+POD = {"spec": {"containers": [
+    {"name": "web", "ports": [{"containerPort": 80, "hostPort": 8080}, {"containerPort": 9090}]},
+    {"name": "dns", "ports": [{"containerPort": 53, "hostPort": 53, "protocol": "UDP", "hostIP": "10.0.0.5"}]},
+]}}  # fmt: skip
+
+
+def test_the_pods_spec_is_the_source_when_the_runtime_passes_none() -> None:
+    assert to_env(from_pod(POD)) == "tcp/8080/80 udp/53/53/10.0.0.5"
+    assert pod_host_ports({}, POD) == {"NETPLUGIN_HOST_PORTS": "tcp/8080/80 udp/53/53/10.0.0.5"}
+    assert pod_host_ports({"NETPLUGIN_HOST_PORTS": "tcp/1/1"}, POD) == {}  # the runtime's win
+    assert pod_host_ports({}, {"spec": {"containers": [{"name": "x"}]}}) == {}
+    assert pod_host_ports({}, None) == {}
+
+
+@pytest.mark.parametrize("value", ["tcp/80", "tcp/x/80", "gre/1/1", "tcp/80/80/127.0.0.2", "tcp/80/80/a/b"])
+def test_a_bad_variable_is_refused(value: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        parse_env(value)
+    assert "NETPLUGIN_HOST_PORTS[0]" in info.value.message
