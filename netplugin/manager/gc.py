@@ -380,11 +380,12 @@ def run_gc(manager: Manager, *, dry_run: bool = False, check_host: bool = True) 
 
 def _hostport_leaks(manager: Manager, store: StateStore, report: GcReport, dry_run: bool) -> None:
     """hostPort rules whose pod netplugin no longer records (a crash between its teardown's steps)."""
-    from netplugin.plugins.hostport import HOSTPORT_NAME, forget, recorded_pods
+    from netplugin.plugins.hostport import forget, recorded_pods
 
-    if not {"hostport", HOSTPORT_NAME} & set(manager.chain_names):
-        return
+    # Keyed on the records, not the configured chain: rules of a chain that has since changed leak too.
     records = os.path.join(store.state_dir, "hostport")
+    if not os.path.isdir(records):
+        return
     for chain, (holder, infra) in recorded_pods(records).items():
         why = "hostPort rules of a pod netplugin no longer records"
         try:

@@ -10,7 +10,8 @@ import pytest
 from netplugin.core.errors import InvalidArgument
 from netplugin.core.hostports import from_pod, from_runtime_config, parse_env, pod_host_ports, to_env
 from netplugin.frontends.cni.netconf import host_ports_env
-from netplugin.frontends.cni.spec import E_CONFIG, CniError
+from netplugin.frontends.cni.spec import CniError
+from netplugin.frontends.wire.codes import CNI_INVALID_CONFIG as E_CONFIG
 
 
 @pytest.mark.parametrize(
