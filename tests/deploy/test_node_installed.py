@@ -6,7 +6,7 @@ bridge name and a free /24 of the CNI test range, so that nothing meets the mach
 daemon is then started with exactly the ``Environment=`` and ``ExecStart=`` of the unit file the
 installer wrote, and reloaded with its ``ExecReload=``. A private containerd (the harness of
 ``tests/frontends/cni/containerd.py``) whose CNI dirs are the installed ones runs pod sandboxes over
-CRI: every ADD and DEL is counted by the daemon's ``network_plugin_operations_total`` and logged by
+CRI: every ADD and DEL is counted by the daemon's ``kubelet_network_plugin_operations_total`` and logged by
 the shim ``via: daemon``; with the daemon stopped a pod still starts (the shim alone), and after a
 restart the daemon serves again. One key is added to the installed config by hand, as a user
 would: ``metrics_address: 127.0.0.1:0``, because other suites may hold the default port.
@@ -136,7 +136,7 @@ class InstalledNode:
             text = resp.read().decode()
         out = {}
         for line in text.splitlines():
-            if line.startswith("network_plugin_operations_total{"):
+            if line.startswith("kubelet_network_plugin_operations_total{"):
                 op = line.split('operation_type="', 1)[1].split('"', 1)[0]
                 out[op] = float(line.rsplit(" ", 1)[1])
         return out

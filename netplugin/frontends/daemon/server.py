@@ -18,14 +18,10 @@ and for native plugins their warm libraries) and answers the thin client of
   pod holds one worker however many requests queue on it, and every other pod is served at
   once. At most :data:`~netplugin.frontends.daemon.turns.MAX_WAITING_PER_POD` may wait per pod;
   more are answered ``DaemonUnavailable`` (not run, so a CLI in ``auto`` mode runs them itself).
-* **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``), named
-  as the kubelet's: histogram ``network_plugin_operations_duration_seconds``,
-  counter ``network_plugin_operations_errors_total`` and gauge
-  ``network_plugin_operations_in_flight``, each labelled ``operation_type``
-  (``set_up_pod``, ``tear_down_pod``, ``get_pod_network_status``). As in the
-  kubelet, the time includes waiting for the pod's lock. Also
-  ``network_plugin_operations_total``, ``netplugin_daemon_requests_total{op,outcome}`` and
-  ``netplugin_build_info`` (see :mod:`.metrics`).
+* **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``): the kubelet's
+  ``kubelet_network_plugin_operations_*`` by ``operation_type``, whose time, as in the kubelet,
+  includes waiting for the pod's lock, and netplugin's own ``netplugin_*``; every series is a
+  row of :data:`.metrics.SERIES`.
 * **Nodes** (:mod:`netplugin.frontends.daemon.nodes`): with ``host: kube`` the
   daemon lists and watches every Node and this node's Pods, so pod and node
   lookups are answered from memory; it keeps routes to the other nodes' pod
