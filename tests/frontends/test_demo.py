@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -69,16 +70,37 @@ def test_demo_failure_cleans_up() -> None:
     assert _demo_leftovers() == before
 
 
+def _ports_on_demo_bridge(before: list[str]) -> int:
+    """The most ports on a bridge of a demo started since ``before`` (its pods' host-side veths)."""
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    bridges = set(re.findall(r"npdm[0-9a-f]{6}", links)) - set(before)
+    return max((len(re.findall(rf"master {b}\b", links)) for b in bridges), default=0)
+
+
+def _interruptible() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and Python keeps an
+    # inherited SIG_IGN: the demo is started as from a terminal, where Ctrl-C reaches it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_demo_cleans_up_on_sigint() -> None:
     before = _demo_leftovers()
-    proc = _demo("demo", "--pods", "6")
+    proc = _demo("demo", "--pods", "6", preexec_fn=_interruptible)
     assert proc.stdout is not None
-    # Interrupt once the pods are up (the table header is printed after the last setup).
+    # Interrupt once the pods are up, as the kernel shows them: six veths on the demo's bridge.
     deadline = time.monotonic() + 120
-    for line in proc.stdout:
-        if line.startswith("POD") or time.monotonic() > deadline:
-            break
+    while _ports_on_demo_bridge(before) < 6 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the demo ended before its pods were seen up"
+    # Its progress is flushed line by line to the pipe: the pods' table is there while it still runs.
+    seen, fd = b"", proc.stdout.fileno()  # read unbuffered: select() sees only the pipe, not a reader's buffer
+    while b"\nPOD " not in seen and select.select([fd], [], [], 30)[0]:
+        chunk = os.read(fd, 65536)
+        assert chunk, f"the demo closed its stdout before the pods' table: {seen!r}"
+        seen += chunk
+    assert b"\nPOD " in seen, f"the pods' table did not reach the pipe within 30 s: {seen!r}"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
+    assert "netplugin: interrupted" in err
     assert _demo_leftovers() == before
