@@ -54,6 +54,7 @@ from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNet
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
 from netplugin.manager.chain import ChainRun, Member, Observer, attach_failures, fresh_states
+from netplugin.manager.reporting import Reporting, reported
 from netplugin.plugins import BUILTINS
 from netplugin.plugins.bounded import BoundedPlugin
 from netplugin.store.locks import PodLock, flocked, pod_locked, stock_pod_locks
@@ -95,8 +96,8 @@ def _version_identity(plugin: Plugin) -> tuple[Any, ...]:
     return ("key", *key()) if key is not None else ("version", plugin.version())
 
 
-class Manager:
-    """Runs plugin actions with netplugin's guarantees. Thread-safe."""
+class Manager(Reporting):
+    """Runs plugin actions with netplugin's guarantees; tells :attr:`on_action` of each pod action. Thread-safe."""
 
     def __init__(
         self,
@@ -120,8 +121,7 @@ class Manager:
         self._plugins: tuple[Plugin, ...] | None = None
         #: each member's action mask, from its init (run, or its marker read)
         self._handles: dict[str, frozenset[str]] = {}
-        #: member name -> (settings, version identity) its init is known done for this boot (a
-        #: long-lived manager, the daemon's, then checks no marker file per action)
+        #: member -> (settings, version identity) whose init is known done this boot (no marker read per action)
         self._init_known: dict[str, tuple[Any, ...]] = {}
         self._select_lock = threading.Lock()
         #: told each chain member call's duration and outcome (the daemon's metrics)
@@ -394,6 +394,7 @@ class Manager:
             observe=self.observe,
         )
 
+    @reported(Action.SETUP)
     def setup(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
         """Set up the pod's network. Returns its status when the state store wants it recorded.
 
@@ -462,6 +463,7 @@ class Manager:
         if self.state is not None:
             self.state.remove(run.pod)
 
+    @reported(Action.TEARDOWN)
     def teardown(self, pod: PodRef, call: CallOptions | None = None) -> None:
         """Tear down the pod's network (also when netplugin has no record of it)."""
         node = self.node(strict=False)
@@ -494,6 +496,7 @@ class Manager:
         if self.state is not None:
             self.state.remove(pod)
 
+    @reported(Action.STATUS)
     def status(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
         node = self.node(strict=False)
         self.init(node=node)

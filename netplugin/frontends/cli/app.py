@@ -112,6 +112,8 @@ def cli(
     config_path: str | None,
     timeout: str | None,
     output: str,
+    log_level: str | None,
+    log_format: str | None,
     verbose: int,
     version: bool,
 ) -> None:
@@ -122,6 +124,8 @@ def cli(
         "state_dir": state_dir,
         "run_dir": run_dir,
         "timeout": timeout,
+        "log_level": log_level,
+        "log_format": log_format,
     }
     ctx.obj = st = State(overrides, config_path, output, verbose)
     if version:
@@ -129,14 +133,22 @@ def cli(
         ctx.exit(EXIT_OK)
     if ctx.invoked_subcommand is None:
         raise click.UsageError("Missing command.", ctx)
-    if verbose:
-        import logging
+    if verbose or log_level or log_format:
+        _configure_logging(verbose, log_level, log_format)
 
-        logging.basicConfig(
-            level=logging.DEBUG if verbose > 1 else logging.INFO,
-            stream=sys.stderr,
-            format="netplugin: %(levelname)s: %(message)s",
-        )
+
+def _configure_logging(verbose: int, log_level: str | None, log_format: str | None) -> None:
+    """The CLI's own log lines (-v, --log-level, --log-format; the daemon reads its config's too)."""
+    from netplugin.core.configkeys import PARSERS
+    from netplugin.core.logs import configure
+
+    level = log_level or ("debug" if verbose > 1 else "info")
+    for option, key, value in (("--log-level", "log_level", level), ("--log-format", "log_format", log_format)):
+        try:
+            PARSERS[key](value if value is not None else "text")
+        except ValueError as e:
+            raise click.BadParameter(f"{value!r} {e}", param_hint=option) from None
+    configure(level, log_format or "text")
 
 
 # --- errors -> exit codes and text (here only) ------------------------------------------------------

@@ -34,6 +34,8 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None, serve
     if serve_config is not None:
         st.config_path = serve_config
     st.overrides.update(socket=socket_path, metrics_address=metrics_address)
+    if st.verbose > 1 and not st.overrides.get("log_level"):
+        st.overrides["log_level"] = "debug"  # -vv, unless --log-level says otherwise
     from netplugin.core.config import load_config
     from netplugin.frontends.daemon.server import serve as run_daemon
 

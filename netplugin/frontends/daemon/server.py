@@ -61,6 +61,7 @@ from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginE
 from netplugin.core.execplugin.invoke import adopt_orphans, reap_adopted
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass
+from netplugin.frontends.daemon.actionlog import log_action, log_refusal
 from netplugin.frontends.daemon.envelope import check_request
 from netplugin.frontends.daemon.forwarded import check_settings, run_cni, run_cni_call
 from netplugin.frontends.daemon.framed import read_frame, run_frame
@@ -122,6 +123,7 @@ class Daemon:
         self.watchdog = watchdog
         self.metrics = Metrics()
         manager.observe = self.metrics.observe_member  # per chain member, of every pod action
+        manager.on_action = log_action  # one log line per pod action
         self.metrics_address: str | None = None
         self.nodes = NodeKeeper(config, manager.host)
         self.nodes.register(self.metrics.registry)
@@ -277,12 +279,13 @@ class Daemon:
                     result = await self._cni_request(req)
                 else:
                     result = await asyncio.to_thread(self.dispatch, req)
-                log.debug("%s %s: ok in %.3fs", op, _pod_text(req), time.monotonic() - start)
+                if op not in POD_OPS:  # a pod action has its own line (log_action)
+                    log.debug("%s: ok in %.3fs", op, time.monotonic() - start)
             self.metrics.requests.labels(op, "ok").inc()
             return {"ok": True, "result": result}
         except NetpluginError as e:
             self.metrics.requests.labels(op, type(e).__name__).inc()
-            log.warning("%s %s: %s", op, _pod_text(req), e.message)
+            log_refusal(req, e)
             return {"ok": False, "error": e.to_dict(), "classes": error_classes(type(e))}
         except Exception as e:
             # A bug: keep serving, and tell the caller exactly what happened.
@@ -484,12 +487,6 @@ def _text(req: dict[str, Any], key: str) -> str:
     return value
 
 
-def _pod_text(req: Any) -> str:
-    if isinstance(req, dict) and req.get("op") in POD_OPS:
-        return f"{req.get('namespace')}/{req.get('pod')} ({req.get('infra_id')})"
-    return ""
-
-
 def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Callable[[], Config] | None = None) -> int:
     """Run the daemon in this process until SIGTERM; returns the exit status.
 
@@ -504,7 +501,7 @@ def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Call
     from netplugin.manager.manager import Manager
 
     manager = Manager(config)
-    configure_logging(env)
+    configure_logging(env, config.log_level, config.log_format)
     daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog, reread=reread)
     with asyncio.Runner() as runner:
         status = runner.run(daemon.run())

@@ -21,8 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import netplugin
 from netplugin.core.errors import InvalidArgument
+from netplugin.core.logs import LineFormatter
 from netplugin.frontends.daemon.metrics import SERIES
-from netplugin.frontends.daemon.systemd import JournalFormatter, Watchdog, stderr_is_journal
+from netplugin.frontends.daemon.systemd import Watchdog, stderr_is_journal
 
 from .conftest import wait_for
 
@@ -101,15 +102,27 @@ def test_plain_log_lines_on_a_terminal_or_file(start_daemon: Any, plugin_dir: An
     plugin_dir.install("scripted")
     d = start_daemon(env={"NETPLUGIN_PLUGIN": "scripted", "JOURNAL_STREAM": "1:1"})  # not our stderr
     d.stop()
-    assert "netplugin: INFO: serving on" in d.output()
-    assert not re.search(r"^<\d>", d.output(), re.M)
+    lines = [line for line in d.output().splitlines() if line]
+    # Every line: an RFC 3339 time (UTC, milliseconds), then the level.
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    assert lines and all(re.match(stamp, line) for line in lines), lines
+    assert any(re.match(stamp + "serving on ", line) for line in lines), lines
 
 
 def test_journal_formatter_and_detection(tmp_path: Path) -> None:
     record = logging.LogRecord("x", logging.ERROR, __file__, 1, "two\nlines", None, None)
-    assert JournalFormatter("%(message)s").format(record) == "<3>two\n<3>lines"
+    # No time and no level name for the journal (it stamps its own, and reads the priority).
+    assert LineFormatter(journal=True).format(record) == "<3>two\n<3>lines"
     record.levelno = logging.DEBUG
-    assert JournalFormatter("%(message)s").format(record).startswith("<7>")
+    assert LineFormatter(journal=True).format(record).startswith("<7>")
+    record = logging.LogRecord("x", logging.ERROR, __file__, 1, "two\nlines", None, None)
+    record.fields = {"pod": "default/web"}  # as extra={"fields": ...} sets it
+    assert json.loads(LineFormatter("json", journal=True).format(record).removeprefix("<3>")) == {
+        "level": "error",
+        "logger": "x",
+        "msg": "two\nlines",
+        "pod": "default/web",
+    }
     f = tmp_path / "f"
     with open(f, "w") as out:
         st = os.fstat(out.fileno())
