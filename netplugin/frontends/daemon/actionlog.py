@@ -14,7 +14,7 @@ from typing import Any
 from netplugin.core.errors import DaemonUnavailable, NetpluginError, short_repr
 from netplugin.core.logs import error_fields
 from netplugin.core.names import PodRef
-from netplugin.frontends.rpc import OPS, POD_OPS
+from netplugin.frontends.wire.protocol import OPS, POD_OPS
 
 __all__ = ["log_action", "log_refusal"]
 
