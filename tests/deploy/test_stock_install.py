@@ -131,7 +131,7 @@ def test_installed_plugins_come_from_the_wheel_and_pass_discovery(node: Node) ->
     gone = node.netplugin("--plugin-dir", str(node.root / "nope"), "plugins")
     assert gone.returncode == 0, gone.stderr
     assert f"{node.root / 'nope'} does not exist" in gone.stderr
-    assert [line.split("\t")[0] for line in gone.stdout.splitlines()] == ["kubernetes.io/no-op", "netplugin.io/bridge"]
+    assert [line.split()[0] for line in gone.stdout.splitlines()[1:]] == ["kubernetes.io/no-op", "netplugin.io/bridge"]
 
 
 def test_conflist_names_the_config_and_the_config_the_dirs(node: Node) -> None:

@@ -18,7 +18,7 @@ from netplugin.core.defaults import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
 __all__ = ["GLOBAL_VALUE_OPTIONS", "OUTPUTS", "Flag", "by_name"]
 
 #: the values of ``-o/--output``
-OUTPUTS = ("text", "json")
+OUTPUTS = ("text", "json", "yaml", "wide")
 
 
 class Flag:

@@ -33,7 +33,7 @@ import click
 
 from netplugin.frontends.cli.commands.tools import COMPLETE_VAR
 from netplugin.frontends.cli.context import State
-from netplugin.frontends.cli.options import global_options
+from netplugin.frontends.cli.options import configure_logging, global_options
 from netplugin.frontends.wire.codes import (
     EXIT_CODES,
     EXIT_INTERNAL,
@@ -66,6 +66,7 @@ COMMANDS = {
     "install-shim": "tools",
     "completion": "tools",
     "doctor": "doctor",
+    "version": "version",
 }
 
 
@@ -118,7 +119,16 @@ def cli(
     verbose: int,
     version: bool,
 ) -> None:
-    """Manage kubelet exec network plugins on this node."""
+    """Manage kubelet exec network plugins on this node.
+
+    \b
+    Examples:
+      netplugin doctor                          # is this node set up right?
+      netplugin plugins                         # the plugins it can run
+      netplugin setup default web-0 4f2a9c      # what the kubelet does at pod start
+      netplugin pods -o wide
+      netplugin version -o yaml
+    """
     overrides = {
         "plugin_dir": plugin_dir,
         "plugin": plugin,
@@ -135,21 +145,7 @@ def cli(
     if ctx.invoked_subcommand is None:
         raise click.UsageError("Missing command.", ctx)
     if verbose or log_level or log_format:
-        _configure_logging(verbose, log_level, log_format)
-
-
-def _configure_logging(verbose: int, log_level: str | None, log_format: str | None) -> None:
-    """The CLI's own log lines (-v, --log-level, --log-format; the daemon reads its config's too)."""
-    from netplugin.core.configkeys import PARSERS
-    from netplugin.core.logs import configure
-
-    level = log_level or ("debug" if verbose > 1 else "info")
-    for option, key, value in (("--log-level", "log_level", level), ("--log-format", "log_format", log_format)):
-        try:
-            PARSERS[key](value if value is not None else "text")
-        except ValueError as e:
-            raise click.BadParameter(f"{value!r} {e}", param_hint=option) from None
-    configure(level, log_format or "text")
+        configure_logging(verbose, log_level, log_format)
 
 
 # --- errors -> exit codes and text (here only) ------------------------------------------------------
