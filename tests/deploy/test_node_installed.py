@@ -55,7 +55,7 @@ class InstalledNode:
         self.tag = secrets.token_hex(3)
         self.bridge = f"np{self.tag}in"
         self.subnet = f"10.201.{free_third_octet(TEST_RANGE)}.0/24"
-        d = {k: root / k for k in ("prefix", "bin", "systemd", "exec", "cni-bin", "cni-conf", "state", "run")}
+        d = {k: root / k for k in ("prefix", "bin", "man", "systemd", "exec", "cni-bin", "cni-conf", "state", "run")}
         self.dirs = d
         self.config = root / "etc" / "netplugin" / "netplugin.yaml"
         self.log = root / "cni.log"
@@ -69,6 +69,7 @@ class InstalledNode:
         for flag, key in (
             ("--prefix", "prefix"),
             ("--bin-dir", "bin"),
+            ("--man-dir", "man"),
             ("--systemd-dir", "systemd"),
             ("--exec-dir", "exec"),
             ("--cni-bin-dir", "cni-bin"),

@@ -35,6 +35,7 @@ class Node:
         self.root, self.wheel = root, wheel
         self.prefix = root / "opt" / "netplugin"
         self.bin = root / "usr" / "local" / "bin"
+        self.man = root / "usr" / "local" / "share" / "man" / "man1"
         self.systemd = root / "etc" / "systemd" / "system"
         self.exec_dir = root / "exec"
         self.cni_bin = root / "opt" / "cni" / "bin"
@@ -49,6 +50,7 @@ class Node:
         for flag, path in (
             ("--prefix", self.prefix),
             ("--bin-dir", self.bin),
+            ("--man-dir", self.man),
             ("--systemd-dir", self.systemd),
             ("--exec-dir", self.exec_dir),
             ("--cni-bin-dir", self.cni_bin),
@@ -116,6 +118,15 @@ def test_serve_without_the_extra_names_it_and_exits_5(node: Node) -> None:
         message = json.loads(out.stderr)["message"] if "json" in args else out.stderr
         assert "prometheus_client" in message and "netplugin[daemon]" in message
     assert not (node.root / "serve-run").exists()
+
+
+def test_man_page_is_installed_from_the_wheel(node: Node) -> None:
+    page = node.man / "netplugin.1"
+    assert page.is_symlink() and page.resolve() == (node.prefix / "share" / "man" / "man1" / "netplugin.1").resolve()
+    shown = subprocess.run(["man", "-l", str(page)], capture_output=True, text=True, timeout=60, env=node.env())
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "netplugin version" in text and "--log-level" in text and "EXIT STATUS" in text
 
 
 def test_installed_plugins_come_from_the_wheel_and_pass_discovery(node: Node) -> None:
