@@ -122,7 +122,7 @@ while [ $# -gt 0 ]; do
         ;;
     esac
     case $arg in
-    --prefix | --python | --wheel | --source | --extras | --bin-dir | --systemd-dir | --lib-dir | \
+    --prefix | --python | --wheel | --source | --extras | --bin-dir | --man-dir | --systemd-dir | --lib-dir | \
         --exec-dir | --cni-bin-dir | --cni-conf-dir | --state-dir | --run-dir | --config | --plugin | \
         --plugin-env | --config-from | --cni-log-file | --native-shim | --shim-fallback)
         if [ "$has_value" = 0 ]; then

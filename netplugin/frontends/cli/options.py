@@ -113,6 +113,7 @@ class OutputCommand(click.Command):
                     # usage error is reported in the asked format too.
                     is_eager=True,
                     callback=_set_global(flag),
+                    shell_complete=_completer(flag),
                     hidden=not output,
                     help="Output format (the global -o, accepted here too)." if output else flag.help,
                 )
@@ -138,6 +139,15 @@ def command(name: str | None = None) -> Callable[[Callable[..., Any]], OutputCom
     return click.command(name, cls=OutputCommand)
 
 
+def _completer(flag: Flag) -> Any:
+    """What completes a global option's value: plugin names for --plugin; else click's default."""
+    if flag.dest != "plugin":
+        return None
+    from netplugin.frontends.cli.completion import complete_plugin
+
+    return complete_plugin
+
+
 def global_options(fn: F) -> F:
     """The group's value options, from the table the fast path reads too."""
     for flag in reversed(GLOBAL_VALUE_OPTIONS):
@@ -151,13 +161,17 @@ def global_options(fn: F) -> F:
                 help=flag.help,
             )
         else:
-            option = click.option(*flag.names, flag.dest, metavar=flag.metavar, help=flag.help)
+            option = click.option(
+                *flag.names, flag.dest, metavar=flag.metavar, help=flag.help, shell_complete=_completer(flag)
+            )
         fn = option(fn)
     return fn
 
 
 def pod_arguments(fn: F) -> F:
-    """NAMESPACE POD INFRA_ID."""
-    for name in ("infra_id", "pod", "namespace"):
-        fn = click.argument(name)(fn)
+    """NAMESPACE POD INFRA_ID, completed from the recorded pods."""
+    from netplugin.frontends.cli.completion import complete_infra_id, complete_namespace, complete_pod
+
+    for name, complete in (("infra_id", complete_infra_id), ("pod", complete_pod), ("namespace", complete_namespace)):
+        fn = click.argument(name, shell_complete=complete)(fn)
     return fn

@@ -107,3 +107,28 @@ def test_every_command_has_examples_and_a_whole_sentence_summary(run_cli: Any, c
     summary = " ".join(listed.group(1).split())
     assert summary.endswith(".") and not summary.endswith("..."), summary
     assert summary[0].isupper(), summary
+
+
+def _complete(run_cli: Any, words: str) -> list[str]:
+    """What bash completion offers for the last word of ``words`` (click's bash_complete protocol)."""
+    parts = words.split(" ")
+    env = {"_NETPLUGIN_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(parts) - 1)}
+    r = run_cli(env=env)
+    assert r.returncode == 0, r.stderr
+    return [line.split(",", 1)[1] for line in r.stdout.splitlines()]
+
+
+def test_completion_of_pods_from_the_state_dir(run_cli: Any) -> None:
+    for pod in (("default", "web-0", "aa11"), ("kube-system", "dns-1", "bb22"), ("kube-system", "dns-2", "cc33")):
+        assert run_cli("setup", *pod).returncode == 0
+    assert _complete(run_cli, "netplugin teardown k") == ["kube-system"]
+    assert _complete(run_cli, "netplugin teardown kube-system ") == ["dns-1", "dns-2"]
+    assert _complete(run_cli, "netplugin status kube-system dns-2 ") == ["cc33"]
+    assert _complete(run_cli, "netplugin teardown default ") == ["web-0"]
+
+
+def test_completion_of_plugin_names_before_and_after_the_command(run_cli: Any, plugin_dir: Any) -> None:
+    plugin_dir.install("scripted")
+    plugin_dir.install("broken", mode=0o644)  # invalid: not offered
+    assert _complete(run_cli, "netplugin --plugin ") == ["kubernetes.io/no-op", "netplugin.io/bridge", "scripted"]
+    assert _complete(run_cli, "netplugin setup --plugin sc") == ["scripted"]
