@@ -22,11 +22,19 @@ pytestmark = [
 ]
 
 
-def _demo_leftovers() -> list[str]:
-    """Demo-named links and netns currently on the machine (they carry a run-unique tag)."""
+def _demo_leftovers(tag: str = "[0-9a-f]{6}") -> list[str]:
+    """Demo-named links and netns on the machine (of the run ``tag``; the default: of any run)."""
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return re.findall(r"npdm[0-9a-f]{6}", links) + re.findall(r"np-demo-[0-9a-f]{6}-\d+", netns)
+    return re.findall(rf"npdm{tag}", links) + re.findall(rf"np-demo-{tag}-\d+", netns)
+
+
+def _tag_of(output: str) -> str:
+    """A run's tag, from its first progress line ("plugin bridge, bridge npdm<tag>, ...") or report.
+    Other tests and engineers run demos meanwhile: only this run's names are its leftovers."""
+    found = re.search(r"npdm([0-9a-f]{6})", output)
+    assert found is not None, output[-2000:]
+    return found.group(1)
 
 
 def _demo(*args: str, **kw: object) -> subprocess.Popen[str]:
@@ -44,7 +52,6 @@ def _demo(*args: str, **kw: object) -> subprocess.Popen[str]:
 
 @pytest.mark.parametrize("extra", [[], ["--native"]], ids=["exec-bridge", "native-bridge"])
 def test_demo_networks_pods_and_leaves_nothing(extra: list[str]) -> None:
-    before = _demo_leftovers()
     proc = _demo("-o", "json", "demo", "--pods", "3", *extra)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
@@ -56,18 +63,17 @@ def test_demo_networks_pods_and_leaves_nothing(extra: list[str]) -> None:
     # 3*2 pod-to-pod checks and 3 host-to-pod checks, all passing
     assert len(report["checks"]) == 9 and all(c["ok"] for c in report["checks"])
     assert report["leftovers"] == []
-    assert _demo_leftovers() == before
+    assert _demo_leftovers(_tag_of(report["bridge"])) == []
 
 
 def test_demo_failure_cleans_up() -> None:
-    before = _demo_leftovers()
     # A gateway-less /31 gives the bridge plugin no address to hand out: setup fails midway.
     proc = _demo("demo", "--pods", "2", "--subnet", "10.207.255.0/31")
-    _, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert "Traceback" not in err
     assert "netplugin: error:" in err
-    assert _demo_leftovers() == before
+    assert _demo_leftovers(_tag_of(out)) == []
 
 
 def _ports_on_demo_bridge(before: list[str]) -> int:
@@ -103,4 +109,4 @@ def test_demo_cleans_up_on_sigint() -> None:
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "netplugin: interrupted" in err
-    assert _demo_leftovers() == before
+    assert _demo_leftovers(_tag_of(seen.decode())) == []
