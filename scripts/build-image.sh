@@ -117,7 +117,7 @@ builder=localhost/netplugin-builder:$builder_key
 # --- 2. the wheels ----------------------------------------------------------------------------------
 ctx=$work/context
 mkdir -p "$ctx/wheels" "$work/src"
-for item in pyproject.toml README.md LICENSE netplugin exec_plugins etc scripts; do
+for item in pyproject.toml README.md LICENSE netplugin exec_plugins etc scripts man; do
     cp -R -- "$here/$item" "$work/src/"
 done
 find "$work/src" -name __pycache__ -prune -exec rm -rf {} +

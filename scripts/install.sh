@@ -17,7 +17,7 @@
 #   psutil) copied to --lib-dir, or without --lib-dir the netplugin that --python imports.
 #
 #   scripts/install.sh [--prefix DIR] [--python PATH] [--wheel FILE] [--source DIR] [--extras LIST]
-#                      [--bin-dir DIR] [--systemd-dir DIR] [--no-venv | --venv-only] [--lib-dir DIR]
+#                      [--bin-dir DIR] [--man-dir DIR] [--systemd-dir DIR] [--no-venv | --venv-only] [--lib-dir DIR]
 #                      [--exec-dir DIR] [--cni-bin-dir DIR] [--cni-conf-dir DIR]
 #                      [--state-dir DIR] [--run-dir DIR] [--config FILE] [--plugin NAME]
 #                      [--plugin-env KEY=VALUE]... [--config-from FILE] [--cni-log-file FILE]
@@ -31,6 +31,8 @@
 #                       default: the tree holding this script                         [NETPLUGIN_SOURCE]
 #   --extras LIST       extras to install with netplugin (default daemon; '' for none) [NETPLUGIN_EXTRAS]
 #   --bin-dir DIR       where netplugin and netplugin-cni are linked (default /usr/local/bin)
+#   --man-dir DIR       where the manual page netplugin.1 is linked, 'none' to skip
+#                       (default /usr/local/share/man/man1)
 #   --systemd-dir DIR   where netplugin.service goes, 'none' to skip (default /etc/systemd/system)
 #   --no-venv           skip steps 1, 2 and 6
 #   --venv-only         only steps 1 and 2 (netplugin on PATH, nothing for a kubelet)
@@ -77,6 +79,7 @@ wheel=${NETPLUGIN_WHEEL:-}
 source_dir=${NETPLUGIN_SOURCE:-$here}
 extras=${NETPLUGIN_EXTRAS-daemon}
 bin_dir=/usr/local/bin
+man_dir=/usr/local/share/man/man1
 systemd_dir=/etc/systemd/system
 exec_dir=${NETPLUGIN_PLUGIN_DIR:-/usr/libexec/kubernetes/kubelet-plugins/net/exec}
 cni_bin_dir=${NETPLUGIN_CNI_BIN_DIR:-/opt/cni/bin}
@@ -119,7 +122,7 @@ while [ $# -gt 0 ]; do
         ;;
     esac
     case $arg in
-    --prefix | --python | --wheel | --source | --extras | --bin-dir | --systemd-dir | --lib-dir | \
+    --prefix | --python | --wheel | --source | --extras | --bin-dir | --man-dir | --systemd-dir | --lib-dir | \
         --exec-dir | --cni-bin-dir | --cni-conf-dir | --state-dir | --run-dir | --config | --plugin | \
         --plugin-env | --config-from | --cni-log-file | --native-shim | --shim-fallback)
         if [ "$has_value" = 0 ]; then
@@ -134,6 +137,7 @@ while [ $# -gt 0 ]; do
         --source) source_dir=$value ;;
         --extras) extras=$value ;;
         --bin-dir) bin_dir=$value ;;
+        --man-dir) man_dir=$value ;;
         --systemd-dir) systemd_dir=$value ;;
         --lib-dir) lib_dir=$value ;;
         --exec-dir) exec_dir=$value ;;
@@ -206,6 +210,7 @@ if [ "$use_venv" = 1 ]; then
     check_path --prefix "$prefix"
     check_path --bin-dir "$bin_dir"
     [ "$systemd_dir" = none ] || check_path --systemd-dir "$systemd_dir"
+    [ "$man_dir" = none ] || check_path --man-dir "$man_dir"
     if [ -n "$wheel" ]; then
         [ -f "$wheel" ] || die "--wheel $wheel: no such file" 2
         [[ $(basename -- "$wheel") == netplugin-*.whl ]] || die "--wheel $wheel is not a netplugin wheel" 2
@@ -358,7 +363,7 @@ build_wheel() {
     local copy out item
     make_tmp -d
     copy=$made
-    for item in pyproject.toml README.md LICENSE netplugin exec_plugins etc scripts; do
+    for item in pyproject.toml README.md LICENSE netplugin exec_plugins etc scripts man; do
         if [ -e "$source_dir/$item" ]; then cp -R -- "$source_dir/$item" "$copy/"; fi
     done
     find "$copy" -name __pycache__ -prune -exec rm -rf {} +
@@ -423,6 +428,11 @@ if [ "$use_venv" = 1 ]; then
     for cmd in netplugin netplugin-cni; do
         install_link "$prefix/bin/$cmd" "$bin_dir/$cmd"
     done
+    # The manual page the wheel ships (<prefix>/share/man/man1), linked where man(1) looks.
+    if [ "$man_dir" != none ] && { [ -f "$prefix/share/man/man1/netplugin.1" ] || [ "$dry_run" = 1 ]; }; then
+        ensure_dir "$man_dir" 0
+        install_link "$prefix/share/man/man1/netplugin.1" "$man_dir/netplugin.1"
+    fi
 fi
 
 finish() {

@@ -88,6 +88,10 @@ class Config:
     node_routes: bool = True
     #: how often the daemon re-checks those routes even when no Node changed
     node_resync: float = 30.0
+    #: the least severe log records written (debug, info, warning, error)
+    log_level: str = "info"
+    #: log lines as text (timestamp, level, message, key=value fields) or one JSON object each
+    log_format: str = "text"
 
     @property
     def chain(self) -> tuple[str, ...]:

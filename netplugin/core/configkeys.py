@@ -16,10 +16,19 @@ from typing import Any
 from netplugin.core.defaults import ACTIONS, DEFAULT_TIMEOUTS
 from netplugin.core.errors import short_repr
 
-__all__ = ["ENV_VARS", "HOST_KINDS", "MAX_CHAIN", "MAX_SECONDS", "MIN_SECONDS", "PARSERS", "USE_DAEMON"]
+__all__ = [
+    "ENV_VARS",
+    "HOST_KINDS",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "MAX_CHAIN", "MAX_SECONDS", "MIN_SECONDS", "PARSERS", "USE_DAEMON"]
 
 HOST_KINDS = ("static", "none", "kube")
 USE_DAEMON = ("auto", "never", "always")
+#: ``log_level`` values, most verbose first
+LOG_LEVELS = ("debug", "info", "warning", "error")
+#: ``log_format`` values
+LOG_FORMATS = ("text", "json")
 
 
 def _str(v: Any) -> str:
@@ -283,6 +292,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "nodes_dir": _path,
     "node_routes": _bool,
     "node_resync": _seconds,
+    "log_level": _choice(LOG_LEVELS),
+    "log_format": _choice(LOG_FORMATS),
 }
 
 #: Environment variables and the keys they set. Mappings (timeouts, env) are file-only.
@@ -309,4 +320,6 @@ ENV_VARS: dict[str, str] = {
     # NODE_NAME (the Downward API's usual name) is read where the name is resolved, not here:
     # it is not netplugin's variable, and the node name from the config file must win over it.
     "NETPLUGIN_NODES_DIR": "nodes_dir",
+    "NETPLUGIN_LOG_LEVEL": "log_level",
+    "NETPLUGIN_LOG_FORMAT": "log_format",
 }

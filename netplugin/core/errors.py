@@ -50,6 +50,10 @@ def short_repr(value: Any, limit: int = 80) -> str:
 class NetpluginError(Exception):
     """Base of every error netplugin raises on purpose."""
 
+    #: True once a log line carried this error with its data (the daemon's line of a failed pod
+    #: action): a front end that catches it later does not log it again
+    logged: bool = False
+
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
         self.message = message

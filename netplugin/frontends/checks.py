@@ -38,12 +38,12 @@ if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.plugins.bridge.settings import BridgeSettings
 
-__all__ = ["CNI_BIN_DIRS", "Check", "Node", "inline_differences", "run_checks"]
+__all__ = ["CNI_BIN_DIRS", "SHIM_NAME", "Check", "Node", "inline_differences", "run_checks", "written_by"]
 
 #: where runtimes look for CNI plugins (containerd's default, then Debian's)
 CNI_BIN_DIRS = ("/opt/cni/bin", "/usr/lib/cni")
 _CONF_SUFFIXES = (".conf", ".conflist", ".json")
-_SHIM = "netplugin-cni"
+SHIM_NAME = "netplugin-cni"
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def _call_conf(doc: dict[str, Any]) -> dict[str, Any] | None:
     listed = doc.get("plugins")
     plugins: list[Any] = listed if isinstance(listed, list) else [doc]
     for p in plugins:
-        if isinstance(p, dict) and p.get("type") == _SHIM:
+        if isinstance(p, dict) and p.get("type") == SHIM_NAME:
             return {**p, "name": doc.get("name"), "cniVersion": doc.get("cniVersion")}
     return None
 
@@ -129,6 +129,14 @@ def _safe_call_conf(path: str) -> dict[str, Any] | None:
         return None
 
 
+def written_by(head: bytes) -> str | None:
+    """The netplugin version that wrote a Python entry script (its first bytes); None: not one."""
+    marker = b"(netplugin "
+    if head.startswith(b"#!") and marker in head:
+        return head.split(marker, 1)[1].split(b")", 1)[0].decode(errors="replace")
+    return None
+
+
 def _shim_problem(path: str) -> str | None:
     from netplugin import __version__
     from netplugin.frontends.cni.native import MAX_BINARY
@@ -138,11 +146,9 @@ def _shim_problem(path: str) -> str | None:
         head = f.read(MAX_BINARY)  # a statically linked shim's own strings sit past libc's
     if b"netplugin" not in head:
         return f"{path} is not netplugin's shim"
-    marker = b"(netplugin "
-    if head.startswith(b"#!") and marker in head:
-        version = head.split(marker, 1)[1].split(b")", 1)[0].decode(errors="replace")
-        if version != __version__:
-            return f"{path} was written by netplugin {version}, this is {__version__}"
+    version = written_by(head)
+    if version is not None and version != __version__:
+        return f"{path} was written by netplugin {version}, this is {__version__}"
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": "VERSION"}
     try:
         done = subprocess.run([path], input=b"", capture_output=True, env=env, timeout=20, check=False)
@@ -155,10 +161,10 @@ def _shim_problem(path: str) -> str | None:
 
 
 def check_shim(node: Node) -> Check:
-    found = [os.path.join(d, _SHIM) for d in node.bin_dirs if os.path.isfile(os.path.join(d, _SHIM))]
+    found = [os.path.join(d, SHIM_NAME) for d in node.bin_dirs if os.path.isfile(os.path.join(d, SHIM_NAME))]
     fix = "reinstall it: scripts/install.sh, or netplugin install-shim DIR"
     if not found:
-        return Check("shim", f"no {_SHIM} in {', '.join(node.bin_dirs)}", "the runtime cannot run netplugin", fix)
+        return Check("shim", f"no {SHIM_NAME} in {', '.join(node.bin_dirs)}", "the runtime cannot run netplugin", fix)
     problem = _shim_problem(found[0]) or _slot_problem(found[0], node)
     return Check("shim", f"{found[0]}", problem, fix if problem else None)
 
@@ -208,6 +214,9 @@ def check_daemon(node: Node) -> Check:
     try:
         answer = exchange(sock, request("health"), timeout=10)
     except (NotSent, NoAnswer) as e:
+        if isinstance(e.__cause__, PermissionError):
+            # The daemon may well be up: only root (or the daemon's user) may use its socket.
+            return Check("daemon", sock, f"cannot use {sock} ({e})", "run netplugin doctor as root (sudo)")
         return Check("daemon", sock, f"no daemon answers at {sock} ({e}): calls run alone, slower, unobserved", start)
     if not answer.get("ok"):
         said = (answer.get("error") or {}).get("message", "")

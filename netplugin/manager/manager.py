@@ -1,7 +1,7 @@
 """The plugin manager: selection, init-once, per-pod serialisation, rollback.
 
-Policy lives here; mechanism (processes, files, locks) lives in ``invoke``, ``discovery`` and
-``locks``. Guarantees, across every netplugin process on the node (CLI, daemon, CNI shim):
+Policy lives here; mechanism in ``invoke``, ``discovery`` and ``locks``. Guarantees, across every
+netplugin process on the node (CLI, daemon, CNI shim):
 
 * the plugins of the chain (``plugins:``, or the chain of one ``plugin:``) are selected by
   name: built-ins first, then the exec dir; no name selects ``kubernetes.io/no-op``; a missing
@@ -10,11 +10,10 @@ Policy lives here; mechanism (processes, files, locks) lives in ``invoke``, ``di
   action (a marker under the run dir, written under a file lock), keeping its action mask;
 * pod actions run across the chain as :mod:`netplugin.manager.chain` says; a teardown runs the
   chain recorded with the pod, whatever the config says now;
-* two actions on the same pod never overlap; different pods run in parallel (one flock'd file
-  per pod under the run dir);
+* two actions on the same pod never overlap; different pods run in parallel (a flock'd file each);
 * a failed setup is followed by a best-effort teardown (``rollback_on_failure``);
-* every pod is recorded durably under the state dir before its setup runs, and forgotten only
-  after a teardown succeeded (:mod:`netplugin.store.state`; ``netplugin gc`` repairs the rest).
+* every pod is recorded durably before its setup runs, and forgotten only after a teardown
+  succeeded (:mod:`netplugin.store.state`; ``netplugin gc`` repairs the rest).
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNet
 from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
 from netplugin.manager.chain import ChainRun, Member, Observer, attach_failures, fresh_states, recorded_members
+from netplugin.manager.reporting import Reporting, reported
 from netplugin.plugins import BUILTINS
 from netplugin.plugins.bounded import BoundedPlugin
 from netplugin.store.locks import PodLock, flocked, pod_locked, stock_pod_locks
@@ -92,8 +92,8 @@ def _version_identity(plugin: Plugin) -> tuple[Any, ...]:
     return ("key", *key) if key is not None else ("version", plugin.version())
 
 
-class Manager:
-    """Runs plugin actions with netplugin's guarantees. Thread-safe."""
+class Manager(Reporting):
+    """Runs plugin actions with netplugin's guarantees; tells :attr:`on_action` of each pod action. Thread-safe."""
 
     def __init__(
         self,
@@ -117,8 +117,7 @@ class Manager:
         self._plugins: tuple[Plugin, ...] | None = None
         #: each member's action mask, from its init (run, or its marker read)
         self._handles: dict[str, frozenset[str]] = {}
-        #: member name -> (settings, version identity) its init is known done for this boot (a
-        #: long-lived manager, the daemon's, then checks no marker file per action)
+        #: member -> (settings, version identity) whose init is known done this boot (no marker read per action)
         self._init_known: dict[str, tuple[Any, ...]] = {}
         self._select_lock = threading.Lock()
         #: told each chain member call's duration and outcome (the daemon's metrics)
@@ -397,6 +396,7 @@ class Manager:
             claims_in=self.config.state_dir if self.state is not None else None,
         )
 
+    @reported(Action.SETUP)
     def setup(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
         """Set up the pod's network. Returns its status when the state store wants it recorded.
 
@@ -465,6 +465,7 @@ class Manager:
         if self.state is not None:
             self.state.remove(run.pod)
 
+    @reported(Action.TEARDOWN)
     def teardown(self, pod: PodRef, call: CallOptions | None = None) -> None:
         """Tear down the pod's network (also when netplugin has no record of it)."""
         node = self.node(strict=False)
@@ -496,6 +497,7 @@ class Manager:
         if self.state is not None:
             self.state.remove(pod)
 
+    @reported(Action.STATUS)
     def status(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
         node = self.node(strict=False)
         self.init(node=node)

@@ -14,6 +14,7 @@ from typing import Any
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass
 from netplugin.core.plugin import NOOP_NAME
+from netplugin.core.texttable import text_table
 from netplugin.store.locks import pod_lock_path
 from netplugin.store.records import READY, SETTING_UP, PodRecord
 from netplugin.store.state import StateStore
@@ -64,10 +65,7 @@ class PodListing:
             (r.ref.namespace, r.ref.name, r.ref.infra_id, cond, r.ip or "-", self._plugin_cell(r), r.updated)
             for r, cond in self.rows
         ]
-        widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-        return "\n".join(
-            "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
-        )
+        return text_table(header, rows)
 
     def _plugin_cell(self, rec: PodRecord) -> str:
         if self.chain is None or not chain_differs(rec, self.chain):

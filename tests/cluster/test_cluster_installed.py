@@ -130,14 +130,14 @@ def cluster() -> Iterator[InstalledCluster]:
 
 
 def _operations(cluster: InstalledCluster, node: SimNode) -> dict[str, float]:
-    """The daemon's network_plugin_operations_total, scraped inside the node (its metrics are on its loopback)."""
+    """The daemon's kubelet_network_plugin_operations_total, scraped inside the node (metrics on its loopback)."""
     url = f"http://{cluster.health(node)['metrics_address']}/metrics"
     code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
     done = cluster.exec_in(node.netns, [sys.executable, "-c", code])
     assert done.returncode == 0, done.stderr
     out = {}
     for line in done.stdout.decode().splitlines():
-        if line.startswith("network_plugin_operations_total{"):
+        if line.startswith("kubelet_network_plugin_operations_total{"):
             out[line.split('operation_type="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
     return out
 

@@ -209,9 +209,11 @@ def test_broken_candidates_show_up_in_the_plugins_listing(plugin_dir: Any, run_c
     assert listing[NOOP_NAME]["builtin"] is True and listing[NOOP_NAME]["valid"] is True
     text = run_cli("plugins")
     assert text.returncode == 0
-    lines = {line.split("\t")[0]: line.split("\t") for line in text.stdout.splitlines()}
-    assert lines["good"][1] == "ok"
-    assert lines["stray"][1] == "INVALID" and "no executable" in lines["stray"][3]
+    header, *rows = text.stdout.splitlines()
+    assert header.split() == ["NAME", "STATUS", "PATH", "PROBLEM"]
+    lines = {line.split()[0]: line for line in rows}
+    assert lines["good"].split()[1] == "ok"
+    assert lines["stray"].split()[1] == "INVALID" and "no executable" in lines["stray"]
 
 
 def test_selecting_an_invalid_plugin_names_the_problem(plugin_dir: Any, make_manager: Any) -> None:

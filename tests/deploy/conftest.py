@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 #: what a distribution is built from (everything else in the checkout stays out of it)
-DIST_INPUTS = ["pyproject.toml", "README.md", "LICENSE", "netplugin", "exec_plugins", "etc", "scripts"]
+DIST_INPUTS = ["pyproject.toml", "README.md", "LICENSE", "netplugin", "exec_plugins", "etc", "scripts", "man"]
 
 
 def copy_dist_inputs(dest: Path) -> Path:

@@ -302,13 +302,13 @@ def test_daemon_in_the_image_serves_pods_set_up_from_the_host(image: str, node: 
     # The pods reach each other over the bridge the daemon's plugin made on the host.
     ping = _run(["ip", "netns", "exec", early, "ping", "-c", "1", "-W", "5", ips[late]])
     assert ping.returncode == 0, ping.stdout + ping.stderr
-    assert _metric(node, "network_plugin_operations_total", "set_up_pod") == 2.0  # the daemon did them
+    assert _metric(node, "kubelet_network_plugin_operations_total", "set_up_pod") == 2.0  # the daemon did them
 
     for ns in (early, late):
         out = node.cli("teardown", "default", f"pod-{ns}", ns)
         assert out.returncode == 0, out.stderr
         assert not link_exists(host_veth_name(ns))
-    assert _metric(node, "network_plugin_operations_total", "tear_down_pod") == 2.0
+    assert _metric(node, "kubelet_network_plugin_operations_total", "tear_down_pod") == 2.0
 
     # The kubelet's path: the runtime calls the shim on the host (the compiled one the init container
     # installed), with no Python to run: the daemon serves the call.
@@ -320,8 +320,8 @@ def test_daemon_in_the_image_serves_pods_set_up_from_the_host(image: str, node: 
     delete = _shim(node, "DEL", early, "web-0")
     assert delete.returncode == 0, delete.stdout + delete.stderr
     assert not link_exists(host_veth_name(early))
-    assert _metric(node, "network_plugin_operations_total", "set_up_pod") == 3.0
-    assert _metric(node, "network_plugin_operations_total", "tear_down_pod") == 3.0
+    assert _metric(node, "kubelet_network_plugin_operations_total", "set_up_pod") == 3.0
+    assert _metric(node, "kubelet_network_plugin_operations_total", "tear_down_pod") == 3.0
     assert list((node.state / "pods").glob("*.json")) == []
 
     # SIGTERM (what the kubelet sends): the daemon drains, removes its socket and exits 0.

@@ -6,7 +6,7 @@ bridge name and a free /24 of the CNI test range, so that nothing meets the mach
 daemon is then started with exactly the ``Environment=`` and ``ExecStart=`` of the unit file the
 installer wrote, and reloaded with its ``ExecReload=``. A private containerd (the harness of
 ``tests/frontends/cni/containerd.py``) whose CNI dirs are the installed ones runs pod sandboxes over
-CRI: every ADD and DEL is counted by the daemon's ``network_plugin_operations_total`` and logged by
+CRI: every ADD and DEL is counted by the daemon's ``kubelet_network_plugin_operations_total`` and logged by
 the shim ``via: daemon``; with the daemon stopped a pod still starts (the shim alone), and after a
 restart the daemon serves again. One key is added to the installed config by hand, as a user
 would: ``metrics_address: 127.0.0.1:0``, because other suites may hold the default port.
@@ -55,7 +55,7 @@ class InstalledNode:
         self.tag = secrets.token_hex(3)
         self.bridge = f"np{self.tag}in"
         self.subnet = f"10.201.{free_third_octet(TEST_RANGE)}.0/24"
-        d = {k: root / k for k in ("prefix", "bin", "systemd", "exec", "cni-bin", "cni-conf", "state", "run")}
+        d = {k: root / k for k in ("prefix", "bin", "man", "systemd", "exec", "cni-bin", "cni-conf", "state", "run")}
         self.dirs = d
         self.config = root / "etc" / "netplugin" / "netplugin.yaml"
         self.log = root / "cni.log"
@@ -69,6 +69,7 @@ class InstalledNode:
         for flag, key in (
             ("--prefix", "prefix"),
             ("--bin-dir", "bin"),
+            ("--man-dir", "man"),
             ("--systemd-dir", "systemd"),
             ("--exec-dir", "exec"),
             ("--cni-bin-dir", "cni-bin"),
@@ -137,7 +138,7 @@ class InstalledNode:
             text = resp.read().decode()
         out = {}
         for line in text.splitlines():
-            if line.startswith("network_plugin_operations_total{"):
+            if line.startswith("kubelet_network_plugin_operations_total{"):
                 op = line.split('operation_type="', 1)[1].split('"', 1)[0]
                 out[op] = float(line.rsplit(" ", 1)[1])
         return out

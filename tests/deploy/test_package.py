@@ -66,6 +66,12 @@ def test_wheel_ships_every_shipped_file_as_data_with_its_mode(dists: dict[str, P
     assert data == sorted(str(p.relative_to(REPO)) for p in SHIPPED), "the wheel ships files the tree does not"
 
 
+def test_wheel_ships_the_man_page(dists: dict[str, Path]) -> None:
+    name = f"netplugin-{netplugin.__version__}.data/data/share/man/man1/netplugin.1"
+    with zipfile.ZipFile(dists["wheel"]) as whl:
+        assert whl.read(name) == (REPO / "man" / "netplugin.1").read_bytes()
+
+
 def test_wheel_metadata_license_classifiers_urls_extras(dists: dict[str, Path]) -> None:
     with zipfile.ZipFile(dists["wheel"]) as whl:
         dist_info = f"netplugin-{netplugin.__version__}.dist-info/"

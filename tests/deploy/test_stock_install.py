@@ -35,6 +35,7 @@ class Node:
         self.root, self.wheel = root, wheel
         self.prefix = root / "opt" / "netplugin"
         self.bin = root / "usr" / "local" / "bin"
+        self.man = root / "usr" / "local" / "share" / "man" / "man1"
         self.systemd = root / "etc" / "systemd" / "system"
         self.exec_dir = root / "exec"
         self.cni_bin = root / "opt" / "cni" / "bin"
@@ -49,6 +50,7 @@ class Node:
         for flag, path in (
             ("--prefix", self.prefix),
             ("--bin-dir", self.bin),
+            ("--man-dir", self.man),
             ("--systemd-dir", self.systemd),
             ("--exec-dir", self.exec_dir),
             ("--cni-bin-dir", self.cni_bin),
@@ -118,6 +120,15 @@ def test_serve_without_the_extra_names_it_and_exits_5(node: Node) -> None:
     assert not (node.root / "serve-run").exists()
 
 
+def test_man_page_is_installed_from_the_wheel(node: Node) -> None:
+    page = node.man / "netplugin.1"
+    assert page.is_symlink() and page.resolve() == (node.prefix / "share" / "man" / "man1" / "netplugin.1").resolve()
+    shown = subprocess.run(["man", "-l", str(page)], capture_output=True, text=True, timeout=60, env=node.env())
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "netplugin version" in text and "--log-level" in text and "EXIT STATUS" in text
+
+
 def test_installed_plugins_come_from_the_wheel_and_pass_discovery(node: Node) -> None:
     out = node.netplugin("--plugin-dir", str(node.exec_dir), "plugins", "-o", "json")
     assert out.returncode == 0, out.stderr
@@ -131,7 +142,7 @@ def test_installed_plugins_come_from_the_wheel_and_pass_discovery(node: Node) ->
     gone = node.netplugin("--plugin-dir", str(node.root / "nope"), "plugins")
     assert gone.returncode == 0, gone.stderr
     assert f"{node.root / 'nope'} does not exist" in gone.stderr
-    assert [line.split("\t")[0] for line in gone.stdout.splitlines()] == ["kubernetes.io/no-op", "netplugin.io/bridge"]
+    assert [line.split()[0] for line in gone.stdout.splitlines()[1:]] == ["kubernetes.io/no-op", "netplugin.io/bridge"]
 
 
 def test_conflist_names_the_config_and_the_config_the_dirs(node: Node) -> None:

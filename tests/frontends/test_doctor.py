@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -155,3 +157,34 @@ def test_doctor_skips_a_directory_named_like_a_conflist_as_runtimes_do(node: Doc
     _, checks = node.doctor()
     assert checks["conflist"]["ok"], checks["conflist"]
     assert "10-netplugin.conflist" in checks["conflist"]["found"] and name not in checks["conflist"]["found"]
+
+
+_CHECK_AS_USER = """
+import json, sys
+from netplugin.core.config import Config
+from netplugin.frontends.checks import Node, check_daemon
+node = Node(Config(), "/nonexistent", ())
+node.call_conf = {"type": "netplugin-cni", "runDir": sys.argv[1]}
+c = check_daemon(node)
+print(json.dumps({"problem": c.problem, "fix": c.fix}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_a_socket_refused_for_permission_asks_for_root_not_a_start(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(run_dir, 0o755)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(run_dir / "netplugin.sock"))
+        server.listen(1)
+        os.chmod(run_dir / "netplugin.sock", 0o600)  # the daemon's socket: root's only
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO)}
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        argv += [sys.executable, "-c", _CHECK_AS_USER, str(run_dir)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, cwd="/")
+    assert done.returncode == 0, done.stderr
+    check = json.loads(done.stdout)
+    assert "root" in check["fix"] and "systemctl start" not in check["fix"]
+    assert "Permission denied" in check["problem"]

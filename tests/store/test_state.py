@@ -411,7 +411,7 @@ def test_pods_command_lists_records_as_a_table_and_as_json(cli: Any, sc: Any, ne
                                                            sc_env: dict[str, str]) -> None:
     names = sc_env["NETPLUGIN_PLUGINS"].split(",")
     plugin = names[0] if len(names) == 1 else ",".join(f"{n}:ready" for n in names)  # a chain: each member
-    assert cli("pods").stdout == ""
+    assert cli("pods").stdout == "No pods\n"
     assert json.loads(cli("-o", "json", "pods").stdout) == {"pods": [], "corrupt": []}
     sc.set("status", stdout=json.dumps({"ip": "10.0.0.5"}))
     for ref in (POD, PodRef("kube-system", "dns", "infra9")):

@@ -18,7 +18,7 @@ from netplugin.core.defaults import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
 __all__ = ["GLOBAL_VALUE_OPTIONS", "OUTPUTS", "Flag", "by_name"]
 
 #: the values of ``-o/--output``
-OUTPUTS = ("text", "json")
+OUTPUTS = ("text", "json", "yaml", "wide")
 
 
 class Flag:
@@ -56,6 +56,20 @@ GLOBAL_VALUE_OPTIONS = (
     Flag(("--config",), "config_path", None, "FILE", "Config file [NETPLUGIN_CONFIG]."),
     Flag(("--timeout",), "timeout", "timeout", "SECONDS", "Time limit for every action [NETPLUGIN_TIMEOUT]."),
     Flag(("-o", "--output"), "output", None, "", "Output format [NETPLUGIN_OUTPUT]."),
+    Flag(
+        ("--log-level",),
+        "log_level",
+        "log_level",
+        "LEVEL",
+        "Least severe log lines written: debug, info, warning, error [NETPLUGIN_LOG_LEVEL; info].",
+    ),
+    Flag(
+        ("--log-format",),
+        "log_format",
+        "log_format",
+        "FORMAT",
+        "Log lines as text or json [NETPLUGIN_LOG_FORMAT; text].",
+    ),
 )
 
 

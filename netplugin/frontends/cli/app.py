@@ -33,7 +33,7 @@ import click
 
 from netplugin.frontends.cli.commands.tools import COMPLETE_VAR
 from netplugin.frontends.cli.context import State
-from netplugin.frontends.cli.options import global_options
+from netplugin.frontends.cli.options import configure_logging, global_options
 from netplugin.frontends.wire.codes import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -65,6 +65,7 @@ COMMANDS = {
     "install-shim": "tools",
     "completion": "tools",
     "doctor": "doctor",
+    "version": "version",
 }
 
 
@@ -112,16 +113,29 @@ def cli(
     config_path: str | None,
     timeout: str | None,
     output: str,
+    log_level: str | None,
+    log_format: str | None,
     verbose: int,
     version: bool,
 ) -> None:
-    """Manage kubelet exec network plugins on this node."""
+    """Manage kubelet exec network plugins on this node.
+
+    \b
+    Examples:
+      netplugin doctor                          # is this node set up right?
+      netplugin plugins                         # the plugins it can run
+      netplugin setup default web-0 4f2a9c      # what the kubelet does at pod start
+      netplugin pods -o wide
+      netplugin version -o yaml
+    """
     overrides = {
         "plugin_dir": plugin_dir,
         "plugin": plugin,
         "state_dir": state_dir,
         "run_dir": run_dir,
         "timeout": timeout,
+        "log_level": log_level,
+        "log_format": log_format,
     }
     ctx.obj = st = State(overrides, config_path, output, verbose)
     if version:
@@ -129,14 +143,8 @@ def cli(
         ctx.exit(EXIT_OK)
     if ctx.invoked_subcommand is None:
         raise click.UsageError("Missing command.", ctx)
-    if verbose:
-        import logging
-
-        logging.basicConfig(
-            level=logging.DEBUG if verbose > 1 else logging.INFO,
-            stream=sys.stderr,
-            format="netplugin: %(levelname)s: %(message)s",
-        )
+    if verbose or log_level or log_format:
+        configure_logging(verbose, log_level, log_format)
 
 
 # --- errors -> exit codes and text (here only) ------------------------------------------------------

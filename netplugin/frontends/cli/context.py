@@ -85,12 +85,22 @@ class State:
                 click.echo(f"netplugin: {e.message}; working alone", err=True)
             return LOCAL
 
-    def emit(self, data: Any, text: str | None) -> None:
-        """Print data: JSON in json mode, else ``text`` (nothing when None)."""
-        if self.json:
+    def emit(self, data: Any, text: str | None, *, wide: str | None = None) -> None:
+        """Print data: as JSON or YAML when asked, else ``text`` (``wide``: the wider table for
+        ``-o wide``, where a command has one; nothing when None)."""
+        if self.output in ("json", "yaml"):
             import json
 
-            click.echo(json.dumps(data, indent=None, sort_keys=True))
+            doc = json.dumps(data, indent=None, sort_keys=True, default=str)
+            if self.output == "json":
+                click.echo(doc)
+                return
+            import yaml
+
+            # Through JSON: YAML of exactly the JSON document (tuples as lists, no Python tags).
+            click.echo(yaml.safe_dump(json.loads(doc), sort_keys=True, default_flow_style=False).rstrip("\n"))
+        elif self.output == "wide" and wide is not None:
+            click.echo(wide)
         elif text is not None:
             click.echo(text)
 

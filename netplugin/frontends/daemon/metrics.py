@@ -1,27 +1,25 @@
-"""The daemon's Prometheus metrics, named and labelled as the kubelet's network plugin metrics.
+"""The daemon's Prometheus metrics: every series it exports is a row of :data:`SERIES`.
 
-``network_plugin_operations_duration_seconds`` (histogram), ``network_plugin_operations_total``
-and ``network_plugin_operations_errors_total`` (counters), ``network_plugin_operations_in_flight``
-(gauge), each by ``operation_type`` (``set_up_pod``, ``tear_down_pod``, ``get_pod_network_status``);
-``netplugin_daemon_requests_total{op,outcome}`` (``op="invalid"`` for a request whose op could not be
-read); ``netplugin_chain_member_duration_seconds{plugin,action,outcome}`` (histogram: each chain
-member's own part of a pod action, ``outcome`` ``ok``, ``error`` or ``timeout``);
-``netplugin_build_info{version,python_version}`` (always 1); and the process metrics.
+The kubelet-compatible series carry the kubelet's own names (``kubelet_network_plugin_operations_*``,
+by ``operation_type``: ``set_up_pod``, ``tear_down_pod``, ``get_pod_network_status``), so a
+dashboard made for the kubelet's exec plugin metrics reads them unchanged; netplugin's own series
+carry the ``netplugin_`` prefix. The README's metrics list and a test against a live daemon's
+``/metrics`` both follow :data:`SERIES`; the process collector's ``process_*`` series come on top.
 prometheus_client is imported here only, when the daemon starts: never on a per-call path.
 """
 
 from __future__ import annotations
 
-import platform
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from netplugin import __version__
 from netplugin.core.errors import SystemFailure
 
-__all__ = ["BUCKETS", "INVALID_OP", "OPERATION_TYPES", "Metrics"]
+__all__ = ["BUCKETS", "INVALID_OP", "OPERATION_TYPES", "SERIES", "Metrics", "Series", "family"]
 
 #: protocol op -> the kubelet's ``operation_type`` label
 OPERATION_TYPES = {"setup": "set_up_pod", "teardown": "tear_down_pod", "status": "get_pod_network_status"}
@@ -34,62 +32,158 @@ INVALID_OP = "invalid"
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
+@dataclass(frozen=True)
+class Series:
+    """One exported series, as ``/metrics`` names it (a counter's name ends in ``_total``)."""
+
+    name: str
+    kind: str  #: counter, gauge or histogram
+    labels: tuple[str, ...]
+    help: str
+    #: when it is exported: ``always``, or ``host: kube`` (the Kubernetes API client's counts)
+    present: str = "always"
+
+
+_OP = ("operation_type",)
+
+KUBELET_DURATION = Series(
+    "kubelet_network_plugin_operations_duration_seconds",
+    "histogram",
+    _OP,
+    "Latency in seconds of network plugin operations, including the wait for the pod's lock.",
+)
+KUBELET_TOTAL = Series(
+    "kubelet_network_plugin_operations_total",
+    "counter",
+    _OP,
+    "Network plugin operations, by operation type (failed ones included).",
+)
+KUBELET_ERRORS = Series(
+    "kubelet_network_plugin_operations_errors_total", "counter", _OP, "Network plugin operations that failed."
+)
+IN_FLIGHT = Series(
+    "netplugin_operations_in_flight",
+    "gauge",
+    _OP,
+    "Network plugin operations running now (including those waiting for the pod's lock).",
+)
+REQUESTS = Series(
+    "netplugin_daemon_requests_total",
+    "counter",
+    ("op", "outcome"),
+    "Requests answered by the netplugin daemon, by op and outcome (ok or the error class).",
+)
+MEMBER_DURATION = Series(
+    "netplugin_chain_member_duration_seconds",
+    "histogram",
+    ("plugin", "action", "outcome"),
+    "Latency in seconds of one chain member's action (setup, teardown, status), by member and outcome.",
+)
+BUILD_INFO = Series(
+    "netplugin_build_info",
+    "gauge",
+    ("version", "python_version"),
+    "The running netplugin's version and Python; always 1.",
+)
+# Read from the node keeper at each scrape (:mod:`.nodes`).
+NODE_ROUTES = Series(
+    "netplugin_node_routes", "gauge", ("family",), "Routes to other nodes' pod CIDRs in place, by IP family."
+)
+NODE_ROUTE_PROBLEMS = Series(
+    "netplugin_node_route_problems",
+    "gauge",
+    (),
+    "Pod CIDRs of other nodes that cannot be routed (see the daemon's health for why).",
+)
+NODE_PROBLEMS = Series(
+    "netplugin_node_problems",
+    "gauge",
+    ("kind",),
+    "What this node cannot act on, by kind (route refusals, unreadable Nodes, failing watches).",
+)
+NODES = Series("netplugin_nodes", "gauge", (), "Nodes in the cluster, as last read.")
+NODE_SYNCS = Series("netplugin_node_syncs_total", "counter", (), "Passes over the nodes (route reconciliations).")
+KUBE_REQUESTS = Series(
+    "netplugin_kube_requests_total",
+    "counter",
+    ("verb", "resource"),
+    "Requests to the Kubernetes API, by verb and resource.",
+    "host: kube",
+)
+KUBE_WATCH_EVENTS = Series(
+    "netplugin_kube_watch_events_total",
+    "counter",
+    ("resource", "kind"),
+    "What the list+watch caches did: lists, watches, relists after 410 Gone, failures, events, bookmarks.",
+    "host: kube",
+)
+KUBE_RELISTS = Series(
+    "netplugin_kube_relists_total",
+    "counter",
+    ("resource",),
+    "LISTs made again because a watch's revision had left the API server's history (410 Gone).",
+    "host: kube",
+)
+
+#: Every series the daemon exports, the kubelet's first. A new series is a new row here.
+SERIES: tuple[Series, ...] = (
+    KUBELET_DURATION,
+    KUBELET_TOTAL,
+    KUBELET_ERRORS,
+    IN_FLIGHT,
+    REQUESTS,
+    MEMBER_DURATION,
+    BUILD_INFO,
+    NODE_ROUTES,
+    NODE_ROUTE_PROBLEMS,
+    NODE_PROBLEMS,
+    NODES,
+    NODE_SYNCS,
+    KUBE_REQUESTS,
+    KUBE_WATCH_EVENTS,
+    KUBE_RELISTS,
+)
+
+
+def _make(series: Series, registry: Any) -> Any:
+    """The prometheus_client metric for a row of :data:`SERIES`, on ``registry``."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    if series.kind == "histogram":
+        return Histogram(series.name, series.help, series.labels, buckets=BUCKETS, registry=registry)
+    cls = {"counter": Counter, "gauge": Gauge}[series.kind]
+    return cls(series.name, series.help, series.labels, registry=registry)
+
+
+def family(series: Series, **kwargs: Any) -> Any:
+    """A collector's metric family for a row of :data:`SERIES` (read at scrape time, as the node keeper's)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}[series.kind]
+    labels = list(series.labels) if series.labels else None
+    return cls(series.name, series.help, labels=labels, **kwargs)
+
+
 class Metrics:
     """The daemon's Prometheus metrics, on a registry of their own."""
 
     def __init__(self) -> None:
+        import platform
+
         import prometheus_client
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry
 
         # *_created samples double every counter's series for no use here.
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry: CollectorRegistry = CollectorRegistry()
         prometheus_client.ProcessCollector(registry=self.registry)
-        self.duration = Histogram(
-            "network_plugin_operations_duration_seconds",
-            "Latency in seconds of network plugin operations, including the wait for the pod's lock.",
-            ["operation_type"],
-            buckets=BUCKETS,
-            registry=self.registry,
-        )
-        self.total = Counter(
-            "network_plugin_operations",
-            "Network plugin operations, by operation type (failed ones included).",
-            ["operation_type"],
-            registry=self.registry,
-        )
-        self.errors = Counter(
-            "network_plugin_operations_errors",
-            "Network plugin operations that failed.",
-            ["operation_type"],
-            registry=self.registry,
-        )
-        self.in_flight = Gauge(
-            "network_plugin_operations_in_flight",
-            "Network plugin operations running now (including those waiting for the pod's lock).",
-            ["operation_type"],
-            registry=self.registry,
-        )
-        self.requests = Counter(
-            "netplugin_daemon_requests",
-            "Requests answered by the netplugin daemon, by op and outcome (ok or the error class).",
-            ["op", "outcome"],
-            registry=self.registry,
-        )
-        self.member = Histogram(
-            "netplugin_chain_member_duration_seconds",
-            "Latency in seconds of one chain member's action (setup, teardown, status), by member and outcome.",
-            ["plugin", "action", "outcome"],
-            buckets=BUCKETS,
-            registry=self.registry,
-        )
-        build = Gauge(
-            "netplugin_build_info",
-            "The running netplugin's version and Python; always 1.",
-            ["version", "python_version"],
-            registry=self.registry,
-        )
-        build.labels(__version__, platform.python_version()).set(1)
+        self.duration = _make(KUBELET_DURATION, self.registry)
+        self.total = _make(KUBELET_TOTAL, self.registry)
+        self.errors = _make(KUBELET_ERRORS, self.registry)
+        self.in_flight = _make(IN_FLIGHT, self.registry)
+        self.requests = _make(REQUESTS, self.registry)
+        self.member = _make(MEMBER_DURATION, self.registry)
+        _make(BUILD_INFO, self.registry).labels(__version__, platform.python_version()).set(1)
         for otype in OPERATION_TYPES.values():
             # Present from the start, so a dashboard sees zeros rather than nothing.
             self.duration.labels(otype)

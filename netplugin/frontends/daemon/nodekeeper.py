@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError, NetpluginError
 from netplugin.core.node import NodeInfo
+from netplugin.frontends.daemon import metrics
+from netplugin.frontends.daemon.metrics import family
 from netplugin.hosts.base import ClusterHost
 from netplugin.nodenet.egress import Egress
 from netplugin.nodenet.routes import PROBLEM_KINDS, RouteTable
@@ -333,35 +335,23 @@ class _Collector:
         return []  # collected lazily; describing nothing keeps registration cheap
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         k = self.keeper
         with k._lock:
             report, nodes, syncs = k.report, k.nodes, k.syncs
-        routes = GaugeMetricFamily(
-            "netplugin_node_routes", "Routes to other nodes' pod CIDRs in place, by IP family.", labels=["family"]
-        )
-        for family in ("4", "6"):
-            count = sum(1 for r in report.routes if (":" in r.dst) == (family == "6")) if report else 0
-            routes.add_metric([family], count)
+        routes = family(metrics.NODE_ROUTES)
+        for fam in ("4", "6"):
+            count = sum(1 for r in report.routes if (":" in r.dst) == (fam == "6")) if report else 0
+            routes.add_metric([fam], count)
         yield routes
-        problems = GaugeMetricFamily(
-            "netplugin_node_route_problems",
-            "Pod CIDRs of other nodes that cannot be routed (see the daemon's health for why).",
-        )
-        problems.add_metric([], len(report.problems) if report else 0)
-        yield problems
-        by_kind = GaugeMetricFamily(
-            "netplugin_node_problems",
-            "What this node cannot act on, by kind (route refusals, unreadable Nodes, failing watches).",
-            labels=["kind"],
-        )
+        yield family(metrics.NODE_ROUTE_PROBLEMS, value=len(report.problems) if report else 0)
+        by_kind = family(metrics.NODE_PROBLEMS)
         kinds = Counter(p["kind"] for p in k.problems())
         for kind in (*PROBLEM_KINDS, "bad_node", "watch"):
             by_kind.add_metric([kind], kinds.get(kind, 0))
         yield by_kind
-        yield GaugeMetricFamily("netplugin_nodes", "Nodes in the cluster, as last read.", value=len(nodes or []))
-        yield CounterMetricFamily("netplugin_node_syncs", "Passes over the nodes (route reconciliations).", value=syncs)
+        yield family(metrics.NODES, value=len(nodes or []))
+        yield family(metrics.NODE_SYNCS, value=syncs)
         if k.cluster is not None:
             yield from _cluster_metrics(k.cluster)
 
@@ -377,28 +367,14 @@ def problem_text(p: Mapping[str, str]) -> str:
 
 def _cluster_metrics(cluster: ClusterHost) -> Iterator[Metric]:
     """The metrics of a host that watches the cluster: its API requests and its list+watch caches."""
-    from prometheus_client.core import CounterMetricFamily
-
-    req = CounterMetricFamily(
-        "netplugin_kube_requests",
-        "Requests to the Kubernetes API, by verb and resource.",
-        labels=["verb", "resource"],
-    )
+    req = family(metrics.KUBE_REQUESTS)
     for (verb, resource), n in sorted(dict(cluster.requests).items()):
         req.add_metric([verb, resource], n)
     yield req
     cache = cluster.cache
     if cache is not None:
-        watch = CounterMetricFamily(
-            "netplugin_kube_watch_events",
-            "What the list+watch caches did: lists, watches, relists after 410 Gone, failures, events, bookmarks.",
-            labels=["resource", "kind"],
-        )
-        relists = CounterMetricFamily(
-            "netplugin_kube_relists",
-            "LISTs made again because a watch's revision had left the API server's history (410 Gone).",
-            labels=["resource"],
-        )
+        watch = family(metrics.KUBE_WATCH_EVENTS)
+        relists = family(metrics.KUBE_RELISTS)
         for resource, st in cache.status().items():
             for kind in ("lists", "watches", "relists", "failures", "events", "bookmarks"):
                 watch.add_metric([resource, kind], st[kind])

@@ -102,4 +102,5 @@ def reload_settings(live: Live, reread: Callable[[], Config]) -> tuple[Live, str
     # The host (and so the node watches) stays: its settings are among those that need a restart.
     manager = Manager(new, host=live.manager.host)
     manager.observe = live.manager.observe  # the daemon's per-member metrics go on
+    manager.on_action = live.manager.on_action  # and its log of pod actions
     return Live.of(new, manager), change.text(), True

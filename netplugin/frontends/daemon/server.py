@@ -18,12 +18,10 @@ on a unix socket; see that module for the protocol.
   pod holds one worker however many requests queue on it, and every other pod is served at
   once. At most :data:`~netplugin.frontends.daemon.podqueue.MAX_WAITING_PER_POD` may wait per pod;
   more are answered ``DaemonUnavailable`` (not run, so a CLI in ``auto`` mode runs them itself).
-* **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``), named as the kubelet's:
-  histogram ``network_plugin_operations_duration_seconds``, counter
-  ``network_plugin_operations_errors_total`` and gauge ``network_plugin_operations_in_flight``, each
-  labelled ``operation_type`` (``set_up_pod``, ``tear_down_pod``, ``get_pod_network_status``). As
-  in the kubelet, the time includes waiting for the pod's lock. Also
-  ``network_plugin_operations_total``, ``netplugin_daemon_requests_total{op,outcome}``, ``netplugin_build_info``.
+* **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``): the kubelet's
+  ``kubelet_network_plugin_operations_*`` by ``operation_type``, whose time, as in the kubelet,
+  includes waiting for the pod's lock, and netplugin's own ``netplugin_*``; every series is a
+  row of :data:`.metrics.SERIES`.
 * **Nodes** (:mod:`netplugin.frontends.daemon.nodekeeper`): with ``host: kube`` the
   daemon lists and watches every Node and this node's Pods, so pod and node
   lookups are answered from memory; it keeps routes to the other nodes' pod
@@ -62,6 +60,7 @@ from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginE
 from netplugin.core.execplugin.invoke import adopt_orphans, reap_adopted
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass
+from netplugin.frontends.daemon.actionlog import log_action, log_refusal
 from netplugin.frontends.daemon.cnicalls import check_settings, run_cni, run_cni_call
 from netplugin.frontends.daemon.envelope import check_request
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
@@ -125,6 +124,7 @@ class Daemon:
         self.watchdog = watchdog
         self.metrics = Metrics()
         manager.observe = self.metrics.observe_member  # per chain member, of every pod action
+        manager.on_action = log_action  # one log line per pod action
         self.metrics_address: str | None = None
         self.nodes = NodeKeeper(config, manager.host)
         self.nodes.register(self.metrics.registry)
@@ -276,12 +276,13 @@ class Daemon:
                     result = await self._cni_request(req)
                 else:
                     result = await asyncio.to_thread(self.dispatch, req)
-                log.debug("%s %s: ok in %.3fs", op, _pod_text(req), time.monotonic() - start)
+                if op not in POD_OPS:  # a pod action has its own line (log_action)
+                    log.debug("%s: ok in %.3fs", op, time.monotonic() - start)
             self.metrics.requests.labels(op, "ok").inc()
             return {"ok": True, "result": result}
         except NetpluginError as e:
             self.metrics.requests.labels(op, type(e).__name__).inc()
-            log.warning("%s %s: %s", op, _pod_text(req), e.message)
+            log_refusal(req, e)
             return {"ok": False, "error": e.to_dict(), "classes": error_classes(type(e))}
         except Exception as e:
             # A bug: keep serving, and tell the caller exactly what happened.
@@ -486,12 +487,6 @@ def _text(req: dict[str, Any], key: str) -> str:
     return value
 
 
-def _pod_text(req: Any) -> str:
-    if isinstance(req, dict) and req.get("op") in POD_OPS:
-        return f"{req.get('namespace')}/{req.get('pod')} ({req.get('infra_id')})"
-    return ""
-
-
 def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Callable[[], Config] | None = None) -> int:
     """Run the daemon in this process until SIGTERM; returns the exit status.
 
@@ -505,7 +500,7 @@ def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Call
     env.pop("WATCHDOG_PID", None)
 
     manager = Manager(config)
-    configure_logging(env)
+    configure_logging(env, config.log_level, config.log_format)
     daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog, reread=reread)
     with asyncio.Runner() as runner:
         status = runner.run(daemon.run())

@@ -6,10 +6,11 @@
 * :class:`Watchdog` reads ``WATCHDOG_USEC``/``WATCHDOG_PID`` (``WatchdogSec=`` in the unit) and says
   how often to ping: half the interval, as sd_watchdog_enabled(3) advises. The pings come from the
   event loop itself, so a loop that stops turning stops them and systemd restarts the daemon.
-* :class:`JournalFormatter` prefixes each log line with its syslog priority (``<3>`` error ...
-  ``<7>`` debug), which journald turns into the entry's PRIORITY (``SyslogLevelPrefix=``, on by
-  default). :func:`stderr_is_journal` tells whether stderr really is the journal stream
-  (``JOURNAL_STREAM`` names its device and inode), so a terminal never sees the prefixes.
+* :func:`configure_logging` sets the daemon's log lines up (:mod:`netplugin.core.logs`): with a
+  syslog priority prefix (``<3>`` error ... ``<7>`` debug), which journald turns into the entry's
+  PRIORITY (``SyslogLevelPrefix=``, on by default), and no timestamp (journald has its own) when
+  :func:`stderr_is_journal` says stderr really is the journal stream (``JOURNAL_STREAM`` names
+  its device and inode), so a terminal or a file never sees the prefixes and always the time.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import time
 from collections.abc import Mapping
 
 __all__ = [
-    "JournalFormatter",
     "Watchdog",
     "configure_logging",
     "keep_watchdog",
@@ -33,10 +33,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: logging level -> syslog priority (sd-daemon(3)'s SD_ERR ... SD_DEBUG)
-_PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
-
 
 def sd_notify(message: str, address: str | None) -> bool:
     """Send a sd_notify(3) datagram (``READY=1``, ``STOPPING=1``, ``STATUS=...``). False if not sent."""
@@ -97,19 +93,6 @@ def stderr_is_journal(environ: Mapping[str, str], fd: int = 2) -> bool:
     return (st.st_dev, st.st_ino) == (int(dev), int(ino))
 
 
-class JournalFormatter(logging.Formatter):
-    """``<N>message``: the syslog priority prefix journald reads (sd-daemon(3))."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        prio = 7
-        for level, value in _PRIORITIES:
-            if record.levelno >= level:
-                prio = value
-                break
-        # Every line of a multi-line message (a traceback) gets the prefix: journald splits on newlines.
-        return "\n".join(f"<{prio}>{line}" for line in super().format(record).split("\n"))
-
-
 def reloading_message() -> str:
     """``RELOADING=1`` with the ``MONOTONIC_USEC`` that systemd 253+ requires (older ones ignore it)."""
     return f"RELOADING=1\nMONOTONIC_USEC={monotonic_usec()}\nSTATUS=rescanning plugins"
@@ -122,15 +105,8 @@ async def keep_watchdog(watchdog: Watchdog, address: str | None) -> None:
         await asyncio.sleep(watchdog.ping_every)
 
 
-def configure_logging(environ: Mapping[str, str]) -> None:
-    """The daemon's log format: ``<N>`` priority prefixes when stderr is the journal, else plain lines.
+def configure_logging(environ: Mapping[str, str], level: str, fmt: str) -> None:
+    """The daemon's log lines, at ``level`` in ``fmt`` (text or json), for the journal when stderr is it."""
+    from netplugin.core.logs import configure
 
-    Handlers set up earlier (``-v``) keep their level; only their format changes for the journal.
-    """
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(level=logging.INFO, format="netplugin: %(levelname)s: %(message)s")
-    if stderr_is_journal(environ):
-        # The journal records the unit, the pid and the time; the priority replaces the level's name.
-        for handler in root.handlers:
-            handler.setFormatter(JournalFormatter("%(message)s"))
+    configure(level, fmt, journal=stderr_is_journal(environ))

@@ -73,7 +73,7 @@ def run_cluster_demo(
     report = ClusterReport()
     source = Path(plugin_source) if plugin_source else None
     with SimCluster(plugin=plugin, plugin_source=source, progress=progress) as c:
-        progress(f"starting {nodes} nodes (a network namespace and a netplugin daemon each)...")
+        progress(f"starting {nodes} nodes (a network namespace np{c.tag}n<i> and a netplugin daemon each)...")
         members = [c.add_node() for _ in range(nodes)]
         took = c.wait_routes(10.0)
         _show_nodes(c, members, report, progress, took)

@@ -26,6 +26,7 @@ __all__ = [
     "EXIT_DOCTOR_PROBLEMS",
     "EXIT_INTERNAL",
     "EXIT_INTERRUPTED",
+    "EXIT_MEANINGS",
     "EXIT_NOT_FOUND",
     "EXIT_OK",
     "EXIT_PLUGIN_FAILED",
@@ -49,6 +50,20 @@ EXIT_DAEMON = 6
 EXIT_DOCTOR_PROBLEMS = 7
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+
+#: exit code -> what it means (the README's table, the man page's EXIT STATUS)
+EXIT_MEANINGS = {
+    EXIT_OK: "success",
+    EXIT_PLUGIN_FAILED: "the plugin failed (non-zero exit, signal, bad status output)",
+    EXIT_USAGE: "bad input or usage: an argument, an option or the config is wrong",
+    EXIT_NOT_FOUND: "the plugin was not found or is invalid (permissions, not executable)",
+    EXIT_TIMEOUT: "the plugin timed out (its process tree was killed)",
+    EXIT_SYSTEM: "a system error: exec dir unreadable, lock, state, host lookup, I/O",
+    EXIT_DAEMON: "the daemon was required (use_daemon: always) but did not answer",
+    EXIT_DOCTOR_PROBLEMS: "doctor found at least one problem on this node",
+    EXIT_INTERNAL: "an internal error (a bug: please report it, run with -v for details)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
 
 #: error class name -> exit code; subclasses are matched through the MRO
 EXIT_CODES = {

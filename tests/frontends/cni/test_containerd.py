@@ -361,6 +361,7 @@ def test_pods_through_the_daemon_when_it_runs_with_the_same_settings(net: CniNet
     entries = net.log_entries()
     assert {e["via"] for e in entries} == {"daemon"} and all(e["result"] == "ok" for e in entries), entries
     metrics = net.daemon_metrics()
-    assert 'network_plugin_operations_duration_seconds_count{operation_type="set_up_pod"} 2.0' in metrics
+    assert 'kubelet_network_plugin_operations_duration_seconds_count{operation_type="set_up_pod"} 2.0' in metrics
     dels = len([e for e in entries if e["command"] == "DEL"])
-    assert f'network_plugin_operations_duration_seconds_count{{operation_type="tear_down_pod"}} {dels}.0' in metrics
+    count = "kubelet_network_plugin_operations_duration_seconds_count"
+    assert f'{count}{{operation_type="tear_down_pod"}} {dels}.0' in metrics

@@ -73,7 +73,7 @@ def test_setup_status_teardown_go_through_the_daemon(
     # The exact argv the kubelet used, and init still only once (setup may also ask status for the record).
     calls = [c for c in p.calls() if not c.startswith("status")]
     assert calls == ["init", "setup default web-0 infra0", "teardown default web-0 infra0"]
-    counts = samples(d.metrics(), "network_plugin_operations_duration_seconds_count")
+    counts = samples(d.metrics(), "kubelet_network_plugin_operations_duration_seconds_count")
     assert counts == {"set_up_pod": 1.0, "tear_down_pod": 1.0, "get_pod_network_status": 1.0}
 
 
@@ -189,7 +189,7 @@ def test_plugin_failure_same_through_daemon(start_daemon: Any, cli: Any, plugin_
     if output == "json":
         err = json.loads(remote.stderr)
         assert (err["error"], err["exit_status"], err["rolled_back"]) == ("PluginFailed", 3, True)
-    assert samples(d.metrics(), "network_plugin_operations_errors_total")["set_up_pod"] == 1.0
+    assert samples(d.metrics(), "kubelet_network_plugin_operations_errors_total")["set_up_pod"] == 1.0
 
 
 def test_timeout_same_through_daemon(start_daemon: Any, cli: Any, plugin_dir: Any) -> None:
@@ -201,7 +201,7 @@ def test_timeout_same_through_daemon(start_daemon: Any, cli: Any, plugin_dir: An
     assert remote.returncode == local.returncode == 4
     assert remote.stderr == local.stderr
     assert "timed out after 1s" in remote.stderr
-    errors = samples(d.metrics(), "network_plugin_operations_errors_total")
+    errors = samples(d.metrics(), "kubelet_network_plugin_operations_errors_total")
     assert errors == {"set_up_pod": 0.0, "tear_down_pod": 0.0, "get_pod_network_status": 1.0}
 
 
@@ -392,8 +392,9 @@ def test_metrics_histogram_errors_and_in_flight(start_daemon: Any, cli: Any, plu
     d = start_daemon(env=env)
     text = d.metrics()
     # Present with zeros before any operation.
-    assert samples(text, "network_plugin_operations_duration_seconds_count") == dict.fromkeys(OPERATION_TYPES, 0.0)
-    assert samples(text, "network_plugin_operations_in_flight") == dict.fromkeys(OPERATION_TYPES, 0.0)
+    zeros = dict.fromkeys(OPERATION_TYPES, 0.0)
+    assert samples(text, "kubelet_network_plugin_operations_duration_seconds_count") == zeros
+    assert samples(text, "netplugin_operations_in_flight") == zeros
 
     for action in ("setup", "status", "status", "teardown"):
         assert cli(action, *POD, env=env, mode="always").returncode == 0
@@ -401,18 +402,18 @@ def test_metrics_histogram_errors_and_in_flight(start_daemon: Any, cli: Any, plu
     assert cli("teardown", *POD, env=env, mode="always").returncode == 1
 
     text = d.metrics()
-    assert samples(text, "network_plugin_operations_duration_seconds_count") == {
+    assert samples(text, "kubelet_network_plugin_operations_duration_seconds_count") == {
         "set_up_pod": 1.0,
         "get_pod_network_status": 2.0,
         "tear_down_pod": 2.0,
     }
-    assert samples(text, "network_plugin_operations_errors_total") == {
+    assert samples(text, "kubelet_network_plugin_operations_errors_total") == {
         "set_up_pod": 0.0,
         "get_pod_network_status": 0.0,
         "tear_down_pod": 1.0,
     }
-    # Every operation is counted, failed ones included (kubelet's network_plugin_operations_total).
-    assert samples(text, "network_plugin_operations_total") == {
+    # Every operation is counted, failed ones included (kubelet's kubelet_network_plugin_operations_total).
+    assert samples(text, "kubelet_network_plugin_operations_total") == {
         "set_up_pod": 1.0,
         "get_pod_network_status": 2.0,
         "tear_down_pod": 2.0,
@@ -421,7 +422,7 @@ def test_metrics_histogram_errors_and_in_flight(start_daemon: Any, cli: Any, plu
         s
         for f in text_string_to_metric_families(text)
         for s in f.samples
-        if s.name == "network_plugin_operations_duration_seconds_bucket"
+        if s.name == "kubelet_network_plugin_operations_duration_seconds_bucket"
     ]
     assert {s.labels["operation_type"] for s in buckets} == set(OPERATION_TYPES)
     assert re.search(r'netplugin_daemon_requests_total\{op="teardown",outcome="PluginFailed"\} 1\.0', text)

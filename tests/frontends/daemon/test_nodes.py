@@ -6,6 +6,7 @@ egress table; the kernel side of both is tested in tests/nodenet and tests/clust
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -16,6 +17,7 @@ import pytest
 from netplugin.core.config import Config
 from netplugin.core.errors import HostError
 from netplugin.core.node import NodeInfo
+from netplugin.frontends.daemon.metrics import SERIES
 from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 from netplugin.nodenet.routes import Route, RouteProblem, RouteReport
 from tests.fakehost import FakeHost
@@ -219,3 +221,6 @@ def test_metrics() -> None:
     assert "netplugin_nodes 2.0" in text
     assert 'netplugin_kube_requests_total{resource="pods",verb="get"} 3.0' in text
     assert 'netplugin_kube_watch_events_total{kind="relists",resource="nodes"} 1.0' in text
+    # The keeper's families, the host: kube ones included, are rows of the daemon's series table.
+    keeper_rows = {x.name: x.kind for x in SERIES if x.name.startswith(("netplugin_node", "netplugin_kube"))}
+    assert dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M)) == keeper_rows

@@ -21,7 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import netplugin
 from netplugin.core.errors import InvalidArgument
-from netplugin.frontends.daemon.systemd import JournalFormatter, Watchdog, stderr_is_journal
+from netplugin.core.logs import LineFormatter
+from netplugin.frontends.daemon.metrics import SERIES
+from netplugin.frontends.daemon.systemd import Watchdog, stderr_is_journal
 
 from .conftest import wait_for
 
@@ -100,15 +102,27 @@ def test_plain_log_lines_on_a_terminal_or_file(start_daemon: Any, plugin_dir: An
     plugin_dir.install("scripted")
     d = start_daemon(env={"NETPLUGIN_PLUGIN": "scripted", "JOURNAL_STREAM": "1:1"})  # not our stderr
     d.stop()
-    assert "netplugin: INFO: serving on" in d.output()
-    assert not re.search(r"^<\d>", d.output(), re.M)
+    lines = [line for line in d.output().splitlines() if line]
+    # Every line: an RFC 3339 time (UTC, milliseconds), then the level.
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    assert lines and all(re.match(stamp, line) for line in lines), lines
+    assert any(re.match(stamp + "serving on ", line) for line in lines), lines
 
 
 def test_journal_formatter_and_detection(tmp_path: Path) -> None:
     record = logging.LogRecord("x", logging.ERROR, __file__, 1, "two\nlines", None, None)
-    assert JournalFormatter("%(message)s").format(record) == "<3>two\n<3>lines"
+    # No time and no level name for the journal (it stamps its own, and reads the priority).
+    assert LineFormatter(journal=True).format(record) == "<3>two\n<3>lines"
     record.levelno = logging.DEBUG
-    assert JournalFormatter("%(message)s").format(record).startswith("<7>")
+    assert LineFormatter(journal=True).format(record).startswith("<7>")
+    record = logging.LogRecord("x", logging.ERROR, __file__, 1, "two\nlines", None, None)
+    record.fields = {"pod": "default/web"}  # as extra={"fields": ...} sets it
+    assert json.loads(LineFormatter("json", journal=True).format(record).removeprefix("<3>")) == {
+        "level": "error",
+        "logger": "x",
+        "msg": "two\nlines",
+        "pod": "default/web",
+    }
     f = tmp_path / "f"
     with open(f, "w") as out:
         st = os.fstat(out.fileno())
@@ -138,14 +152,52 @@ def test_metrics_names_build_info_and_invalid_op(start_daemon: Any, cli: Any, pl
         assert json.loads(s.makefile().readline())["ok"] is False
     text = _metric_text(d)
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    totals = {s.labels["operation_type"]: s.value for s in families["network_plugin_operations"].samples}
+    totals = {s.labels["operation_type"]: s.value for s in families["kubelet_network_plugin_operations"].samples}
     assert totals == {"set_up_pod": 1.0, "tear_down_pod": 1.0, "get_pod_network_status": 0.0}
-    assert families["network_plugin_operations"].type == "counter"
+    assert families["kubelet_network_plugin_operations"].type == "counter"
     [build] = families["netplugin_build_info"].samples
     assert build.value == 1.0
     assert build.labels["version"] == netplugin.__version__
     assert re.search(r'netplugin_daemon_requests_total\{op="invalid",outcome="InvalidArgument"\} 1\.0', text)
     assert 'op="?"' not in text
+
+
+def _exported(text: str) -> dict[str, tuple[str, str, set[str]]]:
+    """name -> (type, help, label names) of each family in /metrics, as the TYPE lines name them."""
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    helps = dict(re.findall(r"^# HELP (\S+) (.*)$", text, re.M))
+    labels: dict[str, set[str]] = {name: set() for name in types}
+    for fam in text_string_to_metric_families(text):
+        name = next(n for n in types if n == fam.name or n == f"{fam.name}_total")
+        for sample in fam.samples:
+            labels[name] |= set(sample.labels) - {"le"}
+    return {name: (types[name], helps[name], labels[name]) for name in types}
+
+
+def test_metrics_are_exactly_the_series_table(start_daemon: Any, cli: Any, plugin_dir: Any) -> None:
+    """Every family a live daemon exports is a row of SERIES, with its type, help and labels, and back."""
+    plugin_dir.install("scripted")
+    env = {"NETPLUGIN_PLUGIN": "scripted"}
+    d = start_daemon(env=env)
+    assert cli("setup", *POD, env=env, mode="always").returncode == 0  # the per-member histogram has a child
+    exported = {k: v for k, v in _exported(_metric_text(d)).items() if not k.startswith("process_")}
+    table = {s.name: (s.kind, s.help, set(s.labels)) for s in SERIES if s.present == "always"}
+    assert exported == table
+    # The kubelet's own names for its exec plugin metrics; everything else is netplugin's.
+    assert {s.name for s in SERIES if not s.name.startswith("netplugin_")} == {
+        "kubelet_network_plugin_operations_duration_seconds",
+        "kubelet_network_plugin_operations_total",
+        "kubelet_network_plugin_operations_errors_total",
+    }
+    for s in SERIES:
+        assert s.name.endswith("_total") == (s.kind == "counter"), s.name
+
+
+def test_readme_metrics_table_mirrors_the_series_table() -> None:
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    rows = re.findall(r"^\| `([a-z_]+)(?:\{[a-z_,]*\})?` \| (counter|gauge|histogram) \|", readme, re.M)
+    assert rows == [(s.name, s.kind) for s in SERIES]
+    assert not re.search(r"(?<![a-z_])network_plugin_operations", readme)
 
 
 def test_metrics_pass_promtool(start_daemon: Any, cli: Any, plugin_dir: Any) -> None:

@@ -44,13 +44,19 @@ def _line(check: dict[str, Any]) -> str:
 )
 @pass_state
 def doctor(st: State, cni_conf_dir: str, bin_dirs: tuple[str, ...]) -> None:
-    """Check that this node works as installed: one line per check, ok or problem with its fix.
+    """Check that this node works as installed, one line per check with the fix of each problem.
 
     Checks the CNI conflist the runtime picks, the shim, whether calls reach the daemon (and why
     not), the settings (conflist vs config file vs daemon), the plugin and its init, the node's
     pod CIDRs and routes, the egress table, and the state and run dirs. The config is the global
     --config (default /etc/netplugin/netplugin.yaml). Exit status: 0 every check passed,
     7 at least one problem (a daemon that does not answer is one), 2 bad usage.
+
+    \b
+    Examples:
+      netplugin doctor
+      netplugin doctor --config /etc/netplugin/netplugin.yaml
+      netplugin doctor -o json
     """
     from netplugin.core.errors import ConfigError
     from netplugin.frontends.checks import CNI_BIN_DIRS, Check, run_checks

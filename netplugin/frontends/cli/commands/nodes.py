@@ -13,7 +13,13 @@ __all__ = ["nodes"]
 @command()
 @pass_state
 def nodes(st: State) -> None:
-    """This node, the cluster's nodes, and the routes the daemon keeps to them (and what it cannot route)."""
+    """Show this node, the cluster's nodes, the routes the daemon keeps to them and what it cannot route.
+
+    \b
+    Examples:
+      netplugin nodes
+      netplugin nodes -o yaml
+    """
     remote = st.daemon("health")
     if remote is not LOCAL:
         info = remote["node"]

@@ -12,7 +12,10 @@ from netplugin.frontends.cli.context import LOCAL, State, pass_state
 from netplugin.frontends.cli.options import command, pod_arguments
 from netplugin.frontends.wire.protocol import pod_output, run_pod_op
 
-__all__ = ["gc", "pods", "setup", "status", "teardown"]
+__all__ = ["NO_PODS", "gc", "pods", "setup", "status", "teardown"]
+
+#: what ``pods`` prints when no pod is recorded (a table of no rows would print nothing)
+NO_PODS = "No pods"
 
 
 def _pod_action(st: State, op: str, namespace: str, pod: str, infra_id: str) -> None:
@@ -29,7 +32,13 @@ def _pod_action(st: State, op: str, namespace: str, pod: str, infra_id: str) -> 
 @pod_arguments
 @pass_state
 def setup(st: State, namespace: str, pod: str, infra_id: str) -> None:
-    """Set up the network of a pod."""
+    """Set up the network of a pod.
+
+    \b
+    Examples:
+      netplugin setup default web-0 4f2a9c
+      netplugin setup default web-0 4f2a9c --plugin bridge -o json
+    """
     _pod_action(st, "setup", namespace, pod, infra_id)
 
 
@@ -37,7 +46,12 @@ def setup(st: State, namespace: str, pod: str, infra_id: str) -> None:
 @pod_arguments
 @pass_state
 def teardown(st: State, namespace: str, pod: str, infra_id: str) -> None:
-    """Tear down the network of a pod (idempotent)."""
+    """Tear down the network of a pod; tearing down twice is no error.
+
+    \b
+    Examples:
+      netplugin teardown default web-0 4f2a9c
+    """
     _pod_action(st, "teardown", namespace, pod, infra_id)
 
 
@@ -45,7 +59,13 @@ def teardown(st: State, namespace: str, pod: str, infra_id: str) -> None:
 @pod_arguments
 @pass_state
 def status(st: State, namespace: str, pod: str, infra_id: str) -> None:
-    """Print the pod's IP (text) or its PodNetworkStatus (json); nothing if unknown."""
+    """Print the pod's IP, or its whole network status with -o json or yaml (nothing when unknown).
+
+    \b
+    Examples:
+      netplugin status default web-0 4f2a9c
+      netplugin status default web-0 4f2a9c -o yaml
+    """
     _pod_action(st, "status", namespace, pod, infra_id)
 
 
@@ -56,17 +76,24 @@ def _corrupt_warning(path: str, reason: str) -> None:
 @command()
 @pass_state
 def pods(st: State) -> None:
-    """List the pods netplugin has recorded, and their state."""
+    """List the pods netplugin has recorded, and their state.
+
+    \b
+    Examples:
+      netplugin pods
+      netplugin pods -o json
+      netplugin pods --state-dir /var/lib/netplugin
+    """
     remote = st.daemon("pods")
     if remote is not LOCAL:
-        st.emit(remote["listing"], remote["table"])
+        st.emit(remote["listing"], remote["table"] or NO_PODS)
         for c in remote["listing"]["corrupt"]:
             _corrupt_warning(c["path"], c["reason"])
         return
     from netplugin.store.listing import list_pods
 
     listing = list_pods(st.config.state_dir, st.config.run_dir, st.config.chain)
-    st.emit(listing.to_dict(), listing.table() if listing.rows else None)
+    st.emit(listing.to_dict(), listing.table() if listing.rows else NO_PODS)
     for corrupt in listing.corrupt:
         _corrupt_warning(corrupt.path, corrupt.reason)
 
@@ -76,7 +103,13 @@ def pods(st: State) -> None:
 @click.option("--no-host-check", is_flag=True, help="Do not ask the host whether recorded pods still exist.")
 @pass_state
 def gc(st: State, dry_run: bool, no_host_check: bool) -> None:
-    """Tear down recorded pods that are gone or whose setup/teardown was interrupted."""
+    """Tear down the recorded pods that are gone or whose setup or teardown was interrupted.
+
+    \b
+    Examples:
+      netplugin gc --dry-run
+      netplugin gc
+    """
     remote = st.daemon("gc", dry_run=dry_run or None, check_host=False if no_host_check else None)
     if remote is not LOCAL:
         st.emit(remote["report"], remote["text"])

@@ -22,11 +22,16 @@ __all__ = ["health", "serve"]
 @click.option("--config", "serve_config", metavar="FILE", help="The node's config file (as the global --config).")
 @pass_state
 def serve(st: State, socket_path: str | None, metrics_address: str | None, serve_config: str | None) -> None:
-    """Run the daemon in the foreground (systemd: etc/systemd/netplugin.service).
+    """Run the daemon in the foreground, as the systemd unit netplugin.service does.
 
     Other commands use it while its socket answers (see use_daemon). SIGHUP re-reads the
     config file (as it was started: same file, environment and flags) and rescans the
     plugins; SIGTERM finishes the operations in flight, then exits 0.
+
+    \b
+    Examples:
+      netplugin serve --config /etc/netplugin/netplugin.yaml
+      netplugin serve --log-level debug --log-format json
     """
     from netplugin.core.extras import require
 
@@ -34,6 +39,8 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None, serve
     if serve_config is not None:
         st.config_path = serve_config
     st.overrides.update(socket=socket_path, metrics_address=metrics_address)
+    if st.verbose > 1 and not st.overrides.get("log_level"):
+        st.overrides["log_level"] = "debug"  # -vv, unless --log-level says otherwise
     from netplugin.core.config import load_config
     from netplugin.frontends.daemon.server import serve as run_daemon
 
@@ -45,9 +52,15 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None, serve
 @click.option("--wait", type=click.FloatRange(0.1, 300), default=5.0, show_default=True, help="Seconds to wait.")
 @pass_state
 def health(st: State, wait: float) -> None:
-    """Ask the daemon if it serves: exit 0, or 6 when nobody answers (a stale socket too).
+    """Ask the daemon whether it serves: exit 0 if it does, 6 when nobody answers (a stale socket too).
 
-    The DaemonSet's liveness and readiness probes run this."""
+    The DaemonSet's liveness and readiness probes run this.
+
+    \b
+    Examples:
+      netplugin health
+      netplugin health --wait 2 -o json
+    """
     from netplugin.frontends.wire.client import request
 
     h = request(st.config.socket_path, "health", timeout=wait)

@@ -35,7 +35,14 @@ COMPLETE_VAR = "_NETPLUGIN_COMPLETE"
 def demo(
     st: State, count: int, native: bool, plugin_source: str | None, subnet: str | None, nodes: int | None, chain: bool
 ) -> None:
-    """Set up pods on a real bridge, prove they talk, tear down, prove nothing is left (root)."""
+    """Set up pods on a real bridge, prove they talk, tear them down and prove nothing is left (as root).
+
+    \b
+    Examples:
+      sudo netplugin demo
+      sudo netplugin demo --pods 6 --native
+      sudo netplugin demo --nodes 3
+    """
     import signal
 
     from netplugin.frontends.lab.demo import run_demo
@@ -97,7 +104,13 @@ def _cluster_demo(st: State, nodes: int, plugin: str, plugin_source: str | None,
 )
 @click.option("--pods", type=AsciiIntRange(1, 250), help="Pods in the per-pod figure (default 60).")
 def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
-    """Run the benchmarks (root; a netplugin checkout, pip install .[daemon,bench]); see BENCHMARKS.md."""
+    """Run the benchmarks of BENCHMARKS.md as root, from a checkout with the bench extra installed.
+
+    \b
+    Examples:
+      sudo netplugin bench --quick
+      sudo netplugin bench --out /tmp/bench
+    """
     import importlib.util
     from pathlib import Path
 
@@ -135,12 +148,17 @@ def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
     help="cni-native: the Python shim to exec when the daemon does not run a call; none: CNI error 11 (cluster).",
 )
 def install_shim(dest: str, kind: str, python: str | None, sock: str | None, fallback: str) -> None:
-    """Write a fast entry script to DEST (a file, or a dir: DEST/netplugin-cni, or DEST/netplugin).
+    """Write a fast entry script to DEST (a file, or a dir: DEST/netplugin-cni or DEST/netplugin).
 
     The script runs `python -I -S` with an explicit path instead of site hooks, so a CNI call
     that the daemon serves starts about as fast as a bare interpreter. Regenerate it after
     upgrading Python or netplugin. --kind cni-native compiles the C shim instead (a C compiler
     is needed: exit 5 without one, and the Python shim stays the one to install).
+
+    \b
+    Examples:
+      netplugin install-shim /opt/cni/bin
+      netplugin install-shim --kind cni-native /opt/cni/bin
     """
     if kind != "cni-native":
         from netplugin.frontends.entrypoints import install_entry
@@ -177,7 +195,13 @@ def completion_script(group: click.Group, shell: str) -> str:
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 @click.pass_context
 def completion(ctx: click.Context, shell: str) -> None:
-    """Print the shell completion script: eval "$(netplugin completion bash)"."""
+    """Print the shell completion script for bash, zsh or fish.
+
+    \b
+    Examples:
+      eval "$(netplugin completion bash)"
+      netplugin completion bash > /etc/bash_completion.d/netplugin
+    """
     root = ctx.find_root().command
     assert isinstance(root, click.Group)
     click.echo(completion_script(root, shell))

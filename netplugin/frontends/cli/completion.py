@@ -1,0 +1,81 @@
+"""Shell completion of what only this node knows: plugin names (the built-ins and the exec dir)
+and pods (namespaces, names and infra ids from the state dir's records).
+
+Completion runs before any command: the settings are read here from what the command line gave
+before the word being completed (and the environment, and the config file). Anything unreadable
+completes nothing rather than failing the shell.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+from click.shell_completion import CompletionItem
+
+if TYPE_CHECKING:
+    from netplugin.core.config import Config
+
+__all__ = ["complete_infra_id", "complete_namespace", "complete_plugin", "complete_pod"]
+
+
+def _config(ctx: click.Context) -> Config | None:
+    from netplugin.core.config import load_config
+    from netplugin.core.errors import NetpluginError
+
+    given = ctx.find_root().params
+    overrides = {k: given.get(k) for k in ("plugin_dir", "state_dir", "run_dir")}
+    try:
+        return load_config(given.get("config_path"), overrides=overrides)
+    except NetpluginError:
+        return None
+
+
+def _matching(words: Any, incomplete: str) -> list[CompletionItem]:
+    return [CompletionItem(w) for w in sorted(set(words)) if w.startswith(incomplete)]
+
+
+def complete_plugin(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """The valid plugins: the built-ins and the exec dir's."""
+    from netplugin.core.errors import NetpluginError
+    from netplugin.manager.manager import Manager
+
+    cfg = _config(ctx)
+    if cfg is None:
+        return []
+    try:
+        names = [c.name for c in Manager(cfg, state=False).candidates() if c.valid]
+    except (NetpluginError, OSError):
+        return []
+    return _matching(names, incomplete)
+
+
+def _records(ctx: click.Context) -> list[Any]:
+    from netplugin.core.errors import NetpluginError
+    from netplugin.store.state import StateStore
+
+    cfg = _config(ctx)
+    if cfg is None:
+        return []
+    try:
+        return list(StateStore(cfg.state_dir).scan().records)
+    except (NetpluginError, OSError):
+        return []
+
+
+def complete_namespace(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """The namespaces of the recorded pods."""
+    return _matching((r.ref.namespace for r in _records(ctx)), incomplete)
+
+
+def complete_pod(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """The recorded pods' names, in the namespace already given."""
+    ns = ctx.params.get("namespace")
+    return _matching((r.ref.name for r in _records(ctx) if ns in (None, r.ref.namespace)), incomplete)
+
+
+def complete_infra_id(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """The infra id recorded for the pod already given."""
+    ns, pod = ctx.params.get("namespace"), ctx.params.get("pod")
+    ids = (r.ref.infra_id for r in _records(ctx) if (r.ref.namespace, r.ref.name) == (ns, pod))
+    return _matching(ids, incomplete)
