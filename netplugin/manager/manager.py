@@ -12,8 +12,7 @@ netplugin process on the node (CLI, daemon, CNI shim):
   chain recorded with the pod, whatever the config says now;
 * two actions on the same pod never overlap; different pods run in parallel (a flock'd file each);
 * a failed setup is followed by a best-effort teardown (``rollback_on_failure``);
-* every pod is recorded durably before its setup runs, and forgotten only after a teardown
-  succeeded (:mod:`netplugin.store.state`; ``netplugin gc`` repairs the rest).
+* a pod is recorded durably before its setup, forgotten after a teardown succeeded (``gc``: the rest).
 """
 
 from __future__ import annotations
