@@ -238,6 +238,64 @@ if [ "$euid" -ne 0 ]; then
         "them only for that user" >&2
 fi
 
+# The node config tool's arguments (from $source_dir, which a venv install moves to what it installed).
+config_args=()
+make_config_args() {
+    config_args=("$config" --plugin-dir "$exec_dir" --state-dir "$state_dir" --run-dir "$run_dir")
+    if [ -n "$config_from" ]; then
+        config_args+=(--from "$config_from")
+    else
+        [ ! -f "$source_dir/etc/netplugin.yaml" ] || config_args+=(--defaults "$source_dir/etc/netplugin.yaml")
+        [ "$plugin_name_given" = 0 ] || config_args+=(--plugin "$plugin_name")
+        for pair in "${plugin_env[@]}"; do config_args+=(--plugin-env "$pair"); done
+    fi
+    [ ! -d "$source_dir/exec_plugins" ] || config_args+=(--plugins-from "$source_dir/exec_plugins")
+}
+
+# netplugin's own code writes the config (it parses YAML and validates every key as the daemon
+# will): run by an interpreter that imports netplugin and PyYAML, the shim's if it can (-B: no
+# __pycache__ left in the dirs it imports from).
+config_tool=()
+find_config_tool() {
+    local entry="import sys; from netplugin.frontends.nodeconfig import main; sys.exit(main(sys.argv[1:]))"
+    local probe="import netplugin.frontends.nodeconfig, yaml"
+    if [ -n "$shim_path" ] && [ -d "$shim_path" ] &&
+        "$shim_python" -B -I -S -c "import sys; sys.path[:0] = ['$shim_path']; $probe" 2>/dev/null; then
+        config_tool=("$shim_python" -B -I -S -c "import sys; sys.path[:0] = ['$shim_path']; $entry")
+    elif [ -z "$shim_path" ] && "$shim_python" -B -I -c "$probe" 2>/dev/null; then
+        config_tool=("$shim_python" -B -I -c "$entry")
+    elif [ -d "$source_dir/netplugin" ] &&
+        "$python" -B -I -c "import sys; sys.path[:0] = ['$source_dir']; $probe" 2>/dev/null; then
+        config_tool=("$python" -B -I -c "import sys; sys.path[:0] = ['$source_dir']; $entry")
+    elif [ -d "$here/netplugin" ] && "$python" -B -I -c "import sys; sys.path[:0] = ['$here']; $probe" 2>/dev/null; then
+        config_tool=("$python" -B -I -c "import sys; sys.path[:0] = ['$here']; $entry")
+    elif [ -n "${lib_python:-}" ] && "$lib_python" -B -I -c "$probe" 2>/dev/null; then
+        config_tool=("$lib_python" -B -I -c "$entry")
+    else
+        return 1
+    fi
+}
+
+# --- 0. the config this run would write, checked before anything is written or installed: every
+# key as the daemon reads it, each plugin of the chain built in, shipped here or valid in --exec-dir.
+# Without an interpreter that imports netplugin and yaml yet (a first venv install from a wheel), the
+# same check runs in step 5, before the config is written.
+if [ "$venv_only" = 0 ]; then
+    shim_python=$python
+    shim_path=
+    if [ "$use_venv" = 1 ] && [ -x "$prefix/bin/python" ]; then
+        shim_python=$prefix/bin/python3
+        shim_path=$("$prefix/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    elif [ "$use_venv" = 0 ]; then
+        shim_path=$lib_dir
+    fi
+    make_config_args
+    if find_config_tool; then
+        "${config_tool[@]}" "${config_args[@]}" --dry-run >/dev/null ||
+            die "the config was refused (above): nothing written" "$?"
+    fi
+fi
+
 changed=0
 tmp_files=()
 # shellcheck disable=SC2317 # called by the EXIT trap
@@ -544,40 +602,9 @@ fi
 
 # --- 5. the node's config file, then the CNI network config naming it ------------------------------
 
-# netplugin's own code writes the config (it parses YAML and validates every key as the daemon
-# will): run by an interpreter that imports netplugin and PyYAML, the shim's if it can (-B: no
-# __pycache__ left in the dirs it imports from).
-config_tool=()
-find_config_tool() {
-    local entry="import sys; from netplugin.frontends.nodeconfig import main; sys.exit(main(sys.argv[1:]))"
-    local probe="import netplugin.frontends.nodeconfig, yaml"
-    if [ -n "$shim_path" ] && [ -d "$shim_path" ] &&
-        "$shim_python" -B -I -S -c "import sys; sys.path[:0] = ['$shim_path']; $probe" 2>/dev/null; then
-        config_tool=("$shim_python" -B -I -S -c "import sys; sys.path[:0] = ['$shim_path']; $entry")
-    elif [ -z "$shim_path" ] && "$shim_python" -B -I -c "$probe" 2>/dev/null; then
-        config_tool=("$shim_python" -B -I -c "$entry")
-    elif [ -d "$source_dir/netplugin" ] &&
-        "$python" -B -I -c "import sys; sys.path[:0] = ['$source_dir']; $probe" 2>/dev/null; then
-        config_tool=("$python" -B -I -c "import sys; sys.path[:0] = ['$source_dir']; $entry")
-    elif [ -d "$here/netplugin" ] && "$python" -B -I -c "import sys; sys.path[:0] = ['$here']; $probe" 2>/dev/null; then
-        config_tool=("$python" -B -I -c "import sys; sys.path[:0] = ['$here']; $entry")
-    elif [ -n "${lib_python:-}" ] && "$lib_python" -B -I -c "$probe" 2>/dev/null; then
-        config_tool=("$lib_python" -B -I -c "$entry")
-    else
-        return 1
-    fi
-}
-
 config_dir=$(dirname -- "$config")
 ensure_dir "$config_dir" 1
-config_args=("$config" --plugin-dir "$exec_dir" --state-dir "$state_dir" --run-dir "$run_dir")
-if [ -n "$config_from" ]; then
-    config_args+=(--from "$config_from")
-else
-    [ ! -f "$source_dir/etc/netplugin.yaml" ] || config_args+=(--defaults "$source_dir/etc/netplugin.yaml")
-    [ "$plugin_name_given" = 0 ] || config_args+=(--plugin "$plugin_name")
-    for pair in "${plugin_env[@]}"; do config_args+=(--plugin-env "$pair"); done
-fi
+make_config_args
 [ "$dry_run" = 0 ] || config_args+=(--dry-run)
 if find_config_tool; then
     config_out=$("${config_tool[@]}" "${config_args[@]}") || die "writing $config failed (see above)" "$?"

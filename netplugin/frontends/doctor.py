@@ -242,6 +242,10 @@ def check_settings(node: Node) -> Check:
             f"the conflist's own settings override {path} in {', '.join(inline)}",
             "move them into the config file and keep only configFile and runDir in the conflist",
         )
+    refused = (node.health or {}).get("refused")
+    if refused:
+        fix = "fix the file (netplugin config check), then systemctl reload netplugin"
+        return Check("settings", str(path), f"the daemon says: {refused}", fix)
     status = (node.health or {}).get("settings", "")
     if status.startswith("not reloaded") or "keeps its running settings" in status:
         return Check(

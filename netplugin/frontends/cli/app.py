@@ -66,6 +66,7 @@ COMMANDS = {
     "install-shim": "tools",
     "completion": "tools",
     "doctor": "doctor",
+    "config": "configcheck",
 }
 
 

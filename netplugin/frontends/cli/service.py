@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from netplugin.frontends.cli.exitcodes import EXIT_DOCTOR_PROBLEMS
 from netplugin.frontends.cli.options import command
 from netplugin.frontends.cli.state import State, pass_state
 
@@ -45,11 +46,15 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None, serve
 @click.option("--wait", type=click.FloatRange(0.1, 300), default=5.0, show_default=True, help="Seconds to wait.")
 @pass_state
 def health(st: State, wait: float) -> None:
-    """Ask the daemon if it serves: exit 0, or 6 when nobody answers (a stale socket too).
+    """Ask the daemon if it serves: exit 0, 6 when nobody answers (a stale socket too), 7 when it
+    serves but refused the config on disk at its last reload (it keeps its running settings).
 
     The DaemonSet's liveness and readiness probes run this."""
     from netplugin.frontends.client import request
 
     h = request(st.config.socket_path, "health", timeout=wait)
     stuck = f"; {len(h['stuck'])} plugin call(s) stuck past their time limits" if h.get("stuck") else ""
-    st.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s{stuck}")
+    refused = f"; {h['refused']}" if h.get("refused") else ""
+    st.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s{stuck}{refused}")
+    if refused:
+        raise click.exceptions.Exit(EXIT_DOCTOR_PROBLEMS)

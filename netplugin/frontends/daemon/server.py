@@ -72,7 +72,7 @@ from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink
 from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
 from netplugin.frontends.daemon.nodeops import error_classes, gc_answer, pods_answer
 from netplugin.frontends.daemon.nodes import NodeKeeper
-from netplugin.frontends.daemon.reconfig import Live, reload_settings
+from netplugin.frontends.daemon.reconfig import Live, refused_text, reload_settings
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.daemon.turns import Turns
 from netplugin.frontends.rpc import (
@@ -121,6 +121,8 @@ class Daemon:
         self._live = Live.of(config, manager)
         self.reread = reread  #: the config as the daemon was started (SIGHUP); None: rescan only
         self.settings_status = "as started"
+        #: "config on disk refused at <time>: <key>: <reason>" since a reload was refused, till one is taken
+        self.refused: str | None = None
         self.socket_path = config.socket_path
         self.notify_socket = notify_socket
         self.watchdog = watchdog
@@ -175,25 +177,20 @@ class Daemon:
                 log.warning("cannot make spare inodes: %s", e)
 
     def reload(self) -> None:
-        """SIGHUP: re-read the settings, rescan the exec dir, select the plugin, run init if needed."""
+        """SIGHUP: re-read the settings and select and initialise their chain; swap only if all worked."""
         with self._reload_lock:
-            self._reread()
-            log.info("rescanning plugins")
-            try:
-                self.manager.rescan()
-            except NetpluginError as e:
-                self._plugin, self._plugin_problem = None, e.message
-                log.error("rescan: %s", e.message)
+            log.info("reloading: re-reading the settings, rescanning plugins")
+            done = reload_settings(self._live, self.reread)
+            self.settings_status = done.text
+            if done.refused is None:
+                self._live, self.refused = done.live, None
+                (log.info if done.ok else log.error)("reload: %s", done.text)
+                if done.ok:
+                    self.prepare()
             else:
-                self.prepare()
+                self.refused = refused_text(done.refused)
+                log.error("reload refused: %s; serving the running settings", done.refused.text())
             self.stats.reloads += 1
-
-    def _reread(self) -> None:
-        """The settings half of a reload (see :mod:`.reconfig`); never raises."""
-        if self.reread is not None:
-            live, self.settings_status, ok = reload_settings(self._live, self.reread)
-            (log.info if ok else log.error)("reload: %s", self.settings_status)
-            self._live = live
 
     def dispatch(self, req: dict[str, Any]) -> Any:
         """Run one request (in a worker thread); returns the result or raises NetpluginError."""
@@ -253,6 +250,7 @@ class Daemon:
             "config": self.fingerprint,
             "config_path": self.config.config_path,
             "settings": self.settings_status,
+            "refused": self.refused,
             "node": self.nodes.status(),
             "stuck": [c.to_dict() for c in stuck_calls()],  # in-process actions past their limits
         }
