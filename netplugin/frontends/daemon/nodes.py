@@ -57,6 +57,9 @@ log = logging.getLogger("netplugin.nodes")
 
 #: how often nodes are re-read from a host that cannot watch (files are cheap to read)
 STATIC_POLL = 2.0
+#: how long the daemon's start waits for the first pass of a host without watches (a bound: the
+#: pass reads files and the kernel; its nft call has its own time limit)
+FIRST_PASS_WAIT = 30.0
 
 
 class NodeKeeper:
@@ -91,6 +94,7 @@ class NodeKeeper:
         self.last_sync: float | None = None
         self.sync_seconds = 0.0
         self._kick = threading.Event()
+        self._first = threading.Event()  #: the first pass is over (whatever it found)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -98,12 +102,16 @@ class NodeKeeper:
     # --- life cycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start watching; a host without watches answers at once, so its first pass (routes and
+        egress) is waited for: done before the socket opens. Every pass runs on the keeper's own
+        thread, never the caller's: pyroute2 runs an event loop of its own, which cannot run
+        inside the daemon's."""
         if self.watching:
             self.host.start_watching(self.kick)  # type: ignore[attr-defined]
-        else:
-            self.sync()  # a host without watches answers at once: routes and egress before the socket opens
         self._thread = threading.Thread(target=self._loop, name="netplugin-nodes", daemon=True)
         self._thread.start()
+        if not self.watching:
+            self._first.wait(FIRST_PASS_WAIT)
 
     def stop(self) -> None:
         self._stop.set()
@@ -142,8 +150,11 @@ class NodeKeeper:
             self._kick.clear()
             # A kick (any Node event, status heartbeats included) acts only when a node's name, pod
             # CIDRs or InternalIPs changed; the periodic pass re-checks the kernel regardless.
-            if self.sync(force=due) and due:
-                last_full = time.monotonic()
+            try:
+                if self.sync(force=due) and due:
+                    last_full = time.monotonic()
+            finally:
+                self._first.set()
             self._kick.wait(poll)
 
     # --- one pass ----------------------------------------------------------------------------------

@@ -230,9 +230,13 @@ class Daemon:
         return pod_result(op, m.status(pod))
 
     def _plugin_ok(self) -> None:
-        """An action succeeded, so the plugin is usable (a problem logged at start or reload is over)."""
+        """A call succeeded: if it ran the plugin, a problem logged at start or reload is over."""
         if self._plugin_problem is not None:
-            self._plugin, self._plugin_problem = ",".join(self.manager.chain_names), None
+            try:
+                chain = ",".join(self.manager.chain_names)
+            except NetpluginError:
+                return  # the call needed no plugin (a CNI VERSION): the problem stands
+            self._plugin, self._plugin_problem = chain, None
 
     def health(self) -> dict[str, Any]:
         return {
@@ -365,9 +369,15 @@ class Daemon:
             answer, outcome = encode_unavailable("it is shutting down"), "DaemonUnavailable"
             if not self._stopping:
                 args = (self.manager, self.fingerprint, self.socket_path, self.metrics.timed)
-                answer, outcome = await run_frame(body, pid, self._turns.turn, asyncio.to_thread, run_cni_call, *args)
-                if outcome == "ok":
-                    self._plugin_ok()
+                try:
+                    answer, outcome = await run_frame(
+                        body, pid, self._turns.turn, asyncio.to_thread, run_cni_call, *args
+                    )
+                    if outcome == "ok":
+                        self._plugin_ok()
+                except Exception as e:  # a bug: the shim still gets an answer (it falls back), never a dropped call
+                    log.exception("internal error in a framed cni call")
+                    answer, outcome = encode_unavailable(f"internal error: {type(e).__name__}: {e}"), "InternalError"
             self.metrics.requests.labels("cni", outcome).inc()
             writer.write(answer)
             await writer.drain()
