@@ -283,6 +283,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "nodes_dir": _path,
     "node_routes": _bool,
     "node_resync": _seconds,
+    "gc_interval": _nonneg_seconds,
 }
 
 #: Environment variables and the keys they set. Mappings (timeouts, env) are file-only.
@@ -309,4 +310,5 @@ ENV_VARS: dict[str, str] = {
     # NODE_NAME (the Downward API's usual name) is read where the name is resolved, not here:
     # it is not netplugin's variable, and the node name from the config file must win over it.
     "NETPLUGIN_NODES_DIR": "nodes_dir",
+    "NETPLUGIN_GC_INTERVAL": "gc_interval",
 }

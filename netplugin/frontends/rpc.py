@@ -278,7 +278,9 @@ def pod_output(op: str, namespace: str, pod: str, infra_id: str, result: "Any") 
 # --- "same settings?" ---------------------------------------------------------------------------------
 
 # Settings that do not change what an operation does, so caller and daemon may differ in them.
-_NOT_BEHAVIOUR = frozenset({"config_path", "socket", "metrics_address", "use_daemon", "timeout", "timeouts"})
+_NOT_BEHAVIOUR = frozenset(
+    {"config_path", "socket", "metrics_address", "use_daemon", "timeout", "timeouts", "gc_interval"}
+)
 
 
 def fingerprint(config: "Config") -> "dict[str, Any]":

@@ -35,11 +35,18 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None, serve
     if serve_config is not None:
         st.config_path = serve_config
     st.overrides.update(socket=socket_path, metrics_address=metrics_address)
-    from netplugin.core.config import load_config
+    from netplugin.core.config import Config, FileSnapshot, load_config, snapshot_config
     from netplugin.frontends.daemon.server import serve as run_daemon
 
     overrides, path = dict(st.overrides), st.config_path
-    raise click.exceptions.Exit(run_daemon(st.config, reread=lambda: load_config(path, overrides=overrides)))
+
+    def reread() -> tuple[Config, FileSnapshot]:
+        # The file read once: the settings, and what the calls the daemon runs for others build on.
+        snapshot = snapshot_config(path)
+        return load_config(path, overrides=overrides, snapshot=snapshot), snapshot
+
+    config, snapshot = reread()
+    raise click.exceptions.Exit(run_daemon(config, reread=reread, snapshot=snapshot))
 
 
 @command()

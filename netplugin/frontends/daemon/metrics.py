@@ -6,7 +6,7 @@ and ``network_plugin_operations_errors_total`` (counters), ``network_plugin_oper
 ``netplugin_daemon_requests_total{op,outcome}`` (``op="invalid"`` for a request whose op could not be
 read); ``netplugin_chain_member_duration_seconds{plugin,action,outcome}`` (histogram: each chain
 member's own part of a pod action, ``outcome`` ``ok``, ``error`` or ``timeout``);
-``netplugin_build_info{version,python_version}`` (always 1); and the process metrics.
+``netplugin_build_info{version,python_version}`` (always 1); the gc runs' (:mod:`.gckeeper`); and the process metrics.
 prometheus_client is imported here only, when the daemon starts: never on a per-call path.
 """
 

@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError, NetpluginError
@@ -66,10 +66,17 @@ class NodeKeeper:
     """Watches the nodes and keeps the routes; thread-safe status for health and metrics."""
 
     def __init__(
-        self, config: Config, host: Host, *, routes: RouteTable | None = None, egress: Egress | None = None
+        self,
+        config: Config,
+        host: Host,
+        *,
+        routes: RouteTable | None = None,
+        egress: Egress | None = None,
+        on_pod_deleted: Callable[[str, str], None] | None = None,
     ) -> None:
         self.config = config
         self.host = host
+        self.on_pod_deleted = on_pod_deleted  #: told (namespace, name) of each Pod of this node deleted
         self.routes = routes
         if routes is None and config.node_routes:
             from netplugin.nodenet.routes import RouteTable
@@ -107,7 +114,7 @@ class NodeKeeper:
         thread, never the caller's: pyroute2 runs an event loop of its own, which cannot run
         inside the daemon's."""
         if self.watching:
-            self.host.start_watching(self.kick)  # type: ignore[attr-defined]
+            self.host.start_watching(self.kick, on_pod_deleted=self.on_pod_deleted)  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._loop, name="netplugin-nodes", daemon=True)
         self._thread.start()
         if not self.watching:

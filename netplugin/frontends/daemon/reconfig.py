@@ -26,10 +26,20 @@ from netplugin.frontends.rpc import fingerprint
 from netplugin.manager.check import Refusal, checked_manager, refusal_of
 
 if TYPE_CHECKING:
-    from netplugin.core.config import Config
+    from netplugin.core.config import Config, FileSnapshot
     from netplugin.manager.manager import Manager
 
-__all__ = ["RESTART_KEYS", "Live", "Reconfig", "Refusal", "Reloaded", "plan", "refused_text", "reload_settings"]
+__all__ = [
+    "RESTART_KEYS",
+    "Live",
+    "Reconfig",
+    "Refusal",
+    "Reloaded",
+    "Reread",
+    "plan",
+    "refused_text",
+    "reload_settings",
+]
 
 #: settings the running daemon cannot take live (its socket, listener, host and node machinery)
 RESTART_KEYS = frozenset(
@@ -81,17 +91,25 @@ def plan(old: Config, new: Config) -> Reconfig:
     return Reconfig(changed, tuple(k for k in changed if k in RESTART_KEYS))
 
 
+#: re-reads the daemon's settings as it was started: (the config, the file it was built from)
+Reread = Callable[[], "tuple[Config, FileSnapshot | None]"]
+
+
 @dataclass(frozen=True)
 class Live:
-    """The settings the daemon serves with and what was built from them, swapped whole on reload."""
+    """The settings the daemon serves with and what was built from them, swapped whole on reload.
+
+    ``snapshot`` is the config file as read for them: calls forwarded by a shim or the CLI build
+    their settings on it, not on the file as it is now (None: they read the file)."""
 
     config: Config
     manager: Manager
     fingerprint: dict[str, Any]
+    snapshot: FileSnapshot | None = None
 
     @classmethod
-    def of(cls, config: Config, manager: Manager) -> Live:
-        return cls(config, manager, fingerprint(config))
+    def of(cls, config: Config, manager: Manager, snapshot: FileSnapshot | None = None) -> Live:
+        return cls(config, manager, fingerprint(config), snapshot)
 
 
 @dataclass(frozen=True)
@@ -109,22 +127,24 @@ def _refused(live: Live, refusal: Refusal) -> Reloaded:
     return Reloaded(live, f"not reloaded: {refusal.text()}; the daemon keeps its running settings", False, refusal)
 
 
-def reload_settings(live: Live, reread: Callable[[], Config] | None) -> Reloaded:
+def reload_settings(live: Live, reread: Reread | None) -> Reloaded:
     """Re-read the file, then select and initialise its chain on a new manager; swap only when all
     of it worked. ``reread`` None: the settings as started, the exec dir scanned again. Never raises
     a NetpluginError: a failure keeps ``live`` whole and says which key and why."""
-    new = live.config
+    new, snapshot = live.config, live.snapshot
     text = "settings unchanged"
     if reread is not None:
         try:
-            new = reread()
+            new, read = reread()
         except NetpluginError as e:
             return _refused(live, refusal_of(e, None))
         change = plan(live.config, new)
         text = change.text()
         if change.restart:
             return Reloaded(live, text, False)
-        if not change.live:
+        if change.live:
+            snapshot = read
+        else:
             new = live.config
     try:
         # The host (and so the node watches) stays: its settings are among those that need a restart.
@@ -132,7 +152,7 @@ def reload_settings(live: Live, reread: Callable[[], Config] | None) -> Reloaded
     except NetpluginError as e:
         return _refused(live, refusal_of(e, new))
     manager.observe = live.manager.observe  # the daemon's per-member metrics go on
-    return Reloaded(Live.of(new, manager), text, True)
+    return Reloaded(Live.of(new, manager, snapshot), text, True)
 
 
 def refused_text(refusal: Refusal, at: float | None = None) -> str:

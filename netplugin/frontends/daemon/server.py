@@ -55,7 +55,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -68,11 +67,12 @@ from netplugin.core.plaindata import dataclass
 from netplugin.frontends.daemon.envelope import check_request
 from netplugin.frontends.daemon.forwarded import check_settings, run_cni, run_cni_call
 from netplugin.frontends.daemon.framed import read_frame, run_frame
+from netplugin.frontends.daemon.gckeeper import GcKeeper
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
 from netplugin.frontends.daemon.nodeops import error_classes, gc_answer, pods_answer
 from netplugin.frontends.daemon.nodes import NodeKeeper
-from netplugin.frontends.daemon.reconfig import Live, refused_text, reload_settings
+from netplugin.frontends.daemon.reconfig import Live, Reread, refused_text, reload_settings
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.daemon.turns import Turns
 from netplugin.frontends.rpc import (
@@ -87,7 +87,7 @@ from netplugin.frontends.rpc import (
 from netplugin.plugins.bounded import stuck_calls
 
 if TYPE_CHECKING:
-    from netplugin.core.config import Config
+    from netplugin.core.config import Config, FileSnapshot
     from netplugin.manager.manager import Manager
 
 __all__ = ["MAX_WORKERS", "Daemon", "Metrics", "bind_socket", "error_classes", "sd_notify", "serve"]
@@ -116,9 +116,10 @@ class Daemon:
         *,
         notify_socket: str | None = None,
         watchdog: Watchdog | None = None,
-        reread: Callable[[], Config] | None = None,
+        reread: Reread | None = None,
+        snapshot: FileSnapshot | None = None,
     ) -> None:
-        self._live = Live.of(config, manager)
+        self._live = Live.of(config, manager, snapshot)
         self.reread = reread  #: the config as the daemon was started (SIGHUP); None: rescan only
         self.settings_status = "as started"
         #: "config on disk refused at <time>: <key>: <reason>" since a reload was refused, till one is taken
@@ -129,7 +130,8 @@ class Daemon:
         self.metrics = Metrics()
         manager.observe = self.metrics.observe_member  # per chain member, of every pod action
         self.metrics_address: str | None = None
-        self.nodes = NodeKeeper(config, manager.host)
+        self.gc = GcKeeper(lambda: self._live.manager, self.metrics.registry)
+        self.nodes = NodeKeeper(config, manager.host, on_pod_deleted=self.gc.pod_deleted)
         self.nodes.register(self.metrics.registry)
         self.stats = _Stats(started=time.monotonic())
         self._plugin: str | None = None
@@ -191,18 +193,19 @@ class Daemon:
                 self.refused = refused_text(done.refused)
                 log.error("reload refused: %s; serving the running settings", done.refused.text())
             self.stats.reloads += 1
+            self.gc.kick()  # gc_interval may have changed
 
     def dispatch(self, req: dict[str, Any]) -> Any:
         """Run one request (in a worker thread); returns the result or raises NetpluginError."""
         op = req["op"]
         if op == "cni":
             live = self._live  # one snapshot: a reload meanwhile does not mix two settings
-            result = run_cni(req, live.manager, live.fingerprint, self.socket_path, self.metrics.timed)
+            result = run_cni(req, live, self.socket_path, self.metrics.timed)
             if result["code"] == 0:
                 self._plugin_ok()
             return result
         if "settings" in req:
-            check_settings(req["settings"], self.fingerprint, self.socket_path)
+            check_settings(req["settings"], self._live, self.socket_path)
         if op in POD_OPS:
             pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
             result = self._pod_op(op, pod)  # timed in _answer, with the wait for the pod's turn
@@ -256,6 +259,7 @@ class Daemon:
             "settings": self.settings_status,
             "refused": self.refused,
             "node": self.nodes.status(),
+            "gc": self.gc.last,
             "stuck": [c.to_dict() for c in stuck_calls()],  # in-process actions past their limits
         }
 
@@ -368,7 +372,7 @@ class Daemon:
             self.stats.requests += 1
             answer, outcome = encode_unavailable("it is shutting down"), "DaemonUnavailable"
             if not self._stopping:
-                args = (self.manager, self.fingerprint, self.socket_path, self.metrics.timed)
+                args = (self._live, self.socket_path, self.metrics.timed)
                 try:
                     answer, outcome = await run_frame(
                         body, pid, self._turns.turn, asyncio.to_thread, run_cni_call, *args
@@ -437,6 +441,9 @@ class Daemon:
             # First the caches (a plugin's init may need this node's pod CIDRs), then the plugin.
             self.nodes.start()
             await asyncio.to_thread(self.prepare)
+            # Pods lost in a reboot give their addresses back before the first ADD is taken.
+            await asyncio.to_thread(self.gc.run, "start")
+            self.gc.start()
             if self.config.metrics_address != "none":
                 self.metrics_address = self.metrics.serve(self.config.metrics_address)
             # Every call's code loaded now, then the start-up heap (modules, metrics, plugin) frozen:
@@ -484,6 +491,7 @@ class Daemon:
                 server.close()
             if inode is not None:
                 unlink_if(self.socket_path, inode)
+            self.gc.stop()
             self.nodes.stop()
             self.metrics.close()
             unlock_daemon(lock_fd, self.socket_path + ".lock")
@@ -502,7 +510,13 @@ def _pod_text(req: Any) -> str:
     return ""
 
 
-def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Callable[[], Config] | None = None) -> int:
+def serve(
+    config: Config,
+    *,
+    environ: dict[str, str] | None = None,
+    reread: Reread | None = None,
+    snapshot: FileSnapshot | None = None,
+) -> int:
     """Run the daemon in this process until SIGTERM; returns the exit status.
 
     ``NOTIFY_SOCKET`` and the watchdog's variables are taken out of the environment first: plugins
@@ -517,7 +531,7 @@ def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Call
 
     manager = Manager(config)
     configure_logging(env)
-    daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog, reread=reread)
+    daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog, reread=reread, snapshot=snapshot)
     with asyncio.Runner() as runner:
         status = runner.run(daemon.run())
         if daemon.abandoned:
