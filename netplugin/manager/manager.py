@@ -457,7 +457,9 @@ class Manager:
         failures = run.rollback()
         if failures:
             attach_failures(err, failures, chain=run.names)
-            return  # the record (and its members' progress) stays: gc retries what is left
+            if self.state is not None:  # the record (and its members' progress) stays: gc retries what is left
+                self.state.mark_rollback_failed(run.pod, err.details["rollback_error"])
+            return
         err.details["rolled_back"] = True
         if self.state is not None:
             self.state.remove(run.pod)
