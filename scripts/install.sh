@@ -59,6 +59,15 @@
 #                       a node with its daemon up runs no Python per call (cluster mode)
 #                                                                                  [NETPLUGIN_SHIM_FALLBACK]
 #   --dry-run           print what would change and change nothing
+#   --uninstall         remove what an install with the same options wrote, printing each thing: it
+#                       stops the service (systemd, else the daemon answering on the run dir's
+#                       socket), removes netplugin's kernel objects outside pods (the egress table,
+#                       the proto 78 routes, ...), the unit, the conflist, the CNI shim, the config
+#                       file, the exec plugins it ships, the links and the venv (or --lib-dir's
+#                       modules). Pods keep their network, and their records and addresses (the
+#                       state and run dirs) stay for a reinstall, unless --purge: then every
+#                       recorded pod is torn down first and both dirs are removed. A second run
+#                       removes nothing. With --dry-run it prints what it would remove.
 #
 # pip reads its usual PIP_* variables (PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX) for offline nodes.
 # Every installed file and directory ends up root-owned and not group- or world-writable
@@ -66,7 +75,7 @@
 # anyone but root could have changed. Idempotent: files whose content, mode and owner are
 # already right are left alone ("unchanged"), and a venv that already holds the same wheel is
 # kept, so a second run changes nothing.
-# Exit status: 0 done, 1 an install step failed, 2 bad usage.
+# Exit status: 0 done, 1 an install (or uninstall) step failed, 2 bad usage.
 set -euo pipefail
 umask 022
 
@@ -96,6 +105,8 @@ plugin_env_given=0
 use_venv=1
 venv_only=0
 dry_run=0
+uninstall=0
+purge=0
 
 usage() {
     sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
@@ -159,6 +170,8 @@ while [ $# -gt 0 ]; do
     --no-venv) use_venv=0 ;;
     --venv-only) venv_only=1 ;;
     --dry-run) dry_run=1 ;;
+    --uninstall) uninstall=1 ;;
+    --purge) purge=1 ;;
     -h | --help) usage ;;
     *) die "unknown argument: $arg (see --help)" 2 ;;
     esac
@@ -199,6 +212,13 @@ for pair in "${plugin_env[@]}"; do
     [[ $pair =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--plugin-env must be KEY=VALUE with KEY a variable name (got '$pair')" 2
 done
 [[ $extras =~ ^[A-Za-z0-9_,-]*$ ]] || die "--extras must be a comma-separated list of names (got '$extras')" 2
+[ "$purge" = 0 ] || [ "$uninstall" = 1 ] || die "--purge is for --uninstall" 2
+if [ "$uninstall" = 1 ]; then
+    # shellcheck source=scripts/uninstall.bash disable=SC1091 # (checked on its own)
+    . "$here/scripts/uninstall.bash"
+    uninstall_node
+    exit "$?"
+fi
 [ -d "$source_dir/exec_plugins" ] ||
     die "$source_dir is not a netplugin source tree or data dir (no exec_plugins/)" 2
 if [ "$use_venv" = 1 ]; then

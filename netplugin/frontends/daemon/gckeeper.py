@@ -105,6 +105,9 @@ class GcKeeper:
         self._wake.set()
 
     def start(self) -> None:
+        """The run at start (pods lost in a reboot give their addresses back before the daemon takes
+        its first ADD), then the thread of the later runs."""
+        self.run("start")
         self._thread = threading.Thread(target=self._loop, name="netplugin-gc", daemon=True)
         self._thread.start()
 

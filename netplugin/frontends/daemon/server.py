@@ -33,11 +33,11 @@ and for native plugins their warm libraries) and answers the thin client of
   answer (``node``) and as ``netplugin_node_*`` and ``netplugin_kube_*`` metrics;
   with ``cluster_cidrs`` it installs the egress masquerade (nftables ``table
   inet netplugin``) and removes it at stop.
-* **SIGHUP** re-reads the config file as started and takes the new settings
-  (:mod:`.reconfig`), rescans the exec dir, selects the plugin again and runs its init if
-  its version changed (``RELOADING=1`` ... ``READY=1`` to systemd around it). Under
-  ``WatchdogSec=`` the event loop pings ``WATCHDOG=1``; log lines get journald's
-  ``<N>`` priority prefixes when stderr is the journal (:mod:`.systemd`).
+* **GC** runs at start before ``READY=1``, periodically and after Pod deletions (:mod:`.gckeeper`).
+* **SIGHUP** re-reads the config file as started, checks it whole (chain found, trusted, init
+  where changed) and swaps only then, or keeps its settings and says why (:mod:`.reconfig`;
+  ``RELOADING=1`` ... ``READY=1`` around it). Under ``WatchdogSec=`` the loop pings
+  ``WATCHDOG=1``; log lines get journald's ``<N>`` prefixes on the journal (:mod:`.systemd`).
 * **SIGTERM** (or SIGINT) stops accepting, removes the socket (new callers then
   work alone), answers requests already read, waits for operations in flight (each
   is bounded by its time limit) and exits 0.
@@ -64,7 +64,7 @@ from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginE
 from netplugin.core.execplugin.invoke import adopt_orphans, reap_adopted
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass
-from netplugin.frontends.daemon.envelope import check_request
+from netplugin.frontends.daemon.envelope import check_request, pod_of, pod_text
 from netplugin.frontends.daemon.forwarded import check_settings, run_cni, run_cni_call
 from netplugin.frontends.daemon.framed import read_frame, run_frame
 from netplugin.frontends.daemon.gckeeper import GcKeeper
@@ -181,7 +181,6 @@ class Daemon:
     def reload(self) -> None:
         """SIGHUP: re-read the settings and select and initialise their chain; swap only if all worked."""
         with self._reload_lock:
-            log.info("reloading: re-reading the settings, rescanning plugins")
             done = reload_settings(self._live, self.reread)
             self.settings_status = done.text
             if done.refused is None:
@@ -207,7 +206,7 @@ class Daemon:
         if "settings" in req:
             check_settings(req["settings"], self._live, self.socket_path)
         if op in POD_OPS:
-            pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
+            pod = pod_of(req)
             result = self._pod_op(op, pod)  # timed in _answer, with the wait for the pod's turn
             self._plugin_ok()
             return result
@@ -287,12 +286,12 @@ class Daemon:
                     result = await self._cni_request(req)
                 else:
                     result = await asyncio.to_thread(self.dispatch, req)
-                log.debug("%s %s: ok in %.3fs", op, _pod_text(req), time.monotonic() - start)
+                log.debug("%s %s: ok in %.3fs", op, pod_text(req), time.monotonic() - start)
             self.metrics.requests.labels(op, "ok").inc()
             return {"ok": True, "result": result}
         except NetpluginError as e:
             self.metrics.requests.labels(op, type(e).__name__).inc()
-            log.warning("%s %s: %s", op, _pod_text(req), e.message)
+            log.warning("%s %s: %s", op, pod_text(req), e.message)
             return {"ok": False, "error": e.to_dict(), "classes": error_classes(type(e))}
         except Exception as e:
             # A bug: keep serving, and tell the caller exactly what happened.
@@ -306,7 +305,7 @@ class Daemon:
 
     async def _pod_request(self, req: dict[str, Any]) -> Any:
         """Run a pod request in a worker once the pod's earlier requests are done (see _pod_turn)."""
-        pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
+        pod = pod_of(req)
         async with self._turns.turn(pod.key, f"pod {pod}"):
             return await asyncio.to_thread(self.dispatch, req)
 
@@ -373,15 +372,9 @@ class Daemon:
             answer, outcome = encode_unavailable("it is shutting down"), "DaemonUnavailable"
             if not self._stopping:
                 args = (self._live, self.socket_path, self.metrics.timed)
-                try:
-                    answer, outcome = await run_frame(
-                        body, pid, self._turns.turn, asyncio.to_thread, run_cni_call, *args
-                    )
-                    if outcome == "ok":
-                        self._plugin_ok()
-                except Exception as e:  # a bug: the shim still gets an answer (it falls back), never a dropped call
-                    log.exception("internal error in a framed cni call")
-                    answer, outcome = encode_unavailable(f"internal error: {type(e).__name__}: {e}"), "InternalError"
+                answer, outcome = await run_frame(body, pid, self._turns.turn, asyncio.to_thread, run_cni_call, *args)
+                if outcome == "ok":
+                    self._plugin_ok()
             self.metrics.requests.labels("cni", outcome).inc()
             writer.write(answer)
             await writer.drain()
@@ -441,9 +434,7 @@ class Daemon:
             # First the caches (a plugin's init may need this node's pod CIDRs), then the plugin.
             self.nodes.start()
             await asyncio.to_thread(self.prepare)
-            # Pods lost in a reboot give their addresses back before the first ADD is taken.
-            await asyncio.to_thread(self.gc.run, "start")
-            self.gc.start()
+            await asyncio.to_thread(self.gc.start)  # its first run: before the first ADD is taken
             if self.config.metrics_address != "none":
                 self.metrics_address = self.metrics.serve(self.config.metrics_address)
             # Every call's code loaded now, then the start-up heap (modules, metrics, plugin) frozen:
@@ -495,19 +486,6 @@ class Daemon:
             self.nodes.stop()
             self.metrics.close()
             unlock_daemon(lock_fd, self.socket_path + ".lock")
-
-
-def _text(req: dict[str, Any], key: str) -> str:
-    value = req.get(key)
-    if not isinstance(value, str):
-        raise InvalidArgument(key.replace("_", " "), value, "must be a string")
-    return value
-
-
-def _pod_text(req: Any) -> str:
-    if isinstance(req, dict) and req.get("op") in POD_OPS:
-        return f"{req.get('namespace')}/{req.get('pod')} ({req.get('infra_id')})"
-    return ""
 
 
 def serve(
