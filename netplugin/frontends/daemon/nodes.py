@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
     from netplugin.core.config import Config
+    from netplugin.frontends.daemon.kernelwatch import KernelWatch
     from netplugin.hosts import Host
     from netplugin.nodenet.egress import Egress, EgressRules
     from netplugin.nodenet.routes import RouteReport, RouteTable
@@ -100,6 +101,10 @@ class NodeKeeper:
         self.syncs = 0
         self.last_sync: float | None = None
         self.sync_seconds = 0.0
+        #: kernel changes that may have hit what is netplugin's (see .kernelwatch), and the repairs made
+        self._repair: set[str] = set()
+        self.repairs: Counter[str] = Counter()
+        self._watch: KernelWatch | None = None
         self._kick = threading.Event()
         self._first = threading.Event()  #: the first pass is over (whatever it found)
         self._stop = threading.Event()
@@ -115,12 +120,20 @@ class NodeKeeper:
         inside the daemon's."""
         if self.watching:
             self.host.start_watching(self.kick, on_pod_deleted=self.on_pod_deleted)  # type: ignore[attr-defined]
+        if self.routes is not None or self.egress is not None:
+            from netplugin.frontends.daemon.kernelwatch import KernelWatch
+            from netplugin.nodenet.routes import RTPROT_NETPLUGIN
+
+            self._watch = KernelWatch(self.repair, route_protocol=RTPROT_NETPLUGIN)
+            self._watch.start()
         self._thread = threading.Thread(target=self._loop, name="netplugin-nodes", daemon=True)
         self._thread.start()
         if not self.watching:
             self._first.wait(FIRST_PASS_WAIT)
 
     def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
         self._stop.set()
         self._kick.set()
         if self._thread is not None:
@@ -142,6 +155,34 @@ class NodeKeeper:
         """Something changed: look again now (called on watch threads)."""
         self._kick.set()
 
+    def repair(self, kinds: set[str]) -> None:
+        """The kernel changed where netplugin's ``kinds`` ("route", "egress") live: check them now."""
+        with self._lock:
+            self._repair |= kinds
+        self._kick.set()
+
+    def _repair_now(self, kinds: set[str]) -> None:
+        """Put back what a kernel change removed (on the keeper's thread, which owns the routes)."""
+        start = time.monotonic()
+        egress_gone = False
+        if "egress" in kinds and self.egress is not None and self.egress_rules is not None and not self.departed:
+            try:
+                egress_gone = not self.egress.present()
+            except NetpluginError as e:
+                log.error("repair: cannot check the egress table: %s", e.message)
+        if not egress_gone and "route" not in kinds:
+            return
+        self.sync(force=True)
+        fixed = []
+        if egress_gone and self.egress_rules is not None:
+            fixed.append(("egress", f"nftables table inet {self.egress.table if self.egress else ''} reinstalled"))
+        added = self.report.added if self.report is not None else ()
+        if "route" in kinds and added:
+            fixed.append(("route", f"routes re-added: {', '.join(added)}"))
+        for kind, what in fixed:
+            self.repairs[kind] += 1
+            log.warning("repair (%s) in %.3fs: %s", kind, time.monotonic() - start, what)
+
     def _synced(self) -> bool:
         cache = getattr(self.host, "cache", None)
         return cache is not None and bool(cache.nodes.synced.is_set())
@@ -150,6 +191,10 @@ class NodeKeeper:
         poll = self.config.node_resync if self.watching else min(self.config.node_resync, STATIC_POLL)
         last_full = 0.0
         while not self._stop.is_set():
+            with self._lock:
+                repair, self._repair = self._repair, set()
+            if repair and self.nodes is not None:
+                self._repair_now(repair)
             if self.watching and not self._synced():
                 self._kick.wait(0.2)  # until the first LIST is in: never act on an empty view
                 continue
@@ -267,6 +312,7 @@ class NodeKeeper:
                 "last_sync": self.last_sync,
                 "last_sync_seconds": round(self.sync_seconds, 4),
                 "error": self.error,
+                "repairs": dict(self.repairs),
             }
             if self.report is not None:
                 out.update(self.report.to_dict())
@@ -347,6 +393,12 @@ class _Collector:
         yield by_kind
         yield GaugeMetricFamily("netplugin_nodes", "Nodes in the cluster, as last read.", value=len(nodes or []))
         yield CounterMetricFamily("netplugin_node_syncs", "Passes over the nodes (route reconciliations).", value=syncs)
+        repairs = CounterMetricFamily(
+            "netplugin_repairs", "What the daemon put back after the kernel lost it, by kind.", labels=["kind"]
+        )
+        for kind in ("route", "egress"):
+            repairs.add_metric([kind], k.repairs[kind])
+        yield repairs
         counts = getattr(k.host, "requests", None)
         if counts is not None:
             req = CounterMetricFamily(
