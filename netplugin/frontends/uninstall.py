@@ -27,7 +27,7 @@ STOP_WAIT = 120.0
 
 
 def _stop_daemon(socket_path: str, dry_run: bool, say: list[str]) -> None:
-    from netplugin.frontends.client import request
+    from netplugin.frontends.wire.client import request
 
     try:
         pid = int(request(socket_path, "health", timeout=5)["pid"])

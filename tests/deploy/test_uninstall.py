@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from netplugin.frontends.client import NotSent, exchange
+from netplugin.frontends.wire.client import NotSent, exchange
 from tests.nettest import kernel_gate, underlay_netns
 
 REPO = Path(__file__).resolve().parents[2]

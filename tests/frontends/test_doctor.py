@@ -134,7 +134,7 @@ def test_doctor_names_what_is_broken(
 def test_doctor_without_a_daemon_is_a_problem_and_text_output_has_one_line_per_check(node: DoctorNode) -> None:
     code, checks = node.doctor()
     assert code == 7
-    assert list(checks) == ["conflist", "shim", "daemon", "settings", "plugin", "node", "egress", "dirs"]
+    assert list(checks) == ["conflist", "shim", "daemon", "settings", "plugin", "node", "egress", "repairs", "dirs"]
     assert "no daemon answers" in checks["daemon"]["problem"] and "systemctl start" in checks["daemon"]["fix"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
     env["PYTHONPATH"] = str(REPO)

@@ -17,7 +17,7 @@ from netplugin.core._yaml import short_repr
 from netplugin.core.config import Config, FileSnapshot
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import replace
-from netplugin.frontends.cni.protocol import DEFAULT_NAMESPACE, E_CONFIG, E_ENV, NO_NETNS, CniError, CniRequest
+from netplugin.frontends.cni.spec import DEFAULT_NAMESPACE, E_CONFIG, E_ENV, NO_NETNS, CniError, CniRequest
 
 if TYPE_CHECKING:
     from netplugin.manager.manager import CallOptions
@@ -82,7 +82,7 @@ def _cache_key(
     identity (the daemon's snapshot of it, else inode, size, mtime, ctime: an edited or replaced
     file is read again). None: uncachable."""
     from netplugin.core.defaults import DEFAULT_CONFIG
-    from netplugin.frontends.rpc import dumps
+    from netplugin.frontends.wire.codec import dumps
 
     try:
         settings = dumps({k: req.conf[k] for k in _SETTING_KEYS if k in req.conf}, sort_keys=True)

@@ -11,7 +11,8 @@ from typing import Any
 
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument
 from netplugin.core.names import PodRef
-from netplugin.frontends.rpc import OPS, POD_OPS, PROTOCOL_VERSION, differing_settings
+from netplugin.frontends.wire.fingerprint import differing_settings
+from netplugin.frontends.wire.protocol import OPS, POD_OPS, PROTOCOL_VERSION
 
 __all__ = ["check_request", "pod_of", "pod_text"]
 

@@ -11,7 +11,7 @@ end, and then asks the node keeper to put back what is netplugin's:
   reinstalled if it is gone. Our own reinstall is a change too, but then the table is there.
 
 Each repair is logged with what changed and counted in ``netplugin_repairs_total{kind}``
-(:class:`~netplugin.frontends.daemon.nodes.NodeKeeper`). Pods' own objects (bridge, ports,
+(:class:`~netplugin.frontends.daemon.nodekeeper.NodeKeeper`). Pods' own objects (bridge, ports,
 hairpin, qdiscs) are their plugins': not repaired here.
 """
 

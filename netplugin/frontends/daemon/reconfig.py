@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import NetpluginError
 from netplugin.core.plaindata import dataclass, fields
-from netplugin.frontends.rpc import fingerprint
+from netplugin.frontends.wire.fingerprint import fingerprint
 from netplugin.manager.check import Refusal, checked_manager, refusal_of
 
 if TYPE_CHECKING:

@@ -81,8 +81,8 @@ def test_a_deleted_pod_whose_teardown_never_came_is_collected(
     after the teardown's time limit (and the kill grace) is torn down by a gc run of its own."""
     import json
 
-    from netplugin.frontends.simcluster.apiobjects import make_node, make_pod
-    from netplugin.frontends.simcluster.apiserver import ApiServer
+    from netplugin.frontends.lab.simcluster.apiobjects import make_node, make_pod
+    from netplugin.frontends.lab.simcluster.apiserver import ApiServer
 
     plugin_dir.install("scripted")
     api = ApiServer(bookmark_interval=1.0)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from netplugin.frontends.client import NotSent, exchange
+from netplugin.frontends.wire.client import NotSent, exchange
 from tests.nettest import ip_in as ip
 from tests.nettest import kernel_gate, underlay_netns
 

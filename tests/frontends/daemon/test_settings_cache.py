@@ -10,7 +10,7 @@ import pytest
 
 from netplugin.core.config import FileSnapshot, load_config, snapshot_config
 from netplugin.core.errors import ConfigError, DaemonUnavailable
-from netplugin.frontends.daemon.forwarded import check_settings
+from netplugin.frontends.daemon.cnicalls import check_settings
 from netplugin.frontends.daemon.reconfig import Live
 from netplugin.manager.manager import Manager
 

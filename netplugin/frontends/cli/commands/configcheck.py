@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from netplugin.frontends.cli.context import State, pass_state
 from netplugin.frontends.cli.options import OutputCommand
-from netplugin.frontends.cli.state import State, pass_state
 
 __all__ = ["config"]
 
@@ -29,7 +29,7 @@ def check(st: State, file: str | None) -> None:
     """
     from netplugin.core.config import load_config
     from netplugin.core.errors import NetpluginError
-    from netplugin.frontends.cli.exitcodes import exit_code_for
+    from netplugin.frontends.wire.codes import exit_code_for
     from netplugin.manager.check import checked_manager, refusal_of
 
     path = file or st.config_path

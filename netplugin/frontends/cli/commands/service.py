@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from netplugin.frontends.cli.exitcodes import EXIT_DOCTOR_PROBLEMS
+from netplugin.frontends.cli.context import State, pass_state
 from netplugin.frontends.cli.options import command
-from netplugin.frontends.cli.state import State, pass_state
+from netplugin.frontends.wire.codes import EXIT_DOCTOR_PROBLEMS
 
 __all__ = ["health", "serve"]
 
@@ -57,7 +57,7 @@ def health(st: State, wait: float) -> None:
     serves but refused the config on disk at its last reload (it keeps its running settings).
 
     The DaemonSet's liveness and readiness probes run this."""
-    from netplugin.frontends.client import request
+    from netplugin.frontends.wire.client import request
 
     h = request(st.config.socket_path, "health", timeout=wait)
     stuck = f"; {len(h['stuck'])} plugin call(s) stuck past their time limits" if h.get("stuck") else ""
