@@ -47,8 +47,10 @@ class GcKeeper:
         self._manager = manager  #: the daemon's manager now (a reload may swap it)
         self._lock = threading.Lock()  # one run at a time, whatever started it
         self._wake = threading.Event()
+        self._lock_due = threading.Lock()
         self._stop = threading.Event()
-        self._due_deleted: float | None = None  # when the deleted pods' run is due (monotonic)
+        #: when each deleted pod's run is due (monotonic); one run serves every pod due by then
+        self._due_deleted: list[float] = []
         self._thread: threading.Thread | None = None
         self.last: dict[str, object] | None = None  #: the last run, for health
         self.runs = Counter(
@@ -96,8 +98,8 @@ class GcKeeper:
         cfg = self._manager().config
         due = time.monotonic() + cfg.timeout_for("teardown") + cfg.kill_grace
         log.debug("pod %s/%s deleted: gc after %.0fs unless its teardown came", namespace, name, due - time.monotonic())
-        if self._due_deleted is None:
-            self._due_deleted = due
+        with self._lock_due:
+            self._due_deleted.append(due)
         self._wake.set()
 
     def kick(self) -> None:
@@ -122,15 +124,18 @@ class GcKeeper:
         while not self._stop.is_set():
             interval = self._manager().config.gc_interval
             now = time.monotonic()
-            waits = [d - now for d in (self._due_deleted,) if d is not None]
+            with self._lock_due:
+                waits = [min(self._due_deleted) - now] if self._due_deleted else []
             if interval > 0:
                 waits.append(last + interval - now)
             if not waits or min(waits) > 0:
                 self._wake.wait(min(waits) if waits else None)
                 self._wake.clear()
                 continue
-            if self._due_deleted is not None and self._due_deleted <= now:
-                self._due_deleted = None
+            with self._lock_due:
+                deleted = bool(self._due_deleted) and min(self._due_deleted) <= now
+                self._due_deleted = [d for d in self._due_deleted if d > now]
+            if deleted:
                 self.run("pod-deleted")
             else:
                 self.run("periodic")
