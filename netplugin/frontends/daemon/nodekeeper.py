@@ -124,8 +124,13 @@ class NodeKeeper:
             from netplugin.frontends.daemon.kernelwatch import KernelWatch
             from netplugin.nodenet.routes import RTPROT_NETPLUGIN
 
-            self._watch = KernelWatch(self.repair, route_protocol=RTPROT_NETPLUGIN)
-            self._watch.start()
+            watch = KernelWatch(self.repair, route_protocol=RTPROT_NETPLUGIN)
+            try:
+                watch.start()
+                self._watch = watch
+            except OSError as e:  # routes and egress are still kept, by the periodic pass only
+                watch.stop()
+                log.warning("cannot watch the kernel's route changes (%s): no self-repair", e)
         self._thread = threading.Thread(target=self._loop, name="netplugin-nodes", daemon=True)
         self._thread.start()
         if not self.watching:
