@@ -61,6 +61,15 @@
 #                       a node with its daemon up runs no Python per call (cluster mode)
 #                                                                                  [NETPLUGIN_SHIM_FALLBACK]
 #   --dry-run           print what would change and change nothing
+#   --uninstall         remove what an install with the same options wrote, printing each thing: it
+#                       stops the service (systemd, else the daemon answering on the run dir's
+#                       socket), removes netplugin's kernel objects outside pods (the egress table,
+#                       the proto 78 routes, ...), the unit, the conflist, the CNI shim, the config
+#                       file, the exec plugins it ships, the links and the venv (or --lib-dir's
+#                       modules). Pods keep their network, and their records and addresses (the
+#                       state and run dirs) stay for a reinstall, unless --purge: then every
+#                       recorded pod is torn down first and both dirs are removed. A second run
+#                       removes nothing. With --dry-run it prints what it would remove.
 #
 # pip reads its usual PIP_* variables (PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX) for offline nodes.
 # Every installed file and directory ends up root-owned and not group- or world-writable
@@ -68,7 +77,7 @@
 # anyone but root could have changed. Idempotent: files whose content, mode and owner are
 # already right are left alone ("unchanged"), and a venv that already holds the same wheel is
 # kept, so a second run changes nothing.
-# Exit status: 0 done, 1 an install step failed, 2 bad usage.
+# Exit status: 0 done, 1 an install (or uninstall) step failed, 2 bad usage.
 set -euo pipefail
 umask 022
 
@@ -99,6 +108,8 @@ plugin_env_given=0
 use_venv=1
 venv_only=0
 dry_run=0
+uninstall=0
+purge=0
 
 usage() {
     sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
@@ -163,6 +174,8 @@ while [ $# -gt 0 ]; do
     --no-venv) use_venv=0 ;;
     --venv-only) venv_only=1 ;;
     --dry-run) dry_run=1 ;;
+    --uninstall) uninstall=1 ;;
+    --purge) purge=1 ;;
     -h | --help) usage ;;
     *) die "unknown argument: $arg (see --help)" 2 ;;
     esac
@@ -203,6 +216,13 @@ for pair in "${plugin_env[@]}"; do
     [[ $pair =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--plugin-env must be KEY=VALUE with KEY a variable name (got '$pair')" 2
 done
 [[ $extras =~ ^[A-Za-z0-9_,-]*$ ]] || die "--extras must be a comma-separated list of names (got '$extras')" 2
+[ "$purge" = 0 ] || [ "$uninstall" = 1 ] || die "--purge is for --uninstall" 2
+if [ "$uninstall" = 1 ]; then
+    # shellcheck source=scripts/uninstall.bash disable=SC1091 # (checked on its own)
+    . "$here/scripts/uninstall.bash"
+    uninstall_node
+    exit "$?"
+fi
 [ -d "$source_dir/exec_plugins" ] ||
     die "$source_dir is not a netplugin source tree or data dir (no exec_plugins/)" 2
 if [ "$use_venv" = 1 ]; then
@@ -241,6 +261,64 @@ euid=$(id -u)
 if [ "$euid" -ne 0 ]; then
     echo "install.sh: warning: not root; files keep uid $euid and netplugin's permission check accepts" \
         "them only for that user" >&2
+fi
+
+# The node config tool's arguments (from $source_dir, which a venv install moves to what it installed).
+config_args=()
+make_config_args() {
+    config_args=("$config" --plugin-dir "$exec_dir" --state-dir "$state_dir" --run-dir "$run_dir")
+    if [ -n "$config_from" ]; then
+        config_args+=(--from "$config_from")
+    else
+        [ ! -f "$source_dir/etc/netplugin.yaml" ] || config_args+=(--defaults "$source_dir/etc/netplugin.yaml")
+        [ "$plugin_name_given" = 0 ] || config_args+=(--plugin "$plugin_name")
+        for pair in "${plugin_env[@]}"; do config_args+=(--plugin-env "$pair"); done
+    fi
+    [ ! -d "$source_dir/exec_plugins" ] || config_args+=(--plugins-from "$source_dir/exec_plugins")
+}
+
+# netplugin's own code writes the config (it parses YAML and validates every key as the daemon
+# will): run by an interpreter that imports netplugin and PyYAML, the shim's if it can (-B: no
+# __pycache__ left in the dirs it imports from).
+config_tool=()
+find_config_tool() {
+    local entry="import sys; from netplugin.frontends.nodeconfig import main; sys.exit(main(sys.argv[1:]))"
+    local probe="import netplugin.frontends.nodeconfig, yaml"
+    if [ -n "$shim_path" ] && [ -d "$shim_path" ] &&
+        "$shim_python" -B -I -S -c "import sys; sys.path[:0] = ['$shim_path']; $probe" 2>/dev/null; then
+        config_tool=("$shim_python" -B -I -S -c "import sys; sys.path[:0] = ['$shim_path']; $entry")
+    elif [ -z "$shim_path" ] && "$shim_python" -B -I -c "$probe" 2>/dev/null; then
+        config_tool=("$shim_python" -B -I -c "$entry")
+    elif [ -d "$source_dir/netplugin" ] &&
+        "$python" -B -I -c "import sys; sys.path[:0] = ['$source_dir']; $probe" 2>/dev/null; then
+        config_tool=("$python" -B -I -c "import sys; sys.path[:0] = ['$source_dir']; $entry")
+    elif [ -d "$here/netplugin" ] && "$python" -B -I -c "import sys; sys.path[:0] = ['$here']; $probe" 2>/dev/null; then
+        config_tool=("$python" -B -I -c "import sys; sys.path[:0] = ['$here']; $entry")
+    elif [ -n "${lib_python:-}" ] && "$lib_python" -B -I -c "$probe" 2>/dev/null; then
+        config_tool=("$lib_python" -B -I -c "$entry")
+    else
+        return 1
+    fi
+}
+
+# --- 0. the config this run would write, checked before anything is written or installed: every
+# key as the daemon reads it, each plugin of the chain built in, shipped here or valid in --exec-dir.
+# Without an interpreter that imports netplugin and yaml yet (a first venv install from a wheel), the
+# same check runs in step 5, before the config is written.
+if [ "$venv_only" = 0 ]; then
+    shim_python=$python
+    shim_path=
+    if [ "$use_venv" = 1 ] && [ -x "$prefix/bin/python" ]; then
+        shim_python=$prefix/bin/python3
+        shim_path=$("$prefix/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    elif [ "$use_venv" = 0 ]; then
+        shim_path=$lib_dir
+    fi
+    make_config_args
+    if find_config_tool; then
+        "${config_tool[@]}" "${config_args[@]}" --dry-run >/dev/null ||
+            die "the config was refused (above): nothing written" "$?"
+    fi
 fi
 
 changed=0
@@ -554,40 +632,9 @@ fi
 
 # --- 5. the node's config file, then the CNI network config naming it ------------------------------
 
-# netplugin's own code writes the config (it parses YAML and validates every key as the daemon
-# will): run by an interpreter that imports netplugin and PyYAML, the shim's if it can (-B: no
-# __pycache__ left in the dirs it imports from).
-config_tool=()
-find_config_tool() {
-    local entry="import sys; from netplugin.frontends.nodeconfig import main; sys.exit(main(sys.argv[1:]))"
-    local probe="import netplugin.frontends.nodeconfig, yaml"
-    if [ -n "$shim_path" ] && [ -d "$shim_path" ] &&
-        "$shim_python" -B -I -S -c "import sys; sys.path[:0] = ['$shim_path']; $probe" 2>/dev/null; then
-        config_tool=("$shim_python" -B -I -S -c "import sys; sys.path[:0] = ['$shim_path']; $entry")
-    elif [ -z "$shim_path" ] && "$shim_python" -B -I -c "$probe" 2>/dev/null; then
-        config_tool=("$shim_python" -B -I -c "$entry")
-    elif [ -d "$source_dir/netplugin" ] &&
-        "$python" -B -I -c "import sys; sys.path[:0] = ['$source_dir']; $probe" 2>/dev/null; then
-        config_tool=("$python" -B -I -c "import sys; sys.path[:0] = ['$source_dir']; $entry")
-    elif [ -d "$here/netplugin" ] && "$python" -B -I -c "import sys; sys.path[:0] = ['$here']; $probe" 2>/dev/null; then
-        config_tool=("$python" -B -I -c "import sys; sys.path[:0] = ['$here']; $entry")
-    elif [ -n "${lib_python:-}" ] && "$lib_python" -B -I -c "$probe" 2>/dev/null; then
-        config_tool=("$lib_python" -B -I -c "$entry")
-    else
-        return 1
-    fi
-}
-
 config_dir=$(dirname -- "$config")
 ensure_dir "$config_dir" 1
-config_args=("$config" --plugin-dir "$exec_dir" --state-dir "$state_dir" --run-dir "$run_dir")
-if [ -n "$config_from" ]; then
-    config_args+=(--from "$config_from")
-else
-    [ ! -f "$source_dir/etc/netplugin.yaml" ] || config_args+=(--defaults "$source_dir/etc/netplugin.yaml")
-    [ "$plugin_name_given" = 0 ] || config_args+=(--plugin "$plugin_name")
-    for pair in "${plugin_env[@]}"; do config_args+=(--plugin-env "$pair"); done
-fi
+make_config_args
 [ "$dry_run" = 0 ] || config_args+=(--dry-run)
 if find_config_tool; then
     config_out=$("${config_tool[@]}" "${config_args[@]}") || die "writing $config failed (see above)" "$?"

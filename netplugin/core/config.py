@@ -9,6 +9,7 @@ the key and where it came from. ``etc/netplugin.yaml`` is the commented example.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat
@@ -19,6 +20,7 @@ from netplugin.core.configkeys import ENV_VARS, PARSERS
 from netplugin.core.defaults import (
     ACTIONS,
     DEFAULT_CONFIG,
+    DEFAULT_GC_INTERVAL,
     DEFAULT_KILL_GRACE,
     DEFAULT_MAX_OUTPUT,
     DEFAULT_NETNS_TEMPLATE,
@@ -45,7 +47,9 @@ __all__ = [
     "DEFAULT_STATE_DIR",
     "ENV_VARS",
     "Config",
+    "FileSnapshot",
     "load_config",
+    "snapshot_config",
 ]
 
 
@@ -92,6 +96,8 @@ class Config:
     log_level: str = "info"
     #: log lines as text (timestamp, level, message, key=value fields) or one JSON object each
     log_format: str = "text"
+    #: how often the daemon runs gc on its own (seconds; 0: only at start and after pod deletions)
+    gc_interval: float = DEFAULT_GC_INTERVAL
 
     @property
     def chain(self) -> tuple[str, ...]:
@@ -244,6 +250,38 @@ def read_config_file(path: str, *, cache_in: str | None = None, cache_pinned: bo
     return out
 
 
+class FileSnapshot:
+    """A config file as read once: the daemon's, at its last successful (re)load.
+
+    Calls the daemon runs for others build their settings with it instead of the file on disk, so
+    an edit takes effect on the node when the daemon takes it (SIGHUP), not call by call.
+    ``raw`` is the file's parse (None: the default file was absent); ``serial`` tells snapshots apart
+    (a cache key), as no two have the same.
+    """
+
+    __slots__ = ("path", "raw", "serial")
+    _serials = itertools.count(1)
+
+    def __init__(self, path: str, raw: Mapping[str, Any] | None) -> None:
+        self.path = path
+        self.raw = raw
+        self.serial = next(self._serials)
+
+
+def _file_path(path: str | None, env: Mapping[str, str]) -> tuple[str, bool]:
+    """(the file load_config reads, whether it was named: then it must exist)."""
+    explicit = path or env.get("NETPLUGIN_CONFIG") or None
+    return explicit or DEFAULT_CONFIG, bool(explicit)
+
+
+def snapshot_config(path: str | None = None, *, environ: Mapping[str, str] | None = None) -> FileSnapshot:
+    """Read the file :func:`load_config` would read for ``path`` and ``environ``, once."""
+    file_path, explicit = _file_path(path, os.environ if environ is None else environ)
+    if not explicit and not os.path.exists(file_path):
+        return FileSnapshot(file_path, None)
+    return FileSnapshot(file_path, read_config_file(file_path))
+
+
 def load_config(
     path: str | None = None,
     *,
@@ -251,6 +289,7 @@ def load_config(
     overrides: Mapping[str, Any] | None = None,
     base: Config | None = None,
     cache: bool = False,
+    snapshot: FileSnapshot | None = None,
 ) -> Config:
     """Build a Config: defaults, then the file, then ``environ`` (NETPLUGIN_*), then ``overrides``.
 
@@ -258,16 +297,20 @@ def load_config(
     else the default file (may be absent). Overrides with value None are ignored (unset flags).
     ``cache``: use and fill the file's parse cache in the run dir the flags or the environment
     name, else the default one unless the file names another (see :func:`read_config_file`):
-    what a short-lived process sets, which would import YAML for it.
+    what a short-lived process sets, which would import YAML for it. ``snapshot``: the file as
+    read before, taken instead of reading it again when it is the file meant here.
     """
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    explicit = path or env.get("NETPLUGIN_CONFIG") or None
-    file_path = explicit or DEFAULT_CONFIG
-    if explicit or os.path.exists(file_path):
+    file_path, explicit = _file_path(path, env)
+    raw: Mapping[str, Any] | None = None
+    if snapshot is not None and snapshot.path == file_path:
+        raw = snapshot.raw
+    elif explicit or os.path.exists(file_path):
         pinned = (overrides or {}).get("run_dir") or env.get("NETPLUGIN_RUN_DIR")
         cache_in = str(pinned or DEFAULT_RUN_DIR) if cache else None
         raw = read_config_file(file_path, cache_in=cache_in, cache_pinned=bool(pinned))
+    if raw is not None:
         _apply(values, raw, file_path, lambda k: k)
         values["config_path"] = file_path
     env_raw = {key: env[var] for var, key in ENV_VARS.items() if var in env}

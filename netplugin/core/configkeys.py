@@ -294,6 +294,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "node_resync": _seconds,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
+    "gc_interval": _nonneg_seconds,
 }
 
 #: Environment variables and the keys they set. Mappings (timeouts, env) are file-only.
@@ -322,4 +323,5 @@ ENV_VARS: dict[str, str] = {
     "NETPLUGIN_NODES_DIR": "nodes_dir",
     "NETPLUGIN_LOG_LEVEL": "log_level",
     "NETPLUGIN_LOG_FORMAT": "log_format",
+    "NETPLUGIN_GC_INTERVAL": "gc_interval",
 }

@@ -11,6 +11,7 @@ builds its defaults from it, so a default is written here and nowhere else.
 __all__ = [
     "ACTIONS",
     "DEFAULT_CONFIG",
+    "DEFAULT_GC_INTERVAL",
     "DEFAULT_KILL_GRACE",
     "DEFAULT_MAX_OUTPUT",
     "DEFAULT_NETNS_TEMPLATE",
@@ -47,6 +48,8 @@ DEFAULT_TIMEOUTS = {"init": 10.0, "setup": 30.0, "teardown": 30.0, "status": 10.
 CONNECT_TIMEOUT = 2.0
 #: seconds between SIGTERM and SIGKILL for a plugin past its limit
 DEFAULT_KILL_GRACE = 2.0
+#: seconds between the daemon's own gc runs (``gc_interval``)
+DEFAULT_GC_INTERVAL = 300.0
 #: the most bytes of a plugin's stdout (and of its stderr) kept; past it the call fails
 DEFAULT_MAX_OUTPUT = 1 << 20
 #: how long to wait for an answer to an op that runs no plugin action (health, plugins)

@@ -25,6 +25,7 @@ from netplugin.core.plaindata import dataclass
 
 __all__ = [
     "ENV_HOST_PORTS",
+    "HOSTPORT_TABLE",
     "PROTOCOLS",
     "HostPort",
     "from_pod",
@@ -33,6 +34,9 @@ __all__ = [
     "pod_host_ports",
     "to_env",
 ]
+
+#: the nftables table of hostPort rules (the built-in and the bash `hostport` plugin), which uninstall removes
+HOSTPORT_TABLE = "inet netplugin_hostport"
 
 ENV_HOST_PORTS = "NETPLUGIN_HOST_PORTS"
 PROTOCOLS = ("tcp", "udp", "sctp")

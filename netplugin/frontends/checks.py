@@ -257,6 +257,10 @@ def check_settings(node: Node) -> Check:
             f"the conflist's own settings override {path} in {', '.join(inline)}",
             "move them into the config file and keep only configFile and runDir in the conflist",
         )
+    refused = (node.health or {}).get("refused")
+    if refused:
+        fix = "fix the file (netplugin config check), then systemctl reload netplugin"
+        return Check("settings", str(path), f"the daemon says: {refused}", fix)
     status = (node.health or {}).get("settings", "")
     if status.startswith("not reloaded") or "keeps its running settings" in status:
         return Check(
@@ -332,6 +336,25 @@ def check_egress(node: Node) -> Check:
     return Check(
         "egress", f"table inet {egress.get('table')} masquerades traffic leaving {', '.join(cfg.cluster_cidrs)}"
     )
+
+
+#: repairs since the daemon started past which they count as recurring (someone keeps undoing them)
+RECURRING_REPAIRS = 3
+
+
+def check_repairs(node: Node) -> Check:
+    repairs = ((node.health or {}).get("node") or {}).get("repairs") or {}
+    if node.health is None:
+        return Check("repairs", "no daemon: nothing repairs the node's routes and egress table")
+    made = ", ".join(f"{kind} {n}" for kind, n in sorted(repairs.items())) or "none"
+    if sum(repairs.values()) >= RECURRING_REPAIRS:
+        return Check(
+            "repairs",
+            f"since the daemon started: {made}",
+            "the daemon keeps putting back routes or its egress table: something on the node keeps removing them",
+            "find what flushes them (a firewall reload, a network manager, a script); see the daemon's 'repair' log",
+        )
+    return Check("repairs", f"since the daemon started: {made}")
 
 
 def check_dirs(node: Node) -> Check:
@@ -423,6 +446,7 @@ CHECKS = (
     check_bridge_netfilter,
     check_forward,
     check_mtu,
+    check_repairs,
     check_dirs,
 )
 

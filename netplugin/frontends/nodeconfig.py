@@ -157,6 +157,37 @@ def _check(text: str, path: str) -> Any:
         os.unlink(tmp)
 
 
+def _check_chain(cfg: Any, path: str, shipped: str | None) -> None:
+    """Each plugin of ``cfg``'s chain is built in, shipped in ``shipped`` (installed by this run) or
+    found and trusted in the exec dir; else ConfigError naming the key, nothing written."""
+    from netplugin.core.discovery import scan
+    from netplugin.core.errors import NetpluginError
+    from netplugin.core.names import escape_plugin_name
+    from netplugin.plugins import BUILTINS
+
+    def is_shipped(name: str) -> bool:
+        if shipped is None:
+            return False
+        exe = os.path.join(shipped, escape_plugin_name(name), name.rsplit("/", 1)[-1])
+        return os.path.isfile(exe) and os.access(exe, os.X_OK)
+
+    missing = [n for n in cfg.chain if n not in BUILTINS and not is_shipped(n)]
+    if not missing:
+        return
+    try:
+        found = {c.name: c for c in scan(cfg.plugin_dir, reserved=BUILTINS)} if os.path.isdir(cfg.plugin_dir) else {}
+    except NetpluginError as e:
+        found, missing = {}, [f"{n} ({e.message})" for n in missing]
+    key = "plugins" if cfg.plugins else "plugin"
+    for name in missing:
+        cand = found.get(name)
+        if cand is None:
+            where = f"not in {cfg.plugin_dir}" + (f", not shipped in {shipped}" if shipped else "")
+            raise ConfigError(key, f"network plugin {name!r} not found ({where})", source=path)
+        if cand.problem:
+            raise ConfigError(key, f"network plugin {name!r} is not usable: {cand.problem}", source=path)
+
+
 def _write(path: str, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.netplugin-tmp.", dir=os.path.dirname(path))
     try:
@@ -190,6 +221,7 @@ def _plan(args: argparse.Namespace) -> tuple[str, list[str], str | None]:
         with open(args.source, encoding="utf-8") as f:
             text = f.read()
         cfg = _check(text, path)
+        _check_chain(cfg, path, args.plugins_from)
         for key, want in dirs.items():
             if getattr(cfg, key) != want:
                 flag = "--exec-dir" if key == "plugin_dir" else "--" + key.replace("_", "-")
@@ -204,7 +236,7 @@ def _plan(args: argparse.Namespace) -> tuple[str, list[str], str | None]:
     old = read_config_file(path) if exists else None
     new = merged(old, dirs, args.plugin, env, defaults)
     text = render(new)
-    _check(text, path)
+    _check_chain(_check(text, path), path, args.plugins_from)
     if old is not None and not changes(old, new):
         return ("unchanged", [], None) if _mode_ok(path) else ("fix", [], text)
     return ("change" if old is not None else "create"), changes(old or {}, new), text
@@ -220,6 +252,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plugin-env", action="append", metavar="KEY=VALUE")
     p.add_argument("--defaults", metavar="FILE", help="first-run plugin and env (the shipped example)")
     p.add_argument("--from", dest="source", metavar="FILE", help="copy this config file as it is")
+    p.add_argument("--plugins-from", metavar="DIR", help="the exec plugins this install ships (DIR/NAME/NAME)")
     p.add_argument("--dry-run", action="store_true")
     return p
 

@@ -73,8 +73,14 @@ class ClusterHost(Host, Protocol):
     #: requests made to the API server, by (verb, resource)
     requests: Mapping[tuple[str, str], int]
 
-    def start_watching(self, on_nodes_change: Callable[[], None] | None = None) -> ClusterCache:
-        """Start the list+watch caches (every Node, this node's Pods); ``on_nodes_change`` on each Node event."""
+    def start_watching(
+        self,
+        on_nodes_change: Callable[[], None] | None = None,
+        *,
+        on_pod_deleted: Callable[[str, str], None] | None = None,
+    ) -> ClusterCache:
+        """Start the list+watch caches (every Node, this node's Pods); ``on_nodes_change`` on each Node
+        event, ``on_pod_deleted(namespace, name)`` when a Pod of this node is deleted."""
         ...
 
     def stop_watching(self) -> None: ...

@@ -422,16 +422,22 @@ class KubeHost:
         sock = keepalive(response)
         return WatchStream(response, sock)
 
-    def start_watching(self, on_nodes_change: Callable[[], None] | None = None) -> ClusterCache:
+    def start_watching(
+        self,
+        on_nodes_change: Callable[[], None] | None = None,
+        *,
+        on_pod_deleted: Callable[[str, str], None] | None = None,
+    ) -> ClusterCache:
         """Start the daemon's caches: every Node, and this node's Pods (``spec.nodeName=<node>``).
 
         From then on node and pod lookups answer from them once they are synced.
-        ``on_nodes_change`` is called (on the watch thread) whenever a Node changed.
+        ``on_nodes_change`` is called (on the watch thread) whenever a Node changed,
+        ``on_pod_deleted(namespace, name)`` when a Pod of this node was deleted.
         """
         from netplugin.hosts.watch import ClusterCache
 
         if self.cache is None:
-            self.cache = ClusterCache(self, self.node_name, on_nodes_change)
+            self.cache = ClusterCache(self, self.node_name, on_nodes_change, on_pod_deleted)
             self.cache.start()
         return self.cache
 

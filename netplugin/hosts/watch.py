@@ -447,16 +447,29 @@ class ClusterCache:
     """The daemon's view of the cluster: every Node, and the Pods bound to this node."""
 
     def __init__(
-        self, transport: WatchTransport, node_name: str, on_nodes_change: Callable[[], None] | None = None
+        self,
+        transport: WatchTransport,
+        node_name: str,
+        on_nodes_change: Callable[[], None] | None = None,
+        on_pod_deleted: Callable[[str, str], None] | None = None,
     ) -> None:
         def changed(etype: str, old: Obj | None, new: Obj | None) -> None:
             if on_nodes_change is not None:
                 on_nodes_change()
 
+        def pod_changed(etype: str, old: Obj | None, new: Obj | None) -> None:
+            meta = (old or {}).get("metadata") or {}
+            if etype == "DELETED" and on_pod_deleted is not None:
+                on_pod_deleted(str(meta.get("namespace", "")), str(meta.get("name", "")))
+
         self.node_name = node_name
         self.nodes = Informer(transport, "/api/v1/nodes", on_change=changed, name="nodes", transform=slim_node)
         self.pods = Informer(
-            transport, "/api/v1/pods", field_selector=f"spec.nodeName={node_name}", name=f"pods on {node_name}"
+            transport,
+            "/api/v1/pods",
+            field_selector=f"spec.nodeName={node_name}",
+            name=f"pods on {node_name}",
+            on_change=pod_changed,
         )
 
     def start(self) -> None:

@@ -74,8 +74,10 @@ def attach_failures(err: NetpluginError, failures: Sequence[NetpluginError], *, 
     err.details["rollback_error"] = text
     if len(chain) > 1:
         err.details["chain_failures"] = [f.to_dict() for f in failures]
-        err.message = f"{err.message}; and: {text}"
-        err.args = (err.message,)
+    # Said in the text too: what the failed setup left is still there, and who finishes it.
+    kept = "the pod's record is kept: netplugin gc retries it"
+    err.message = f"{err.message}; and its rollback failed too: {text} ({kept})"
+    err.args = (err.message,)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError, NetpluginError, PluginFailed, StateError
@@ -91,6 +91,8 @@ def host_is_authoritative(host: Host) -> bool:
 
 def _reason(rec: PodRecord, host: Host | None, notes: list[str]) -> str | None:
     """Why the record's pod should be torn down, or None to keep it."""
+    if rec.state == SETTING_UP and rec.rollback_error is not None:
+        return f"its setup failed and so did its rollback ({rec.rollback_error})"
     if rec.state == SETTING_UP:
         return "its setup was interrupted"
     if rec.state == TEARING_DOWN:
@@ -256,9 +258,18 @@ def _pod_object(manager: Manager, rec: PodRecord) -> dict[str, Any] | None:
 
 
 def _teardown(
-    manager: Manager, store: StateStore, rec: PodRecord, host: Host | None, plugins: _Plugins, report: GcReport
+    manager: Manager,
+    store: StateStore,
+    rec: PodRecord,
+    host: Host | None,
+    plugins: _Plugins,
+    report: GcReport,
+    progress: Callable[[str], None] | None = None,
 ) -> None:
     ref = rec.ref
+    if progress is not None and pod_busy(manager.config.run_dir, ref):
+        limit = max(manager.config.timeout_for(a) for a in ("setup", "teardown"))
+        progress(f"waiting for {_describe(ref)}: an action on it is in progress (at most about {limit:.0f}s)")
     with manager.pod_lock(ref):
         try:
             current = store.get(ref)
@@ -310,8 +321,16 @@ def _iter_records(records: list[PodRecord]) -> Iterator[PodRecord]:
     yield from sorted(records, key=lambda r: (order.get(r.state, 3), r.path))
 
 
-def run_gc(manager: Manager, *, dry_run: bool = False, check_host: bool = True) -> GcReport:
-    """Reconcile the records of ``manager``'s state dir with reality; see the module doc."""
+def run_gc(
+    manager: Manager,
+    *,
+    dry_run: bool = False,
+    check_host: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> GcReport:
+    """Reconcile the records of ``manager``'s state dir with reality; see the module doc.
+
+    ``progress`` is told, as it happens, of each pod gc waits for (an action on it in progress)."""
     store = _store(manager)
     scan = store.scan()
     report = GcReport(dry_run=dry_run, checked=len(scan.records))
@@ -358,7 +377,7 @@ def run_gc(manager: Manager, *, dry_run: bool = False, check_host: bool = True) 
         if _reason(rec, host, report.notes) is None:
             continue  # cheap pre-check without the lock; re-checked under it
         handled.add(rec.ref)
-        _teardown(manager, store, rec, host, plugins, report)
+        _teardown(manager, store, rec, host, plugins, report, progress)
 
     _hostport_leaks(manager, store, report, dry_run)
     # Orphaned plugin processes of pods gc did not tear down (no record, or a ready one).

@@ -85,8 +85,7 @@ class CallOptions:
 
 
 def _version_identity(plugin: Plugin) -> tuple[Any, ...]:
-    """What changes when the plugin's code does: its ``version_key()`` (a stat, no hashing) if it has
-    one, else its ``version()``."""
+    """What changes when the plugin's code does: its ``version_key()`` (a stat) if any, else ``version()``."""
     key = plugin.version_key()
     return ("key", *key) if key is not None else ("version", plugin.version())
 
@@ -125,11 +124,8 @@ class Manager(Reporting):
     # --- selection ------------------------------------------------------------------------------
 
     def candidates(self) -> list[Candidate]:
-        """Built-in plugins, then every exec-dir candidate (valid or not).
-
-        A missing exec dir holds no candidates (the built-ins are still listed; the CLI warns);
-        one that exists but cannot be read raises DiscoveryError.
-        """
+        """Built-in plugins, then every exec-dir candidate (valid or not). A missing exec dir holds no
+        candidates (the built-ins are still listed; the CLI warns); an unreadable one raises DiscoveryError."""
         out = [Candidate(name, "(built-in)", builtin=True) for name in sorted(BUILTINS)]
         if not os.path.lexists(self.config.plugin_dir):
             return out
@@ -459,7 +455,9 @@ class Manager(Reporting):
         failures = run.rollback()
         if failures:
             attach_failures(err, failures, chain=run.names)
-            return  # the record (and its members' progress) stays: gc retries what is left
+            if self.state is not None:  # the record (and its members' progress) stays: gc retries what is left
+                self.state.mark_rollback_failed(run.pod, err.details["rollback_error"])
+            return
         err.details["rolled_back"] = True
         if self.state is not None:
             self.state.remove(run.pod)

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 
 from netplugin.core.errors import NetpluginError, PluginFailed
 from netplugin.core.fileio import atomic_write
-from netplugin.core.hostports import ENV_HOST_PORTS, HostPort, parse_env
+from netplugin.core.hostports import ENV_HOST_PORTS, HOSTPORT_TABLE, HostPort, parse_env
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext, PodNetworkStatus
 
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 HOSTPORT_NAME = "netplugin.io/hostport"
-TABLE = "inet netplugin_hostport"
+TABLE = HOSTPORT_TABLE
 HAIRPIN_MARK = "0x2000"
 _ELEMENT = re.compile(r"(tcp|udp|sctp) \. (\d+) : jump (pod_[0-9a-f]+)")
 _BASE = f"""add table {TABLE}

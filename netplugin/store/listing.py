@@ -91,6 +91,8 @@ def condition_of(rec: PodRecord, run_dir: str) -> str:
         return READY
     if pod_busy(run_dir, rec.ref):
         return rec.state
+    if rec.state == SETTING_UP and rec.rollback_error is not None:
+        return "rollback-failed"
     return "setup-interrupted" if rec.state == SETTING_UP else "teardown-interrupted"
 
 

@@ -204,6 +204,8 @@ class PodRecord:
     #: the chain that set the pod up, each member with its progress; a record written before
     #: chains has none, and means the chain of one ``plugin`` that ran (see :attr:`chain`)
     members: tuple[MemberState, ...] = ()
+    #: why the rollback of a failed setup failed too (the record then owes its teardown to gc)
+    rollback_error: str | None = None
 
     @property
     def chain(self) -> tuple[MemberState, ...]:
@@ -238,7 +240,7 @@ class PodRecord:
             "ready_at": self.ready_at,
             "owner": self.owner.to_dict(),
             "chain": [m.to_dict() for m in self.members],
-        }
+        } | ({"rollback_error": self.rollback_error} if self.rollback_error is not None else {})
 
     def encode(self) -> bytes:
         return (json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n").encode()
@@ -316,6 +318,7 @@ def _from_doc(doc: Any, path: str) -> PodRecord:
         owner=owner,
         path=path,
         members=tuple(_member(m, i) for i, m in enumerate(_field(doc, "chain", list, optional=True) or ())),
+        rollback_error=_field(doc, "rollback_error", str, optional=True),
     )
     if path and os.path.basename(path) != record_filename(ref):
         # A renamed or copied file would alias another pod's record.

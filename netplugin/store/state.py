@@ -407,6 +407,12 @@ class StateStore:
         done = rec.members if members is None else members
         self._write(replace(rec, state=READY, ip=ip, updated=now, ready_at=now, owner=Owner.me(), members=done))
 
+    def mark_rollback_failed(self, pod: PodRef, reason: str) -> None:
+        """Record that a failed setup's rollback failed too (the pod keeps its state for gc)."""
+        existing = self._existing(pod)
+        if existing is not None:
+            self._write(replace(existing, rollback_error=reason[:2000], updated=now_iso(), owner=Owner.me()))
+
     def mark_teardown(self, pod: PodRef) -> list[int]:
         """Record that teardown is starting. No record: nothing to mark. Returns orphans it waited for."""
         existing = self._existing(pod)

@@ -304,6 +304,30 @@ def test_install_config_usage_errors(tmp_path: Path, extra: list[str], words: st
     assert not (tmp_path / "node").exists()
 
 
+@pytest.mark.parametrize(
+    ("extra", "config_text", "words"),
+    [
+        pytest.param(["--plugin", "brdge"], None, "network plugin 'brdge' not found", id="missing-plugin"),
+        pytest.param([], "plugin: bridge\nplugn: x\n", "'plugn'", id="typo-in-config-from"),
+        pytest.param([], "plugins: [bridge, gone]\n", "network plugin 'gone' not found", id="missing-member"),
+    ],
+)
+def test_install_checks_the_config_before_it_writes_anything(
+    tmp_path: Path, extra: list[str], config_text: str | None, words: str
+) -> None:
+    targets = _targets(tmp_path)
+    state, run = tmp_path / "node" / "state", tmp_path / "node" / "run"
+    if config_text is not None:
+        src = tmp_path / "cm.yaml"
+        dirs = f"plugin_dir: {targets['--exec-dir']}\nstate_dir: {state}\nrun_dir: {run}\n"
+        src.write_text(dirs + config_text)
+        extra = [*extra, "--config-from", str(src)]
+    out = _install(*_flags(targets), "--state-dir", str(state), "--run-dir", str(run), *extra)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert words in out.stderr and "nothing written" in out.stderr, out.stderr
+    assert not (tmp_path / "node").exists()  # no file, no dir: not the plugins, not the shim
+
+
 def test_install_refuses_a_config_from_with_other_dirs(tmp_path: Path) -> None:
     src = tmp_path / "cm.yaml"
     targets = _targets(tmp_path)

@@ -25,6 +25,7 @@ DATA_PREFIX = f"netplugin-{netplugin.__version__}.data/data/share/netplugin/"
 SHIPPED = [
     *(p for top in ("exec_plugins", "etc") for p in sorted((REPO / top).rglob("*")) if p.is_file()),
     REPO / "scripts" / "install.sh",
+    REPO / "scripts" / "uninstall.bash",  # install.sh --uninstall sources it
 ]
 
 

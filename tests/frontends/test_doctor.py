@@ -137,7 +137,7 @@ def test_doctor_without_a_daemon_is_a_problem_and_text_output_has_one_line_per_c
     code, checks = node.doctor()
     assert code == 7
     assert list(checks) == ["conflist", "shim", "daemon", "settings", "plugin", "node", "egress", "bridge_netfilter",
-                           "forward", "mtu", "dirs"]  # fmt: skip
+                           "forward", "mtu", "repairs", "dirs"]  # fmt: skip
     assert "no daemon answers" in checks["daemon"]["problem"] and "systemctl start" in checks["daemon"]["fix"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
     env["PYTHONPATH"] = str(REPO)
@@ -188,3 +188,36 @@ def test_a_socket_refused_for_permission_asks_for_root_not_a_start(tmp_path: Pat
     check = json.loads(done.stdout)
     assert "root" in check["fix"] and "systemctl start" not in check["fix"]
     assert "Permission denied" in check["problem"]
+
+
+def test_doctor_says_the_daemon_refused_the_config_on_disk(node: DoctorNode) -> None:
+    import signal
+    import time
+
+    node.config.write_text(node.config.read_text() + "metrics_address: none\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+    env["PYTHONPATH"] = str(REPO)
+    log = node.root / "daemon.log"
+    with open(log, "wb") as out:
+        daemon = subprocess.Popen([sys.executable, "-m", "netplugin", "serve", "--config", str(node.config)],
+                                  env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        end = time.monotonic() + 60
+        while not (node.run / "netplugin.sock").exists():
+            assert daemon.poll() is None and time.monotonic() < end, log.read_text()
+            time.sleep(0.05)
+        _, checks = node.doctor()
+        assert checks["settings"]["ok"] and checks["repairs"]["ok"], checks
+        node.config.write_text(node.config.read_text().replace("kubernetes.io/no-op", "brdge"))
+        daemon.send_signal(signal.SIGHUP)
+        while "reload refused" not in log.read_text():
+            assert time.monotonic() < end + 60, log.read_text()
+            time.sleep(0.05)
+        code, checks = node.doctor()
+        assert code == 7
+        problem = checks["settings"]["problem"]
+        assert "config on disk refused at " in problem and "plugin: network plugin 'brdge' not found" in problem
+        assert "netplugin config check" in checks["settings"]["fix"]
+    finally:
+        daemon.terminate()
+        daemon.wait(60)

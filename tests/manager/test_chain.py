@@ -449,7 +449,7 @@ def test_netplugin_pods_shows_each_member_and_its_state(chain: Any, run_cli: Any
     env = {"NETPLUGIN_PLUGINS": "m1,m2,m3", "NETPLUGIN_NETNS_TEMPLATE": str(netns_dir / "{infra_id}")}
     assert run_cli("setup", *ARGV.split(), env=env).returncode != 0
     table = run_cli("pods", env=env).stdout.splitlines()
-    assert table[1].split()[3] == "setup-interrupted"
+    assert table[1].split()[3] == "rollback-failed"  # the setup failed, and its rollback too
     assert table[1].split()[5] == "m1:torn-down,m2:ready,m3:torn-down"
     [pod] = json.loads(run_cli("-o", "json", "pods", env=env).stdout)["pods"]
     assert [(m["plugin"], m["state"]) for m in pod["chain"]] == [

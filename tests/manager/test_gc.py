@@ -138,7 +138,7 @@ def _healthy(m: Manager, sc: Any, nd: Path) -> None:
     ("break_it", "state_before", "reason"),
     [
         pytest.param(_netns_gone, READY, "its network namespace", id="netns-gone"),
-        pytest.param(_setup_interrupted, SETTING_UP, "its setup was interrupted", id="setup-interrupted"),
+        pytest.param(_setup_interrupted, SETTING_UP, "its setup failed and so did its rollback", id="rollback-failed"),
         pytest.param(_teardown_interrupted, TEARING_DOWN, "its teardown was interrupted", id="teardown-interrupted"),
         pytest.param(_healthy, READY, None, id="healthy-is-kept"),
     ],

@@ -429,10 +429,10 @@ def test_pods_command_lists_records_as_a_table_and_as_json(cli: Any, sc: Any, ne
     assert by_name["dns"]["namespace"] == "kube-system" and by_name["dns"]["path"].endswith(".json")
 
 
-def test_pods_command_tells_an_interrupted_setup(cli: Any, mgr: Any, sc: Any) -> None:
+def test_pods_command_tells_a_failed_rollback(cli: Any, mgr: Any, sc: Any) -> None:
     sc.set("setup", exit=1)
     sc.set("teardown", exit=1)
     with pytest.raises(PluginFailed):
         mgr().setup(POD)
     row = cli("pods").stdout.splitlines()[1].split()
-    assert row[:4] == ["default", "web-0", "infra0", "setup-interrupted"]
+    assert row[:4] == ["default", "web-0", "infra0", "rollback-failed"]

@@ -66,6 +66,7 @@ COMMANDS = {
     "completion": "tools",
     "doctor": "doctor",
     "version": "version",
+    "config": "configcheck",
 }
 
 

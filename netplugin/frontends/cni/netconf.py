@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core._yaml import short_repr
-from netplugin.core.config import Config
+from netplugin.core.config import Config, FileSnapshot
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import replace
 from netplugin.frontends.cni.spec import DEFAULT_NAMESPACE, NO_NETNS, CniError, CniRequest
@@ -84,9 +84,12 @@ _cache: dict[tuple[Any, ...], Config] = {}
 _cache_lock = threading.Lock()
 
 
-def _cache_key(req: CniRequest, environ: Mapping[str, str]) -> tuple[Any, ...] | None:
+def _cache_key(
+    req: CniRequest, environ: Mapping[str, str], snapshot: FileSnapshot | None
+) -> tuple[Any, ...] | None:
     """What build_config's result depends on: the setting keys, NETPLUGIN_* and the config file's
-    identity (inode, size, mtime, ctime: an edited or replaced file is read again). None: uncachable."""
+    identity (the daemon's snapshot of it, else inode, size, mtime, ctime: an edited or replaced
+    file is read again). None: uncachable."""
     from netplugin.core.defaults import DEFAULT_CONFIG
     from netplugin.frontends.wire.codec import dumps
 
@@ -97,28 +100,35 @@ def _cache_key(req: CniRequest, environ: Mapping[str, str]) -> tuple[Any, ...] |
     path = req.conf.get("configFile") or environ.get("NETPLUGIN_CONFIG") or DEFAULT_CONFIG
     if not isinstance(path, str):
         return None
-    try:
-        st = os.stat(path)
-        identity: tuple[int, ...] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    except (OSError, ValueError):
-        identity = None
+    identity: tuple[Any, ...] | None
+    if snapshot is not None and snapshot.path == path:
+        identity = ("snapshot", snapshot.serial)
+    else:
+        try:
+            st = os.stat(path)
+            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except (OSError, ValueError):
+            identity = None
     ours = tuple(sorted((k, v) for k, v in environ.items() if k.startswith("NETPLUGIN_")))
     return settings, ours, path, identity
 
 
-def build_config(req: CniRequest, environ: Mapping[str, str], *, cached: bool = False) -> Config:
+def build_config(
+    req: CniRequest, environ: Mapping[str, str], *, cached: bool = False, snapshot: FileSnapshot | None = None
+) -> Config:
     """The netplugin Config of this call's settings (see :func:`call_options` for the per-call part).
 
     With ``cached`` (the daemon, which serves many calls of few settings), a config built before
     from the same settings, environment and unchanged config file is reused: built once per
-    distinct settings, not per call. Errors are never cached. Raises ConfigError naming the CNI key."""
-    key = _cache_key(req, environ) if cached else None
+    distinct settings, not per call. ``snapshot`` (the daemon's): its config file as it was last
+    taken, used instead of that file. Errors are never cached. Raises ConfigError naming the CNI key."""
+    key = _cache_key(req, environ, snapshot) if cached else None
     if key is not None:
         with _cache_lock:
             hit = _cache.get(key)
         if hit is not None:
             return hit
-    cfg = _build_config(req, environ)
+    cfg = _build_config(req, environ, snapshot)
     if key is not None:
         with _cache_lock:
             if len(_cache) >= _CACHE_SIZE:
@@ -127,7 +137,7 @@ def build_config(req: CniRequest, environ: Mapping[str, str], *, cached: bool = 
     return cfg
 
 
-def _build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
+def _build_config(req: CniRequest, environ: Mapping[str, str], snapshot: FileSnapshot | None) -> Config:
     from netplugin.core.config import load_config
     from netplugin.core.errors import ConfigError
 
@@ -168,7 +178,7 @@ def _build_config(req: CniRequest, environ: Mapping[str, str]) -> Config:
     if "netns_template" in overrides:
         raise ConfigError(where["netns_template"], "is set per call from CNI_NETNS by the CNI shim", source=src)
     try:
-        cfg = load_config(path, environ=environ, overrides=overrides)
+        cfg = load_config(path, environ=environ, overrides=overrides, snapshot=snapshot)
         if not cfg.chain:  # the CLI's default, no-op, would make every ADD "succeed" with no network
             raise ConfigError("plugin", _PLUGIN_REQUIRED, source=src)
     except ConfigError as e:

@@ -50,7 +50,7 @@ from netplugin.frontends.wire.codes import (
 from netplugin.frontends.wire.protocol import version_answer
 
 if TYPE_CHECKING:
-    from netplugin.core.config import Config
+    from netplugin.core.config import Config, FileSnapshot
     from netplugin.core.plugin import PodNetworkStatus
     from netplugin.manager.manager import CallOptions, Manager
 
@@ -74,13 +74,14 @@ class DaemonSide:
 
     ``manager`` is the daemon's own (its plugin, init marker, host, state store, locks);
     ``fingerprint`` its settings, which the call's must equal; ``timed(op, fn)`` runs a pod
-    action under its metrics (``op``: setup, teardown or status); ``environ`` the daemon's
-    environment, on which the call's ``CNI_*`` variables are laid for the plugin.
+    action under its metrics (``op``: setup, teardown or status); ``snapshot`` its config file as
+    it read it last: the call's settings are built on it, not on the file as it is now.
     """
 
     manager: Manager
     fingerprint: dict[str, Any]
     timed: Callable[[str, Callable[[], Any]], Any]
+    snapshot: FileSnapshot | None = None
 
 
 class _Ops:
@@ -315,7 +316,7 @@ def _dispatch(
     from netplugin.core.errors import ConfigError, NetpluginError
 
     try:
-        cfg = build_config(req, environ, cached=daemon is not None)
+        cfg = build_config(req, environ, cached=daemon is not None, snapshot=daemon.snapshot if daemon else None)
     except ConfigError:
         raise  # code 7 naming the key, for STATUS too
     except NetpluginError as e:

@@ -5,7 +5,9 @@ call), so the daemon builds it from what they send, with the same code and prece
 would have used, and serves the request only when that config's fingerprint equals its own and
 its ``use_daemon`` is not ``never``. Otherwise it raises DaemonUnavailable before doing anything,
 and the caller does the work itself. A bad setting is the same ConfigError the caller would
-have met alone.
+have met alone. The config file they name is taken as the daemon read it at its last successful
+(re)load when it is the daemon's own file: an edit on disk takes effect when the daemon takes it
+(SIGHUP), not call by call; another file is read as it is.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from netplugin.core._yaml import short_repr
-from netplugin.core.config import Config, load_config
+from netplugin.core.config import Config, FileSnapshot, load_config
 from netplugin.core.defaults import DEFAULT_CONFIG
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument
 from netplugin.frontends.cni.operations import DaemonSide, Refused, run
 from netplugin.frontends.cni.spec import LATEST, CniError
+from netplugin.frontends.daemon.reconfig import Live
 from netplugin.frontends.wire.codes import CNI_INVALID_ENV
 from netplugin.frontends.wire.fingerprint import differing_settings, fingerprint
-from netplugin.manager.manager import Manager
 
 __all__ = ["check_settings", "environ_problem", "run_cni", "run_cni_call"]
 
@@ -38,7 +40,7 @@ def _str_map(value: Any, what: str) -> dict[str, str]:
     return dict(value)
 
 
-def check_settings(settings: Any, own: dict[str, Any], socket_path: str) -> Config:
+def check_settings(settings: Any, live: Live, socket_path: str) -> Config:
     """The caller's config from its raw ``settings``; DaemonUnavailable unless it is the daemon's."""
     if not isinstance(settings, dict):
         raise InvalidArgument("settings", type(settings).__name__, "must be an object")
@@ -47,10 +49,10 @@ def check_settings(settings: Any, own: dict[str, Any], socket_path: str) -> Conf
         raise InvalidArgument("settings.config_path", path, "must be a string")
     environ = _str_map(settings.get("environ", {}), "settings.environ")
     overrides = _str_map(settings.get("overrides", {}), "settings.overrides")
-    cfg, print_ = _config_of(path or None, environ, overrides)
+    cfg, print_ = _config_of(path or None, environ, overrides, live.snapshot)
     if cfg.use_daemon == "never":
         raise DaemonUnavailable(socket_path, "the caller's settings say use_daemon: never")
-    differ = differing_settings(own, print_)
+    differ = differing_settings(live.fingerprint, print_)
     if differ:
         raise DaemonUnavailable(socket_path, f"it runs with different settings ({', '.join(differ)})")
     return cfg
@@ -63,23 +65,31 @@ _BUILT_LOCK = threading.Lock()
 _BUILT_SIZE = 64
 
 
-def _config_of(path: str | None, environ: dict[str, str], overrides: dict[str, str]) -> tuple[Config, dict[str, Any]]:
+def _config_of(
+    path: str | None, environ: dict[str, str], overrides: dict[str, str], snapshot: FileSnapshot | None
+) -> tuple[Config, dict[str, Any]]:
     """:func:`load_config` of these settings and its fingerprint, built once per distinct settings.
 
-    The key holds the config file's identity (inode, size, mtime, ctime) as ``load_config`` would
-    find the file, so an edited or replaced file is read again. Errors are never cached."""
+    The key holds the daemon's snapshot when it is of this file, else the file's identity (inode,
+    size, mtime, ctime) as ``load_config`` would find it, so an edited or replaced file is read
+    again. Errors are never cached."""
+
     file_path = path or environ.get("NETPLUGIN_CONFIG") or DEFAULT_CONFIG
-    try:
-        st = os.stat(file_path)
-        identity: tuple[int, ...] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    except (OSError, ValueError):
-        identity = None
+    identity: tuple[Any, ...] | None
+    if snapshot is not None and snapshot.path == file_path:
+        identity = ("snapshot", snapshot.serial)
+    else:
+        try:
+            st = os.stat(file_path)
+            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except (OSError, ValueError):
+            identity = None
     key = (path, file_path, identity, tuple(sorted(environ.items())), tuple(sorted(overrides.items())))
     with _BUILT_LOCK:
         hit = _BUILT.get(key)
     if hit is not None:
         return hit
-    cfg = load_config(path, environ=environ, overrides=overrides)
+    cfg = load_config(path, environ=environ, overrides=overrides, snapshot=snapshot)
     built = (cfg, fingerprint(cfg))
     with _BUILT_LOCK:
         if len(_BUILT) >= _BUILT_SIZE:
@@ -99,26 +109,21 @@ def environ_problem(environ: Mapping[str, str]) -> str | None:
 
 
 def run_cni(
-    req: dict[str, Any],
-    manager: Manager,
-    own: dict[str, Any],
-    socket_path: str,
-    timed: Callable[[str, Callable[[], Any]], Any],
+    req: dict[str, Any], live: Live, socket_path: str, timed: Callable[[str, Callable[[], Any]], Any]
 ) -> dict[str, Any]:
     """Op ``cni``: one CNI call of the shim, run here; ``{"code": exit status, "doc": document}``."""
     environ = _str_map(req.get("environ"), "environ")
     stdin = req.get("stdin")
     if not isinstance(stdin, str):
         raise InvalidArgument("stdin", type(stdin).__name__, "must be a string")
-    code, doc = run_cni_call(environ, stdin.encode(), manager, own, socket_path, timed)
+    code, doc = run_cni_call(environ, stdin.encode(), live, socket_path, timed)
     return {"code": code, "doc": doc}
 
 
 def run_cni_call(
     environ: dict[str, str],
     stdin: bytes,
-    manager: Manager,
-    own: dict[str, Any],
+    live: Live,
     socket_path: str,
     timed: Callable[[str, Callable[[], Any]], Any],
 ) -> tuple[int, dict[str, Any] | None]:
@@ -132,6 +137,6 @@ def run_cni_call(
         return 1, CniError(CNI_INVALID_ENV, problem).to_dict(LATEST)
 
     try:
-        return run(environ, stdin, daemon=DaemonSide(manager, own, timed))
+        return run(environ, stdin, daemon=DaemonSide(live.manager, live.fingerprint, timed, live.snapshot))
     except Refused as e:
         raise DaemonUnavailable(socket_path, str(e)) from None

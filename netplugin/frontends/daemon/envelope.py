@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument
+from netplugin.core.names import PodRef
 from netplugin.frontends.wire.fingerprint import differing_settings
-from netplugin.frontends.wire.protocol import OPS, PROTOCOL_VERSION
+from netplugin.frontends.wire.protocol import OPS, POD_OPS, PROTOCOL_VERSION
 
-__all__ = ["check_request"]
+__all__ = ["check_request", "pod_of", "pod_text"]
 
 
 def check_request(req: Any, own: dict[str, Any], socket_path: str) -> dict[str, Any]:
@@ -29,3 +30,22 @@ def check_request(req: Any, own: dict[str, Any], socket_path: str) -> dict[str, 
     if theirs is not None and (differ := differing_settings(own, theirs)):
         raise DaemonUnavailable(socket_path, f"it runs with different settings ({', '.join(differ)})")
     return req
+
+
+def _text(req: dict[str, Any], key: str) -> str:
+    value = req.get(key)
+    if not isinstance(value, str):
+        raise InvalidArgument(key.replace("_", " "), value, "must be a string")
+    return value
+
+
+def pod_of(req: dict[str, Any]) -> PodRef:
+    """The pod a pod op names; InvalidArgument naming the field that is not a string."""
+    return PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
+
+
+def pod_text(req: Any) -> str:
+    """The pod of a pod request for a log line ("" for other requests)."""
+    if isinstance(req, dict) and req.get("op") in POD_OPS:
+        return f"{req.get('namespace')}/{req.get('pod')} ({req.get('infra_id')})"
+    return ""

@@ -19,7 +19,7 @@ from typing import Any
 from netplugin import __version__
 from netplugin.core.errors import SystemFailure
 
-__all__ = ["BUCKETS", "INVALID_OP", "OPERATION_TYPES", "SERIES", "Metrics", "Series", "family"]
+__all__ = ["BUCKETS", "INVALID_OP", "OPERATION_TYPES", "SERIES", "Metrics", "Series", "family", "make_metric"]
 
 #: protocol op -> the kubelet's ``operation_type`` label
 OPERATION_TYPES = {"setup": "set_up_pod", "teardown": "tear_down_pod", "status": "get_pod_network_status"}
@@ -124,6 +124,16 @@ KUBE_RELISTS = Series(
     "LISTs made again because a watch's revision had left the API server's history (410 Gone).",
     "host: kube",
 )
+GC_RUNS = Series(
+    "netplugin_gc_runs_total",
+    "counter",
+    ("trigger", "outcome"),
+    "GC runs of the daemon, by trigger (start, periodic, pod-deleted) and outcome (ok, failed).",
+)
+GC_FREED = Series("netplugin_gc_freed_total", "counter", ("kind",), "What the daemon's GC runs freed, by kind.")
+REPAIRS = Series(
+    "netplugin_repairs_total", "counter", ("kind",), "What the daemon put back after the kernel lost it, by kind."
+)
 
 #: Every series the daemon exports, the kubelet's first. A new series is a new row here.
 SERIES: tuple[Series, ...] = (
@@ -142,10 +152,13 @@ SERIES: tuple[Series, ...] = (
     KUBE_REQUESTS,
     KUBE_WATCH_EVENTS,
     KUBE_RELISTS,
+    GC_RUNS,
+    GC_FREED,
+    REPAIRS,
 )
 
 
-def _make(series: Series, registry: Any) -> Any:
+def make_metric(series: Series, registry: Any) -> Any:
     """The prometheus_client metric for a row of :data:`SERIES`, on ``registry``."""
     from prometheus_client import Counter, Gauge, Histogram
 
@@ -177,13 +190,13 @@ class Metrics:
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry: CollectorRegistry = CollectorRegistry()
         prometheus_client.ProcessCollector(registry=self.registry)
-        self.duration = _make(KUBELET_DURATION, self.registry)
-        self.total = _make(KUBELET_TOTAL, self.registry)
-        self.errors = _make(KUBELET_ERRORS, self.registry)
-        self.in_flight = _make(IN_FLIGHT, self.registry)
-        self.requests = _make(REQUESTS, self.registry)
-        self.member = _make(MEMBER_DURATION, self.registry)
-        _make(BUILD_INFO, self.registry).labels(__version__, platform.python_version()).set(1)
+        self.duration = make_metric(KUBELET_DURATION, self.registry)
+        self.total = make_metric(KUBELET_TOTAL, self.registry)
+        self.errors = make_metric(KUBELET_ERRORS, self.registry)
+        self.in_flight = make_metric(IN_FLIGHT, self.registry)
+        self.requests = make_metric(REQUESTS, self.registry)
+        self.member = make_metric(MEMBER_DURATION, self.registry)
+        make_metric(BUILD_INFO, self.registry).labels(__version__, platform.python_version()).set(1)
         for otype in OPERATION_TYPES.values():
             # Present from the start, so a dashboard sees zeros rather than nothing.
             self.duration.labels(otype)

@@ -97,5 +97,8 @@ async def run_frame(
             code, doc = await in_thread(lambda: run(environ, stdin, *run_args))
     except DaemonUnavailable as e:
         return encode_unavailable(e.message), "DaemonUnavailable"
+    except Exception as e:  # a bug: the shim still gets an answer (it falls back), never a dropped call
+        log.exception("internal error in a framed cni call")
+        return encode_unavailable(f"internal error: {type(e).__name__}: {e}"), "InternalError"
     log_call(conf_of(stdin), environ, code, doc, "daemon", time.monotonic() - start, peer_pid)
     return _answer(code, doc), "ok" if code == 0 else "failed"

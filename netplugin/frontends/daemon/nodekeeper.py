@@ -39,7 +39,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError, NetpluginError
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
     from netplugin.core.config import Config
+    from netplugin.frontends.daemon.kernelwatch import KernelWatch
     from netplugin.hosts import Host
     from netplugin.nodenet.egress import Egress, EgressRules
     from netplugin.nodenet.forward import Forward
@@ -66,6 +67,9 @@ log = logging.getLogger("netplugin.nodes")
 
 #: how often nodes are re-read from a host that cannot watch (files are cheap to read)
 STATIC_POLL = 2.0
+#: how long the daemon's start waits for the first pass of a host without watches (a bound: the
+#: pass reads files and the kernel; its nft call has its own time limit)
+FIRST_PASS_WAIT = 30.0
 
 
 class NodeKeeper:
@@ -79,9 +83,11 @@ class NodeKeeper:
         routes: RouteTable | None = None,
         egress: Egress | None = None,
         forward: Forward | None = None,
+        on_pod_deleted: Callable[[str, str], None] | None = None,
     ) -> None:
         self.config = config
         self.host = host
+        self.on_pod_deleted = on_pod_deleted  #: told (namespace, name) of each Pod of this node deleted
         self.routes = routes
         if routes is None and config.node_routes:
             self.routes = RouteTable(host.node_name, cluster_cidrs=config.cluster_cidrs)
@@ -109,7 +115,12 @@ class NodeKeeper:
         self.syncs = 0
         self.last_sync: float | None = None
         self.sync_seconds = 0.0
+        #: kernel changes that may have hit what is netplugin's (see .kernelwatch), and the repairs made
+        self._repair: set[str] = set()
+        self.repairs: Counter[str] = Counter()
+        self._watch: KernelWatch | None = None
         self._kick = threading.Event()
+        self._first = threading.Event()  #: the first pass is over (whatever it found)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -117,14 +128,31 @@ class NodeKeeper:
     # --- life cycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start watching; a host without watches answers at once, so its first pass (routes and
+        egress) is waited for: done before the socket opens. Every pass runs on the keeper's own
+        thread, never the caller's: pyroute2 runs an event loop of its own, which cannot run
+        inside the daemon's."""
         if self.cluster is not None:
-            self.cluster.start_watching(self.kick)
-        else:
-            self.sync()  # a host without watches answers at once: routes and egress before the socket opens
+            self.cluster.start_watching(self.kick, on_pod_deleted=self.on_pod_deleted)
+        if self.routes is not None or self.egress is not None:
+            from netplugin.frontends.daemon.kernelwatch import KernelWatch
+            from netplugin.nodenet.routes import RTPROT_NETPLUGIN
+
+            watch = KernelWatch(self.repair, route_protocol=RTPROT_NETPLUGIN)
+            try:
+                watch.start()
+                self._watch = watch
+            except OSError as e:  # routes and egress are still kept, by the periodic pass only
+                watch.stop()
+                log.warning("cannot watch the kernel's route changes (%s): no self-repair", e)
         self._thread = threading.Thread(target=self._loop, name="netplugin-nodes", daemon=True)
         self._thread.start()
+        if not self.watching:
+            self._first.wait(FIRST_PASS_WAIT)
 
     def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
         self._stop.set()
         self._kick.set()
         if self._thread is not None:
@@ -146,6 +174,34 @@ class NodeKeeper:
         """Something changed: look again now (called on watch threads)."""
         self._kick.set()
 
+    def repair(self, kinds: set[str]) -> None:
+        """The kernel changed where netplugin's ``kinds`` ("route", "egress") live: check them now."""
+        with self._lock:
+            self._repair |= kinds
+        self._kick.set()
+
+    def _repair_now(self, kinds: set[str]) -> None:
+        """Put back what a kernel change removed (on the keeper's thread, which owns the routes)."""
+        start = time.monotonic()
+        egress_gone = False
+        if "egress" in kinds and self.egress is not None and self.egress_rules is not None and not self.departed:
+            try:
+                egress_gone = not self.egress.present()
+            except NetpluginError as e:
+                log.error("repair: cannot check the egress table: %s", e.message)
+        if not egress_gone and "route" not in kinds:
+            return
+        self.sync(force=True)
+        fixed = []
+        if egress_gone and self.egress_rules is not None:
+            fixed.append(("egress", f"nftables table inet {self.egress.table if self.egress else ''} reinstalled"))
+        added = self.report.added if self.report is not None else ()
+        if "route" in kinds and added:
+            fixed.append(("route", f"routes re-added: {', '.join(added)}"))
+        for kind, what in fixed:
+            self.repairs[kind] += 1
+            log.warning("repair (%s) in %.3fs: %s", kind, time.monotonic() - start, what)
+
     def _synced(self) -> bool:
         cache = self.cluster.cache if self.cluster is not None else None
         return cache is not None and bool(cache.nodes.synced.is_set())
@@ -154,6 +210,10 @@ class NodeKeeper:
         poll = self.config.node_resync if self.watching else min(self.config.node_resync, STATIC_POLL)
         last_full = 0.0
         while not self._stop.is_set():
+            with self._lock:
+                repair, self._repair = self._repair, set()
+            if repair and self.nodes is not None:
+                self._repair_now(repair)
             if self.watching and not self._synced():
                 self._kick.wait(0.2)  # until the first LIST is in: never act on an empty view
                 continue
@@ -161,8 +221,11 @@ class NodeKeeper:
             self._kick.clear()
             # A kick (any Node event, status heartbeats included) acts only when a node's name, pod
             # CIDRs or InternalIPs changed; the periodic pass re-checks the kernel regardless.
-            if self.sync(force=due) and due:
-                last_full = time.monotonic()
+            try:
+                if self.sync(force=due) and due:
+                    last_full = time.monotonic()
+            finally:
+                self._first.set()
             self._kick.wait(poll)
 
     # --- one pass ----------------------------------------------------------------------------------
@@ -285,6 +348,7 @@ class NodeKeeper:
                 "last_sync": self.last_sync,
                 "last_sync_seconds": round(self.sync_seconds, 4),
                 "error": self.error,
+                "repairs": dict(self.repairs),
             }
             if self.report is not None:
                 out.update(self.report.to_dict())
@@ -352,6 +416,10 @@ class _Collector:
         yield by_kind
         yield family(metrics.NODES, value=len(nodes or []))
         yield family(metrics.NODE_SYNCS, value=syncs)
+        repairs = family(metrics.REPAIRS)
+        for kind in ("route", "egress"):
+            repairs.add_metric([kind], k.repairs[kind])
+        yield repairs
         if k.cluster is not None:
             yield from _cluster_metrics(k.cluster)
 

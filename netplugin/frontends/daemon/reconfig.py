@@ -1,9 +1,12 @@
 """SIGHUP's settings half: what changed in the config file, and whether the daemon can take it live.
 
 The daemon re-reads its config exactly as it was started (same file, environment and flags). Plugin
-settings (the plugin, its dirs and env, time limits, permissions, rollback...) are taken at once: a
-new manager serves every request from then on, while requests already running finish with the one
-they started with. What the daemon holds open or keeps running from the settings it started with
+settings (the plugin, its dirs and env, time limits, permissions, rollback...) are checked whole
+first (:mod:`netplugin.manager.check`: the file parses, each chain member is found and trusted, its
+init ran where its version or settings changed); then a new manager serves every request, while
+requests already running finish with the one they started with. A check that fails keeps the
+running settings and manager, and ``health`` says "config on disk refused at <time>: <key>: <reason>"
+until a reload is taken. What the daemon holds open or keeps running from the settings it started with
 (its socket, its metrics listener, its host and its node watches, routes and egress) cannot be
 swapped under it: a change there keeps the running settings whole, and the log and ``health`` say
 which keys need ``systemctl restart netplugin``. Either way the daemon and a caller reading the file
@@ -13,18 +16,30 @@ and runs the call itself, or fails with CNI error 11 under ``use_daemon: always`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import NetpluginError
 from netplugin.core.plaindata import dataclass, fields
 from netplugin.frontends.wire.fingerprint import fingerprint
-from netplugin.manager.manager import Manager
+from netplugin.manager.check import Refusal, checked_manager, refusal_of
 
 if TYPE_CHECKING:
-    from netplugin.core.config import Config
+    from netplugin.core.config import Config, FileSnapshot
+    from netplugin.manager.manager import Manager
 
-__all__ = ["RESTART_KEYS", "Live", "Reconfig", "plan", "reload_settings"]
+__all__ = [
+    "RESTART_KEYS",
+    "Live",
+    "Reconfig",
+    "Refusal",
+    "Reloaded",
+    "Reread",
+    "plan",
+    "refused_text",
+    "reload_settings",
+]
 
 #: settings the running daemon cannot take live (its socket, listener, host and node machinery)
 RESTART_KEYS = frozenset(
@@ -76,31 +91,72 @@ def plan(old: Config, new: Config) -> Reconfig:
     return Reconfig(changed, tuple(k for k in changed if k in RESTART_KEYS))
 
 
+#: re-reads the daemon's settings as it was started: (the config, the file it was built from)
+Reread = Callable[[], "tuple[Config, FileSnapshot | None]"]
+
+
 @dataclass(frozen=True)
 class Live:
-    """The settings the daemon serves with and what was built from them, swapped whole on reload."""
+    """The settings the daemon serves with and what was built from them, swapped whole on reload.
+
+    ``snapshot`` is the config file as read for them: calls forwarded by a shim or the CLI build
+    their settings on it, not on the file as it is now (None: they read the file)."""
 
     config: Config
     manager: Manager
     fingerprint: dict[str, Any]
+    snapshot: FileSnapshot | None = None
 
     @classmethod
-    def of(cls, config: Config, manager: Manager) -> Live:
-        return cls(config, manager, fingerprint(config))
+    def of(cls, config: Config, manager: Manager, snapshot: FileSnapshot | None = None) -> Live:
+        return cls(config, manager, fingerprint(config), snapshot)
 
 
-def reload_settings(live: Live, reread: Callable[[], Config]) -> tuple[Live, str, bool]:
-    """(what to serve with now, what happened, whether that is fine). Never raises a NetpluginError."""
+@dataclass(frozen=True)
+class Reloaded:
+    """What a reload did: what to serve with now, what to log, whether that is fine, and the
+    refusal of the config on disk (None: it was taken, or needs only a restart)."""
+
+    live: Live
+    text: str
+    ok: bool
+    refused: Refusal | None = None
+
+
+def _refused(live: Live, refusal: Refusal) -> Reloaded:
+    return Reloaded(live, f"not reloaded: {refusal.text()}; the daemon keeps its running settings", False, refusal)
+
+
+def reload_settings(live: Live, reread: Reread | None) -> Reloaded:
+    """Re-read the file, then select and initialise its chain on a new manager; swap only when all
+    of it worked. ``reread`` None: the settings as started, the exec dir scanned again. Never raises
+    a NetpluginError: a failure keeps ``live`` whole and says which key and why."""
+    new, snapshot = live.config, live.snapshot
+    text = "settings unchanged"
+    if reread is not None:
+        try:
+            new, read = reread()
+        except NetpluginError as e:
+            return _refused(live, refusal_of(e, None))
+        change = plan(live.config, new)
+        text = change.text()
+        if change.restart:
+            return Reloaded(live, text, False)
+        if change.live:
+            snapshot = read
+        else:
+            new = live.config
     try:
-        new = reread()
+        # The host (and so the node watches) stays: its settings are among those that need a restart.
+        manager = checked_manager(new, host=live.manager.host, init=True)
     except NetpluginError as e:
-        return live, f"not reloaded: {e.message}; the daemon keeps its running settings", False
-    change = plan(live.config, new)
-    if not change.live:
-        return live, change.text(), not change.restart
-
-    # The host (and so the node watches) stays: its settings are among those that need a restart.
-    manager = Manager(new, host=live.manager.host)
+        return _refused(live, refusal_of(e, new))
     manager.observe = live.manager.observe  # the daemon's per-member metrics go on
     manager.on_action = live.manager.on_action  # and its log of pod actions
-    return Live.of(new, manager), change.text(), True
+    return Reloaded(Live.of(new, manager, snapshot), text, True)
+
+
+def refused_text(refusal: Refusal, at: float | None = None) -> str:
+    """What ``health`` and ``doctor`` say of a refused reload (``at``: its wall time, default now)."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if at is None else at))
+    return f"config on disk refused at {when}: {refusal.text()}"

@@ -28,12 +28,12 @@ on a unix socket; see that module for the protocol.
   CIDRs (``node_routes``) and reports what it cannot route, in its health answer (``node``) and as
   ``netplugin_node_*`` and ``netplugin_kube_*`` metrics; with ``cluster_cidrs`` it installs the egress
   masquerade (``table inet netplugin``, removed at stop) and the FORWARD accepts (kept).
-* **SIGHUP** re-reads the config file as started and takes the new settings
-  (:mod:`.reconfig`), rescans the exec dir, selects the plugin again and runs its init if
-  its version changed (``RELOADING=1`` ... ``READY=1`` to systemd around it); a plugin it drops
-  that recorded pods still need is named in health (``plugins_still_needed``). Under
-  ``WatchdogSec=`` the event loop pings ``WATCHDOG=1``; log lines get journald's
-  ``<N>`` priority prefixes when stderr is the journal (:mod:`.systemd`).
+* **GC** runs at start before ``READY=1``, periodically and after Pod deletions (:mod:`.gckeeper`).
+* **SIGHUP** re-reads the config file as started, checks it whole (chain found, trusted, init
+  where changed) and swaps only then, or keeps its settings and says why (:mod:`.reconfig`;
+  ``RELOADING=1`` ... ``READY=1`` around it); a plugin it drops that recorded pods still need is
+  named in health (``plugins_still_needed``). Under ``WatchdogSec=`` the loop pings
+  ``WATCHDOG=1``; log lines get journald's ``<N>`` prefixes on the journal (:mod:`.systemd`).
 * **SIGTERM** (or SIGINT) stops accepting, removes the socket (new callers then work alone),
   answers requests already read, waits for operations in flight (each bounded) and exits 0.
 """
@@ -50,7 +50,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -58,17 +57,17 @@ from netplugin import __version__
 from netplugin.core._yaml import load_json
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
 from netplugin.core.execplugin.invoke import adopt_orphans, reap_adopted
-from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass
 from netplugin.frontends.daemon.actionlog import log_action, log_refusal
 from netplugin.frontends.daemon.cnicalls import check_settings, run_cni, run_cni_call
-from netplugin.frontends.daemon.envelope import check_request
+from netplugin.frontends.daemon.envelope import check_request, pod_of, pod_text
+from netplugin.frontends.daemon.gckeeper import GcKeeper
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
 from netplugin.frontends.daemon.nativecalls import read_frame, run_frame
 from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 from netplugin.frontends.daemon.podqueue import Turns
-from netplugin.frontends.daemon.reconfig import Live, reload_settings
+from netplugin.frontends.daemon.reconfig import Live, Reread, refused_text, reload_settings
 from netplugin.frontends.daemon.records import gc_answer, pods_answer, still_needed_answer
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.wire.codes import error_classes
@@ -86,7 +85,7 @@ from netplugin.plugins.bounded import stuck_calls
 from netplugin.plugins.hostport import HOSTPORT_NAME
 
 if TYPE_CHECKING:
-    from netplugin.core.config import Config
+    from netplugin.core.config import Config, FileSnapshot
 
 __all__ = ["MAX_WORKERS", "Daemon", "serve"]
 
@@ -114,11 +113,14 @@ class Daemon:
         *,
         notify_socket: str | None = None,
         watchdog: Watchdog | None = None,
-        reread: Callable[[], Config] | None = None,
+        reread: Reread | None = None,
+        snapshot: FileSnapshot | None = None,
     ) -> None:
-        self._live = Live.of(config, manager)
+        self._live = Live.of(config, manager, snapshot)
         self.reread = reread  #: the config as the daemon was started (SIGHUP); None: rescan only
         self.settings_status = "as started"
+        #: "config on disk refused at <time>: <key>: <reason>" since a reload was refused, till one is taken
+        self.refused: str | None = None
         self.socket_path = config.socket_path
         self.notify_socket = notify_socket
         self.watchdog = watchdog
@@ -126,7 +128,8 @@ class Daemon:
         manager.observe = self.metrics.observe_member  # per chain member, of every pod action
         manager.on_action = log_action  # one log line per pod action
         self.metrics_address: str | None = None
-        self.nodes = NodeKeeper(config, manager.host)
+        self.gc = GcKeeper(lambda: self._live.manager, self.metrics.registry)
+        self.nodes = NodeKeeper(config, manager.host, on_pod_deleted=self.gc.pod_deleted)
         self.nodes.register(self.metrics.registry)
         self.stats = _Stats(started=time.monotonic())
         self._plugin: str | None = None
@@ -177,40 +180,35 @@ class Daemon:
                 log.warning("cannot make spare inodes: %s", e)
 
     def reload(self) -> None:
-        """SIGHUP: re-read the settings, rescan the exec dir, select the plugin, run init if needed."""
+        """SIGHUP: re-read the settings and select and initialise their chain; swap only if all worked."""
         with self._reload_lock:
-            self._reread()
-            log.info("rescanning plugins")
-            try:
-                self.manager.rescan()
-            except NetpluginError as e:
-                self._plugin, self._plugin_problem = None, e.message
-                log.error("rescan: %s", e.message)
+            done = reload_settings(self._live, self.reread)
+            self.settings_status = done.text
+            if done.refused is None:
+                self._chain_changed |= done.live.config.chain != self.config.chain
+                self._live, self.refused = done.live, None
+                (log.info if done.ok else log.error)("reload: %s", done.text)
+                if done.ok:
+                    self.prepare()
             else:
-                self.prepare()
+                self.refused = refused_text(done.refused)
+                log.error("reload refused: %s; serving the running settings", done.refused.text())
             self.stats.reloads += 1
-
-    def _reread(self) -> None:
-        """The settings half of a reload (see :mod:`.reconfig`); never raises."""
-        if self.reread is not None:
-            live, self.settings_status, ok = reload_settings(self._live, self.reread)
-            (log.info if ok else log.error)("reload: %s", self.settings_status)
-            self._chain_changed |= live.config.chain != self.config.chain
-            self._live = live
+            self.gc.kick()  # gc_interval may have changed
 
     def dispatch(self, req: dict[str, Any]) -> Any:
         """Run one request (in a worker thread); returns the result or raises NetpluginError."""
         op = req["op"]
         if op == "cni":
             live = self._live  # one snapshot: a reload meanwhile does not mix two settings
-            result = run_cni(req, live.manager, live.fingerprint, self.socket_path, self.metrics.timed)
+            result = run_cni(req, live, self.socket_path, self.metrics.timed)
             if result["code"] == 0:
                 self._plugin_ok()
             return result
         if "settings" in req:
-            check_settings(req["settings"], self.fingerprint, self.socket_path)
+            check_settings(req["settings"], self._live, self.socket_path)
         if op in POD_OPS:
-            pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
+            pod = pod_of(req)
             answer = run_pod_op(self.manager, op, pod)  # timed in _answer, with the wait for the pod's turn
             self._plugin_ok()
             return answer
@@ -227,9 +225,13 @@ class Daemon:
         raise InvalidArgument("op", op, f"must be one of {', '.join(OPS)}")
 
     def _plugin_ok(self) -> None:
-        """An action succeeded, so the plugin is usable (a problem logged at start or reload is over)."""
+        """A call succeeded: if it ran the plugin, a problem logged at start or reload is over."""
         if self._plugin_problem is not None:
-            self._plugin, self._plugin_problem = ",".join(self.manager.chain_names), None
+            try:
+                chain = ",".join(self.manager.chain_names)
+            except NetpluginError:
+                return  # the call needed no plugin (a CNI VERSION): the problem stands
+            self._plugin, self._plugin_problem = chain, None
 
     def health(self) -> dict[str, Any]:
         return {
@@ -247,7 +249,9 @@ class Daemon:
             "config": self.fingerprint,
             "config_path": self.config.config_path,
             "settings": self.settings_status,
+            "refused": self.refused,
             "node": self.nodes.status(),
+            "gc": self.gc.last,
             "stuck": [c.to_dict() for c in stuck_calls()],  # in-process actions past their limits
             "plugins_still_needed": still_needed_answer(self.config) if self._chain_changed else {},
         }
@@ -277,7 +281,7 @@ class Daemon:
                 else:
                     result = await asyncio.to_thread(self.dispatch, req)
                 if op not in POD_OPS:  # a pod action has its own line (log_action)
-                    log.debug("%s: ok in %.3fs", op, time.monotonic() - start)
+                    log.debug("%s %s: ok in %.3fs", op, pod_text(req), time.monotonic() - start)
             self.metrics.requests.labels(op, "ok").inc()
             return {"ok": True, "result": result}
         except NetpluginError as e:
@@ -296,7 +300,7 @@ class Daemon:
 
     async def _pod_request(self, req: dict[str, Any]) -> Any:
         """Run a pod request in a worker once the pod's earlier requests are done (see _pod_turn)."""
-        pod = PodRef(_text(req, "namespace"), _text(req, "pod"), _text(req, "infra_id"))
+        pod = pod_of(req)
         async with self._turns.turn(pod.key, f"pod {pod}"):
             return await asyncio.to_thread(self.dispatch, req)
 
@@ -362,7 +366,7 @@ class Daemon:
             self.stats.requests += 1
             answer, outcome = encode_unavailable("it is shutting down"), "DaemonUnavailable"
             if not self._stopping:
-                args = (self.manager, self.fingerprint, self.socket_path, self.metrics.timed)
+                args = (self._live, self.socket_path, self.metrics.timed)
                 answer, outcome = await run_frame(body, pid, self._turns.turn, asyncio.to_thread, run_cni_call, *args)
                 if outcome == "ok":
                     self._plugin_ok()
@@ -425,6 +429,7 @@ class Daemon:
             # First the caches (a plugin's init may need this node's pod CIDRs), then the plugin.
             self.nodes.start()
             await asyncio.to_thread(self.prepare)
+            await asyncio.to_thread(self.gc.start)  # its first run: before the first ADD is taken
             if self.config.metrics_address != "none":
                 self.metrics_address = self.metrics.serve(self.config.metrics_address)
             # Every call's code loaded now, then the start-up heap (modules, metrics, plugin) frozen:
@@ -458,6 +463,7 @@ class Daemon:
                 server.close()
             if inode is not None:
                 unlink_if(self.socket_path, inode)
+            self.gc.stop()
             self.nodes.stop()
             self.metrics.close()
             unlock_daemon(lock_fd, self.socket_path + ".lock")
@@ -480,14 +486,13 @@ class Daemon:
         return 0
 
 
-def _text(req: dict[str, Any], key: str) -> str:
-    value = req.get(key)
-    if not isinstance(value, str):
-        raise InvalidArgument(key.replace("_", " "), value, "must be a string")
-    return value
-
-
-def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Callable[[], Config] | None = None) -> int:
+def serve(
+    config: Config,
+    *,
+    environ: dict[str, str] | None = None,
+    reread: Reread | None = None,
+    snapshot: FileSnapshot | None = None,
+) -> int:
     """Run the daemon in this process until SIGTERM; returns the exit status.
 
     ``NOTIFY_SOCKET`` and the watchdog's variables are taken out of the environment first: plugins
@@ -501,7 +506,7 @@ def serve(config: Config, *, environ: dict[str, str] | None = None, reread: Call
 
     manager = Manager(config)
     configure_logging(env, config.log_level, config.log_format)
-    daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog, reread=reread)
+    daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog, reread=reread, snapshot=snapshot)
     with asyncio.Runner() as runner:
         status = runner.run(daemon.run())
         if daemon.abandoned:

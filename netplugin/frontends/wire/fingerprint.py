@@ -19,7 +19,17 @@ if TYPE_CHECKING:
 
 # Settings that do not change what an operation does, so caller and daemon may differ in them.
 _NOT_BEHAVIOUR = frozenset(
-    {"config_path", "socket", "metrics_address", "use_daemon", "timeout", "timeouts", "log_level", "log_format"}
+    {
+        "config_path",
+        "socket",
+        "metrics_address",
+        "use_daemon",
+        "timeout",
+        "timeouts",
+        "log_level",
+        "log_format",
+        "gc_interval",
+    }
 )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -170,6 +171,31 @@ def test_the_shim_works_alone_when_the_settings_differ_or_say_never(world: World
     assert fake.env_of("teardown")["NP_TEST_ORIGIN"] == "shim"
     assert [e["via"] for e in world.log_entries()] == ["local", "local"]
     assert "different settings" in world.log.read_text() or "differ" in world.log.read_text()
+
+
+def test_an_edit_on_disk_waits_for_the_daemon_to_take_it(world: World, fake: Any) -> None:
+    """The daemon's settings are the node's: a typo appended to the file changes nothing for the
+    calls it runs until a reload, which refuses it; the shim alone reads the file and says code 7."""
+    world.start_daemon()
+    world.config.write_text(world.config.read_text() + "plugn: x\n")
+    done = world.shim("ADD", world.conf())
+    assert done.returncode == 0, done
+    assert fake.env_of("setup")["NP_TEST_ORIGIN"] == "daemon"
+    assert world.proc is not None
+    world.proc.send_signal(signal.SIGHUP)
+    end = time.monotonic() + 60
+    while world.health()["reloads"] < 1:
+        assert time.monotonic() < end, world.log.read_text()
+        time.sleep(0.05)
+    assert "config on disk refused at " in world.health()["refused"] and "plugn" in world.health()["refused"]
+    done = world.shim("DEL", world.conf())
+    assert done.returncode == 0, done
+    assert fake.env_of("teardown")["NP_TEST_ORIGIN"] == "daemon"
+    assert [e["via"] for e in world.log_entries()] == ["daemon", "daemon"]
+    world.stop_daemon()
+    alone = world.shim("ADD", world.conf())
+    err = json.loads(alone.stdout)
+    assert alone.returncode == 1 and err["code"] == 7 and "plugn" in err["msg"], err
 
 
 def test_without_a_daemon_auto_works_alone_and_always_is_try_again(world: World, fake: Any) -> None:

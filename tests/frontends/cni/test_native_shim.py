@@ -277,3 +277,25 @@ def test_install_sh_refuses_a_native_shim_that_is_not_one(tmp_path: Path, bad: l
     done = subprocess.run(argv, capture_output=True, text=True, env=full, timeout=300, stdin=subprocess.DEVNULL)
     assert done.returncode == code and says in done.stderr, done.stderr
     assert not (tmp_path / "cni-bin-dir" / "netplugin-cni").exists()  # no shim installed at all
+
+
+def test_version_is_answered_while_the_plugin_is_missing(world: World, shims: dict[str, Path]) -> None:
+    world.start_daemon()  # its plugin, fake, is not installed
+    assert world.health()["plugin_problem"]
+    conf = {"cniVersion": "1.0.0", "name": "nptest", "type": "netplugin-cni", "runDir": world.run_dir}
+    for shim in ("native", "cluster"):
+        version = _call(world, shims[shim], "VERSION", conf)
+        assert version.returncode == 0, version
+        assert json.loads(version.stdout)["cniVersion"] == "1.0.0" and "1.1.0" in version.stdout.decode()
+    assert world.health()["requests"] >= 3  # answered by the daemon, not by a fallback
+
+
+def test_a_framed_call_runs_with_the_daemons_settings_not_the_file_on_disk(
+    world: World, fake: Any, shims: dict[str, Path]
+) -> None:
+    world.start_daemon()
+    world.config.write_text(world.config.read_text() + "plugn: x\n")  # edited, not reloaded
+    for shim in ("native", "cluster"):
+        add = _call(world, shims[shim], "ADD", world.conf())
+        assert add.returncode == 0, add
+        assert fake.env_of("setup")["NP_TEST_ORIGIN"] == "daemon"

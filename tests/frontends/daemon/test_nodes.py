@@ -165,7 +165,7 @@ class WatchingHost(FakeHost):
         self.kick: Any = None
         self.requests = {("get", "pods"): 3}
 
-    def start_watching(self, on_change: Any) -> Cache:
+    def start_watching(self, on_change: Any, *, on_pod_deleted: Any = None) -> Cache:
         self.cache, self.kick = Cache(), on_change
         return self.cache
 

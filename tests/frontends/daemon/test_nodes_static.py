@@ -77,7 +77,10 @@ def test_static_node_files_drive_the_routes(netns: str, tmp_path: Path) -> None:
             stderr=subprocess.STDOUT,
         )
     try:
-        wait_for(lambda: routes(netns) == {"10.206.130.0/24": "10.206.0.12"})
+        # the first pass is done before the socket opens, with no error on the way
+        wait_for(lambda: (tmp_path / "run" / "netplugin.sock").exists(), timeout=60)
+        assert routes(netns) == {"10.206.130.0/24": "10.206.0.12"}, log.read_text()
+        assert "cannot reconcile" not in log.read_text() and "ERROR" not in log.read_text(), log.read_text()
         node_file(nodes, "peer", "10.206.130.0/24", "10.206.0.22")  # the peer moved
         node_file(nodes, "far", "10.206.131.0/24", "10.206.7.7")  # not on our segment
         wait_for(lambda: routes(netns) == {"10.206.130.0/24": "10.206.0.22"})

@@ -60,3 +60,40 @@ def test_sighup_rereads_the_config_file(
     if "taken" not in said:
         assert after["config"] == before["config"]  # the running settings, whole
     assert after["plugin"] == "scripted" and after["pid"] == before["pid"]
+
+
+@pytest.mark.parametrize(
+    ("edited", "key"),
+    [
+        pytest.param("plugin: scrpted\n", "plugin: network plugin 'scrpted' not found", id="missing-plugin"),
+        pytest.param("plugins: [scripted, gone]\n", "plugins: ", id="missing-chain-member"),
+        pytest.param(BASE + "plugn: x\n", "plugn: unknown key", id="typo"),
+    ],
+)
+def test_a_reload_that_cannot_be_served_is_refused_whole(
+    start_daemon: Any, plugin_dir: Any, tmp_path: Path, cli: Any, edited: str, key: str
+) -> None:
+    plugin_dir.install("scripted")
+    config = tmp_path / "node.yaml"
+    config.write_text(BASE)
+    d = start_daemon("--config", str(config))
+    before = d.health()
+    assert cli("health").returncode == 0
+    config.write_text(edited)
+    d.signal(signal.SIGHUP)
+    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish")
+    after = d.health()
+    assert after["config"] == before["config"] and after["plugin"] == "scripted" and after["plugin_problem"] is None
+    assert after["refused"].startswith("config on disk refused at ") and key in after["refused"], after["refused"]
+    refused_lines = [line for line in d.output().splitlines() if "reload refused" in line]
+    assert len(refused_lines) == 1 and key in refused_lines[0], d.output()
+    probe = cli("health")
+    assert probe.returncode == 7 and "config on disk refused at" in probe.stdout, probe
+    # the running settings still serve a pod
+    assert "ip" in d.call("setup", namespace="default", pod="web", infra_id="c1")
+    # fixed: taken, and the refusal is over
+    config.write_text(BASE + "  NP_B: two\n")
+    d.signal(signal.SIGHUP)
+    wait_for(lambda: d.health()["reloads"] == 2, "the second reload to finish")
+    assert d.health()["refused"] is None and d.health()["config"]["env"] == {"NP_A": "one", "NP_B": "two"}
+    assert cli("health").returncode == 0

@@ -101,15 +101,30 @@ def pods(st: State) -> None:
 @command()
 @click.option("--dry-run", is_flag=True, help="Only show what would be done.")
 @click.option("--no-host-check", is_flag=True, help="Do not ask the host whether recorded pods still exist.")
+@click.option(
+    "--forget",
+    metavar="POD",
+    help="Drop the record of POD (NAMESPACE/NAME[/INFRA_ID]) that can never be torn down, after "
+    "printing what it may have left; nothing is torn down.",
+)
 @pass_state
-def gc(st: State, dry_run: bool, no_host_check: bool) -> None:
+def gc(st: State, dry_run: bool, no_host_check: bool, forget: str | None) -> None:
     """Tear down the recorded pods that are gone or whose setup or teardown was interrupted.
 
     \b
     Examples:
       netplugin gc --dry-run
       netplugin gc
+      netplugin gc --forget default/web-0
     """
+    if forget is not None:
+        from netplugin.manager.forget import forget_pod
+
+        if dry_run:
+            raise click.UsageError("--forget does not take --dry-run: netplugin pods shows the record")
+        done = forget_pod(st.manager, forget)
+        st.emit(done.to_dict(), done.text())
+        return
     remote = st.daemon("gc", dry_run=dry_run or None, check_host=False if no_host_check else None)
     if remote is not LOCAL:
         st.emit(remote["report"], remote["text"])
@@ -120,7 +135,10 @@ def gc(st: State, dry_run: bool, no_host_check: bool) -> None:
         return
     from netplugin.manager.gc import GcIncomplete, run_gc
 
-    report = run_gc(st.manager, dry_run=dry_run, check_host=not no_host_check)
+    def progress(line: str) -> None:
+        click.echo(f"gc: {line}", err=True)
+
+    report = run_gc(st.manager, dry_run=dry_run, check_host=not no_host_check, progress=progress)
     st.emit(report.to_dict(), report.text())
     if report.failed:
         raise GcIncomplete(report.failed)

@@ -6,6 +6,7 @@ import click
 
 from netplugin.frontends.cli.context import State, pass_state
 from netplugin.frontends.cli.options import command
+from netplugin.frontends.wire.codes import EXIT_DOCTOR_PROBLEMS
 
 __all__ = ["health", "serve"]
 
@@ -41,11 +42,18 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None, serve
     st.overrides.update(socket=socket_path, metrics_address=metrics_address)
     if st.verbose > 1 and not st.overrides.get("log_level"):
         st.overrides["log_level"] = "debug"  # -vv, unless --log-level says otherwise
-    from netplugin.core.config import load_config
+    from netplugin.core.config import Config, FileSnapshot, load_config, snapshot_config
     from netplugin.frontends.daemon.server import serve as run_daemon
 
     overrides, path = dict(st.overrides), st.config_path
-    raise click.exceptions.Exit(run_daemon(st.config, reread=lambda: load_config(path, overrides=overrides)))
+
+    def reread() -> tuple[Config, FileSnapshot]:
+        # The file read once: the settings, and what the calls the daemon runs for others build on.
+        snapshot = snapshot_config(path)
+        return load_config(path, overrides=overrides, snapshot=snapshot), snapshot
+
+    config, snapshot = reread()
+    raise click.exceptions.Exit(run_daemon(config, reread=reread, snapshot=snapshot))
 
 
 @command()
@@ -53,6 +61,9 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None, serve
 @pass_state
 def health(st: State, wait: float) -> None:
     """Ask the daemon whether it serves: exit 0 if it does, 6 when nobody answers (a stale socket too).
+
+    Exit 7 when it serves but refused the config on disk at its last reload (it keeps its running
+    settings).
 
     The DaemonSet's liveness and readiness probes run this.
 
@@ -65,4 +76,7 @@ def health(st: State, wait: float) -> None:
 
     h = request(st.config.socket_path, "health", timeout=wait)
     stuck = f"; {len(h['stuck'])} plugin call(s) stuck past their time limits" if h.get("stuck") else ""
-    st.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s{stuck}")
+    refused = f"; {h['refused']}" if h.get("refused") else ""
+    st.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s{stuck}{refused}")
+    if refused:
+        raise click.exceptions.Exit(EXIT_DOCTOR_PROBLEMS)

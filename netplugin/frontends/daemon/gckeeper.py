@@ -1,0 +1,134 @@
+"""GC that nobody has to run: the daemon runs ``gc`` itself (:func:`netplugin.manager.gc.run_gc`).
+
+* **At start**, before the daemon says it is ready: the records of pods lost in a reboot (their
+  network namespaces are gone) are torn down and their addresses freed before the first ADD.
+* **Every** ``gc_interval`` seconds (default 300; 0 turns the periodic run off), on a thread of
+  its own that sleeps in between: no pass touches anything unless its time has come.
+* **When a Pod of this node is deleted** (``host: kube``; the watch says so) and its record is
+  still there once the teardown the runtime should send has had its time (the teardown limit
+  plus the kill grace): one run then, for every pod deleted meanwhile.
+
+Each run keeps gc's rules: a live pod (its namespace there, its Pod known) is never touched, a
+pod whose action is in progress is waited for under its lock and judged again after it. Each run
+is logged with what it freed and counted: ``netplugin_gc_runs_total{trigger,outcome}`` and
+``netplugin_gc_freed_total{kind}`` (kind: ``teardown``, ``set-aside``, ``settle``, ``remove-temp``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from netplugin.core.errors import NetpluginError
+from netplugin.frontends.daemon.metrics import GC_FREED, GC_RUNS, make_metric
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from netplugin.manager.gc import GcReport
+    from netplugin.manager.manager import Manager
+
+__all__ = ["FREED_KINDS", "GcKeeper"]
+
+log = logging.getLogger("netplugin.gc")
+
+#: what a gc run frees, by its action kind (the ``kind`` label)
+FREED_KINDS = ("teardown", "set-aside", "settle", "remove-temp")
+
+
+class GcKeeper:
+    """Runs gc at start, periodically and after pod deletions; one run at a time."""
+
+    def __init__(self, manager: Callable[[], Manager], registry: CollectorRegistry) -> None:
+        self._manager = manager  #: the daemon's manager now (a reload may swap it)
+        self._lock = threading.Lock()  # one run at a time, whatever started it
+        self._wake = threading.Event()
+        self._lock_due = threading.Lock()
+        self._stop = threading.Event()
+        #: when each deleted pod's run is due (monotonic); one run serves every pod due by then
+        self._due_deleted: list[float] = []
+        self._thread: threading.Thread | None = None
+        self.last: dict[str, object] | None = None  #: the last run, for health
+        self.runs = make_metric(GC_RUNS, registry)
+        self.freed = make_metric(GC_FREED, registry)
+        for kind in FREED_KINDS:
+            self.freed.labels(kind)
+
+    def run(self, trigger: str) -> GcReport | None:
+        """One gc run now (on the caller's thread); None when it could not run at all."""
+        from netplugin.manager.gc import run_gc
+
+        with self._lock:
+            start = time.monotonic()
+            try:
+                report = run_gc(self._manager())
+            except NetpluginError as e:
+                log.error("gc (%s) could not run: %s", trigger, e.message)
+                self.runs.labels(trigger, "failed").inc()
+                return None
+            done = [a for a in report.actions if a.outcome == "done"]
+            for a in done:
+                if a.kind in FREED_KINDS:
+                    self.freed.labels(a.kind).inc()
+            outcome = "failed" if report.failed else "ok"
+            self.runs.labels(trigger, outcome).inc()
+            self.last = {"trigger": trigger, "time": time.time(), "freed": len(done), "failed": len(report.failed)}
+            took = time.monotonic() - start
+            if done or report.failed:
+                lines = "; ".join(a.describe() for a in [*done, *report.failed])
+                freed, failed = len(done), len(report.failed)
+                log.info("gc (%s): freed %d, %d failed in %.2fs: %s", trigger, freed, failed, took, lines)
+            else:
+                log.info("gc (%s): nothing to free (%d record(s) checked)", trigger, report.checked)
+            return report
+
+    def pod_deleted(self, namespace: str, name: str) -> None:
+        """A Pod of this node was deleted (called on a watch thread): a run after the grace period."""
+        cfg = self._manager().config
+        due = time.monotonic() + cfg.timeout_for("teardown") + cfg.kill_grace
+        log.debug("pod %s/%s deleted: gc after %.0fs unless its teardown came", namespace, name, due - time.monotonic())
+        with self._lock_due:
+            self._due_deleted.append(due)
+        self._wake.set()
+
+    def kick(self) -> None:
+        """Look at the settings again (a reload may have changed ``gc_interval``)."""
+        self._wake.set()
+
+    def start(self) -> None:
+        """The run at start (pods lost in a reboot give their addresses back before the daemon takes
+        its first ADD), then the thread of the later runs."""
+        self.run("start")
+        self._thread = threading.Thread(target=self._loop, name="netplugin-gc", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _loop(self) -> None:
+        last = time.monotonic()
+        while not self._stop.is_set():
+            interval = self._manager().config.gc_interval
+            now = time.monotonic()
+            with self._lock_due:
+                waits = [min(self._due_deleted) - now] if self._due_deleted else []
+            if interval > 0:
+                waits.append(last + interval - now)
+            if not waits or min(waits) > 0:
+                self._wake.wait(min(waits) if waits else None)
+                self._wake.clear()
+                continue
+            with self._lock_due:
+                deleted = bool(self._due_deleted) and min(self._due_deleted) <= now
+                self._due_deleted = [d for d in self._due_deleted if d > now]
+            if deleted:
+                self.run("pod-deleted")
+            else:
+                self.run("periodic")
+            last = time.monotonic()
