@@ -14,16 +14,18 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 pins=$here/tests/peers
-# group directory (under tests/peers) : Go package : binary name
+# group directory (under tests/peers) : Go package : binary path under DIR [: test, for a suite built with
+# `go test -c`, as critest is]. The CNI plugins go to DIR/cni:
+# their names (bridge, firewall) must not shadow commands when DIR is on a PATH.
 peers=(
-    "cni:github.com/containernetworking/plugins/plugins/main/bridge:bridge"
-    "cni:github.com/containernetworking/plugins/plugins/ipam/host-local:host-local"
-    "cni:github.com/containernetworking/plugins/plugins/main/loopback:loopback"
-    "cni:github.com/containernetworking/plugins/plugins/meta/portmap:portmap"
-    "cni:github.com/containernetworking/plugins/plugins/meta/bandwidth:bandwidth"
-    "cni:github.com/containernetworking/plugins/plugins/meta/firewall:firewall"
+    "cni:github.com/containernetworking/plugins/plugins/main/bridge:cni/bridge"
+    "cni:github.com/containernetworking/plugins/plugins/ipam/host-local:cni/host-local"
+    "cni:github.com/containernetworking/plugins/plugins/main/loopback:cni/loopback"
+    "cni:github.com/containernetworking/plugins/plugins/meta/portmap:cni/portmap"
+    "cni:github.com/containernetworking/plugins/plugins/meta/bandwidth:cni/bandwidth"
+    "cni:github.com/containernetworking/plugins/plugins/meta/firewall:cni/firewall"
     "critools:sigs.k8s.io/cri-tools/cmd/crictl:crictl"
-    "critools:sigs.k8s.io/cri-tools/cmd/critest:critest"
+    "critools:sigs.k8s.io/cri-tools/cmd/critest:critest:test"
     "containerd:github.com/containerd/containerd/v2/cmd/containerd:containerd"
     "containerd:github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2:containerd-shim-runc-v2"
     "containerd:github.com/containerd/containerd/v2/cmd/ctr:ctr"
@@ -47,7 +49,6 @@ jobs=${NETPLUGIN_PEERS_JOBS:-2}
 
 key=$( {
     go version
-    printf '%s\n' "${peers[@]}"
     find "$pins" -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) | LC_ALL=C sort | xargs sha256sum
 } | sha256sum | cut -c1-16)
 root=${NETPLUGIN_PEERS_CACHE:-/var/cache/netplugin-peers}/$key
@@ -59,17 +60,20 @@ flock 9
 
 missing=()
 for entry in "${peers[@]}"; do
-    IFS=: read -r group pkg name <<<"$entry"
+    IFS=: read -r group pkg name kind <<<"$entry"
+    build=(build)
+    [ "$kind" = test ] && build=(test -c)
     [ -x "$bin/$name" ] && continue
     log=$root/log/$name.log
     echo "build-peers: building $name ($pkg)" >&2
     start=$(date +%s)
     # Into a temporary name, renamed once complete: a killed build never leaves a half binary that looks cached.
-    if (cd "$pins/$group" && go build -p "$jobs" -ldflags='-s -w' -o "$bin/.$name.tmp" "$pkg") >"$log" 2>&1; then
-        mv -f "$bin/.$name.tmp" "$bin/$name"
+    mkdir -p "$(dirname "$bin/$name")" "$(dirname "$log")"
+    if (cd "$pins/$group" && go "${build[@]}" -p "$jobs" -ldflags='-s -w' -o "$bin/$name.tmp" "$pkg") >"$log" 2>&1; then
+        mv -f "$bin/$name.tmp" "$bin/$name"
         echo "build-peers: built $name in $(($(date +%s) - start)) s" >&2
     else
-        rm -f "$bin/.$name.tmp"
+        rm -f "$bin/$name.tmp"
         echo "build-peers: FAILED $name ($pkg); the go command said (full log $log):" >&2
         grep -E 'go: |proxy|refused|error|cannot|^[^ ].*\.go:[0-9]+' "$log" | head -n 8 | sed 's/^/    /' >&2 || tail -n 8 "$log" >&2
         missing+=("$name")
