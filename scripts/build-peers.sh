@@ -49,7 +49,8 @@ jobs=${NETPLUGIN_PEERS_JOBS:-2}
 
 key=$( {
     go version
-    find "$pins" -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) | LC_ALL=C sort | xargs sha256sum
+    # relative names: a clone anywhere else (CI's) hashes to the same key
+    cd "$pins" && find . -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) | LC_ALL=C sort | xargs sha256sum
 } | sha256sum | cut -c1-16)
 root=${NETPLUGIN_PEERS_CACHE:-/var/cache/netplugin-peers}/$key
 bin=$root/bin

@@ -221,9 +221,9 @@ def pod_ref_for(req: CniRequest) -> PodRef:
     k8s_name = args.get("K8S_POD_NAME")
     try:
         namespace = validate_namespace(k8s_ns) if k8s_ns else req.conf.get("defaultNamespace", DEFAULT_NAMESPACE)
-        if k8s_ns and k8s_name is not None:
-            name = validate_pod_name(k8s_name)
-        elif k8s_name and _is_pod_name(k8s_name):
+        # A runtime may name a sandbox as no Kubernetes pod can be named (critest uses capitals): like
+        # podman's names, such a name gives way to one derived from the container id.
+        if k8s_name and _is_pod_name(k8s_name):
             name = k8s_name
         else:
             name = derived_pod_name(req.container_id)

@@ -37,11 +37,11 @@ Network config (stdin), besides the CNI keys
 Pod identity
     The infra id is ``CNI_CONTAINERID``; the namespace and name come from
     ``CNI_ARGS`` ``K8S_POD_NAMESPACE`` / ``K8S_POD_NAME`` (Kubernetes runtimes send
-    both; invalid values are error code 4). Runtimes that send no namespace
+    both; an invalid namespace is error code 4). Runtimes that send no namespace
     (podman sends ``IgnoreUnknown=1;K8S_POD_NAME=<container name>`` only) get
-    ``defaultNamespace``; their name is used when it is a valid DNS-1123
-    subdomain, else (podman allows ``_`` and capitals) the name is
-    ``cni-`` + the first 12 alphanumerics of the container id, lowercased.
+    ``defaultNamespace``. The name is used when it is a valid DNS-1123
+    subdomain, else (podman allows ``_`` and capitals, critest names sandboxes with
+    capitals) the name is ``cni-`` + the first 12 alphanumerics of the container id, lowercased.
     The derivation depends only on the call's inputs; ``DEL`` uses the identity that ``ADD``
     recorded for the attachment (see GC) when there is one, so a renamed container is
     still torn down as the pod it was set up as.
