@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .contenders import CNI_DIR
+from .contenders import cni_dir
 from .context import RunContext
 from .daemon import health_request
 from .harness import Live, Plan, stat_row
@@ -35,7 +35,7 @@ from .util import REPO, BenchError, SubnetPool, ms
 __all__ = ["CONTAINERD_LABELS", "fig_containerd"]
 
 CONTAINERD_LABELS = {
-    "A": "containerd + CNI bridge + host-local",
+    "A": "containerd + CNI bridge + host-local v1.10",
     "N": "containerd + netplugin-cni (compiled) -> daemon + netplugin.io/bridge (native)",
     "HOST": "floor: containerd, host-network sandbox (no CNI call)",
 }
@@ -104,7 +104,7 @@ def fig_containerd(ctx: RunContext, plan: Plan, pool: SubnetPool) -> list[Figure
     ctd = Containerd(ctx.workdir / "ctd", _shims(ctx, run_dir))
     ctx.cleanup.push("containerd figure", lambda: _close(ctd, daemon, (np_bridge, cni_bridge)))
     for plugin in ("bridge", "host-local"):
-        shutil.copy2(f"{CNI_DIR}/{plugin}", ctd.bin_dir / plugin)
+        shutil.copy2(f"{cni_dir('A')}/{plugin}", ctd.bin_dir / plugin)
     ctd.start()
     nets = {
         "N": {"cniVersion": "1.0.0", "name": "npbench", "plugins": [
