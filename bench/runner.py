@@ -47,6 +47,7 @@ FIGURES = (
     "scale",
     "runtime",
     "containerd",
+    "containerd2",
     "cluster",
     "bigcluster",
     "chain",
@@ -141,6 +142,14 @@ def _probe_daemon(ctx: RunContext) -> str | None:
         daemon.stop()
         shutil.rmtree(d, ignore_errors=True)
     return None
+
+
+def _containerd2() -> Path:
+    """The peer dir holding containerd 2 (scripts/build-peers.sh); BenchError when it was not built."""
+    peers = os.environ.get(PEERS_ENV, "")
+    if not peers or not os.access(os.path.join(peers, "containerd"), os.X_OK):
+        raise BenchError(f"containerd 2 is not built: export {PEERS_ENV}=$(bash scripts/build-peers.sh)")
+    return Path(peers)
 
 
 def _availability(ctx: RunContext, wanted: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -268,6 +277,7 @@ def _run_figures(ctx: RunContext, plan: Plan, args: argparse.Namespace, out: _Ou
         ("scale", lambda: [f for f in fig_scale(ctx, plan, keys, pool) if f is not None]),
         ("runtime", lambda: fig_runtime(ctx, plan, keys, pool)),
         ("containerd", lambda: fig_containerd(ctx, plan, pool)),
+        ("containerd2", lambda: fig_containerd(ctx, plan, pool, peers=_containerd2())),
         ("cluster", lambda: fig_cluster(plan.quick, _say)),
         ("bigcluster", lambda: fig_bigcluster(plan.quick, _say)),
         ("chain", lambda: fig_chain(ctx, plan, keys, pool)),
