@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from netplugin.frontends.simcluster.apiserver import kubelet_node
-from netplugin.frontends.simcluster.cluster import SimCluster, SimNode
-from netplugin.frontends.simcluster.netns import ip
+from netplugin.frontends.lab.simcluster.apiserver import kubelet_node
+from netplugin.frontends.lab.simcluster.cluster import SimCluster, SimNode
+from netplugin.frontends.lab.simcluster.nsexec import ip
 
 from .report import Figure, Row
 from .util import REPO, BenchError

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from netplugin.frontends.simcluster.apiserver import make_node
-from netplugin.frontends.simcluster.cluster import SimCluster, node_addresses, node_pod_cidrs
+from netplugin.frontends.lab.simcluster.apiserver import make_node
+from netplugin.frontends.lab.simcluster.cluster import SimCluster, node_addresses, node_pod_cidrs
 
 from .report import Figure, Row
 from .util import REPO, BenchError

@@ -57,7 +57,7 @@ def _variants(
     # The same CLI on an interpreter started with -S: no .pth start-up hooks (an editable install's
     # finder, a machine's own hooks), only the paths; what a plain install costs without them.
     bare = (f"import sys; sys.path[:0] = {[str(REPO), sysconfig.get_paths()['purelib']]!r}; "
-            "from netplugin.frontends.cli.fast import main; main()")
+            "from netplugin.frontends.cli.entry import main; main()")
     plain = plain_venv(ctx.workdir / "plain-venv")
     variants: dict[str, Argv] = {
         "B-i": lambda i: [*plain, "setup", "bench", f"p-cold-i-{i}", f"{ctx.tag}-cold-i-{i}"],

@@ -58,7 +58,7 @@ def _daemon_config(base: Path, subnet: Any, bridge: str) -> tuple[Path, Path]:
 
 
 def _start_daemon(base: Path, cfg: Path, run_dir: Path) -> subprocess.Popen[bytes]:
-    from netplugin.frontends.client import NotSent, exchange
+    from netplugin.frontends.wire.client import NotSent, exchange
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
     env.update(NETPLUGIN_CONFIG=str(cfg), PYTHONPATH=str(REPO))
@@ -130,7 +130,7 @@ def fig_containerd(ctx: RunContext, plan: Plan, pool: SubnetPool, peers: Path | 
             if got is not None and r > 0:
                 runs[k] += got[0]
                 stops[k] += got[1]
-    from netplugin.frontends.client import exchange
+    from netplugin.frontends.wire.client import exchange
 
     served = exchange(str(run_dir / "netplugin.sock"), health_request(), timeout=10)["result"]["requests"]
     return _figures(live, runs, stops, per_block, rounds, served, v)

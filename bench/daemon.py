@@ -1,7 +1,7 @@
 """A daemon of the benchmark's own, and the contenders that own one (C, D here; F, G, H in :mod:`bench.runtime`).
 
 The benchmark talks to ``netplugin serve`` as netplugin's own clients do: requests built by the
-protocol module (:mod:`netplugin.frontends.rpc`), carried by :mod:`netplugin.frontends.client`
+protocol module (:mod:`netplugin.frontends.wire.protocol`), carried by :mod:`netplugin.frontends.wire.client`
 (connect, peer check, send, read one answer). Only the concurrent case is the benchmark's own:
 every request sent at once, each on its own connection, and the answers collected with one
 selector, so that the makespan is the daemon's and not a thread pool's.
@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from netplugin.frontends import client, rpc
+from netplugin.frontends.wire import client, codec
+from netplugin.frontends.wire import protocol as rpc
 
 from .contenders import Contender
 from .context import Network, netplugin_env, with_checkout
@@ -40,7 +41,7 @@ def _result(response: dict[str, Any], what: str) -> Any:
     """The result of a response object, or BenchError with the daemon's error."""
     if response.get("ok") is not True:
         err = response.get("error")
-        raise BenchError(f"{what} failed in the daemon: {rpc.dumps(err)[:600]}")
+        raise BenchError(f"{what} failed in the daemon: {codec.dumps(err)[:600]}")
     return response.get("result")
 
 

@@ -32,7 +32,7 @@ _SCRIPT = """#!{python}
 # -*- coding: utf-8 -*-
 import re
 import sys
-from netplugin.frontends.cli.fast import main
+from netplugin.frontends.cli.entry import main
 if __name__ == '__main__':
     sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
     sys.exit(main())

@@ -1,3 +1,3 @@
-from netplugin.frontends.cli.fast import main
+from netplugin.frontends.cli.entry import main
 
 main()

@@ -85,7 +85,7 @@ def kernel_gate(request: pytest.FixtureRequest, extra_reason: str | None = None)
 def tcp_rate(src_netns: str | None, dst_netns: str | None, dst_ip: str, nbytes: int) -> float:
     """Bits per second of one TCP transfer of ``nbytes`` between two netns names (None: the host's
     own), as the receiver saw it: the same measurement ``netplugin demo --chain`` prints."""
-    from netplugin.frontends.demo_chain import tcp_rate as measured
+    from netplugin.frontends.lab.demo_chain import tcp_rate as measured
 
     return measured(src_netns, dst_netns, dst_ip, nbytes)
 

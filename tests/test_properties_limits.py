@@ -46,7 +46,7 @@ WORKER = textwrap.dedent(
     from netplugin.core.config import load_config
     from netplugin.core.errors import NetpluginError
     from netplugin.hosts.static import load_manifest
-    from netplugin.frontends.cni.protocol import CniError, parse_request
+    from netplugin.frontends.cni.spec import CniError, parse_request
     from netplugin.frontends.cni.netconf import build_config
     scratch = sys.argv[1]
 

@@ -21,8 +21,8 @@ __all__ = ["KINDS", "entry_script", "install_entry"]
 
 #: kind -> (module, what it is)
 KINDS = {
-    "cni": ("netplugin.frontends.cni.fast", "netplugin-cni, the CNI plugin container runtimes run"),
-    "cli": ("netplugin.frontends.cli.fast", "netplugin, the command line"),
+    "cni": ("netplugin.frontends.cni.router", "netplugin-cni, the CNI plugin container runtimes run"),
+    "cli": ("netplugin.frontends.cli.entry", "netplugin, the command line"),
 }
 
 

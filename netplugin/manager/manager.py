@@ -44,7 +44,7 @@ from netplugin.core.errors import (
     PluginNotFound,
 )
 from netplugin.core.execplugin.environ import base_env
-from netplugin.core.execplugin.plugin import ExecPlugin
+from netplugin.core.execplugin.exec_plugin import ExecPlugin
 from netplugin.core.fileio import atomic_write, read_small
 from netplugin.core.names import PodRef, escape_plugin_name, validate_plugin_name
 from netplugin.core.netns import netns_problem

@@ -35,7 +35,7 @@ def register_builtin(name: str, factory: PluginFactory) -> None:
 
 def _native_bridge(config: Config) -> Plugin:
     # Imported only when selected: pyroute2 must stay off every other path.
-    from netplugin.plugins.bridge.plugin import NativeBridgePlugin
+    from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
 
     plugin: Plugin = NativeBridgePlugin.from_config(config)
     return plugin

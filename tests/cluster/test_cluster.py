@@ -19,9 +19,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from netplugin.frontends.simcluster.apiserver import make_node
-from netplugin.frontends.simcluster.cluster import OUTSIDE_V4, OUTSIDE_V6, SimCluster, SimPod, node_addresses
-from netplugin.frontends.simcluster.netns import ip_json, netns_exists
+from netplugin.frontends.lab.simcluster.apiserver import make_node
+from netplugin.frontends.lab.simcluster.cluster import OUTSIDE_V4, OUTSIDE_V6, SimCluster, SimPod, node_addresses
+from netplugin.frontends.lab.simcluster.nsexec import ip_json, netns_exists
 from tests.nettest import kernel_unavailable_reason
 
 pytestmark = pytest.mark.kernel

@@ -1,6 +1,6 @@
 """A cluster installed as shipped (issue 17, proof b): two nodes, each with its own containerd.
 
-The simulated cluster (netplugin/frontends/simcluster) gives each node a network namespace on a
+The simulated cluster (netplugin/frontends/lab/simcluster) gives each node a network namespace on a
 shared underlay and a Node object with its pod CIDRs. Each node is then installed the way the
 DaemonSet installs it, not with test settings:
 
@@ -34,8 +34,8 @@ import pytest
 import yaml
 from gopeers import require
 
-from netplugin.frontends.simcluster.apiserver import make_node, make_pod
-from netplugin.frontends.simcluster.cluster import CLUSTER_CIDRS, SimCluster, SimNode
+from netplugin.frontends.lab.simcluster.apiserver import make_node, make_pod
+from netplugin.frontends.lab.simcluster.cluster import CLUSTER_CIDRS, SimCluster, SimNode
 from tests.frontends.cni.containerd import Containerd, Sandbox, unavailable_reason
 from tests.nettest import kernel_unavailable_reason
 from tests.shipped import configmap_settings, daemonset, init_install_argv, main_container, run_install

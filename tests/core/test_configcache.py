@@ -129,7 +129,7 @@ def test_the_cli_reads_a_config_file_without_yaml_from_its_second_run(tmp_path: 
            "PYTHONPATH": os.pathsep.join(sys.path)}  # fmt: skip
     runs = []
     for i in range(2):
-        argv = [sys.executable, "-X", "importtime", "-c", "from netplugin.frontends.cli.fast import main; main()",
+        argv = [sys.executable, "-X", "importtime", "-c", "from netplugin.frontends.cli.entry import main; main()",
                 "setup", "default", f"p{i}", f"infra{i}"]  # fmt: skip
         runs.append(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60))
     assert [r.returncode for r in runs] == [0, 0], runs

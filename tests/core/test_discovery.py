@@ -12,7 +12,7 @@ import pytest
 
 from netplugin.core.discovery import Candidate, scan
 from netplugin.core.errors import DiscoveryError, InvalidArgument, PluginInvalid, PluginNotFound
-from netplugin.core.execplugin.plugin import ExecPlugin
+from netplugin.core.execplugin.exec_plugin import ExecPlugin
 from netplugin.core.plugin import NOOP_NAME
 from netplugin.plugins import BUILTINS
 

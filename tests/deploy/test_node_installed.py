@@ -34,7 +34,7 @@ from gopeers import require
 from nettest import free_third_octet, link_exists
 from shipped import INSTALL, unit_command
 
-from netplugin.frontends.client import NotSent, exchange
+from netplugin.frontends.wire.client import NotSent, exchange
 from tests.frontends.cni.containerd import Containerd, Sandbox, unavailable_reason
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")

@@ -28,11 +28,11 @@ from shipped import REPO, configmap_settings, init_install_argv, main_container,
 
 from netplugin.core.config import DEFAULT_CONFIG, DEFAULT_RUN_DIR, load_config
 from netplugin.core.errors import ConfigError
-from netplugin.frontends.cni.fast import daemon_target
 from netplugin.frontends.cni.native import build_native, install_built, slots
 from netplugin.frontends.cni.netconf import build_config
-from netplugin.frontends.cni.protocol import CniRequest
-from netplugin.frontends.rpc import fingerprint
+from netplugin.frontends.cni.router import daemon_target
+from netplugin.frontends.cni.spec import CniRequest
+from netplugin.frontends.wire.fingerprint import fingerprint
 
 UNIT = REPO / "etc" / "systemd" / "netplugin.service"
 CONFLIST = REPO / "etc" / "cni" / "10-netplugin.conflist"

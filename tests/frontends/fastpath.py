@@ -1,4 +1,4 @@
-"""What the per-call fast paths (``cli/fast.py``, ``cni/fast.py``) may import: the standard library
+"""What the per-call fast paths (``cli/entry.py``, ``cni/router.py``) may import: the standard library
 (minus its expensive ``json`` and ``typing``) and these netplugin modules, nothing else."""
 
 from __future__ import annotations
@@ -11,13 +11,16 @@ ALLOWED_NETPLUGIN = frozenset(
         "netplugin.core",
         "netplugin.core.defaults",
         "netplugin.frontends",
-        "netplugin.frontends.rpc",
-        "netplugin.frontends.client",
+        "netplugin.frontends.wire",
+        "netplugin.frontends.wire.codec",
+        "netplugin.frontends.wire.fingerprint",
+        "netplugin.frontends.wire.protocol",
+        "netplugin.frontends.wire.client",
         "netplugin.frontends.cli",
-        "netplugin.frontends.cli.fast",
-        "netplugin.frontends.cli.exitcodes",
+        "netplugin.frontends.cli.entry",
+        "netplugin.frontends.wire.codes",
         "netplugin.frontends.cni",
-        "netplugin.frontends.cni.fast",
+        "netplugin.frontends.cni.router",
     }
 )
 #: standard modules that cost about as much as the interpreter's start each

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from netplugin.frontends.demo_chain import INGRESS, LIMITS, run_chain_demo
+from netplugin.frontends.lab.demo_chain import INGRESS, LIMITS, run_chain_demo
 
 pytestmark = pytest.mark.kernel
 

@@ -1,4 +1,4 @@
-"""netplugin.frontends.rpc: the codec (the json module's text and values, from _json alone) and the messages."""
+"""netplugin.frontends.wire: the codec (the json module's text and values, from _json alone) and the messages."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from netplugin.frontends import rpc as wire
+from netplugin.frontends.wire import codec, fingerprint
+from netplugin.frontends.wire import protocol as wire
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,27 +23,27 @@ values = st.recursive(scalars, lambda inner: st.lists(inner) | st.dictionaries(s
 
 @given(values)
 def test_dumps_and_loads_match_json(value: Any) -> None:
-    assert wire.dumps(value) == json.dumps(value, separators=(",", ":"))
-    assert wire.dumps(value, sort_keys=True) == json.dumps(value, sort_keys=True)
-    assert wire.loads(json.dumps(value)) == value
-    assert wire.loads(json.dumps(value, indent=2).encode()) == value
+    assert codec.dumps(value) == json.dumps(value, separators=(",", ":"))
+    assert codec.dumps(value, sort_keys=True) == json.dumps(value, sort_keys=True)
+    assert codec.loads(json.dumps(value)) == value
+    assert codec.loads(json.dumps(value, indent=2).encode()) == value
 
 
 @pytest.mark.parametrize("bad", ["", "{", "{} x", "[1,]", "{not json", '"\\x"', "\ufeff{}", "nul", "1 2"])
 def test_bad_documents_raise_what_json_raises(bad: str) -> None:
     with pytest.raises(ValueError):
-        wire.loads(bad)
+        codec.loads(bad)
     with pytest.raises(ValueError):
         json.loads(bad)
 
 
 def test_unserializable_is_a_type_error() -> None:
     with pytest.raises(TypeError):
-        wire.dumps({"a": object()})
+        codec.dumps({"a": object()})
 
 
 def test_it_imports_neither_json_nor_re() -> None:
-    code = "import sys; from netplugin.frontends import rpc as wire; wire.loads('{\"a\": [1]}'); wire.dumps({}); "
+    code = "import sys; from netplugin.frontends.wire import codec; codec.loads('{\"a\": [1]}'); codec.dumps({}); "
     code += "print(sorted(m for m in ('json', 're', 'typing') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); {code}"],
                           capture_output=True, text=True, timeout=60)
@@ -103,4 +104,4 @@ def test_pod_results_and_what_the_cli_prints(op: str, status: Any, result: Any, 
     ],
 )
 def test_differing_settings(theirs: object, differ: list[str]) -> None:
-    assert wire.differing_settings({"plugin": "a", "state_dir": "/s"}, theirs) == differ
+    assert fingerprint.differing_settings({"plugin": "a", "state_dir": "/s"}, theirs) == differ

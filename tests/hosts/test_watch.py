@@ -15,7 +15,7 @@ import pytest
 
 from netplugin.core.errors import HostError
 from netplugin.core.node import NodeInfo
-from netplugin.frontends.simcluster.apiserver import ApiServer, make_node, make_pod
+from netplugin.frontends.lab.simcluster.apiserver import ApiServer, make_node, make_pod
 from netplugin.hosts.kube import KubeHost
 from netplugin.hosts.kubeconfig import KubeSettings
 from netplugin.hosts.watch import Backoff, Informer, object_key

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from netplugin.core._yaml import MAX_NODES
-from netplugin.frontends.simcluster.apiserver import ApiServer, kubelet_node, make_node, make_pod
+from netplugin.frontends.lab.simcluster.apiserver import ApiServer, kubelet_node, make_node, make_pod
 from netplugin.hosts.kube import KubeHost
 from netplugin.hosts.kubeconfig import KubeSettings
 from netplugin.hosts.kubewire import MAX_OBJECT_NODES, WatchStream
@@ -282,7 +282,7 @@ def test_relists_are_counted_in_metrics_promtool_accepts(api: ApiServer) -> None
     from prometheus_client import CollectorRegistry, generate_latest
 
     from netplugin.core.config import Config
-    from netplugin.frontends.daemon.nodes import NodeKeeper
+    from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 
     promtool = shutil.which("promtool")
     assert promtool is not None, "promtool is installed by scripts/install-deps.sh --test"

@@ -25,7 +25,7 @@ from netplugin.core.errors import (
     PluginOutputError,
     PluginTimeout,
 )
-from netplugin.core.execplugin.plugin import ExecPlugin
+from netplugin.core.execplugin.exec_plugin import ExecPlugin
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import NOOP_NAME, PodNetworkStatus
 from netplugin.core.procs import boot_id

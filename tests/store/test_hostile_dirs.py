@@ -291,7 +291,7 @@ def test_gc_listing_sees_no_busy_pod_after_its_lock_file_is_gone(node: Path, plu
 
 def test_a_planted_init_marker_link_is_not_read_and_init_runs(node: Path, plugin_dir: Any) -> None:
     # A marker netplugin did not write (here a symbolic link to a forged one) never skips init.
-    from netplugin.core.execplugin.plugin import ExecPlugin
+    from netplugin.core.execplugin.exec_plugin import ExecPlugin
     from netplugin.core.procs import boot_id
 
     p = plugin_dir.install("p")

@@ -1,6 +1,6 @@
 """Getting an exec plugin's executable ready to run: checked again, opened, named in errors.
 
-Private to :class:`netplugin.core.execplugin.plugin.ExecPlugin`. Before every call the executable's path
+Private to :class:`netplugin.core.execplugin.exec_plugin.ExecPlugin`. Before every call the executable's path
 is walked and checked again (:func:`netplugin.core.discovery.open_executable`), so a
 long-lived caller (the daemon) never runs a file that was swapped since it selected the
 plugin. A binary is then run through the very descriptor that passed the check; a script,

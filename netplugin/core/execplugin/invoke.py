@@ -29,7 +29,7 @@ The mechanism is split in three: this module spawns and assembles the result,
 :mod:`netplugin.core.execplugin._proctree` kills.
 
 What the caller makes of the outcome (which exit status is an error, what to
-quote) is decided in :mod:`netplugin.core.execplugin.plugin`.
+quote) is decided in :mod:`netplugin.core.execplugin.exec_plugin`.
 """
 
 from __future__ import annotations

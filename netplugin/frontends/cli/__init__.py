@@ -1,12 +1,12 @@
 """The ``netplugin`` command line, a package shaped like pip's ``commands/``; here, the global options' table.
 
-:mod:`.fast` is the console script's entry point (setup/teardown/status through the daemon,
+:mod:`.entry` is the console script's entry point (setup/teardown/status through the daemon,
 standard library only); everything else goes to :mod:`.app` (the click group, its lazy registry
 of command modules named by job, and the one place errors become exit codes and text).
 
 The table of the global options that take a value, :data:`GLOBAL_VALUE_OPTIONS`, lives here
 because both paths load this package anyway: :mod:`.options` builds the click options from it,
-:mod:`.fast` recognises the same options in argv. So this module imports only the standard
+:mod:`.entry` recognises the same options in argv. So this module imports only the standard
 library and :mod:`netplugin.core.defaults`.
 """
 

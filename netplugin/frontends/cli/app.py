@@ -2,10 +2,10 @@
 the one place where errors become exit codes and text.
 
 Data goes to stdout, messages to stderr. A command's module is imported only when that
-command runs (or ``--help`` lists them), so a ``setup`` loads click, :mod:`.pods` and
+command runs (or ``--help`` lists them), so a ``setup`` loads click, :mod:`.commands.pods` and
 netplugin's small modules, nothing heavy.
 
-Exit codes (stable, documented in the README; the table is :mod:`.exitcodes`):
+Exit codes (stable, documented in the README; the table is :mod:`netplugin.frontends.wire.codes`):
 
 ====  ==================================================================
 0     success
@@ -31,7 +31,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from netplugin.frontends.cli.exitcodes import (
+from netplugin.frontends.cli.commands.tools import COMPLETE_VAR
+from netplugin.frontends.cli.context import State
+from netplugin.frontends.cli.options import global_options
+from netplugin.frontends.wire.codes import (
     EXIT_CODES,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -40,9 +43,6 @@ from netplugin.frontends.cli.exitcodes import (
     EXIT_USAGE,
     exit_code_for,
 )
-from netplugin.frontends.cli.options import global_options
-from netplugin.frontends.cli.state import State
-from netplugin.frontends.cli.tools import COMPLETE_VAR
 
 if TYPE_CHECKING:
     from netplugin.core.extras import MissingExtra
@@ -79,7 +79,8 @@ class LazyGroup(click.Group):
         module = COMMANDS.get(cmd_name)
         if module is None:
             return None
-        found = getattr(importlib.import_module(f"netplugin.frontends.cli.{module}"), cmd_name.replace("-", "_"))
+        commands = importlib.import_module(f"netplugin.frontends.cli.commands.{module}")
+        found = getattr(commands, cmd_name.replace("-", "_"))
         assert isinstance(found, click.Command)
         return found
 

@@ -30,7 +30,7 @@ class AsciiIntRange(click.IntRange):
 def _set_output(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     # The root context's object is the CLI's State (made by the group's callback, which click runs
     # before it parses the subcommand); absent while completing.
-    from netplugin.frontends.cli.state import State
+    from netplugin.frontends.cli.context import State
 
     state = ctx.find_root().obj
     if value is not None and isinstance(state, State):

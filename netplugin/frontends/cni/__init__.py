@@ -1,9 +1,9 @@
-"""``netplugin-cni``: the CNI shim (see :mod:`netplugin.frontends.cni.shim` for the contract).
+"""``netplugin-cni``: the CNI shim (see :mod:`netplugin.frontends.cni.operations` for the contract).
 
-Modules: :mod:`.fast` (the entry point: the daemon path, stdlib only), :mod:`.protocol` (CNI
+Modules: :mod:`.router` (the entry point: the daemon path, stdlib only), :mod:`.spec` (CNI
 requests, versions, error codes), :mod:`.netconf` (network config to netplugin config and pod
 identity), :mod:`.result` (CNI results), :mod:`.attachments` (the per-network attachment index
-behind GC), :mod:`.shim` (the operations, run here or in the daemon).
+behind GC), :mod:`.operations` (the operations, run here or in the daemon).
 """
 
 __all__ = ["main"]
@@ -11,7 +11,7 @@ __all__ = ["main"]
 
 def main(argv: object = None) -> None:
     # The package stays empty (not even typing) so that the entry point's start-up costs only
-    # the modules of the daemon path; see netplugin.frontends.cni.fast.
-    from netplugin.frontends.cni.fast import main as fast_main
+    # the modules of the daemon path; see netplugin.frontends.cni.router.
+    from netplugin.frontends.cni.router import main as fast_main
 
     fast_main(argv)

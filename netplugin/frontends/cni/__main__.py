@@ -1,3 +1,3 @@
-from netplugin.frontends.cni.fast import main
+from netplugin.frontends.cni.router import main
 
 main()

@@ -29,7 +29,7 @@ from typing import Any
 from netplugin.core.config import Config
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass
-from netplugin.frontends.cni.protocol import E_CONFIG, E_ENV, CniError
+from netplugin.frontends.cni.spec import E_CONFIG, E_ENV, CniError
 
 __all__ = [
     "Attachment",

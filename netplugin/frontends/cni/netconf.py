@@ -17,7 +17,7 @@ from netplugin.core._yaml import short_repr
 from netplugin.core.config import Config
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import replace
-from netplugin.frontends.cni.protocol import DEFAULT_NAMESPACE, E_CONFIG, E_ENV, NO_NETNS, CniError, CniRequest
+from netplugin.frontends.cni.spec import DEFAULT_NAMESPACE, E_CONFIG, E_ENV, NO_NETNS, CniError, CniRequest
 
 if TYPE_CHECKING:
     from netplugin.manager.manager import CallOptions
@@ -79,7 +79,7 @@ def _cache_key(req: CniRequest, environ: Mapping[str, str]) -> tuple[Any, ...] |
     """What build_config's result depends on: the setting keys, NETPLUGIN_* and the config file's
     identity (inode, size, mtime, ctime: an edited or replaced file is read again). None: uncachable."""
     from netplugin.core.defaults import DEFAULT_CONFIG
-    from netplugin.frontends.rpc import dumps
+    from netplugin.frontends.wire.codec import dumps
 
     try:
         settings = dumps({k: req.conf[k] for k in _SETTING_KEYS if k in req.conf}, sort_keys=True)
@@ -214,7 +214,7 @@ def bandwidth_env(conf: Mapping[str, Any]) -> dict[str, str]:
 def pod_ref_for(req: CniRequest) -> PodRef:
     """(namespace, name, infra id) of the call; see "Pod identity" in the module docstring."""
     from netplugin.core.errors import InvalidArgument
-    from netplugin.core.names import PodRef, validate_namespace, validate_pod_name
+    from netplugin.core.names import PodRef, validate_namespace
 
     args = req.args
     k8s_ns = args.get("K8S_POD_NAMESPACE")
@@ -223,10 +223,7 @@ def pod_ref_for(req: CniRequest) -> PodRef:
         namespace = validate_namespace(k8s_ns) if k8s_ns else req.conf.get("defaultNamespace", DEFAULT_NAMESPACE)
         # A runtime may name a sandbox as no Kubernetes pod can be named (critest uses capitals): like
         # podman's names, such a name gives way to one derived from the container id.
-        if k8s_name and _is_pod_name(k8s_name):
-            name = k8s_name
-        else:
-            name = derived_pod_name(req.container_id)
+        name = k8s_name if k8s_name and _is_pod_name(k8s_name) else derived_pod_name(req.container_id)
     except InvalidArgument as e:
         which = "K8S_POD_NAMESPACE" if e.field == "namespace" else "K8S_POD_NAME"
         raise CniError(E_ENV, f"invalid CNI_ARGS {which} {short_repr(e.value)}: {e.reason}") from None

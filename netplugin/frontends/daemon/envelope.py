@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument
-from netplugin.frontends.rpc import OPS, PROTOCOL_VERSION, differing_settings
+from netplugin.frontends.wire.fingerprint import differing_settings
+from netplugin.frontends.wire.protocol import OPS, PROTOCOL_VERSION
 
 __all__ = ["check_request"]
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import NetpluginError
 from netplugin.core.plaindata import dataclass, fields
-from netplugin.frontends.rpc import fingerprint
+from netplugin.frontends.wire.fingerprint import fingerprint
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config

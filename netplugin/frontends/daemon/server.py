@@ -2,7 +2,7 @@
 
 One process keeps the manager (selected plugin, init marker, host, state store,
 and for native plugins their warm libraries) and answers the thin client of
-:mod:`netplugin.frontends.client` on a unix socket; see that module for the protocol.
+:mod:`netplugin.frontends.wire.client` on a unix socket; see that module for the protocol.
 
 * **Start.** Takes ``<socket>.lock`` (one daemon per socket), runs the plugin's
   init once (a failure is logged, not fatal: the next operation retries it, and
@@ -13,10 +13,10 @@ and for native plugins their warm libraries) and answers the thin client of
   not answer). Then it tells systemd ``READY=1`` (``Type=notify``).
 * **Operations** run in a thread pool, so different pods proceed in parallel; actions on one
   pod serialise on the manager's per-pod flock, which the CLI and the CNI shim take too, so
-  daemon and direct callers never overlap (``pods`` and ``gc``: :mod:`.nodeops`). Requests for
+  daemon and direct callers never overlap (``pods`` and ``gc``: :mod:`.records`). Requests for
   a pod that is busy wait for their turn in the event loop, not in a worker thread: a stuck
   pod holds one worker however many requests queue on it, and every other pod is served at
-  once. At most :data:`~netplugin.frontends.daemon.turns.MAX_WAITING_PER_POD` may wait per pod;
+  once. At most :data:`~netplugin.frontends.daemon.podqueue.MAX_WAITING_PER_POD` may wait per pod;
   more are answered ``DaemonUnavailable`` (not run, so a CLI in ``auto`` mode runs them itself).
 * **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``), named
   as the kubelet's: histogram ``network_plugin_operations_duration_seconds``,
@@ -26,7 +26,7 @@ and for native plugins their warm libraries) and answers the thin client of
   kubelet, the time includes waiting for the pod's lock. Also
   ``network_plugin_operations_total``, ``netplugin_daemon_requests_total{op,outcome}`` and
   ``netplugin_build_info`` (see :mod:`.metrics`).
-* **Nodes** (:mod:`netplugin.frontends.daemon.nodes`): with ``host: kube`` the
+* **Nodes** (:mod:`netplugin.frontends.daemon.nodekeeper`): with ``host: kube`` the
   daemon lists and watches every Node and this node's Pods, so pod and node
   lookups are answered from memory; it keeps routes to the other nodes' pod
   CIDRs (``node_routes``) and reports what it cannot route, in its health
@@ -65,17 +65,17 @@ from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginE
 from netplugin.core.execplugin.invoke import adopt_orphans, reap_adopted
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass
+from netplugin.frontends.daemon.cnicalls import check_settings, run_cni, run_cni_call
 from netplugin.frontends.daemon.envelope import check_request
-from netplugin.frontends.daemon.forwarded import check_settings, run_cni, run_cni_call
-from netplugin.frontends.daemon.framed import read_frame, run_frame
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
-from netplugin.frontends.daemon.nodeops import error_classes, gc_answer, pods_answer
-from netplugin.frontends.daemon.nodes import NodeKeeper
+from netplugin.frontends.daemon.nativecalls import read_frame, run_frame
+from netplugin.frontends.daemon.nodekeeper import NodeKeeper
+from netplugin.frontends.daemon.podqueue import Turns
 from netplugin.frontends.daemon.reconfig import Live, reload_settings
+from netplugin.frontends.daemon.records import error_classes, gc_answer, pods_answer
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
-from netplugin.frontends.daemon.turns import Turns
-from netplugin.frontends.rpc import (
+from netplugin.frontends.wire.protocol import (
     FRAME_MAGIC,
     MAX_MESSAGE,
     OPS,
@@ -433,7 +433,7 @@ class Daemon:
                 self.metrics_address = self.metrics.serve(self.config.metrics_address)
             # Every call's code loaded now, then the start-up heap (modules, metrics, plugin) frozen:
             # it lives as long as the daemon, and the cyclic GC need never scan it again per call.
-            import netplugin.frontends.cni.shim  # noqa: F401
+            import netplugin.frontends.cni.operations  # noqa: F401
 
             gc.collect()
             gc.freeze()

@@ -227,7 +227,7 @@ def test_a_binary_runs_from_the_descriptor_that_was_checked(node: Layout) -> Non
         swapped.append(True)
         return invoke.run(argv, **kw)
 
-    from netplugin.core.execplugin.plugin import ExecPlugin
+    from netplugin.core.execplugin.exec_plugin import ExecPlugin
 
     plugin = ExecPlugin("p", str(exe), exec_dir=str(node.exec))
     plugin._runner = swapping_runner

@@ -18,7 +18,7 @@ import pytest
 from netplugin.core.config import ENV_VARS, Config
 from netplugin.core.errors import InvalidArgument, PluginFailed, PluginOutputError, PluginTimeout
 from netplugin.core.execplugin.environ import base_env, call_env
-from netplugin.core.execplugin.plugin import ExecPlugin
+from netplugin.core.execplugin.exec_plugin import ExecPlugin
 from netplugin.core.execplugin.status import parse_status
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNetworkStatus

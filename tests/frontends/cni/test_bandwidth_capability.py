@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from netplugin.frontends.cni.netconf import bandwidth_env
-from netplugin.frontends.cni.protocol import E_CONFIG, CniError
+from netplugin.frontends.cni.spec import E_CONFIG, CniError
 
 R = "NETPLUGIN_BANDWIDTH_"
 

@@ -18,9 +18,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from netplugin.frontends.cni.protocol import CniError, parse_request
 from netplugin.frontends.cni.result import make_result
-from netplugin.frontends.daemon.forwarded import environ_problem
+from netplugin.frontends.cni.spec import CniError, parse_request
+from netplugin.frontends.daemon.cnicalls import environ_problem
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 CODES = {1, 4, 6, 7}

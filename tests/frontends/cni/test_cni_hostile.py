@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from netplugin.core.spares import SPARE_DIR
-from netplugin.frontends.cni.protocol import MAX_STDIN
-from netplugin.frontends.cni.shim import run
+from netplugin.frontends.cni.operations import run
+from netplugin.frontends.cni.spec import MAX_STDIN
 
 CID = "c0ffee0123456789abcdef"
 

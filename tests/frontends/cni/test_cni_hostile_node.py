@@ -21,7 +21,7 @@ import pytest
 from hostworld import World, world  # noqa: F401 (fixture)
 from nettest import host_veth_name
 
-from netplugin.frontends.client import NotSent, exchange
+from netplugin.frontends.wire.client import NotSent, exchange
 
 from .test_podman import BRIDGE
 
@@ -230,7 +230,7 @@ def test_a_fifo_netns_never_blocks_the_native_plugin_alone(world: World, tmp_pat
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     code = (
-        "from netplugin.plugins.bridge.plugin import NativeBridgePlugin\n"
+        "from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin\n"
         "from netplugin.core.plugin import CallContext\n"
         "from netplugin.core.names import PodRef\n"
         "from netplugin.core.errors import PluginFailed\n"

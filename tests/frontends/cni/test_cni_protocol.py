@@ -10,8 +10,8 @@ import pytest
 
 from netplugin.core.spares import SPARE_DIR
 from netplugin.frontends.cni.netconf import derived_pod_name
-from netplugin.frontends.cni.protocol import NO_NETNS, SUPPORTED_VERSIONS, parse_cni_args
 from netplugin.frontends.cni.result import make_result
+from netplugin.frontends.cni.spec import NO_NETNS, SUPPORTED_VERSIONS, parse_cni_args
 
 CID = "c0ffee0123456789abcdef"
 K8S_ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=web;K8S_POD_NAME=web-0"

@@ -43,7 +43,7 @@ from gopeers import require
 from nettest import free_third_octet
 
 from netplugin.core.spares import SPARE_DIR
-from netplugin.frontends.client import NotSent, exchange
+from netplugin.frontends.wire.client import NotSent, exchange
 
 from .containerd import Containerd, Sandbox, unavailable_reason
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from netplugin.frontends.client import NotSent, exchange
+from netplugin.frontends.wire.client import NotSent, exchange
 from tests.frontends.fastpath import outside_allowed
 
 REPO = Path(__file__).resolve().parents[3]
@@ -199,7 +199,7 @@ def test_the_daemon_path_imports_only_the_standard_library(world: World, fake: A
     world.start_daemon()
     code = (
         "import os, sys\n"
-        "from netplugin.frontends.cni.fast import run_call\n"
+        "from netplugin.frontends.cni.router import run_call\n"
         "code, doc, via = run_call(os.environ, sys.stdin.buffer.read())\n"
         "modules = sorted(sys.modules)\n"
         "import json\n"
@@ -211,7 +211,7 @@ def test_the_daemon_path_imports_only_the_standard_library(world: World, fake: A
     out = json.loads(done.stdout)
     assert (out["code"], out["via"]) == (0, "daemon")
     assert outside_allowed(out["modules"]) == []
-    assert "netplugin.frontends.rpc" in out["modules"]  # the check sees the fast path's own imports
+    assert "netplugin.frontends.wire.protocol" in out["modules"]  # the check sees the fast path's own imports
 
 
 def test_the_installed_entry_script_is_isolated_and_serves_calls(world: World, fake: Any, tmp_path: Path) -> None:

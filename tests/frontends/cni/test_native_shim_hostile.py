@@ -21,10 +21,8 @@ from pathlib import Path
 import pytest
 
 from netplugin.frontends.cni.native import SANITIZE, build_native, compiler, source_path
-from netplugin.frontends.rpc import (
-    FRAME_MAGIC as MAGIC,
-)
-from netplugin.frontends.rpc import (
+from netplugin.frontends.wire.protocol import FRAME_MAGIC as MAGIC
+from netplugin.frontends.wire.protocol import (
     FRAME_MAX_ANSWER,
     FRAME_MAX_ENV,
     FRAME_MAX_REQUEST,

@@ -10,7 +10,7 @@ import pytest
 
 from netplugin.core.errors import ConfigError
 from netplugin.frontends.cni.netconf import build_config
-from netplugin.frontends.cni.protocol import parse_request
+from netplugin.frontends.cni.spec import parse_request
 
 
 def _req(conf: dict[str, object]) -> object:

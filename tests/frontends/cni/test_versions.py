@@ -96,7 +96,8 @@ def test_the_shipped_conflist_offers_1_1_to_runtimes_that_read_it() -> None:
 
 
 def test_the_entry_point_knows_the_same_versions_as_the_protocol() -> None:
-    from netplugin.frontends.cni import fast, protocol
+    from netplugin.frontends.cni import router as fast
+    from netplugin.frontends.cni import spec as protocol
 
     assert fast.LATEST == protocol.LATEST
     assert (fast.E_IO, fast.E_TRY_AGAIN) == (protocol.E_IO, protocol.E_TRY_AGAIN)
@@ -118,6 +119,6 @@ def test_the_entry_point_knows_the_same_versions_as_the_protocol() -> None:
 def test_the_daemon_is_found_as_the_config_would_say(
     conf: dict[str, Any], env: dict[str, str], expected: tuple[str, str]
 ) -> None:
-    from netplugin.frontends.cni.fast import daemon_target
+    from netplugin.frontends.cni.router import daemon_target
 
     assert daemon_target(conf, env) == expected

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from netplugin.frontends.client import request
+from netplugin.frontends.wire.client import request
 
 GATE = Path(__file__).resolve().parents[2] / "testplugins" / "gate"
 READY_WITHIN = 60.0  # a bound for a hung start, not a performance expectation

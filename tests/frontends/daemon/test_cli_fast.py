@@ -1,4 +1,4 @@
-"""The CLI's fast path (netplugin.frontends.cli.fast): setup/teardown/status through the daemon without click.
+"""The CLI's fast path (netplugin.frontends.cli.entry): setup/teardown/status through the daemon without click.
 
 It must print exactly what the full CLI prints (same text, JSON, messages and exit codes), import
 nothing but the standard library's few modules, and leave everything it cannot serve to the full CLI.
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from netplugin.frontends.cli import app as full_cli
-from netplugin.frontends.cli import fast as thin
+from netplugin.frontends.cli import entry as thin
 from tests.frontends.fastpath import outside_allowed
 
 REPO = Path(__file__).resolve().parents[3]
@@ -88,7 +88,7 @@ def test_the_fast_path_imports_neither_click_nor_the_library(
     start_daemon(env={"NETPLUGIN_PLUGIN": "scripted"})
     code = (
         "import sys\n"
-        "from netplugin.frontends.cli import fast as thin\n"
+        "from netplugin.frontends.cli import entry as thin\n"
         "try:\n"
         "    thin.main(['status', 'default', 'web-0', 'infra0'])\n"
         "except SystemExit as e:\n"
@@ -100,7 +100,7 @@ def test_the_fast_path_imports_neither_click_nor_the_library(
     status, _, modules = done.stderr.strip().partition(" ")
     assert status == "0"
     assert outside_allowed(eval(modules)) == []
-    assert "netplugin.frontends.cli.exitcodes" in eval(modules)  # the check sees the fast path's own imports
+    assert "netplugin.frontends.wire.codes" in eval(modules)  # the check sees the fast path's own imports
 
 
 def test_a_refusing_daemon_leaves_the_work_to_the_full_cli(start_daemon: Any, cli: Any, plugin_dir: Any) -> None:

@@ -115,7 +115,7 @@ def test_thin_client_imports_nothing_heavy(start_daemon: Any, cli: Any) -> None:
         return {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
 
     thin = imported("auto")
-    assert "netplugin.frontends.client" in thin
+    assert "netplugin.frontends.wire.client" in thin
     heavy = {
         "pyroute2",
         "lightkube",
@@ -439,7 +439,7 @@ def test_metrics_can_be_disabled(start_daemon: Any) -> None:
 def test_one_connection_serves_many_requests_and_errors_come_back_as_themselves(
     start_daemon: Any, plugin_dir: Any
 ) -> None:
-    from netplugin.frontends.client import Connection
+    from netplugin.frontends.wire.client import Connection
 
     p = plugin_dir.install("scripted")
     p.set("setup", exit=7, stderr="nope")

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from netplugin.frontends.client import NotSent, exchange
+from netplugin.frontends.wire.client import NotSent, exchange
 
 LAUNCHER = """
 import os, runpy, sys

@@ -16,7 +16,7 @@ import pytest
 from netplugin.core.config import Config
 from netplugin.core.errors import HostError
 from netplugin.core.node import NodeInfo
-from netplugin.frontends.daemon.nodes import NodeKeeper
+from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 from netplugin.hosts.base import FakeHost
 from netplugin.nodenet.routes import Route, RouteProblem, RouteReport
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from netplugin.core.config import Config
-from netplugin.frontends.daemon.nodes import NodeKeeper
-from netplugin.frontends.simcluster.apiserver import ApiServer, kubelet_node
+from netplugin.frontends.daemon.nodekeeper import NodeKeeper
+from netplugin.frontends.lab.simcluster.apiserver import ApiServer, kubelet_node
 from netplugin.hosts.kube import KubeHost
 from netplugin.hosts.kubeconfig import KubeSettings
 from netplugin.nodenet.egress import Egress

@@ -14,8 +14,8 @@ import signal
 import socket
 from typing import Any
 
+from netplugin.frontends.daemon.podqueue import MAX_WAITING_PER_POD
 from netplugin.frontends.daemon.server import MAX_WORKERS
-from netplugin.frontends.daemon.turns import MAX_WAITING_PER_POD
 
 from .conftest import GATE, wait_for
 

@@ -15,7 +15,7 @@ from netplugin.frontends.cli.app import EXIT_CODES, exit_code_for
 from netplugin.frontends.daemon.listener import bind_socket
 from netplugin.frontends.daemon.server import error_classes
 from netplugin.frontends.daemon.systemd import sd_notify
-from netplugin.frontends.rpc import fingerprint
+from netplugin.frontends.wire.fingerprint import fingerprint
 
 ERRORS: list[E.NetpluginError] = [
     E.InvalidArgument("namespace", "Bad_NS", "must be a DNS-1123 label"),

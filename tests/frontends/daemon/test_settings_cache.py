@@ -10,8 +10,8 @@ import pytest
 
 from netplugin.core.config import load_config
 from netplugin.core.errors import ConfigError, DaemonUnavailable
-from netplugin.frontends.daemon.forwarded import check_settings
-from netplugin.frontends.rpc import fingerprint
+from netplugin.frontends.daemon.cnicalls import check_settings
+from netplugin.frontends.wire.fingerprint import fingerprint
 
 
 def _settings(path: Path, **environ: str) -> dict[str, object]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from netplugin.frontends.simcluster.apiserver import ApiServer, make_node, make_pod
+from netplugin.frontends.lab.simcluster.apiserver import ApiServer, make_node, make_pod
 
 
 @pytest.fixture

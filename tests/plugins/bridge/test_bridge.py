@@ -36,7 +36,7 @@ from netplugin.core.names import PodRef
 from netplugin.core.netlink import RawNetlink
 from netplugin.core.netns import netns_socket
 from netplugin.core.plugin import CallContext, PodNetworkStatus
-from netplugin.plugins.bridge.plugin import NativeBridgePlugin
+from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
 from netplugin.plugins.bridge.reaper import LinkReaper
 from netplugin.plugins.bridge.settings import SettingsError, host_veth_name, load_settings
 
@@ -316,7 +316,7 @@ def test_init_enables_forwarding_in_its_own_netns(native_factory: Callable[..., 
     node = net.add_netns("node")
     env = {k: v for k, v in net.env.items() if k != "NETPLUGIN_BRIDGE_IP_FORWARD"}
     code = (
-        "import sys; from netplugin.plugins.bridge.plugin import NativeBridgePlugin;"
+        "import sys; from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin;"
         "from netplugin.core.plugin import CallContext;"
         "import os; NativeBridgePlugin().init(CallContext(env=dict(os.environ)))"
     )

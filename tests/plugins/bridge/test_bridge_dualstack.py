@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from netplugin.core.errors import PluginFailed
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext, PodNetworkStatus
-from netplugin.plugins.bridge.plugin import NativeBridgePlugin
+from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
 from netplugin.plugins.bridge.settings import SettingsError, load_settings
 
 kernel = pytest.mark.kernel

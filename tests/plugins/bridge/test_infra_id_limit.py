@@ -17,7 +17,7 @@ from bridgenet import BridgeNet, Pod, host_veth_name, link_exists
 from netplugin.core.errors import InvalidArgument
 from netplugin.core.names import MAX_INFRA_ID, PodRef, validate_infra_id
 from netplugin.core.plugin import CallContext
-from netplugin.plugins.bridge.plugin import NativeBridgePlugin
+from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
 
 kernel = pytest.mark.kernel
 

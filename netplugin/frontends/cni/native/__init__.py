@@ -1,7 +1,7 @@
 """Building the compiled ``netplugin-cni`` (C, libc only) from the source shipped in this package.
 
 The source (``netplugin_cni.c``) includes a header generated from
-:mod:`netplugin.frontends.rpc`, so the frame's numbers have one home. :func:`build_native`
+:mod:`netplugin.frontends.wire.protocol`, so the frame's numbers have one home. :func:`build_native`
 compiles it with warnings as errors and hardening flags, with the socket path and the fallback
 (the Python shim to exec, or none: cluster mode, CNI error 11) in two slots of the binary;
 :func:`install_built` installs a binary built elsewhere (the image's build stage) with this node's
@@ -122,7 +122,7 @@ def build_native(
     Raises NoCompiler, ValueError for a path that cannot be a C string, or
     subprocess.CalledProcessError with the compiler's output (of the last link tried).
     """
-    from netplugin.frontends.rpc import c_header
+    from netplugin.frontends.wire.protocol import c_header
 
     cc = compiler()
     args = [f"-DNP_FALLBACK={_c_string(fallback, 'fallback')}", f"-DNP_SLOT_SIZE={SLOT_SIZE}", *defines]

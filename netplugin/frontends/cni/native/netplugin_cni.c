@@ -4,7 +4,7 @@
  * A container runtime execs this for every CNI call, as root, with the call's CNI_* variables and
  * the network config on stdin; both are untrusted input here. It parses no JSON: it sends the
  * CNI_* and NETPLUGIN_* variables and stdin in one frame (the format and every limit come from
- * netplugin_frame.h, generated from netplugin/frontends/rpc.py) over the daemon's unix
+ * netplugin_frame.h, generated from netplugin/frontends/wire/protocol.py) over the daemon's unix
  * socket, writes the daemon's stdout and stderr, and exits with the daemon's status.
  *
  * The socket is NETPLUGIN_SOCKET, else the socket slot (NP_SOCKET when built; rewritten when a built

@@ -2,8 +2,8 @@
 
 A container runtime starts this process for every CNI call, so its start-up is on every pod's
 start path. On the daemon path it imports only ``os``, ``sys``, ``time``, ``_socket``, ``struct`` and
-``_json`` (through netplugin's :mod:`netplugin.core.defaults`, :mod:`netplugin.frontends.rpc` and
-:mod:`netplugin.frontends.client`):
+``_json`` (through netplugin's :mod:`netplugin.core.defaults`, :mod:`netplugin.frontends.wire.protocol` and
+:mod:`netplugin.frontends.wire.client`):
 not even ``json`` or ``typing`` (each costs about as much as the interpreter's own start), and
 no click, yaml, psutil, nor the manager or the plugin machinery.
 
@@ -42,14 +42,13 @@ import time
 
 from netplugin.core.defaults import answer_timeout as _answer_timeout
 from netplugin.core.defaults import socket_path
-from netplugin.frontends.rpc import (
+from netplugin.frontends.wire.codec import dumps, loads
+from netplugin.frontends.wire.protocol import (
     CNI_IO_FAILURE,
     CNI_TRY_AGAIN,
     CNI_VERSIONS,
     MAX_STDIN,
     cni_request,
-    dumps,
-    loads,
     process_environ,
 )
 
@@ -135,7 +134,7 @@ def forward(
     sock: str, environ: "Mapping[str, str]", stdin: bytes, conf: dict[str, object], mode: str
 ) -> tuple[int, dict[str, object] | None] | str:
     """The daemon's (exit status, document) for this call, or why this process must run it."""
-    from netplugin.frontends.client import NoAnswer, NotSent, exchange
+    from netplugin.frontends.wire.client import NoAnswer, NotSent, exchange
 
     command = environ.get("CNI_COMMAND", "")
     version = _text(conf.get("cniVersion")) or LATEST
@@ -264,7 +263,7 @@ def _run(
             if not isinstance(outcome, str):
                 return outcome[0], outcome[1], "daemon", None
             why = outcome
-    from netplugin.frontends.cni.shim import run
+    from netplugin.frontends.cni.operations import run
 
     code, doc = run(environ, stdin, unavailable=why)
     return code, doc, "local", why

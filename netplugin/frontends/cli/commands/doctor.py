@@ -1,4 +1,4 @@
-"""``netplugin doctor``: does this node work as installed? (Its checks, as data: :mod:`netplugin.frontends.doctor`.)"""
+"""``netplugin doctor``: does this node work as installed? (Its checks, as data: :mod:`netplugin.frontends.checks`.)"""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-from netplugin.frontends.cli.exitcodes import EXIT_DOCTOR_PROBLEMS, EXIT_OK
+from netplugin.frontends.cli.context import State, pass_state
 from netplugin.frontends.cli.options import command
-from netplugin.frontends.cli.state import State, pass_state
+from netplugin.frontends.wire.codes import EXIT_DOCTOR_PROBLEMS, EXIT_OK
 
 __all__ = ["doctor"]
 
@@ -53,7 +53,7 @@ def doctor(st: State, cni_conf_dir: str, bin_dirs: tuple[str, ...]) -> None:
     7 at least one problem (a daemon that does not answer is one), 2 bad usage.
     """
     from netplugin.core.errors import ConfigError
-    from netplugin.frontends.doctor import CNI_BIN_DIRS, Check, run_checks
+    from netplugin.frontends.checks import CNI_BIN_DIRS, Check, run_checks
 
     try:
         checks = run_checks(st.config, cni_conf_dir, bin_dirs or CNI_BIN_DIRS)

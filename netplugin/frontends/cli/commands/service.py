@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from netplugin.frontends.cli.context import State, pass_state
 from netplugin.frontends.cli.options import command
-from netplugin.frontends.cli.state import State, pass_state
 
 __all__ = ["health", "serve"]
 
@@ -48,7 +48,7 @@ def health(st: State, wait: float) -> None:
     """Ask the daemon if it serves: exit 0, or 6 when nobody answers (a stale socket too).
 
     The DaemonSet's liveness and readiness probes run this."""
-    from netplugin.frontends.client import request
+    from netplugin.frontends.wire.client import request
 
     h = request(st.config.socket_path, "health", timeout=wait)
     stuck = f"; {len(h['stuck'])} plugin call(s) stuck past their time limits" if h.get("stuck") else ""

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from netplugin.frontends.simcluster.apiobjects import (
+from netplugin.frontends.lab.simcluster.apiobjects import (
     KINDS,
     BadRequest,
     Event,

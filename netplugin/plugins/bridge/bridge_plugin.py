@@ -188,7 +188,7 @@ def _configure_bridge(s: BridgeSettings, step: _Step) -> int:
 _IFA_F_NODAD = 0x02
 #: the modules whose code makes the plugin: a change to any of them runs init again
 _CODE = (
-    "netplugin.plugins.bridge.plugin",
+    "netplugin.plugins.bridge.bridge_plugin",
     "netplugin.plugins.bridge.settings",
     "netplugin.plugins.bridge.ipam",
     "netplugin.plugins.bridge.ipam_files",

@@ -126,7 +126,7 @@ def _safe_call_conf(path: str) -> dict[str, Any] | None:
 def _shim_problem(path: str) -> str | None:
     from netplugin import __version__
     from netplugin.frontends.cni.native import MAX_BINARY
-    from netplugin.frontends.rpc import CNI_VERSIONS
+    from netplugin.frontends.wire.protocol import CNI_VERSIONS
 
     with open(path, "rb") as f:
         head = f.read(MAX_BINARY)  # a statically linked shim's own strings sit past libc's
@@ -159,8 +159,8 @@ def check_shim(node: Node) -> Check:
 
 def _slot_problem(path: str, node: Node) -> str | None:
     """A compiled shim calls the socket written into it: the one a call from the conflist must reach."""
-    from netplugin.frontends.cni.fast import daemon_target
     from netplugin.frontends.cni.native import slots
+    from netplugin.frontends.cni.router import daemon_target
 
     with open(path, "rb") as f:
         if f.read(4) != b"\x7fELF" or node.call_conf is None:
@@ -179,8 +179,8 @@ def inline_differences(call_conf: dict[str, Any]) -> list[str]:
     """Settings keys in which the conflist's own values make the call's config differ from its config file's."""
     from netplugin.core.config import load_config
     from netplugin.frontends.cni.netconf import build_config
-    from netplugin.frontends.cni.protocol import CniRequest
-    from netplugin.frontends.rpc import fingerprint
+    from netplugin.frontends.cni.spec import CniRequest
+    from netplugin.frontends.wire.fingerprint import fingerprint
 
     path = call_conf.get("configFile")
     call = fingerprint(build_config(CniRequest(command="ADD", conf=call_conf), {}))
@@ -189,9 +189,9 @@ def inline_differences(call_conf: dict[str, Any]) -> list[str]:
 
 
 def check_daemon(node: Node) -> Check:
-    from netplugin.frontends.client import NoAnswer, NotSent, exchange
-    from netplugin.frontends.cni.fast import daemon_target
-    from netplugin.frontends.rpc import request
+    from netplugin.frontends.cni.router import daemon_target
+    from netplugin.frontends.wire.client import NoAnswer, NotSent, exchange
+    from netplugin.frontends.wire.protocol import request
 
     if node.call_conf is None:
         return Check("daemon", "no netplugin conflist picked", "calls reach neither netplugin nor its daemon")
@@ -209,8 +209,8 @@ def check_daemon(node: Node) -> Check:
     node.health = answer["result"]
     try:
         from netplugin.frontends.cni.netconf import build_config
-        from netplugin.frontends.cni.protocol import CniRequest
-        from netplugin.frontends.rpc import fingerprint
+        from netplugin.frontends.cni.spec import CniRequest
+        from netplugin.frontends.wire.fingerprint import fingerprint
 
         mine = fingerprint(build_config(CniRequest(command="ADD", conf=node.call_conf), {}))
     except NetpluginError as e:

@@ -26,7 +26,7 @@ from netplugin.core.errors import NetpluginError, SystemFailure
 from netplugin.core.execplugin.invoke import run, start
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass, field
-from netplugin.frontends.demo import DEMO_NAMESPACE, _check_prerequisites, _ip, find_plugin_source
+from netplugin.frontends.lab.demo import DEMO_NAMESPACE, _check_prerequisites, _ip, find_plugin_source
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.manager import Manager
 from netplugin.plugins.bridge.settings import host_veth_name

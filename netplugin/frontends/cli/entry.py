@@ -26,7 +26,8 @@ import sys
 
 from netplugin.core.defaults import socket_path as _socket_path
 from netplugin.frontends.cli import by_name
-from netplugin.frontends.cli.exitcodes import (
+from netplugin.frontends.wire.codec import dumps
+from netplugin.frontends.wire.codes import (
     EXIT_CODES,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -34,7 +35,7 @@ from netplugin.frontends.cli.exitcodes import (
     EXIT_SYSTEM,
     exit_code_for_classes,
 )
-from netplugin.frontends.rpc import POD_OPS, dumps, pod_output, pod_request, pod_result, process_environ, settings
+from netplugin.frontends.wire.protocol import POD_OPS, pod_output, pod_request, pod_result, process_environ, settings
 
 __all__ = ["EXIT_CODES", "exit_code_for_classes", "locally", "main", "parse_pod_command"]
 
@@ -95,7 +96,7 @@ def socket_path(cmd: PodCommand, environ: "Mapping[str, str]") -> str:
 
 
 def _exists(path: str) -> bool:
-    """``os.path.exists`` without ``os`` (see :func:`netplugin.frontends.rpc.process_environ`)."""
+    """``os.path.exists`` without ``os`` (see :func:`netplugin.frontends.wire.protocol.process_environ`)."""
     try:
         posix.stat(path)
     except (OSError, ValueError):
@@ -116,7 +117,7 @@ def via_daemon(cmd: PodCommand, environ: "Mapping[str, str]") -> int | None:
     sock = socket_path(cmd, environ)
     if not _exists(sock):
         return None
-    from netplugin.frontends.client import NoAnswer, NotSent, exchange
+    from netplugin.frontends.wire.client import NoAnswer, NotSent, exchange
 
     body = pod_request(
         cmd.action, cmd.namespace, cmd.pod, cmd.infra_id, settings=settings(cmd.config_path, environ, cmd.overrides)

@@ -1,6 +1,6 @@
 """``netplugin demo --nodes N``: a small cluster on this machine, pods on different nodes talking.
 
-What it shows a new user, step by step (see :mod:`netplugin.frontends.simcluster.cluster` for
+What it shows a new user, step by step (see :mod:`netplugin.frontends.lab.simcluster.cluster` for
 the layout, all inside network namespaces the demo creates and removes):
 
 1. N nodes come up, each with its own ``netplugin serve`` watching a Kubernetes API (a small
@@ -22,7 +22,7 @@ from typing import Any
 
 from netplugin.core.errors import InvalidArgument, NetpluginError, SystemFailure
 from netplugin.core.plaindata import dataclass, field
-from netplugin.frontends.simcluster.cluster import OUTSIDE_V4, OUTSIDE_V6, SimCluster, SimNode, SimPod
+from netplugin.frontends.lab.simcluster.cluster import OUTSIDE_V4, OUTSIDE_V6, SimCluster, SimNode, SimPod
 
 __all__ = ["ClusterReport", "run_cluster_demo"]
 
@@ -81,7 +81,7 @@ def run_cluster_demo(
         _remove_last(c, members, report, progress)
         _teardown(c, report, progress)
         tag = c.tag
-    from netplugin.frontends.simcluster.netns import netns_exists
+    from netplugin.frontends.lab.simcluster.nsexec import netns_exists
 
     stray = [ns for ns in (c.underlay, *(f"np{tag}n{i}" for i in range(1, nodes + 1))) if netns_exists(ns)]
     if stray:

@@ -1,7 +1,7 @@
 """The transport to the netplugin daemon (``netplugin serve``): connect, send, receive, check the peer.
 
 The messages themselves (version, ops, limits, codec, request builders) are
-:mod:`netplugin.frontends.rpc`'s. This module is on the CLI's cold path, so it uses the
+:mod:`netplugin.frontends.wire.protocol`'s. This module is on the CLI's cold path, so it uses the
 standard library's ``_socket`` only: no asyncio, no psutil, nothing that imports the manager
 or the plugin machinery. :func:`exchange` is one request without any other netplugin import
 (it raises :class:`NotSent` or :class:`NoAnswer`, plain exceptions); :class:`Connection` and
@@ -21,8 +21,10 @@ import _struct as struct
 import posix
 
 from netplugin.core.defaults import CONNECT_TIMEOUT, answer_timeout
-from netplugin.frontends.rpc import MAX_MESSAGE, encode_line, fingerprint, loads
-from netplugin.frontends.rpc import request as build_request
+from netplugin.frontends.wire.codec import loads
+from netplugin.frontends.wire.fingerprint import fingerprint
+from netplugin.frontends.wire.protocol import MAX_MESSAGE, encode_line
+from netplugin.frontends.wire.protocol import request as build_request
 
 # Not typing's: importing typing costs this path more than the rest of it (~15 ms).
 TYPE_CHECKING = False

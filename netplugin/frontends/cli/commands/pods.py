@@ -1,16 +1,16 @@
 """The per-pod commands: ``setup``, ``teardown``, ``status``, and the records: ``pods``, ``gc``.
 
 Each asks the daemon first (:meth:`State.daemon`) and runs here when it must; the results are
-shaped by :mod:`netplugin.frontends.rpc`, as the fast path and the daemon shape them.
+shaped by :mod:`netplugin.frontends.wire.protocol`, as the fast path and the daemon shape them.
 """
 
 from __future__ import annotations
 
 import click
 
+from netplugin.frontends.cli.context import LOCAL, State, pass_state
 from netplugin.frontends.cli.options import command, pod_arguments
-from netplugin.frontends.cli.state import LOCAL, State, pass_state
-from netplugin.frontends.rpc import pod_output, pod_result
+from netplugin.frontends.wire.protocol import pod_output, pod_result
 
 __all__ = ["gc", "pods", "setup", "status", "teardown"]
 

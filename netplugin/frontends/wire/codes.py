@@ -1,7 +1,7 @@
 """netplugin's exit codes, and which error class maps to which (the README's table).
 
 Shared by the full CLI (:mod:`netplugin.frontends.cli.app`, which alone turns errors into exit
-codes) and its stdlib-only fast path (:mod:`netplugin.frontends.cli.fast`), so the two can never
+codes) and its stdlib-only fast path (:mod:`netplugin.frontends.cli.entry`), so the two can never
 disagree. Standard library only.
 """
 

@@ -1,6 +1,6 @@
 """The API's objects as the simulated API server holds them: factories, field selectors, Status.
 
-Split from :mod:`netplugin.frontends.simcluster.apiserver` (which serves them over HTTP): the
+Split from :mod:`netplugin.frontends.lab.simcluster.apiserver` (which serves them over HTTP): the
 shapes here are those of the real API (``spec.podCIDRs``, ``status.addresses``, a ``Status``
 body with ``reason`` and ``code``, field selectors with ``=``, ``==``, ``!=``).
 """

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
+from netplugin.frontends.cli.context import State, pass_state
 from netplugin.frontends.cli.options import AsciiIntRange, command
-from netplugin.frontends.cli.state import State, pass_state
 
 __all__ = ["COMPLETE_VAR", "bench", "completion", "completion_script", "demo", "install_shim"]
 
@@ -38,7 +38,7 @@ def demo(
     """Set up pods on a real bridge, prove they talk, tear down, prove nothing is left (root)."""
     import signal
 
-    from netplugin.frontends.demo import run_demo
+    from netplugin.frontends.lab.demo import run_demo
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -70,7 +70,7 @@ def demo(
 
 def _chain_demo(st: State, first: str, plugin_source: str | None, subnet: str | None, say: Any) -> None:
     from netplugin.core.errors import NetpluginError
-    from netplugin.frontends.demo_chain import run_chain_demo
+    from netplugin.frontends.lab.demo_chain import run_chain_demo
 
     report = run_chain_demo(first=first, plugin_source=plugin_source, subnet=subnet, progress=say)
     st.emit(report.to_dict(), None)
@@ -81,7 +81,7 @@ def _chain_demo(st: State, first: str, plugin_source: str | None, subnet: str | 
 
 def _cluster_demo(st: State, nodes: int, plugin: str, plugin_source: str | None, say: Any) -> None:
     from netplugin.core.errors import NetpluginError
-    from netplugin.frontends.demo_cluster import run_cluster_demo
+    from netplugin.frontends.lab.demo_cluster import run_cluster_demo
 
     report = run_cluster_demo(nodes, plugin=plugin, plugin_source=plugin_source, progress=say)
     st.emit(report.to_dict(), None)

@@ -18,7 +18,7 @@ from typing import Any
 
 from netplugin.core.config import Config, load_config
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument
-from netplugin.frontends.rpc import differing_settings, fingerprint
+from netplugin.frontends.wire.fingerprint import differing_settings, fingerprint
 from netplugin.manager.manager import Manager
 
 __all__ = ["check_settings", "environ_problem", "run_cni", "run_cni_call"]
@@ -127,10 +127,10 @@ def run_cni_call(
     """
     problem = environ_problem(environ)
     if problem is not None:  # CNI error 4 before anything runs, as a bad CNI_* variable
-        from netplugin.frontends.cni.protocol import E_ENV, LATEST, CniError
+        from netplugin.frontends.cni.spec import E_ENV, LATEST, CniError
 
         return 1, CniError(E_ENV, problem).to_dict(LATEST)
-    from netplugin.frontends.cni.shim import DaemonSide, Refused, run
+    from netplugin.frontends.cni.operations import DaemonSide, Refused, run
 
     try:
         return run(environ, stdin, daemon=DaemonSide(manager, own, timed))

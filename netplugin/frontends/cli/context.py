@@ -74,7 +74,7 @@ class State:
         if cfg.use_daemon == "never" or (cfg.use_daemon == "auto" and not os.path.exists(cfg.socket_path)):
             return LOCAL
         from netplugin.core.errors import DaemonUnavailable
-        from netplugin.frontends.client import request
+        from netplugin.frontends.wire.client import request
 
         try:
             return request(cfg.socket_path, op, config=cfg, **args)

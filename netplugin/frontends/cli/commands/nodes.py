@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from netplugin.frontends.cli.context import LOCAL, State, pass_state
 from netplugin.frontends.cli.options import command
-from netplugin.frontends.cli.state import LOCAL, State, pass_state
 
 __all__ = ["nodes"]
 
@@ -46,7 +46,7 @@ def _nodes_text(info: dict[str, Any]) -> str:
     lines += [f"  {r['dst']:<28} via {r['via']:<28} {r['node']}" for r in routes]
     problems = info.get("problems") or []
     if problems:
-        from netplugin.frontends.daemon.nodes import problem_text
+        from netplugin.frontends.daemon.nodekeeper import problem_text
 
         lines.append(f"problems ({len(problems)}):")
         lines += [f"  {problem_text(p)}" for p in problems]

@@ -6,9 +6,9 @@ import os
 
 import click
 
+from netplugin.frontends.cli.context import LOCAL, State, pass_state
 from netplugin.frontends.cli.options import command
-from netplugin.frontends.cli.state import LOCAL, State, pass_state
-from netplugin.frontends.rpc import init_result
+from netplugin.frontends.wire.protocol import init_result
 
 __all__ = ["init", "missing_dir_warning", "plugins"]
 

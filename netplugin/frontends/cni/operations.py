@@ -56,7 +56,7 @@ Network namespace and interface
     no part of init's marker nor of the settings compared with the daemon's.
 
 Where it runs
-    The entry point (:mod:`netplugin.frontends.cni.fast`) hands the call to ``netplugin serve``
+    The entry point (:mod:`netplugin.frontends.cni.router`) hands the call to ``netplugin serve``
     when it answers and runs with the same settings (the daemon then calls :func:`run` with
     its manager); otherwise :func:`run` runs here. The result is the same either way.
 
@@ -128,7 +128,8 @@ from netplugin.frontends.cni.attachments import (
     valid_attachments,
 )
 from netplugin.frontends.cni.netconf import build_config, call_options, pod_ref_for
-from netplugin.frontends.cni.protocol import (
+from netplugin.frontends.cni.result import link_mac, make_result, prev_ips
+from netplugin.frontends.cni.spec import (
     E_CONFIG,
     E_INTERNAL,
     E_TRY_AGAIN,
@@ -143,7 +144,6 @@ from netplugin.frontends.cni.protocol import (
     error_for,
     parse_request,
 )
-from netplugin.frontends.cni.result import link_mac, make_result, prev_ips
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -182,7 +182,7 @@ _STOCKED: set[tuple[str, str]] = set()
 
 @dataclass(frozen=True)
 class DaemonSide:
-    """What the daemon lends a call the shim forwarded (see :mod:`netplugin.frontends.cni.fast`).
+    """What the daemon lends a call the shim forwarded (see :mod:`netplugin.frontends.cni.router`).
 
     ``manager`` is the daemon's own (its plugin, init marker, host, state store, locks);
     ``fingerprint`` its settings, which the call's must equal; ``timed(op, fn)`` runs a pod
@@ -222,7 +222,7 @@ class _Ops:
             self.manager = Manager(cfg, environ=dict(environ))
             self.timed: Callable[[str, Callable[[], Any]], Any] = lambda op, fn: fn()
             return
-        from netplugin.frontends.rpc import differing_settings
+        from netplugin.frontends.wire.fingerprint import differing_settings
 
         if cfg.use_daemon == "never":
             raise Refused("the call's settings say use_daemon: never")
@@ -250,7 +250,7 @@ _FINGERPRINTS: dict[int, tuple[Config, dict[str, Any]]] = {}
 
 
 def _fingerprint(cfg: Config) -> dict[str, Any]:
-    from netplugin.frontends.rpc import fingerprint
+    from netplugin.frontends.wire.fingerprint import fingerprint
 
     hit = _FINGERPRINTS.get(id(cfg))
     if hit is not None and hit[0] is cfg:

@@ -39,9 +39,9 @@ from netplugin.core.defaults import socket_path
 from netplugin.core.errors import NetpluginError, SystemFailure
 from netplugin.core.execplugin.invoke import run
 from netplugin.core.plaindata import dataclass, field
-from netplugin.frontends.client import request
-from netplugin.frontends.simcluster.apiserver import ApiServer, make_node, make_pod
-from netplugin.frontends.simcluster.netns import ip, ip_json, netns_exists, socket_in_netns
+from netplugin.frontends.lab.simcluster.apiserver import ApiServer, make_node, make_pod
+from netplugin.frontends.lab.simcluster.nsexec import ip, ip_json, netns_exists, socket_in_netns
+from netplugin.frontends.wire.client import request
 
 __all__ = ["CLUSTER_CIDRS", "OUTSIDE_V4", "OUTSIDE_V6", "SimCluster", "SimNode", "SimPod"]
 
@@ -233,7 +233,7 @@ class SimCluster:
         if self.plugin == "bridge":
             source = self.plugin_source
             if source is None:
-                from netplugin.frontends.demo import find_plugin_source
+                from netplugin.frontends.lab.demo import find_plugin_source
 
                 source = find_plugin_source()
             shutil.copytree(source / "bridge", node.root / "exec" / "bridge")

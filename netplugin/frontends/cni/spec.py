@@ -17,7 +17,7 @@ from typing import Any
 from netplugin.core._yaml import short_repr
 from netplugin.core.errors import NetpluginError
 from netplugin.core.plaindata import dataclass, field
-from netplugin.frontends.rpc import CNI_IO_FAILURE, CNI_TRY_AGAIN, CNI_VERSIONS, MAX_STDIN
+from netplugin.frontends.wire.protocol import CNI_IO_FAILURE, CNI_TRY_AGAIN, CNI_VERSIONS, MAX_STDIN
 
 __all__ = [
     "COMMANDS",

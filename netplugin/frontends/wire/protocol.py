@@ -1,8 +1,8 @@
 """The daemon protocol's one home: version, ops, limits, the JSON codec, requests and answers.
 
 Standard library only, and cheap to import: the per-call fast paths (``netplugin`` through
-:mod:`netplugin.frontends.cli.fast`, ``netplugin-cni`` through :mod:`netplugin.frontends.cni.fast`)
-load it on every call. :mod:`netplugin.frontends.client` carries these messages (transport only),
+:mod:`netplugin.frontends.cli.entry`, ``netplugin-cni`` through :mod:`netplugin.frontends.cni.router`)
+load it on every call. :mod:`netplugin.frontends.wire.client` carries these messages (transport only),
 :mod:`netplugin.frontends.daemon.server` answers them.
 
 Protocol (one unix stream socket, newline-delimited JSON, any number of requests per connection,
@@ -20,19 +20,12 @@ network config; the result is ``{"code": exit status, "doc": what the shim print
 bases, so the caller re-raises the very same error (same class, message, details and so the same
 exit code) as the local run would.
 
-``config`` is the caller's :func:`fingerprint`: the daemon refuses, with DaemonUnavailable, a
-request made under different settings (:func:`differing_settings`), because it would not do
+``config`` is the caller's :func:`~.fingerprint.fingerprint`: the daemon refuses, with DaemonUnavailable, a
+request made under different settings (:func:`~.fingerprint.differing_settings`), because it would not do
 what the caller asked. DaemonUnavailable always means "not run", so a caller may then do the
 work itself. Callers that cannot build a Config cheaply (the two fast paths) send ``settings``
 instead (:func:`settings`): the daemon builds the config from them as the caller would have and
 compares its fingerprint.
-
-JSON comes from the C accelerator ``_json`` alone: ``import json`` costs more than the rest of
-a CNI call's start-up (json.decoder and json.encoder import ``re``, which imports ``enum`` and
-``functools``: ~12 ms, about the bare interpreter's whole start). :func:`loads` and :func:`dumps`
-drive ``_json``'s parser and serializer directly, with the same results as ``json.loads`` and
-``json.dumps`` (compact, or ``sort_keys`` with the default separators). Only on a syntax error
-does :func:`loads` import ``json`` (to raise :class:`json.JSONDecodeError` with json's message).
 
 The compiled CNI shim's binary frame (``netplugin_cni.c``, which parses no JSON). All integers are
 big-endian; a JSON request line starts with ``{``, so the daemon's listener tells a frame by its
@@ -50,16 +43,17 @@ first byte.
   settings), the value says why, and the shim falls back (it execs the Python shim with the same
   environment and stdin on standalone nodes, or prints CNI error :data:`CNI_TRY_AGAIN`).
 
-The C source includes the header :func:`c_header` writes (``python3 -m netplugin.frontends.rpc
+The C source includes the header :func:`c_header` writes (``python3 -m netplugin.frontends.wire.protocol
 --c-header``), so every number of the frame has this one home.
 """
 
 # No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
 # annotations of names imported only for type checking are strings instead.
 
-import _json
 import posix
 import sys
+
+from netplugin.frontends.wire.codec import dumps
 
 __all__ = [
     "CNI_IO_FAILURE",
@@ -82,15 +76,11 @@ __all__ = [
     "cni_request",
     "decode_answer",
     "decode_request",
-    "differing_settings",
-    "dumps",
     "encode_answer",
     "encode_line",
     "encode_request",
     "encode_unavailable",
-    "fingerprint",
     "init_result",
-    "loads",
     "pod_output",
     "pod_request",
     "pod_result",
@@ -105,8 +95,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, Protocol
-
-    from netplugin.core.config import Config
 
     class _PodStatus(Protocol):
         @property
@@ -130,76 +118,6 @@ CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 CNI_TRY_AGAIN = 11
 #: CNI error code "I/O failure" (reading stdin, talking to the daemon)
 CNI_IO_FAILURE = 5
-
-# --- the JSON codec --------------------------------------------------------------------------------
-
-
-def _constant(name: str) -> float:
-    return {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}[name]
-
-
-class _Context:
-    """What ``_json.make_scanner`` reads off a ``json.JSONDecoder``, with its defaults."""
-
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-    parse_constant = staticmethod(_constant)
-    memo: dict[str, str]
-
-    def __init__(self) -> None:
-        self.memo = {}
-
-
-_scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # duck-typed: the attributes it reads
-_WHITESPACE = " \t\n\r"
-
-
-def _fail(msg: str, doc: str, pos: int) -> ValueError:
-    from json.decoder import JSONDecodeError
-
-    return JSONDecodeError(msg, doc, pos)
-
-
-def loads(data: str | bytes) -> "Any":
-    """``json.loads`` for text or UTF-8 bytes; raises ValueError (JSONDecodeError, UnicodeDecodeError)."""
-    doc = data.decode("utf-8") if isinstance(data, bytes) else data
-    if doc.startswith("\ufeff"):
-        raise _fail("Unexpected UTF-8 BOM (decode using utf-8-sig)", doc, 0)
-    start = len(doc) - len(doc.lstrip(_WHITESPACE))
-    try:
-        value, end = _scan(doc, start)
-    except StopIteration as e:
-        raise _fail("Expecting value", doc, e.value) from None
-    except (SystemError, ValueError):
-        # The C scanner raises its syntax errors as json.decoder's class, and returns NULL
-        # (SystemError) when that module is not loaded yet: let json itself say what is wrong.
-        import json
-
-        return json.loads(doc)
-    rest = len(doc) - len(doc.rstrip(_WHITESPACE))
-    if end != len(doc) - rest:
-        raise _fail("Extra data", doc, end)
-    return value
-
-
-def _default(o: object) -> object:
-    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
-
-
-_compact = _json.make_encoder(None, _default, _json.encode_basestring_ascii, None, ":", ",", False, False, True)
-_sorted = _json.make_encoder(None, _default, _json.encode_basestring_ascii, None, ": ", ", ", True, False, True)
-
-
-def dumps(obj: object, *, sort_keys: bool = False) -> str:
-    """``json.dumps(obj, separators=(",", ":"))``, or with ``sort_keys`` ``json.dumps(obj, sort_keys=True)``."""
-    if isinstance(obj, str):  # the C encoder handles containers and scalars, not a bare str
-        return str(_json.encode_basestring_ascii(obj))
-    chunks = (_sorted if sort_keys else _compact)(obj, 0)
-    return "".join(chunks)
-
 
 # --- requests ----------------------------------------------------------------------------------------
 
@@ -273,33 +191,6 @@ def pod_output(op: str, namespace: str, pod: str, infra_id: str, result: "Any") 
         return result, None
     ip = result.get("ip")
     return result, "" if ip is None else str(ip)
-
-
-# --- "same settings?" ---------------------------------------------------------------------------------
-
-# Settings that do not change what an operation does, so caller and daemon may differ in them.
-_NOT_BEHAVIOUR = frozenset({"config_path", "socket", "metrics_address", "use_daemon", "timeout", "timeouts"})
-
-
-def fingerprint(config: "Config") -> "dict[str, Any]":
-    """The settings that decide what an operation does, in JSON form (compared by the daemon)."""
-    import json  # the callers that build a Config have paid for more than json already
-
-    out: dict[str, Any] = {k: v for k, v in config.to_dict().items() if k not in _NOT_BEHAVIOUR}
-    # The chain, however it was spelled: ``plugin: a`` and ``plugins: [a]`` are the same settings.
-    del out["plugins"]
-    out["plugin"] = ",".join(config.chain) or "kubernetes.io/no-op"
-    # --timeout overrides the per-action limits: compare what each action really gets.
-    out["timeouts"] = {a: config.timeout_for(a) for a in ("init", "setup", "teardown", "status")}
-    normal: dict[str, Any] = json.loads(json.dumps(out, sort_keys=True, default=str))
-    return normal
-
-
-def differing_settings(mine: "Mapping[str, Any]", theirs: object) -> list[str]:
-    """The fingerprint keys in which ``theirs`` differs from ``mine`` (empty: the same settings)."""
-    if not isinstance(theirs, dict):
-        return sorted(mine)
-    return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
 
 
 # --- the compiled shim's frame (see the module docstring) ---------------------------------------------
@@ -463,7 +354,7 @@ def c_header() -> str:
         "NPF_CNI_VERSIONS": f'"{versions}"',
     }
     lines = [
-        "/* Generated by `python3 -m netplugin.frontends.rpc --c-header`: do not edit. */",
+        "/* Generated by `python3 -m netplugin.frontends.wire.protocol --c-header`: do not edit. */",
         "#ifndef NETPLUGIN_FRAME_H",
         "#define NETPLUGIN_FRAME_H",
         *(f"#define {k} {v}" for k, v in defines.items()),
@@ -474,6 +365,6 @@ def c_header() -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--c-header"]:
-        sys.stderr.write("usage: python3 -m netplugin.frontends.rpc --c-header\n")
+        sys.stderr.write("usage: python3 -m netplugin.frontends.wire.protocol --c-header\n")
         sys.exit(2)
     sys.stdout.write(c_header())

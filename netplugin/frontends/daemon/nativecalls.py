@@ -1,6 +1,6 @@
-"""Calls of the compiled CNI shim: one binary frame in, one frame out (the frame: :mod:`netplugin.frontends.rpc`).
+"""Calls of the compiled CNI shim: one binary frame in, one frame out (the frame: :mod:`..wire.protocol`).
 
-The call runs exactly as the Python shim's op ``cni`` (:func:`.forwarded.run_cni`): the same
+The call runs exactly as the Python shim's op ``cni`` (:func:`.cnicalls.run_cni`): the same
 settings check (the call's config must be the daemon's), the container's turn, the pod metrics,
 the shim's own code for the answer; so codes and messages are the Python shim's. What the daemon
 did not run (other settings, draining, too many waiting) is answered ``U`` and the shim falls
@@ -17,12 +17,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from netplugin.core.errors import DaemonUnavailable
-from netplugin.frontends.rpc import (
+from netplugin.frontends.wire.codec import dumps
+from netplugin.frontends.wire.protocol import (
     FRAME_MAGIC,
     FRAME_MAX_REQUEST,
     FrameError,
     decode_request,
-    dumps,
     encode_answer,
     encode_unavailable,
     read_frame_header,
@@ -75,7 +75,7 @@ async def run_frame(
     a function in a worker, ``run(environ, stdin, *run_args)`` the call with the daemon's manager (raising
     DaemonUnavailable when the daemon must not run it).
     """
-    from netplugin.frontends.cni.fast import conf_of, log_call
+    from netplugin.frontends.cni.router import conf_of, log_call
 
     start = time.monotonic()
     try:

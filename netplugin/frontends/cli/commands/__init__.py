@@ -1,0 +1,1 @@
+"""The ``netplugin`` commands, one module per job (the registry: :data:`..app.COMMANDS`)."""

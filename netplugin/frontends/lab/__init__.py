@@ -1,0 +1,1 @@
+"""Demonstrations and the simulated cluster; only the ``demo`` command imports them."""
