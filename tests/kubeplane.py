@@ -144,6 +144,8 @@ class ControlPlane:
             str(self.peers / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
             "--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false",
+            # each controller as its own ServiceAccount, with the rights Kubernetes' default RBAC gives it
+            "--use-service-account-credentials",
             "--controllers=node-ipam-controller,serviceaccount-controller,serviceaccount-token-controller",
             "--allocate-node-cidrs", f"--cluster-cidr={','.join(CLUSTER_CIDRS)}",
             "--node-cidr-mask-size-ipv4=24", "--node-cidr-mask-size-ipv6=64",
