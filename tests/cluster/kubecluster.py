@@ -186,12 +186,20 @@ class KubeCluster(SimCluster):
             "--proxy-mode=nftables", f"--hostname-override={node.name}", f"--cluster-cidr={','.join(CLUSTER_CIDRS)}",
             # the conntrack sysctls are the machine's: leave them alone
             "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0s",
-            "--conntrack-tcp-timeout-close-wait=0s", "--metrics-bind-address=127.0.0.1:0",
-            "--healthz-bind-address=127.0.0.1:0",
+            "--conntrack-tcp-timeout-close-wait=0s",
+            # the node's own loopback (each node is a netns of its own)
+            "--metrics-bind-address=127.0.0.1:10249", "--healthz-bind-address=127.0.0.1:10256",
         ]  # fmt: skip
         with open(node.root / "kube-proxy.log", "ab") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         self.kube_proxies.append(proc)
+        # Ready once its nftables table exists in the node's namespace.
+        deadline = time.monotonic() + 60
+        while self.exec_in(node.netns, ["nft", "list", "table", "ip", "kube-proxy"]).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log = (node.root / "kube-proxy.log").read_text(errors="replace")[-2000:]
+                raise AssertionError(f"kube-proxy on {node.name} did not start:\n{log}")
+            time.sleep(0.2)
         return proc
 
     def wait_gone(self, kind: str, name: str, namespace: str | None = None, timeout: float = 10.0) -> None:
