@@ -29,11 +29,11 @@ from .util import REPO, BenchError, Pod, SubnetPool
 
 __all__ = ["CHAIN_KEYS", "fig_chain"]
 
-CNI_BANDWIDTH = "/usr/lib/cni/bandwidth"
 RATE = 100_000_000  # bits per second, both directions
 BURST = 4_000_000  # bits (500 kB)
 CHAIN_LABELS = {
-    "A": "CNI chain: bridge + host-local + bandwidth (containernetworking-plugins, exec'd as libcni does)",
+    "A": "CNI chain: bridge + host-local + bandwidth v1.10 (exec'd as libcni does)",
+    "O": "CNI chain: bridge + host-local + bandwidth 1.1.1, Debian's (exec'd as libcni does)",
     "C": "netplugin daemon, chain [exec_plugins/bridge, exec_plugins/bandwidth]",
     "D": "netplugin daemon, chain [netplugin.io/bridge, exec_plugins/bandwidth]",
 }
@@ -65,7 +65,7 @@ class CniChainContender(CniContender):
         }
         env = dict(self.base_env, CNI_COMMAND="ADD" if action == "setup" else "DEL",
                    CNI_CONTAINERID=pod.infra_id, CNI_NETNS=pod.netns)
-        return Call([CNI_BANDWIDTH], env, json.dumps(conf).encode())
+        return Call([f"{self.cni_dir}/bandwidth"], env, json.dumps(conf).encode())
 
     def setup(self, pod: Pod) -> None:
         p = _spawn(self.call("setup", pod))
@@ -92,8 +92,15 @@ class DaemonChainContender(DaemonContender):
         env.update(NETPLUGIN_PLUGINS=f"{first},bandwidth", **SHAPING)
 
 
+class CniDebianChainContender(CniChainContender):
+    """O: as A, with Debian's containernetworking-plugins 1.1.1."""
+
+    key = "O"
+
+
 CHAIN_FACTORIES: dict[str, Factory] = {
     "A": CniChainContender,
+    "O": CniDebianChainContender,
     "C": lambda net: DaemonChainContender(net, "C", "bridge", bridge_plugin_dir(net)),
     "D": lambda net: DaemonChainContender(net, "D", "netplugin.io/bridge", net.dir / "exec-chain"),
 }

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from netplugin.core.config import ENV_VARS
 
-from .contenders import CNI_BRIDGE, CNI_DIR
+from .contenders import cni_dir
 from .context import Network, RunContext, clean_environ, netplugin_env, with_checkout
 from .daemon import Daemon
 from .harness import Plan, interleaved
@@ -53,7 +53,7 @@ def _variants(
 ) -> tuple[dict[str, Argv], dict[str, dict[str, str]]]:
     """The processes to start (argv per run number) and their environments; B-d is added by the caller."""
     cni_env = clean_environ()
-    cni_env.update(CNI_COMMAND="VERSION", CNI_PATH=CNI_DIR)
+    cni_env.update(CNI_COMMAND="VERSION", CNI_PATH=cni_dir("A"))
     # The same CLI on an interpreter started with -S: no .pth start-up hooks (an editable install's
     # finder, a machine's own hooks), only the paths; what a plain install costs without them.
     bare = (f"import sys; sys.path[:0] = {[str(REPO), sysconfig.get_paths()['purelib']]!r}; "
@@ -69,7 +69,7 @@ def _variants(
         "py-S": lambda i: [sys.executable, "-S", "-c", "pass"],
     }
     if "A" in keys:
-        variants["A"] = lambda i: [CNI_BRIDGE]
+        variants["A"] = lambda i: [f"{cni_dir('A')}/bridge"]
     # B-ic: the same settings from a config file, as install.sh writes one. The environment's NETPLUGIN_*
     # variables (each would override the file) move into it, but the run dir: the parse cache is there.
     config = ctx.workdir / "cold-config.yaml"

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .contenders import CNI_DIR
+from .contenders import cni_dir
 from .context import RunContext
 from .daemon import health_request
 from .harness import Live, Plan, stat_row
@@ -35,14 +35,14 @@ from .util import REPO, BenchError, SubnetPool, ms
 __all__ = ["CONTAINERD_LABELS", "fig_containerd"]
 
 CONTAINERD_LABELS = {
-    "A": "containerd + CNI bridge + host-local",
+    "A": "containerd + CNI bridge + host-local v1.10",
     "N": "containerd + netplugin-cni (compiled) -> daemon + netplugin.io/bridge (native)",
     "HOST": "floor: containerd, host-network sandbox (no CNI call)",
 }
 
 
-def _daemon_config(ctx: RunContext, subnet: Any, bridge: str) -> tuple[Path, Path]:
-    d = ctx.workdir / "ctd-np"
+def _daemon_config(base: Path, subnet: Any, bridge: str) -> tuple[Path, Path]:
+    d = base / "ctd-np"
     (d / "exec").mkdir(parents=True, exist_ok=True)
     for sub in ("", "exec"):
         os.chmod(d / sub, 0o755)
@@ -58,12 +58,12 @@ def _daemon_config(ctx: RunContext, subnet: Any, bridge: str) -> tuple[Path, Pat
     return cfg, d / "run"
 
 
-def _start_daemon(ctx: RunContext, cfg: Path, run_dir: Path) -> subprocess.Popen[bytes]:
+def _start_daemon(base: Path, cfg: Path, run_dir: Path) -> subprocess.Popen[bytes]:
     from netplugin.frontends.wire.client import NotSent, exchange
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
     env.update(NETPLUGIN_CONFIG=str(cfg), PYTHONPATH=str(REPO))
-    log = open(ctx.workdir / "ctd-daemon.log", "wb")  # noqa: SIM115 -- the daemon writes it until it stops
+    log = open(base / "ctd-daemon.log", "wb")  # noqa: SIM115 -- the daemon writes it until it stops
     proc = subprocess.Popen([sys.executable, "-m", "netplugin", "serve"], env=env, stdout=log, stderr=log)
     log.close()
     sock = str(run_dir / "netplugin.sock")
@@ -75,22 +75,25 @@ def _start_daemon(ctx: RunContext, cfg: Path, run_dir: Path) -> subprocess.Popen
         except NotSent:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise BenchError(f"netplugin daemon did not start: {(ctx.workdir / 'ctd-daemon.log').read_text()[-2000:]}")
+            raise BenchError(f"netplugin daemon did not start: {(base / 'ctd-daemon.log').read_text()[-2000:]}")
         time.sleep(0.05)
 
 
-def _shims(ctx: RunContext, run_dir: Path) -> Path:
+def _shims(base: Path, run_dir: Path) -> Path:
     """The compiled shim (socket fixed at build, the Python entry script its fallback)."""
     from netplugin.frontends.cni.native import build_native
     from netplugin.frontends.entrypoints import install_entry
 
-    python = install_entry("cni", str(ctx.workdir / "ctd-netplugin-cni-python"))
-    return Path(build_native(str(ctx.workdir / "ctd-netplugin-cni"), socket=str(run_dir / "netplugin.sock"),
+    python = install_entry("cni", str(base / "ctd-netplugin-cni-python"))
+    return Path(build_native(str(base / "ctd-netplugin-cni"), socket=str(run_dir / "netplugin.sock"),
                              fallback=python))  # fmt: skip
 
 
-def fig_containerd(ctx: RunContext, plan: Plan, pool: SubnetPool) -> list[Figure]:
-    """RunPodSandbox / StopPodSandbox medians for A, N and HOST (see the module docstring)."""
+def fig_containerd(ctx: RunContext, plan: Plan, pool: SubnetPool, peers: Path | None = None) -> list[Figure]:
+    """RunPodSandbox / StopPodSandbox medians for A, N and HOST (see the module docstring).
+
+    ``peers``: containerd 2 from the peer build (scripts/build-peers.sh) instead of Debian's 1.6.
+    """
     sys.path.insert(0, str(REPO))
     from tests.frontends.cni.containerd import Containerd, unavailable_reason
 
@@ -98,23 +101,26 @@ def fig_containerd(ctx: RunContext, plan: Plan, pool: SubnetPool) -> list[Figure
     if reason:
         raise BenchError(f"containerd figure: {reason}")
     per_block, rounds = (2, 2) if plan.quick else (6, 5)
-    np_bridge, cni_bridge = f"{ctx.tag}cn", f"{ctx.tag}ca"
+    v = "2" if peers is not None else ""
+    base = ctx.workdir / f"containerd{v}"
+    base.mkdir(mode=0o755)
+    np_bridge, cni_bridge = f"{ctx.tag}cn{v}", f"{ctx.tag}ca{v}"
     np_subnet, cni_subnet = pool.take(24), pool.take(24)
-    cfg, run_dir = _daemon_config(ctx, np_subnet, np_bridge)
-    daemon = _start_daemon(ctx, cfg, run_dir)
-    ctd = Containerd(ctx.workdir / "ctd", _shims(ctx, run_dir))
-    ctx.cleanup.push("containerd figure", lambda: _close(ctd, daemon, (np_bridge, cni_bridge)))
+    cfg, run_dir = _daemon_config(base, np_subnet, np_bridge)
+    daemon = _start_daemon(base, cfg, run_dir)
+    ctd = Containerd(base / "ctd", _shims(base, run_dir), peers=peers)
+    ctx.cleanup.push(f"containerd{v} figure", lambda: _close(ctd, daemon, (np_bridge, cni_bridge)))
     for plugin in ("bridge", "host-local"):
-        shutil.copy2(f"{CNI_DIR}/{plugin}", ctd.bin_dir / plugin)
+        shutil.copy2(f"{cni_dir('A')}/{plugin}", ctd.bin_dir / plugin)
     ctd.start()
     nets = {
         "N": {"cniVersion": "1.0.0", "name": "npbench", "plugins": [
             {"type": "netplugin-cni", "configFile": str(cfg), "runDir": str(run_dir)}]},
         "A": {"cniVersion": "1.0.0", "name": "cnibench", "plugins": [
             {"type": "bridge", "bridge": cni_bridge, "isGateway": True, "ipam": {
-                "type": "host-local", "subnet": str(cni_subnet), "dataDir": str(ctx.workdir / "ctd-host-local")}}]},
+                "type": "host-local", "subnet": str(cni_subnet), "dataDir": str(base / "ctd-host-local")}}]},
     }  # fmt: skip
-    live = Live(ctx, "containerd", list(CONTAINERD_LABELS))
+    live = Live(ctx, f"containerd{v}", list(CONTAINERD_LABELS))
     runs: dict[str, list[float]] = {k: [] for k in CONTAINERD_LABELS}
     stops: dict[str, list[float]] = {k: [] for k in CONTAINERD_LABELS}
     for r in range(rounds + 1):  # round 0 warms up each row (pause image, init, bridges): not kept
@@ -128,7 +134,7 @@ def fig_containerd(ctx: RunContext, plan: Plan, pool: SubnetPool) -> list[Figure
     from netplugin.frontends.wire.client import exchange
 
     served = exchange(str(run_dir / "netplugin.sock"), health_request(), timeout=10)["result"]["requests"]
-    return _figures(live, runs, stops, per_block, rounds, served)
+    return _figures(live, runs, stops, per_block, rounds, served, v)
 
 
 def _block(ctd: Any, key: str, n: int) -> tuple[list[float], list[float]]:
@@ -159,11 +165,12 @@ def _close(ctd: Any, daemon: subprocess.Popen[bytes], bridges: tuple[str, ...]) 
 
 
 def _figures(live: Live, runs: dict[str, list[float]], stops: dict[str, list[float]], n: int, rounds: int,
-             served: int) -> list[Figure]:  # fmt: skip
+             served: int, v: str) -> list[Figure]:  # fmt: skip
     cols = ["median", "p90"]
-    fig_run = Figure("containerd-run", f"containerd RunPodSandbox ({n} x {rounds} per row, interleaved)", "ms",
+    name = f"containerd {v}" if v else "containerd"
+    fig_run = Figure(f"containerd{v}-run", f"{name} RunPodSandbox ({n} x {rounds} per row, interleaved)", "ms",
                      cols, ratio_column="median", samples=runs)  # fmt: skip
-    fig_stop = Figure("containerd-stop", f"containerd StopPodSandbox ({n} x {rounds} per row, interleaved)", "ms",
+    fig_stop = Figure(f"containerd{v}-stop", f"{name} StopPodSandbox ({n} x {rounds} per row, interleaved)", "ms",
                       cols, ratio_column="median", samples=stops)  # fmt: skip
     for fig, data in ((fig_run, runs), (fig_stop, stops)):
         rows = [stat_row(live, k, CONTAINERD_LABELS[k], data[k], cols) for k in CONTAINERD_LABELS]

@@ -1,7 +1,8 @@
 """The contenders: five ways of wiring a pod to a Linux bridge, behind one small interface.
 
-A  the reference CNI ``bridge`` + ``host-local`` plugins (Debian containernetworking-plugins),
-   exec'd the way libcni does it: CNI_* environment, the network config on stdin.
+A  the reference CNI ``bridge`` + ``host-local`` plugins v1.10 (scripts/build-peers.sh builds them
+   into ``$NETPLUGIN_PEERS/cni``), exec'd the way libcni does it: CNI_* environment, the network
+   config on stdin. O is the same with Debian's containernetworking-plugins 1.1.1, the old reference.
 B  the ``netplugin`` CLI (a new process per action) with ``exec_plugins/bridge``.
 C  the daemon (``netplugin serve``) with ``exec_plugins/bridge``; the benchmark is its client.
 D  the daemon with the in-process plugin ``netplugin.io/bridge``.
@@ -20,6 +21,7 @@ floor (:mod:`bench.floor`: E).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
@@ -29,18 +31,30 @@ from .util import Pod
 if TYPE_CHECKING:
     from .context import Network
 
-__all__ = ["CNI_BRIDGE", "CNI_DIR", "CONTENDERS", "LABELS", "Contender"]
+__all__ = ["CNI_DIR", "CONTENDERS", "LABELS", "PEERS_ENV", "Contender", "cni_dir"]
 
+#: Debian's containernetworking-plugins (1.1.1): contender O
 CNI_DIR = "/usr/lib/cni"
-CNI_BRIDGE = f"{CNI_DIR}/bridge"
+#: the peer build's directory (scripts/build-peers.sh prints it); the CNI plugins v1.10 are in its cni/
+PEERS_ENV = "NETPLUGIN_PEERS"
+
+
+def cni_dir(key: str) -> str:
+    """The CNI plugin directory of reference contender ``key`` (A: v1.10, O: Debian's 1.1.1); "" if not built."""
+    if key == "O":
+        return CNI_DIR
+    peers = os.environ.get(PEERS_ENV, "")
+    return os.path.join(peers, "cni") if peers else ""
+
 
 #: key -> one-line description, in report order
 CONTENDERS = {
-    "A": "CNI bridge + host-local (exec per ADD/DEL)",
+    "A": "CNI bridge + host-local v1.10 (exec per ADD/DEL)",
     "B": "netplugin CLI + exec_plugins/bridge",
     "C": "netplugin daemon + exec_plugins/bridge",
     "D": "netplugin daemon + netplugin.io/bridge (native)",
     "E": "floor: pyroute2 in one process (no exec, no IPAM)",
+    "O": "CNI bridge + host-local 1.1.1, Debian's (the old reference A)",
 }
 #: row labels, contenders and the reference rows some figures add
 LABELS = {

@@ -22,7 +22,7 @@ from .contenders import Contender
 from .context import Network, RunContext, bridge_plugin_dir
 from .daemon import DaemonContender
 from .floor import FloorContender
-from .processes import CliContender, CniContender, DirectBridgeContender
+from .processes import CliContender, CniContender, CniDebianContender, DirectBridgeContender
 from .report import Row
 from .util import BenchError, Pod, Stats, SubnetPool, T, ms, rotate
 
@@ -50,6 +50,7 @@ FACTORIES: dict[str, Factory] = {
     "D": lambda net: DaemonContender(net, "D", "netplugin.io/bridge"),
     "E": FloorContender,
     "X": DirectBridgeContender,
+    "O": CniDebianContender,
 }
 
 TRIVIAL_PLUGIN = "#!/bin/sh\n# benchmark plugin: does nothing, successfully\nexit 0\n"

@@ -10,7 +10,7 @@ from .report import Figure
 
 __all__ = ["available", "plot_all"]
 
-_COLORS = {"A": "#7f7f7f", "B": "#1f77b4", "C": "#2ca02c", "D": "#d62728", "E": "#9467bd"}
+_COLORS = {"A": "#7f7f7f", "O": "#bcbd22", "B": "#1f77b4", "C": "#2ca02c", "D": "#d62728", "E": "#9467bd"}
 
 
 def available() -> bool:

@@ -125,6 +125,7 @@ def fig_drain(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool
     how = {
         "A": "sequential DELs, as the target states",
         "A-par": "all DELs started at once",
+        "O": "sequential DELs, as A (Debian's plugins 1.1.1)",
         "B": "sequential `netplugin teardown` processes",
         "C": "all teardown requests sent at once",
         "D": "all teardown requests sent at once",

@@ -8,11 +8,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .contenders import CNI_BRIDGE, CNI_DIR, Contender
+from .contenders import Contender, cni_dir
 from .context import Network, bridge_plugin_dir, clean_environ, netplugin_env, with_checkout
 from .util import BenchError, Pod
 
-__all__ = ["Call", "CliContender", "CniContender", "DirectBridgeContender", "ExecContender"]
+__all__ = ["Call", "CliContender", "CniContender", "CniDebianContender", "DirectBridgeContender", "ExecContender"]
 
 
 @dataclass
@@ -92,7 +92,7 @@ class ExecContender(Contender):
 
 
 class CniContender(ExecContender):
-    """A: /usr/lib/cni/bridge with host-local IPAM, exec'd like libcni (CNI_* env, config on stdin)."""
+    """A: the CNI bridge with host-local IPAM (v1.10), exec'd like libcni (CNI_* env, config on stdin)."""
 
     key = "A"
 
@@ -116,7 +116,8 @@ class CniContender(ExecContender):
             },
         }).encode()
         self.base_env = clean_environ()
-        self.base_env.update(CNI_IFNAME="eth0", CNI_PATH=CNI_DIR)
+        self.cni_dir = cni_dir(self.key)
+        self.base_env.update(CNI_IFNAME="eth0", CNI_PATH=self.cni_dir)
 
     def call(self, action: str, pod: Pod) -> Call:
         env = dict(self.base_env)
@@ -125,7 +126,13 @@ class CniContender(ExecContender):
             CNI_CONTAINERID=pod.infra_id,
             CNI_NETNS=pod.netns,
         )
-        return Call([CNI_BRIDGE], env, self.config)
+        return Call([f"{self.cni_dir}/bridge"], env, self.config)
+
+
+class CniDebianContender(CniContender):
+    """O: as A, with Debian's containernetworking-plugins 1.1.1."""
+
+    key = "O"
 
 
 

@@ -24,7 +24,7 @@ from .chain import fig_chain
 from .cluster import fig_cluster
 from .coldstart import fig_coldstart
 from .containerd import fig_containerd
-from .contenders import CNI_BRIDGE, CNI_DIR, CONTENDERS
+from .contenders import CONTENDERS, PEERS_ENV, cni_dir
 from .context import RunContext, clean_environ, cli_command, leftovers, with_checkout
 from .daemon import Daemon
 from .harness import Plan
@@ -48,12 +48,16 @@ FIGURES = (
     "scale",
     "runtime",
     "containerd",
+    "containerd2",
     "cluster",
     "bigcluster",
     "chain",
     "hostport",
 )
-CNI_HINT = "install Debian's reference plugins: apt-get install -y containernetworking-plugins (into /usr/lib/cni)"
+CNI_HINTS = {
+    "A": f"build them: export {PEERS_ENV}=$(bash scripts/build-peers.sh) (CNI plugins v1.10 in its cni/)",
+    "O": "install Debian's reference plugins: apt-get install -y containernetworking-plugins (into /usr/lib/cni)",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
                    "(default: the checkout: BENCHMARKS.md, bench/plots/, bench/out/)")
     p.add_argument("--pods", type=int, metavar="N", help="pods in the per-pod figure (default 60; quick 3)")
     p.add_argument("--only", metavar="FIGS", help=f"comma-separated subset of: {', '.join(FIGURES)}")
-    p.add_argument("--contenders", metavar="KEYS", default="ABCDE", help="subset of ABCDE (default: all available)")
+    p.add_argument("--contenders", metavar="KEYS", default="ABCDEO", help="subset of ABCDEO (default: all available)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     return p
 
@@ -142,13 +146,25 @@ def _probe_daemon(ctx: RunContext) -> str | None:
     return None
 
 
+def _containerd2() -> Path:
+    """The peer dir holding containerd 2 (scripts/build-peers.sh); BenchError when it was not built."""
+    peers = os.environ.get(PEERS_ENV, "")
+    if not peers or not os.access(os.path.join(peers, "containerd"), os.X_OK):
+        raise BenchError(f"containerd 2 is not built: export {PEERS_ENV}=$(bash scripts/build-peers.sh)")
+    return Path(peers)
+
+
 def _availability(ctx: RunContext, wanted: str) -> tuple[dict[str, str], dict[str, str]]:
     ok: dict[str, str] = {}
     missing: dict[str, str] = {}
-    if not (os.access(CNI_BRIDGE, os.X_OK) and os.access(f"{CNI_DIR}/host-local", os.X_OK)):
-        missing["A"] = f"{CNI_BRIDGE} or host-local not found: {CNI_HINT}"
-    else:
-        ok["A"] = f"{CNI_BRIDGE} ({_cmd(['dpkg-query', '-W', '-f', '${Version}', 'containernetworking-plugins'])})"
+    for key, hint in CNI_HINTS.items():
+        d = cni_dir(key)
+        if not (d and os.access(f"{d}/bridge", os.X_OK) and os.access(f"{d}/host-local", os.X_OK)):
+            missing[key] = f"{d or '(no dir)'}/bridge or host-local not found: {hint}"
+        elif key == "O":
+            ok[key] = f"{d}/bridge ({_cmd(['dpkg-query', '-W', '-f', '${Version}', 'containernetworking-plugins'])})"
+        else:
+            ok[key] = f"{d}/bridge (v1.10, scripts/build-peers.sh)"
     done = subprocess.run([*ctx.cli, "--version"], capture_output=True, text=True, env=clean_environ(),
                           stdin=subprocess.DEVNULL, timeout=60)
     if done.returncode != 0:
@@ -263,6 +279,7 @@ def _run_figures(ctx: RunContext, plan: Plan, args: argparse.Namespace, out: _Ou
         ("scale", lambda: [f for f in fig_scale(ctx, plan, keys, pool) if f is not None]),
         ("runtime", lambda: fig_runtime(ctx, plan, keys, pool)),
         ("containerd", lambda: fig_containerd(ctx, plan, pool)),
+        ("containerd2", lambda: fig_containerd(ctx, plan, pool, peers=_containerd2())),
         ("cluster", lambda: fig_cluster(plan.quick, _say)),
         ("bigcluster", lambda: fig_bigcluster(plan.quick, _say)),
         ("chain", lambda: fig_chain(ctx, plan, keys, pool)),

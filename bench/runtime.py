@@ -29,7 +29,7 @@ from .contenders import LABELS
 from .context import Network, RunContext, bridge_plugin_dir, install_exec_plugin
 from .daemon import DaemonOwner, health_request
 from .harness import TRIVIAL_PLUGIN, Factory, Live, Plan, burst_rounds, open_contenders, per_pod_series, stat_row
-from .processes import Call, CniContender, ExecContender
+from .processes import Call, CniContender, CniDebianContender, ExecContender
 from .report import Figure
 from .util import BenchError, Pod, SubnetPool
 
@@ -37,6 +37,7 @@ __all__ = ["RUNTIME_KEYS", "fig_runtime"]
 
 RUNTIME_LABELS = {
     "A": LABELS["A"],
+    "O": LABELS["O"],
     "F": "netplugin-cni (compiled) process -> daemon + exec_plugins/bridge",
     "G": "netplugin-cni (compiled) process -> daemon + netplugin.io/bridge (native)",
     "Fpy": "netplugin-cni (Python entry script) -> daemon + exec_plugins/bridge",
@@ -127,6 +128,7 @@ class BareInterpreter(ExecContender):
 
 FACTORIES: dict[str, Factory] = {
     "A": CniContender,
+    "O": CniDebianContender,
     "F": lambda net: ShimContender(net, "F", "bridge", bridge_plugin_dir(net)),
     "G": lambda net: ShimContender(net, "G", "netplugin.io/bridge", _empty_dir(net)),
     "Fpy": lambda net: ShimContender(net, "Fpy", "bridge", bridge_plugin_dir(net)),
@@ -148,9 +150,9 @@ def _empty_dir(net: Network) -> Path:
 
 def fig_runtime(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool) -> list[Figure]:
     """Per-pod ADD and DEL as processes (A F G H P, interleaved), then bursts of ADDs (A F G)."""
-    keys = [k for k in RUNTIME_KEYS if k != "A" or "A" in keys]
+    keys = [k for k in RUNTIME_KEYS if k not in ("A", "O") or k in keys]
     n = plan.pods
-    bursts: dict[str, list[float]] = {k: [] for k in keys if k in ("A", "F", "G", "Fpy", "Gpy")}
+    bursts: dict[str, list[float]] = {k: [] for k in keys if k in ("A", "O", "F", "G", "Fpy", "Gpy")}
     live = Live(ctx, "runtime", keys)
     with open_contenders(ctx, "9", keys, pool, factories=FACTORIES) as cs:
         ctx.progress(f"  runtime: 1 warm-up + {n} pods x {len(keys)} contenders, then bursts")

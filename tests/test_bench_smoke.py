@@ -65,7 +65,8 @@ def _leftovers(tag: str) -> list[str]:
 
 
 def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+    # the peer build's directory stays: contender A is the CNI plugins v1.10 built there
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_") or k == "NETPLUGIN_PEERS"}
     env["PYTHONPATH"] = str(REPO)
     args = [sys.executable, "-m", "bench", "--quick", "--pods", "3", "--out", str(tmp_path)]
     try:
@@ -108,10 +109,10 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
     assert len(by_id["setup"]["samples"]["B"]) == 3
     # The runtime's view: every row measured (the shim and the CLI served by their daemons).
     for fid in ("runtime-add", "runtime-del"):
-        want = dict.fromkeys(("A", "F", "G", "Fpy", "Gpy", "H", "P"), 3)
+        want = dict.fromkeys(("A", "O", "F", "G", "Fpy", "Gpy", "H", "P"), 3)
         assert {k: len(v) for k, v in by_id[fid]["samples"].items()} == want, fid
     assert {k: len(v) for k, v in by_id["runtime-burst"]["samples"].items()} == dict.fromkeys(
-        ("A", "F", "G", "Fpy", "Gpy"), 1
+        ("A", "O", "F", "G", "Fpy", "Gpy"), 1
     )
     # The containerd figure: every row measured, netplugin's calls served by its daemon.
     assert {k: len(v) for k, v in by_id["containerd-run"]["samples"].items()} == dict.fromkeys(("A", "N", "HOST"), 4)

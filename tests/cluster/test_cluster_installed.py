@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gopeers import require
 
 from netplugin.frontends.lab.simcluster.apiserver import make_node, make_pod
 from netplugin.frontends.lab.simcluster.cluster import CLUSTER_CIDRS, SimCluster, SimNode
@@ -45,9 +46,11 @@ pytestmark = [pytest.mark.kernel, pytest.mark.containerd]
 class InstalledCluster(SimCluster):
     """Nodes installed from the shipped DaemonSet and ConfigMap, each with its own containerd."""
 
-    def __init__(self) -> None:
+    def __init__(self, peers: Path | None = None) -> None:
+        """``peers``: containerd 2 from this peer dir; None: Debian's containerd 1.6."""
         super().__init__(bookmark_interval=0.5)
         self.containerds: dict[str, Containerd] = {}
+        self.peers = peers
 
     @staticmethod
     def host_dirs(node: SimNode) -> dict[str, str]:
@@ -103,6 +106,7 @@ class InstalledCluster(SimCluster):
             cni_bin_dir=node.root / "cni-bin",
             cni_conf_dir=node.root / "cni-conf",
             netns=node.netns,
+            peers=self.peers,
         )
         self.containerds[node.name] = ctd
         ctd.start()
@@ -116,12 +120,13 @@ class InstalledCluster(SimCluster):
         super().close()
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[InstalledCluster]:
+@pytest.fixture(scope="module", params=["1.6", "2"], ids=["containerd1.6", "containerd2"])
+def cluster(request: pytest.FixtureRequest) -> Iterator[InstalledCluster]:
     reason = kernel_unavailable_reason() or unavailable_reason()
     if reason or not shutil.which("nft") or not shutil.which("nsenter"):
         pytest.skip(reason or "nft and nsenter are needed")
-    with InstalledCluster() as c:
+    peers = require("containerd", "ctr", "containerd-shim-runc-v2", "cni/loopback") if request.param == "2" else None
+    with InstalledCluster(peers) as c:
         for _ in range(2):
             node = c.add_node()
             c.start_containerd(node)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gopeers import require
 from nettest import free_third_octet, link_exists
 from shipped import INSTALL, unit_command
 
@@ -156,9 +157,11 @@ class InstalledNode:
         self.sandboxes.clear()
 
     def entries(self) -> list[dict[str, Any]]:
+        """The shim's log of ADD, DEL and CHECK (not the STATUS containerd 2 sends on every CRI Status)."""
         if not self.log.exists():
             return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+        lines = [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+        return [e for e in lines if e["command"] != "STATUS"]
 
     def doctor(self, *args: str) -> subprocess.CompletedProcess[str]:
         argv = [str(self.dirs["prefix"] / "bin" / "netplugin"), "--config", str(self.config), "-o", "json", "doctor"]
@@ -177,18 +180,24 @@ class InstalledNode:
             subprocess.run(["ip", "link", "del", self.bridge], check=False, timeout=30)
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory, dists: dict[str, Path]) -> Iterator[InstalledNode]:
+@pytest.fixture(scope="module", params=["1.6", "2"], ids=["containerd1.6", "containerd2"])
+def node(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, dists: dict[str, Path]
+) -> Iterator[InstalledNode]:
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
+    # Debian's containerd 1.6, and containerd 2 from the peer build (its own shim, Debian's runc)
+    peers = require("containerd", "ctr", "containerd-shim-runc-v2", "cni/loopback") if request.param == "2" else None
     n = InstalledNode(tmp_path_factory.mktemp("installed"), dists["wheel"])
     try:
         done = n.install()
         assert done.returncode == 0, done.stdout + done.stderr
         with open(n.config, "a") as f:
             f.write("metrics_address: 127.0.0.1:0\n")  # a user's own key (see the module docstring)
-        n.ctd = Containerd(n.root / "containerd", None, cni_bin_dir=n.dirs["cni-bin"], cni_conf_dir=n.dirs["cni-conf"])
+        n.ctd = Containerd(
+            n.root / "containerd", None, cni_bin_dir=n.dirs["cni-bin"], cni_conf_dir=n.dirs["cni-conf"], peers=peers
+        )
         n.ctd.start()
         n.ctd.wait_network("netplugin")
         yield n

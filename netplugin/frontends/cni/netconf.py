@@ -248,19 +248,16 @@ def host_ports_env(conf: Mapping[str, Any]) -> dict[str, str]:
 def pod_ref_for(req: CniRequest) -> PodRef:
     """(namespace, name, infra id) of the call; see "Pod identity" in the module docstring."""
     from netplugin.core.errors import InvalidArgument
-    from netplugin.core.names import PodRef, validate_namespace, validate_pod_name
+    from netplugin.core.names import PodRef, validate_namespace
 
     args = req.args
     k8s_ns = args.get("K8S_POD_NAMESPACE")
     k8s_name = args.get("K8S_POD_NAME")
     try:
         namespace = validate_namespace(k8s_ns) if k8s_ns else req.conf.get("defaultNamespace", DEFAULT_NAMESPACE)
-        if k8s_ns and k8s_name is not None:
-            name = validate_pod_name(k8s_name)
-        elif k8s_name and _is_pod_name(k8s_name):
-            name = k8s_name
-        else:
-            name = derived_pod_name(req.container_id)
+        # A runtime may name a sandbox as no Kubernetes pod can be named (critest uses capitals): like
+        # podman's names, such a name gives way to one derived from the container id.
+        name = k8s_name if k8s_name and _is_pod_name(k8s_name) else derived_pod_name(req.container_id)
     except InvalidArgument as e:
         which = "K8S_POD_NAMESPACE" if e.field == "namespace" else "K8S_POD_NAME"
         raise CniError(CNI_INVALID_ENV, f"invalid CNI_ARGS {which} {short_repr(e.value)}: {e.reason}") from None

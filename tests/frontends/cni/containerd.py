@@ -1,4 +1,4 @@
-"""A private containerd (1.6, CRI plugin) that tests drive as the kubelet does, over CRI v1 gRPC.
+"""A private containerd (Debian's 1.6, or 2.x from the peer build) that tests drive as the kubelet does, over CRI v1.
 
 Nothing is installed here: CI's ``scripts/install-deps.sh --test`` installs ``containerd``,
 ``runc``, ``busybox-static`` and the Python ``grpcio``/``grpcio-tools``. :func:`unavailable_reason`
@@ -113,22 +113,33 @@ def _tar_member(t: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -
 
 def pause_archive(ref: str, path: Path) -> None:
     """A docker-archive image ``ref``: busybox-static whose entrypoint sleeps for ever."""
+    image_archive(ref, path, ["/bin/sleep", "2147483647"], ("sh", "sleep"))
+
+
+def image_archive(
+    ref: str, path: Path, entrypoint: list[str], applets: tuple[str, ...], files: dict[str, bytes] | None = None
+) -> None:
+    """A docker-archive image ``ref`` of busybox-static, its ``applets`` linked in /bin, and ``files``."""
     layer = io.BytesIO()
     with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as t:
-        d = tarfile.TarInfo("bin")
-        d.type, d.mode = tarfile.DIRTYPE, 0o755
-        t.addfile(d)
+        dirs = {"bin"} | {os.path.dirname(name) for name in files or {}}
+        for name in sorted(d for d in dirs if d):
+            d = tarfile.TarInfo(name)
+            d.type, d.mode = tarfile.DIRTYPE, 0o755
+            t.addfile(d)
         _tar_member(t, "bin/busybox", Path(BUSYBOX).read_bytes(), 0o755)
-        for applet in ("sh", "sleep"):
+        for applet in applets:
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type, link.linkname = tarfile.SYMTYPE, "busybox"
             t.addfile(link)
+        for name, data in (files or {}).items():
+            _tar_member(t, name, data)
     layer_bytes = layer.getvalue()
     diff_id = hashlib.sha256(layer_bytes).hexdigest()
     config = {
         "architecture": "amd64" if os.uname().machine == "x86_64" else os.uname().machine,
         "os": "linux",
-        "config": {"Entrypoint": ["/bin/sleep", "2147483647"], "Env": ["PATH=/bin"]},
+        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"]},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff_id}"]},
     }
     config_bytes = json.dumps(config).encode()
@@ -151,6 +162,39 @@ class PortMap:
     container_port: int
     protocol: str = "tcp"
     host_ip: str = ""
+
+
+def config_v3(r: Path, socket: Path, bin_dir: Path, conf_dir: Path) -> str:
+    """containerd 2's config (version 3): the CRI plugin is split into images and runtime plugins."""
+    images, runtime = 'plugins."io.containerd.cri.v1.images"', 'plugins."io.containerd.cri.v1.runtime"'
+    return f"""version = 3
+root = "{r}/root"
+state = "{r}/state"
+# as for 1.6, and NRI, whose socket (/var/run/nri) is the machine's
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.nri.v1.nri"]
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{socket}.ttrpc"
+[debug]
+  address = "{r}/debug.sock"
+[{images}.pinned_images]
+  sandbox = "{PAUSE_IMAGE}"
+[{runtime}]
+  restrict_oom_score_adj = true
+  [{runtime}.cni]
+    bin_dirs = ["{bin_dir}"]
+    conf_dir = "{conf_dir}"
+    max_conf_num = 1
+  [{runtime}.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+  [{runtime}.containerd.runtimes.runc.options]
+    Root = "{r}/runc"
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_port = "0"
+"""
 
 
 @dataclass
@@ -186,6 +230,9 @@ class Containerd:
     cni_conf_dir: Path | None = None
     #: run containerd in this network namespace (/var/run/netns/NAME), as a node of a simulated cluster
     netns: str | None = None
+    #: containerd 2 from this peer dir (scripts/build-peers.sh: containerd, ctr, containerd-shim-runc-v2,
+    #: cni/loopback); None: Debian's containerd 1.6 from PATH
+    peers: Path | None = None
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -201,7 +248,17 @@ class Containerd:
 
     # --- life cycle ----------------------------------------------------------------------------------
 
+    @property
+    def major(self) -> int:
+        """containerd's major version: 2 for the peer build, 1 for Debian's 1.6."""
+        return 2 if self.peers is not None else 1
+
+    def _tool(self, name: str) -> str:
+        return str(self.peers / name) if self.peers is not None else name
+
     def config_text(self) -> str:
+        if self.peers is not None:
+            return config_v3(self.root, self.socket, self.bin_dir, self.conf_dir)
         r = self.root
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         return f"""version = 2
@@ -232,7 +289,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 """
 
     def start(self) -> None:
-        shutil.copy2(loopback_plugin() or "", self.bin_dir / "loopback")
+        loopback = self.peers / "cni" / "loopback" if self.peers is not None else loopback_plugin()
+        shutil.copy2(loopback or "", self.bin_dir / "loopback")
         if self.shim is not None:
             shutil.copy2(self.shim, self.bin_dir / "netplugin-cni")
         config = self.root / "config.toml"
@@ -243,10 +301,14 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             # nsenter, not `ip netns exec`: that would give containerd a mount namespace of its own,
             # and the pods' netns mounts it makes would be invisible to everyone else.
             inside = ["nsenter", f"--net={NETNS_DIR}/{self.netns}"] if self.netns else []
+            # The CNI plugins it runs inherit this: no NETPLUGIN_* settings of the developer's shell.
+            env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+            if self.peers is not None:
+                # containerd finds its shim on PATH: the one built with it, not Debian's 1.6 one.
+                env["PATH"] = f"{self.peers}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
             self.proc = subprocess.Popen(
-                [*inside, "containerd", "--config", str(config)],
-                # The CNI plugins it runs inherit this: no NETPLUGIN_* settings of the developer's shell.
-                env={k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")},
+                [*inside, self._tool("containerd"), "--config", str(config)],
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -267,7 +329,13 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                 time.sleep(0.05)
         archive = self.root / "pause.tar"
         pause_archive(PAUSE_IMAGE, archive)
-        done = _run(["ctr", "--address", str(self.socket), "-n", "k8s.io", "images", "import", str(archive)])
+        self.import_image(archive)
+
+    def import_image(self, archive: Path) -> None:
+        """Give the CRI plugin an image (docker-archive): no registry is reachable."""
+        done = _run(
+            [self._tool("ctr"), "--address", str(self.socket), "-n", "k8s.io", "images", "import", str(archive)]
+        )
         if done.returncode != 0:
             raise RuntimeError(f"ctr images import failed: {done.stderr}")
 
@@ -372,11 +440,12 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         *,
         host_network: bool = False,
         ports: Sequence[PortMap] = (),
+        cgroup_parent: str = "",
     ) -> str:
         """RunPodSandbox alone (the call the kubelet waits for); the sandbox id. ``ports``: the hostPorts."""
         pb = self.pb
         meta = pb.PodSandboxMetadata(name=name, uid=uid, namespace=namespace, attempt=attempt)
-        linux = pb.LinuxPodSandboxConfig()
+        linux = pb.LinuxPodSandboxConfig(cgroup_parent=cgroup_parent)
         if host_network:
             linux = pb.LinuxPodSandboxConfig(
                 security_context=pb.LinuxSandboxSecurityContext(namespace_options=pb.NamespaceOption(network=pb.NODE))

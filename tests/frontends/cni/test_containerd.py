@@ -12,6 +12,13 @@ ADD and DEL get ``CNI_ARGS`` ``K8S_POD_NAMESPACE``, ``K8S_POD_NAME``, ``K8S_POD_
 config's ``cniVersion`` is 1.0.0 (its libcni reads no 1.1.0 results and ignores ``cniVersions``);
 the DEL of StopPodSandbox carries the cached ADD result as ``prevResult``, and RemovePodSandbox
 sends one more DEL with an empty ``CNI_NETNS`` and no ``prevResult``.
+
+Every test runs twice: against Debian's containerd 1.6, and against containerd 2 (its own
+``containerd-shim-runc-v2``, Debian's runc) built by scripts/build-peers.sh. containerd 2 passes
+the same, except that it picks 1.1.0 from ``cniVersions``, sends CNI ``STATUS`` whenever the
+kubelet asks CRI ``Status`` (a failing STATUS makes the node's network not ready, with netplugin's
+reason), and passes the sandbox's cgroup parent as ``runtimeConfig.cgroupPath`` to a conflist
+that declares the capability.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gopeers import require
 from nettest import free_third_octet
 
 from netplugin.core.spares import SPARE_DIR
@@ -44,17 +52,25 @@ BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"
 TEST_RANGE = "10.201.0.0/16"
 
 pytestmark = pytest.mark.containerd
+#: the config version each containerd picks from the conflist's cniVersions: 1.6's libcni reads
+#: none, containerd 2's takes the highest it supports
+NEGOTIATED = {1: "1.0.0", 2: "1.1.0"}
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
-@pytest.fixture(scope="session")
-def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+#: the two callers: Debian's containerd 1.6, and containerd 2 built from the module proxy
+CONTAINERD2_PEERS = ("containerd", "ctr", "containerd-shim-runc-v2", "cni/loopback")
+
+
+@pytest.fixture(scope="session", params=["1.6", "2"], ids=["containerd1.6", "containerd2"])
+def containerd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
+    peers = require(*CONTAINERD2_PEERS) if request.param == "2" else None
     root = tmp_path_factory.mktemp("containerd")
     # The shim as install.sh installs it: the compiled netplugin-cni, its socket fixed at build (here
     # root/netplugin.sock, which a test's daemon links to its own), the Python entry script that
@@ -64,7 +80,7 @@ def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]
     native = _run([sys.executable, "-m", "netplugin", "install-shim", "--kind", "cni-native", str(root / "cni"),
                    "--socket", str(root / "netplugin.sock"), "--fallback", made.stdout.strip()])  # fmt: skip
     assert native.returncode == 0, native.stderr
-    ctd = Containerd(root, Path(native.stdout.strip()))
+    ctd = Containerd(root, Path(native.stdout.strip()), peers=peers)
     try:
         ctd.start()
         yield ctd
@@ -259,7 +275,7 @@ def test_pods_get_the_plugins_addresses_reach_each_other_and_leave_nothing(net: 
             "IgnoreUnknown": "1",
         }
         assert (e["containerID"], e["ifname"], e["netns"]) == (sb.id, "eth0", sb.netns)
-        assert e["cniVersion"] == "1.0.0" and e["prevResult"] is False
+        assert e["cniVersion"] == NEGOTIATED[net.ctd.major] and e["prevResult"] is False
 
     for a in sbs:
         for b in sbs:
@@ -321,14 +337,16 @@ def test_a_failing_plugin_reaches_run_pod_sandbox_and_leaks_nothing(net: CniNet,
     assert "network plugin 'fake' setup failed" in err.details(), err.details()
     # containerd DELs after the failed ADD and removes its sandbox; netplugin rolled back.
     assert set(net.ctd.list_sandboxes()) == before
-    entries = net.log_entries()
+    # (containerd 2 also sends STATUS, on its own schedule: CRI Status, its readiness checks)
+    entries = [e for e in net.log_entries() if e["command"] != "STATUS"]
     assert [e["command"] for e in entries][:2] == ["ADD", "DEL"], entries
     assert entries[0]["result"]["code"] == 999 and all(e["result"] == "ok" for e in entries[1:])
     netns = entries[0]["netns"]
     assert netns.startswith("/var/run/netns/cni-") and not os.path.exists(netns)
     calls = [c.split()[0] for c in fake.calls()]
-    assert calls[:3] == ["init", "setup", "teardown"], calls  # setup, then its rollback
-    assert "teardown" in calls[3:], calls  # and the DEL containerd sent
+    first = calls.index("setup")
+    assert calls[first - 1 : first + 2] == ["init", "setup", "teardown"], calls  # setup, then its rollback
+    assert "teardown" in calls[first + 2 :], calls  # and the DEL containerd sent
     assert net.records() == [] and net.attachments() == []
 
 
@@ -352,7 +370,8 @@ def test_pods_through_the_daemon_when_it_runs_with_the_same_settings(net: CniNet
         }
     )
     sbs = [net.run_pod("np-api", f"api-{i}") for i in range(2)]
-    assert [e["via"] for e in net.log_entries()] == ["daemon", "daemon"], net.log_entries()
+    adds = [e for e in net.log_entries() if e["command"] == "ADD"]
+    assert [e["via"] for e in adds] == ["daemon", "daemon"], net.log_entries()
     assert {r["infra_id"] for r in net.records()} == {sb.id for sb in sbs}
     assert _ping(sbs[0], sbs[1].ip).returncode == 0
     for sb in sbs:
@@ -365,3 +384,43 @@ def test_pods_through_the_daemon_when_it_runs_with_the_same_settings(net: CniNet
     dels = len([e for e in entries if e["command"] == "DEL"])
     count = "kubelet_network_plugin_operations_duration_seconds_count"
     assert f'{count}{{operation_type="tear_down_pod"}} {dels}.0' in metrics
+
+
+def _network_ready(ctd: Containerd) -> tuple[bool, str]:
+    """The NetworkReady condition of CRI Status, as the kubelet reads it to mark the node ready."""
+    resp = ctd._stub.Status(ctd.pb.StatusRequest(verbose=False), timeout=30)
+    cond = next(c for c in resp.status.conditions if c.type == "NetworkReady")
+    return bool(cond.status), str(cond.message)
+
+
+def test_containerd2_asks_status_before_it_reports_the_network_ready(net: CniNet, plugin_dir: Any) -> None:
+    fake = plugin_dir.install("fake")
+    reason = f"np-test {net.tag}: the uplink is down"
+    fake.set("init", exit=1, stderr=reason)
+    net.use("fake", pluginDir=str(plugin_dir.path))
+    ready, message = _network_ready(net.ctd)
+    statuses = [e for e in net.log_entries() if e["command"] == "STATUS"]
+    if net.ctd.major == 1:
+        # 1.6 reads no 1.1.0 config and sends no STATUS: a plugin that cannot start still looks ready.
+        assert (ready, statuses) == (True, [])
+        return
+    # containerd 2 runs STATUS (CNI 1.1) on every CRI Status: the plugin's own reason reaches the kubelet.
+    assert not ready and reason in message, message
+    assert statuses and statuses[-1]["cniVersion"] == "1.1.0" and statuses[-1]["result"]["code"] == 50, statuses
+    fake.clear("init")
+    ready, message = _network_ready(net.ctd)
+    assert ready, message
+    assert net.log_entries()[-1]["command"] == "STATUS" and net.log_entries()[-1]["result"] == "ok"
+
+
+def test_the_pods_cgroup_parent_reaches_the_plugin_as_cgroup_path(net: CniNet) -> None:
+    # A conflist declaring the capability, as one for a plugin that accounts per pod would.
+    net.ctd.use_network(
+        {**net.conflist(), "plugins": [{**net.conflist()["plugins"][0], "capabilities": {"cgroupPath": True}}]}
+    )
+    sid = net.ctd.run_pod_sandbox("np-cg", "cg-0", str(uuid.uuid4()), cgroup_parent=f"/netplugin-test-{net.tag}")
+    net.sandboxes.append(sid)
+    add = next(e for e in net.log_entries() if e["command"] == "ADD")
+    assert add["result"] == "ok", add
+    # containerd 2 passes the sandbox's cgroup parent (runtimeConfig.cgroupPath); 1.6 does not know it.
+    assert add["runtimeConfig"] == (["cgroupPath"] if net.ctd.major == 2 else []), add

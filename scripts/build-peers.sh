@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes peers the tests run against (containerd 2, critest/crictl, the CNI reference
+# plugins, etcd, kube-apiserver, kube-controller-manager, kube-proxy) from the Go module proxy, with the
+# go.mod/go.sum pins under tests/peers/, and print the directory that holds them.
+#   scripts/build-peers.sh            build what is missing, print DIR (the binaries are DIR/NAME)
+# The cache lives outside the clone, keyed by the pins and the Go version:
+#   ${NETPLUGIN_PEERS_CACHE:-/var/cache/netplugin-peers}/<key>/bin
+# so a second run, or CI on the same machine, is a cache hit. Nothing is fetched except modules from
+# the proxy, and only those go.sum names (-mod=readonly). A peer that fails to build (a module the
+# proxy refuses, a compile error) is named on stderr with the error and its log; the others are
+# still built; DIR/MISSING lists the failed ones (the tests needing them fail and say why).
+# Exit: 0 all built; 3 some peers missing (DIR still printed); 2 usage or environment error.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+pins=$here/tests/peers
+# group directory (under tests/peers) : Go package : binary path under DIR [: test, for a suite built with
+# `go test -c`, as critest is]. The CNI plugins go to DIR/cni:
+# their names (bridge, firewall) must not shadow commands when DIR is on a PATH.
+peers=(
+    "cni:github.com/containernetworking/plugins/plugins/main/bridge:cni/bridge"
+    "cni:github.com/containernetworking/plugins/plugins/ipam/host-local:cni/host-local"
+    "cni:github.com/containernetworking/plugins/plugins/main/loopback:cni/loopback"
+    "cni:github.com/containernetworking/plugins/plugins/meta/portmap:cni/portmap"
+    "cni:github.com/containernetworking/plugins/plugins/meta/bandwidth:cni/bandwidth"
+    "cni:github.com/containernetworking/plugins/plugins/meta/firewall:cni/firewall"
+    "critools:sigs.k8s.io/cri-tools/cmd/crictl:crictl"
+    "critools:sigs.k8s.io/cri-tools/cmd/critest:critest:test"
+    "containerd:github.com/containerd/containerd/v2/cmd/containerd:containerd"
+    "containerd:github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2:containerd-shim-runc-v2"
+    "containerd:github.com/containerd/containerd/v2/cmd/ctr:ctr"
+    "kube:./etcd:etcd"
+    "kube:k8s.io/kubernetes/cmd/kube-apiserver:kube-apiserver"
+    "kube:k8s.io/kubernetes/cmd/kube-controller-manager:kube-controller-manager"
+    "kube:k8s.io/kubernetes/cmd/kube-proxy:kube-proxy"
+)
+
+if ! command -v go >/dev/null; then
+    echo "build-peers: no go command on PATH (Go 1.26 is needed)" >&2
+    exit 2
+fi
+export GOTOOLCHAIN=local
+# The proxy only: "off" after it means a module it lacks is an error, never a direct VCS fetch.
+export GOPROXY=${NETPLUGIN_GOPROXY:-https://proxy.golang.org},off
+export GOFLAGS="-mod=readonly -buildvcs=false -trimpath"
+export CGO_ENABLED=0
+# Two cores are shared: at most two compile jobs.
+jobs=${NETPLUGIN_PEERS_JOBS:-2}
+
+key=$( {
+    go version
+    # relative names: a clone anywhere else (CI's) hashes to the same key
+    cd "$pins" && find . -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) | LC_ALL=C sort | xargs sha256sum
+} | sha256sum | cut -c1-16)
+root=${NETPLUGIN_PEERS_CACHE:-/var/cache/netplugin-peers}/$key
+bin=$root/bin
+mkdir -p "$bin" "$root/log"
+# One builder at a time per key; a second caller waits for the first and then finds a cache hit.
+exec 9>"$root/lock"
+flock 9
+
+missing=()
+for entry in "${peers[@]}"; do
+    IFS=: read -r group pkg name kind <<<"$entry"
+    build=(build)
+    [ "$kind" = test ] && build=(test -c)
+    [ -x "$bin/$name" ] && continue
+    log=$root/log/$name.log
+    echo "build-peers: building $name ($pkg)" >&2
+    start=$(date +%s)
+    # Into a temporary name, renamed once complete: a killed build never leaves a half binary that looks cached.
+    mkdir -p "$(dirname "$bin/$name")" "$(dirname "$log")"
+    if (cd "$pins/$group" && go "${build[@]}" -p "$jobs" -ldflags='-s -w' -o "$bin/$name.tmp" "$pkg") >"$log" 2>&1; then
+        mv -f "$bin/$name.tmp" "$bin/$name"
+        echo "build-peers: built $name in $(($(date +%s) - start)) s" >&2
+    else
+        rm -f "$bin/$name.tmp"
+        echo "build-peers: FAILED $name ($pkg); the go command said (full log $log):" >&2
+        grep -E 'go: |proxy|refused|error|cannot|^[^ ].*\.go:[0-9]+' "$log" | head -n 8 | sed 's/^/    /' >&2 || tail -n 8 "$log" >&2
+        missing+=("$name")
+    fi
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    printf '%s\n' "${missing[@]}" >"$bin/MISSING"
+else
+    rm -f "$bin/MISSING"
+fi
+echo "$bin"
+[ "${#missing[@]}" -eq 0 ] || exit 3

@@ -1,0 +1,11 @@
+//go:build tools
+
+// Package tools pins the Kubernetes commands that build-peers.sh builds, so
+// that go mod tidy keeps every module they need in go.sum.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+)
