@@ -242,6 +242,10 @@ def load_yaml(data: bytes | str, *, max_bytes: int | None = None) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e)
+        if "exceeded maximum nesting depth" in str(problem):
+            # A libyaml with a depth limit of its own stops while scanning ahead of the composer: the
+            # same limit, said in this module's words whichever libyaml the machine has.
+            problem = f"is nested more than {MAX_DEPTH} levels deep"
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         raise DocumentError(" ".join(str(problem).split()) + where) from None
     except (ValueError, RecursionError) as e:  # bad UTF-8, a timestamp out of range, ...
