@@ -15,6 +15,7 @@ __all__ = [
     "GLOBAL_EPILOG",
     "AsciiIntRange",
     "OutputCommand",
+    "cni_bin_dirs",
     "command",
     "configure_logging",
     "global_options",
@@ -175,3 +176,14 @@ def pod_arguments(fn: F) -> F:
     for name, complete in (("infra_id", complete_infra_id), ("pod", complete_pod), ("namespace", complete_namespace)):
         fn = click.argument(name, shell_complete=complete)(fn)
     return fn
+
+
+def cni_bin_dirs(fn: F) -> F:
+    """``--cni-bin-dir`` (repeatable), as ``bin_dirs``: where the runtime finds CNI plugins (doctor, version)."""
+    return click.option(
+        "--cni-bin-dir",
+        "bin_dirs",
+        metavar="DIR",
+        multiple=True,
+        help="Where the runtime finds CNI plugins (repeatable) [/opt/cni/bin, /usr/lib/cni].",
+    )(fn)

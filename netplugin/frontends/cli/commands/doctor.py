@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from netplugin.frontends.cli.context import State, pass_state
-from netplugin.frontends.cli.options import command
+from netplugin.frontends.cli.options import cni_bin_dirs, command
 from netplugin.frontends.wire.codes import EXIT_DOCTOR_PROBLEMS, EXIT_OK
 
 __all__ = ["doctor"]
@@ -35,13 +35,7 @@ def _line(check: dict[str, Any]) -> str:
     show_default=True,
     help="The container runtime's CNI conf dir.",
 )
-@click.option(
-    "--cni-bin-dir",
-    "bin_dirs",
-    metavar="DIR",
-    multiple=True,
-    help="Where the runtime finds CNI plugins (repeatable) [/opt/cni/bin, /usr/lib/cni].",
-)
+@cni_bin_dirs
 @pass_state
 def doctor(st: State, cni_conf_dir: str, bin_dirs: tuple[str, ...]) -> None:
     """Check that this node works as installed, one line per check with the fix of each problem.

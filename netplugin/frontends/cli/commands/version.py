@@ -6,10 +6,8 @@ import os
 import platform
 from typing import Any
 
-import click
-
 from netplugin.frontends.cli.context import LOCAL, State, pass_state
-from netplugin.frontends.cli.options import command
+from netplugin.frontends.cli.options import cni_bin_dirs, command
 
 __all__ = ["version"]
 
@@ -72,13 +70,7 @@ def _text(doc: dict[str, Any]) -> str:
 
 
 @command()
-@click.option(
-    "--cni-bin-dir",
-    "bin_dirs",
-    metavar="DIR",
-    multiple=True,
-    help="Where the runtime finds CNI plugins (repeatable) [/opt/cni/bin, /usr/lib/cni].",
-)
+@cni_bin_dirs
 @pass_state
 def version(st: State, bin_dirs: tuple[str, ...]) -> None:
     """Print the versions of the CLI, the daemon (if it runs), the installed shim and the plugin chain.
