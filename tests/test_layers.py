@@ -46,6 +46,7 @@ FRONTEND_RANKS = {
     "checks": 3,
     "nodeconfig": 3,
     "entrypoints": 3,
+    "uninstall": 3,
     "cli": 4,
 }
 #: front-end parts that only the named modules may import

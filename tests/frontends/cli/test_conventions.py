@@ -148,7 +148,7 @@ def test_plugins_lists_builtins_and_warns_when_the_exec_dir_is_missing(tmp_path:
             if fmt == "json"
             else [line.split()[0] for line in out.stdout.splitlines()[1:]]  # under the header
         )
-        assert names == ["kubernetes.io/no-op", "netplugin.io/bridge"]
+        assert names == ["kubernetes.io/no-op", "netplugin.io/bridge", "netplugin.io/hostport"]
 
 
 def test_unreadable_exec_dir_is_still_an_error(tmp_path: Path) -> None:

@@ -130,5 +130,10 @@ def test_completion_of_pods_from_the_state_dir(run_cli: Any) -> None:
 def test_completion_of_plugin_names_before_and_after_the_command(run_cli: Any, plugin_dir: Any) -> None:
     plugin_dir.install("scripted")
     plugin_dir.install("broken", mode=0o644)  # invalid: not offered
-    assert _complete(run_cli, "netplugin --plugin ") == ["kubernetes.io/no-op", "netplugin.io/bridge", "scripted"]
+    assert _complete(run_cli, "netplugin --plugin ") == [
+        "kubernetes.io/no-op",
+        "netplugin.io/bridge",
+        "netplugin.io/hostport",
+        "scripted",
+    ]
     assert _complete(run_cli, "netplugin setup --plugin sc") == ["scripted"]

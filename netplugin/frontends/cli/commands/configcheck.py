@@ -5,27 +5,39 @@ from __future__ import annotations
 import click
 
 from netplugin.frontends.cli.context import State, pass_state
-from netplugin.frontends.cli.options import OutputCommand
+from netplugin.frontends.cli.options import GLOBAL_EPILOG, OutputCommand
 
 __all__ = ["config"]
 
 
-@click.group()
+@click.group(epilog=GLOBAL_EPILOG)
 def config() -> None:
-    """Check netplugin's config file before it is installed or reloaded."""
+    """Check a config file before it is taken.
+
+    \b
+    Examples:
+      netplugin config check
+      netplugin config check /etc/netplugin/netplugin.yaml
+    """
 
 
 @config.command("check", cls=OutputCommand)
 @click.argument("file", required=False, metavar="[FILE]")
 @pass_state
 def check(st: State, file: str | None) -> None:
-    """Validate FILE (default: the global --config, else /etc/netplugin/netplugin.yaml) as the
-    daemon's reload does, without it: every key parses, and each plugin of the chain is found in
-    the exec dir and trusted. Runs no plugin and touches nothing. The environment and the global
-    flags apply as they would to the daemon.
+    """Validate a config file as the daemon's reload does, without the daemon.
+
+    FILE defaults to the global --config, else /etc/netplugin/netplugin.yaml. Every key must parse,
+    and each plugin of the chain must be found in the exec dir and trusted. Runs no plugin and
+    touches nothing. The environment and the global flags apply as they would to the daemon.
 
     Exit 0 when the daemon would take it; else the message names the key and the reason, with the
     usual code (2 bad config, 3 plugin not found or not trusted, 5 exec dir unreadable).
+
+    \b
+    Examples:
+      netplugin config check
+      netplugin config check ./netplugin.yaml -o json
     """
     from netplugin.core.config import load_config
     from netplugin.core.errors import NetpluginError
