@@ -26,6 +26,7 @@ Needs iptables (the ``iptables`` package, either backend) and CAP_NET_ADMIN.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import shutil
 import subprocess
@@ -120,6 +121,28 @@ class Forward:
             if self._run(cmd, ["-t", "filter", "-S", self.chain], ok_codes=(0, 1, 2)).returncode == 0:
                 self._run(cmd, ["-F", self.chain])
                 self._run(cmd, ["-X", self.chain])
+        for family in ("ip", "ip6"):
+            self._drop_empty_filter_table(family)
+
+    def _drop_empty_filter_table(self, family: str) -> None:
+        """iptables-nft made ``table <family> filter`` to hold the jump; with no rule and every chain
+        accepting, it filters nothing, and it goes too, so the node is left as it was found."""
+        if shutil.which("nft") is None:
+            return
+        argv = ["nft", "-j", "list", "table", family, "filter"]
+        if self.netns:
+            argv = ["nsenter", f"--net={self.netns}", *argv]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout, check=False)
+            items = json.loads(done.stdout or "{}").get("nftables", []) if done.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+            raise ForwardError(f"cannot run {' '.join(argv)}: {e}", chain=self.chain) from e
+        if not items:
+            return  # no such table (or no nft backend): nothing to leave behind
+        chains = [i["chain"] for i in items if "chain" in i]
+        if any("rule" in i for i in items) or any(c.get("policy", "accept") != "accept" for c in chains):
+            return
+        self._run("nft", ["delete", "table", family, "filter"], wait=False)
 
     def check(self) -> list[ForwardState]:
         """Each family's FORWARD as it is now."""
@@ -137,9 +160,15 @@ class Forward:
         return out
 
     def _run(
-        self, cmd: str, args: list[str], *, script: str | None = None, ok_codes: tuple[int, ...] = (0,)
+        self,
+        cmd: str,
+        args: list[str],
+        *,
+        script: str | None = None,
+        ok_codes: tuple[int, ...] = (0,),
+        wait: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        argv = [cmd, "-w", *args]  # -w: wait for the xtables lock another writer holds
+        argv = [cmd, "-w", *args] if wait else [cmd, *args]  # -w: wait for the xtables lock another writer holds
         if self.netns:
             argv = ["nsenter", f"--net={self.netns}", *argv]
         what = f"{cmd} {' '.join(args)}"

@@ -134,7 +134,7 @@ def test_installed_plugins_come_from_the_wheel_and_pass_discovery(node: Node) ->
     assert out.returncode == 0, out.stderr
     listed = {c["name"]: c for c in json.loads(out.stdout)}
     shipped = {p.name.replace("~", "/") for p in (REPO / "exec_plugins").iterdir() if p.is_dir()}
-    assert shipped | {"kubernetes.io/no-op", "netplugin.io/bridge"} == set(listed)
+    assert shipped | {"kubernetes.io/no-op", "netplugin.io/bridge", "netplugin.io/hostport"} == set(listed)
     assert all(c["valid"] for c in listed.values()), listed
     for name in shipped:
         assert listed[name]["path"].startswith(f"{node.exec_dir}/")
@@ -142,13 +142,19 @@ def test_installed_plugins_come_from_the_wheel_and_pass_discovery(node: Node) ->
     gone = node.netplugin("--plugin-dir", str(node.root / "nope"), "plugins")
     assert gone.returncode == 0, gone.stderr
     assert f"{node.root / 'nope'} does not exist" in gone.stderr
-    assert [line.split()[0] for line in gone.stdout.splitlines()[1:]] == ["kubernetes.io/no-op", "netplugin.io/bridge"]
+    builtins = ["kubernetes.io/no-op", "netplugin.io/bridge", "netplugin.io/hostport"]
+    assert [line.split()[0] for line in gone.stdout.splitlines()[1:]] == builtins
 
 
 def test_conflist_names_the_config_and_the_config_the_dirs(node: Node) -> None:
     conf = json.loads((node.cni_conf / "10-netplugin.conflist").read_text())
     [plugin] = [p for p in conf["plugins"] if p["type"] == "netplugin-cni"]
-    assert plugin == {"type": "netplugin-cni", "configFile": str(node.config), "runDir": str(node.run_dir)}
+    assert plugin == {
+        "type": "netplugin-cni",
+        "configFile": str(node.config),
+        "runDir": str(node.run_dir),
+        "capabilities": {"portMappings": True},  # the runtime passes a pod's hostPorts
+    }
     out = node.netplugin("--config", str(node.config), "plugins", "-o", "json")
     assert out.returncode == 0, out.stderr
     assert any(c["path"].startswith(f"{node.exec_dir}/") for c in json.loads(out.stdout))

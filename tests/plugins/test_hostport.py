@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from netplugin.core.hostports import parse_env
+from netplugin.core.names import PodRef
 from netplugin.plugins.hostport import TABLE, chain_name, pod_rules, rebuild_script
+from netplugin.store.state import StateStore
 
 pytestmark = pytest.mark.kernel
 REPO = Path(__file__).resolve().parents[2]
@@ -96,6 +98,11 @@ def test_the_daemon_rebuilds_the_table_from_the_records_at_every_start(netns: st
     chain = chain_name("infra-web")
     rules = pod_rules(chain, parse_env("tcp/8080/80"), ["10.201.9.2"])
     (records / chain).write_text("default/web infra-web\ntcp.8080\n" + "\n".join(rules) + "\n")
+    # the pod is live (recorded, its netns there): the daemon's gc at start keeps its rules
+    store = StateStore(str(tmp_path / "state"))
+    pod = PodRef("default", "web", "infra-web")
+    store.begin(pod, "netplugin.io/hostport", "builtin:hostport:1", f"/run/netns/{netns}")
+    store.complete(pod, "10.201.9.2")
     cfg = tmp_path / "netplugin.yaml"
     cfg.write_text(f"plugins: [netplugin.io/hostport]\nstate_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\n"
                    f"plugin_dir: {tmp_path}\nhost: none\nmetrics_address: none\n")  # fmt: skip
