@@ -222,5 +222,6 @@ def test_metrics() -> None:
     assert 'netplugin_kube_requests_total{resource="pods",verb="get"} 3.0' in text
     assert 'netplugin_kube_watch_events_total{kind="relists",resource="nodes"} 1.0' in text
     # The keeper's families, the host: kube ones included, are rows of the daemon's series table.
-    keeper_rows = {x.name: x.kind for x in SERIES if x.name.startswith(("netplugin_node", "netplugin_kube"))}
+    families = ("netplugin_node", "netplugin_kube", "netplugin_repairs")
+    keeper_rows = {x.name: x.kind for x in SERIES if x.name.startswith(families)}
     assert dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M)) == keeper_rows
