@@ -274,14 +274,14 @@ def test_an_edited_file_takes_effect_when_the_daemon_takes_it(node: InstalledNod
     text = node.config.read_text()
     line = f"NETPLUGIN_BRIDGE_SUBNET: {node.subnet}"
     assert line in text
-    node.config.write_text(text.replace(line, line + '\n  NETPLUGIN_BRIDGE_MTU: "1400"'))
+    node.config.write_text(text.replace(line, line + '\n  NETPLUGIN_BRIDGE_MTU: "1360"'))
     seen = len(node.entries())
     before = node.run_pod("edited")
     # The daemon's settings are the node's: the call it runs builds on the file as it last took it.
     assert [e["via"] for e in node.entries()[seen:]] == ["daemon"]
     node.reload_daemon()
     health = node.health()
-    assert health is not None and health["config"]["env"]["NETPLUGIN_BRIDGE_MTU"] == "1400"
+    assert health is not None and health["config"]["env"]["NETPLUGIN_BRIDGE_MTU"] == "1360"
     assert health["settings"].startswith("settings changed (env)"), health["settings"]
     seen = len(node.entries())
     after = node.run_pod("reloaded")
@@ -290,7 +290,7 @@ def test_an_edited_file_takes_effect_when_the_daemon_takes_it(node: InstalledNod
         mtu = subprocess.run(
             ["ip", "netns", "exec", sb.netns_name, "cat", "/sys/class/net/eth0/mtu"], capture_output=True, text=True
         )
-        assert (mtu.stdout.strip() == "1400") is edited, sb
+        assert (mtu.stdout.strip() == "1360") is edited, sb
     node.remove_pods()
 
 

@@ -17,7 +17,7 @@
   it when the daemon stops;
 * with ``cluster_cidrs`` set it also accepts pod traffic in iptables FORWARD through a chain of its
   own (:mod:`netplugin.nodenet.forward`: hosts whose FORWARD policy is DROP), kept when it stops
-  (pods forward through a restart) and removed by the uninstall;
+  (pods forward through a restart), removed when the node leaves the cluster and by the uninstall;
 * when this node's own Node is deleted (the node leaves the cluster) it removes its routes
   and its egress table, and keeps them removed until the Node comes back;
 * what cannot be routed (a node without an InternalIP of the family, or not on a directly
@@ -305,11 +305,14 @@ class NodeKeeper:
         self.egress_rules = rules
 
     def _forward(self, me: NodeInfo | None, errors: list[str]) -> None:
-        if self.forward is None or self.departed:
+        if self.forward is None:
             return
         from netplugin.nodenet.egress import parse_cidrs
 
         try:
+            if self.departed:  # a node that left the cluster forwards no pod traffic, as it masquerades none
+                self.forward.remove()
+                return
             cidrs = parse_cidrs("cluster_cidrs", self.config.cluster_cidrs)
             self.forward.apply([*cidrs, *parse_cidrs("pod_cidrs", me.pod_cidrs if me is not None else ())])
         except NetpluginError as e:
