@@ -278,7 +278,7 @@ def test_an_edited_file_takes_effect_when_the_daemon_takes_it(node: InstalledNod
     seen = len(node.entries())
     before = node.run_pod("edited")
     # The daemon's settings are the node's: the call it runs builds on the file as it last took it.
-    assert [e["via"] for e in node.entries()[seen:]] == ["daemon"]
+    assert [e["via"] for e in node.entries()[seen:]] == ["daemon"], [e.get("daemon") for e in node.entries()[seen:]]
     node.reload_daemon()
     health = node.health()
     assert health is not None and health["config"]["env"]["NETPLUGIN_BRIDGE_MTU"] == "1360"
