@@ -18,8 +18,8 @@ network configs). Every loader here enforces, before anything big is built:
   otherwise (Go's encoding/json, so libcni, keeps the last one).
 
 Errors are :class:`DocumentError` (a ValueError) with a one-line reason (for YAML with the line
-and column). libyaml (the C parser) is used when PyYAML has it: the composer here costs about
-1.2-1.3x the C composer's time and is 7-8x faster than PyYAML's pure-Python loader. ``yaml`` is
+and column). libyaml (the C parser) is used when PyYAML has it: the composer here comes close to the C
+composer's time and is much faster than PyYAML's pure-Python loader. ``yaml`` is
 imported lazily, on the first YAML document.
 """
 
@@ -230,7 +230,7 @@ def load_yaml(data: bytes | str, *, max_bytes: int | None = None) -> Any:
     global _LOADER
     _check_size(data, max_bytes)
     if not data.strip():
-        return None  # what YAML makes of an empty document, without importing yaml (~25 ms)
+        return None  # what YAML makes of an empty document, without importing yaml (a costly import)
     import yaml
 
     if _LOADER is None:

@@ -1,8 +1,8 @@
 """A hand-packed NETLINK_ROUTE client: links, veths, addresses and routes, in one sendmsg.
 
 Generic kernel plumbing that any layer may use; the native bridge is its user per pod. Every
-per-pod request is packed by hand with struct: pyroute2 0.9 spends ~0.5 ms of Python per
-request (message classes, an asyncio loop) where the kernel needs 10-50 us, and it cannot send
+per-pod request is packed by hand with struct: pyroute2 0.9 spends far more Python time per
+request (message classes, an asyncio loop) than the kernel needs, and it cannot send
 several requests in one sendmsg. pyroute2 is still used where speed does not matter (init).
 Each thread keeps one root-netns socket (:func:`root_netlink`).
 """
@@ -355,7 +355,7 @@ class RawNetlink:
 
         A link that is already gone is not a failure. Several links are moved into a fresh random
         link group, and the group is deleted: the kernel then waits for one set of RCU grace
-        periods instead of one per link (~16 ms each).
+        periods instead of one per link.
         """
         if not indexes:
             return {}

@@ -74,7 +74,7 @@ __all__ = ["CorruptFile", "Scan", "StateStore"]
 
 
 def _log() -> Any:
-    """The store's logger, imported when a record needs repair: logging costs a CLI call ~8 ms."""
+    """The store's logger, imported when a record needs repair: importing logging would slow every CLI call."""
     import logging
 
     return logging.getLogger("netplugin.state")

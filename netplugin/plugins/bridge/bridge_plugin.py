@@ -74,7 +74,7 @@ _SYSFS = os.path.isdir("/sys/class/net/lo")
 
 
 def _root_ifindex(name: str) -> int | None:
-    """The root-netns ifindex of ``name`` (reading sysfs costs ~10 us, a netlink get ~40 us)."""
+    """The root-netns ifindex of ``name`` (reading sysfs is cheaper than a netlink get)."""
     if _SYSFS:
         try:
             with open(f"/sys/class/net/{name}/ifindex", "rb") as f:
@@ -113,7 +113,7 @@ def _set_hairpin(name: str, index: int) -> None:
 
 
 def _in_event_loop() -> bool:
-    aio = sys.modules.get("asyncio")  # not imported: no loop can be running (and asyncio costs 50 ms)
+    aio = sys.modules.get("asyncio")  # not imported: no loop can be running (and asyncio is costly to import)
     if aio is None:
         return False
     try:
@@ -413,7 +413,7 @@ class NativeBridgePlugin:
                         step.what = f"delete stale veth {host}"
                         self.reaper.delete(host, existing, ctx.timeout)
                     step.what = f"create veth {host} with peer {s.ifname} in {ctx.netns}"
-                    # The peer is created inside the pod netns: moving a link there costs ~20 ms more.
+                    # The peer is created inside the pod netns: moving a link there costs much more.
                     # One sendmsg also sets hairpin and brings the port up (see RawNetlink.add_veth).
                     root.add_veth(host, s.ifname, nsfd, mtu, bridge)
                     created = _root_ifindex(host)
