@@ -62,6 +62,7 @@ from netplugin.plugins.bridge.sysctls import FORWARDING, bridge_netfilter_on, sy
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
+    from netplugin.plugins.bridge.ipam import Allocation
 
 __all__ = ["PLUGIN_NAME", "NativeBridgePlugin"]
 
@@ -216,6 +217,20 @@ def _file_key(path: str) -> tuple[str, int, int, int]:
     except OSError:
         return (path, -1, -1, -1)
     return (path, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _configure_pod_end(
+    ns: RawNetlink, s: BridgeSettings, ctx: CallContext, peer: int, allocs: list[Allocation], step: _Step
+) -> None:
+    """Give the pod end ``peer`` its addresses and default routes, in one batch in the pod netns."""
+    gws = [str(g) for g in s.gateways]  # the IPAM's families are in the settings' order
+    what = ", ".join(f"{a.cidr} via {gw}" for a, gw in zip(allocs, gws, strict=True))
+    step.what = f"configure {s.ifname} in {ctx.netns} ({what})"
+    ns.configure_pod(
+        peer,
+        [(a.ip, a.prefixlen, gw) for a, gw in zip(allocs, gws, strict=True)],
+        link_local=any(net.version == 6 for net in s.subnets),
+    )
 
 
 class NativeBridgePlugin:
@@ -421,28 +436,27 @@ class NativeBridgePlugin:
                     if created is None or found is None:
                         raise OSError(errno.ENODEV, f"veth {host} vanished right after it was created")
                     index, peer = created, found[0]
-                gws = [str(g) for g in s.gateways]  # the IPAM's families are in the settings' order
-                what = ", ".join(f"{a.cidr} via {gw}" for a, gw in zip(allocs, gws, strict=True))
-                step.what = f"configure {s.ifname} in {ctx.netns} ({what})"
-                ns.configure_pod(
-                    peer,
-                    [(a.ip, a.prefixlen, gw) for a, gw in zip(allocs, gws, strict=True)],
-                    link_local=any(net.version == 6 for net in s.subnets),
-                )
+                _configure_pod_end(ns, s, ctx, peer, allocs, step)
             return tuple(dict.fromkeys(str(a.ip) for a in allocs)), found[2] if found is not None else None
         except BaseException:
             # Undo only what this call did: a repeated setup must not break the running pod.
-            if created is not None:
-                try:
-                    self.reaper.delete(host, created, ctx.timeout)
-                except Exception:
-                    pass
-            if new_allocation:
-                try:
-                    ipam.release(pod.infra_id, new_allocation, timeout=ctx.timeout)
-                except Exception:
-                    pass
+            self._undo_setup(pod, host, created, ipam, new_allocation, ctx.timeout)
             raise
+
+    def _undo_setup(
+        self, pod: PodRef, host: str, created: int | None, ipam: PodIPAM, new_allocation: list[int], timeout: float
+    ) -> None:
+        """Delete the veth a failed setup created and release what it allocated, each best effort."""
+        if created is not None:
+            try:
+                self.reaper.delete(host, created, timeout)
+            except Exception:
+                pass
+        if new_allocation:
+            try:
+                ipam.release(pod.infra_id, new_allocation, timeout=timeout)
+            except Exception:
+                pass
 
     # --- teardown ----------------------------------------------------------------------------------
 
