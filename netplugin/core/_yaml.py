@@ -18,8 +18,8 @@ network configs). Every loader here enforces, before anything big is built:
   otherwise (Go's encoding/json, so libcni, keeps the last one).
 
 Errors are :class:`DocumentError` (a ValueError) with a one-line reason (for YAML with the line
-and column). libyaml (the C parser) is used when PyYAML has it: the composer here costs about
-1.2-1.3x the C composer's time and is 7-8x faster than PyYAML's pure-Python loader. ``yaml`` is
+and column). libyaml (the C parser) is used when PyYAML has it: the composer here comes close to the C
+composer's time and is much faster than PyYAML's pure-Python loader. ``yaml`` is
 imported lazily, on the first YAML document.
 """
 
@@ -84,11 +84,9 @@ def read_document(path: str, max_bytes: int) -> bytes:
 _LOADER: Any = None
 
 
-def _loader_class() -> Any:
-    """The loader: libyaml's parser (events only), the composer below, a strict SafeConstructor."""
+def _parsers() -> tuple[Any, tuple[Any, ...]]:
+    """libyaml's parser (None without it) and the parser classes the loader derives from."""
     import yaml
-    from yaml.constructor import ConstructorError, SafeConstructor
-    from yaml.resolver import Resolver
 
     c_parser: Any
     try:
@@ -100,6 +98,16 @@ def _loader_class() -> Any:
     parsers: tuple[Any, ...] = (
         (c_parser,) if c_parser is not None else (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)
     )
+    return c_parser, parsers
+
+
+def _loader_class() -> Any:
+    """The loader: libyaml's parser (events only), the composer below, a strict SafeConstructor."""
+    import yaml
+    from yaml.constructor import ConstructorError, SafeConstructor
+    from yaml.resolver import Resolver
+
+    c_parser, parsers = _parsers()
 
     class StrictConstructor(SafeConstructor):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
@@ -155,6 +163,33 @@ def _error(problem: str, mark: Any) -> Exception:
     return ComposerError(None, None, problem, mark)
 
 
+def _kinds() -> tuple[Any, ...]:
+    """The event and node classes :func:`_compose` tells apart, in the order it unpacks them."""
+    from yaml import events, nodes
+
+    return (
+        events.AliasEvent,
+        events.ScalarEvent,
+        events.SequenceStartEvent,
+        events.MappingStartEvent,
+        events.SequenceEndEvent,
+        events.MappingEndEvent,
+        nodes.ScalarNode,
+        nodes.SequenceNode,
+        nodes.MappingNode,
+    )
+
+
+def _open(event: Any, node_kind: Any, resolve: Any, depth: int) -> Any:
+    """The empty collection node a start event opens at ``depth`` open collections (limit checked)."""
+    if depth >= MAX_DEPTH:
+        raise _error(f"is nested more than {MAX_DEPTH} levels deep", event.start_mark)
+    tag = event.tag
+    if tag is None or tag == "!":
+        tag = resolve(node_kind, None, event.implicit)
+    return node_kind(tag, [], event.start_mark, None, flow_style=event.flow_style)
+
+
 def _compose(loader: Any) -> Any:
     """The node graph of one document, from the parser's events, by a loop (not recursion).
 
@@ -162,12 +197,7 @@ def _compose(loader: Any) -> Any:
     expanded size), and the depth of open collections; any limit ends the parse at the event
     that crossed it.
     """
-    from yaml import events, nodes
-
-    alias_ev, scalar_ev = events.AliasEvent, events.ScalarEvent
-    seq_start, map_start = events.SequenceStartEvent, events.MappingStartEvent
-    seq_end, map_end = events.SequenceEndEvent, events.MappingEndEvent
-    scalar_node, seq_node, map_node = nodes.ScalarNode, nodes.SequenceNode, nodes.MappingNode
+    alias_ev, scalar_ev, seq_start, map_start, seq_end, map_end, scalar_node, seq_node, map_node = _kinds()
     get_event, resolve = loader.get_event, loader.resolve
     anchors: dict[str, tuple[Any, int, int]] = {}  # anchor -> (its node, expanded nodes, expanded chars)
     stack: list[list[Any]] = []  # open collections: [node, anchor, counts at its start, pending key]
@@ -187,14 +217,8 @@ def _compose(loader: Any) -> Any:
                 anchors[event.anchor] = (done, 1, len(event.value))
         elif kind is map_start or kind is seq_start:
             total += 1
-            if len(stack) >= MAX_DEPTH:
-                raise _error(f"is nested more than {MAX_DEPTH} levels deep", event.start_mark)
             node_kind = seq_node if kind is seq_start else map_node
-            tag = event.tag
-            if tag is None or tag == "!":
-                tag = resolve(node_kind, None, event.implicit)
-            node = node_kind(tag, [], event.start_mark, None, flow_style=event.flow_style)
-            stack.append([node, event.anchor, (total - 1, chars), nokey])
+            stack.append([_open(event, node_kind, resolve, len(stack)), event.anchor, (total - 1, chars), nokey])
             continue
         elif kind is map_end or kind is seq_end:
             done, anchor, (start, start_chars), _ = stack.pop()
@@ -230,7 +254,7 @@ def load_yaml(data: bytes | str, *, max_bytes: int | None = None) -> Any:
     global _LOADER
     _check_size(data, max_bytes)
     if not data.strip():
-        return None  # what YAML makes of an empty document, without importing yaml (~25 ms)
+        return None  # what YAML makes of an empty document, without importing yaml (a costly import)
     import yaml
 
     if _LOADER is None:

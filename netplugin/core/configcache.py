@@ -1,7 +1,7 @@
 """The config file, parsed once per content: a JSON copy of its YAML parse in the run dir.
 
 Every ``netplugin`` CLI process and Python CNI shim that reads a config file would import
-PyYAML for it (about 20 ms of a 100 ms cold start, most of it ``yaml``'s module-level regular
+PyYAML for it (a large share of a cold start, most of it ``yaml``'s module-level regular
 expressions), although the file changes once in a long while. So the first process that parses
 a file writes ``<run dir>/cache/config-<crc32 of its path>.json`` holding the path, the file's
 exact text and the parsed document; a later process that reads the same bytes from the same

@@ -1,8 +1,8 @@
 """A hand-packed NETLINK_ROUTE client: links, veths, addresses and routes, in one sendmsg.
 
 Generic kernel plumbing that any layer may use; the native bridge is its user per pod. Every
-per-pod request is packed by hand with struct: pyroute2 0.9 spends ~0.5 ms of Python per
-request (message classes, an asyncio loop) where the kernel needs 10-50 us, and it cannot send
+per-pod request is packed by hand with struct: pyroute2 0.9 spends far more Python time per
+request (message classes, an asyncio loop) than the kernel needs, and it cannot send
 several requests in one sendmsg. pyroute2 is still used where speed does not matter (init).
 Each thread keeps one root-netns socket (:func:`root_netlink`).
 """
@@ -74,6 +74,35 @@ __all__ = ["IFF_UP", "KernelError", "RawNetlink", "drop_root_netlink", "netns_ne
 
 #: Requests per sendmsg: keeps the kernel's replies well inside the socket's receive buffer.
 _CHUNK = 128
+
+
+def _address_and_route(
+    index: int, ip: str, prefixlen: int, gateway: str
+) -> tuple[tuple[str, tuple[int, int, bytes]], tuple[str, tuple[int, int, bytes]]]:
+    """The requests (each with what it does) that give link ``index`` the address ``ip/prefixlen``
+    (IPv6: ``nodad``) and add the default route via ``gateway`` (never ``replace``)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    raw = socket.inet_pton(family, ip)
+    flags = IFA_F_NODAD if family == socket.AF_INET6 else 0
+    address = (
+        f"add address {ip}/{prefixlen}",
+        (
+            RTM_NEWADDR,
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+            IFADDR.pack(family, prefixlen, flags, 0, index) + attr(IFA_LOCAL, raw) + attr(IFA_ADDRESS, raw),
+        ),
+    )
+    route = (
+        f"add default route via {gateway}",
+        (
+            RTM_NEWROUTE,
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+            RTMSG.pack(family, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, 0, RTN_UNICAST, 0)
+            + attr(RTA_GATEWAY, socket.inet_pton(family, gateway))
+            + u32_attr(RTA_OIF, index),
+        ),
+    )
+    return address, route
 
 
 class KernelError(OSError):
@@ -262,39 +291,14 @@ class RawNetlink:
         duplicate address detection, router solicitations), which a bridge without a multicast
         querier floods to every port. Tolerated where IPv6 is off (EAFNOSUPPORT: nothing to stop).
         """
-        replace = NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
         steps: list[tuple[str, tuple[int, int, bytes]]] = [
             ("set lo up", (RTM_NEWLINK, NLM_F_ACK, ifinfo(1, IFF_UP, IFF_UP))),  # lo is ifindex 1
         ]
         routes: list[tuple[str, tuple[int, int, bytes]]] = []
         for ip, prefixlen, gateway in addrs:
-            family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-            raw = socket.inet_pton(family, ip)
-            flags = IFA_F_NODAD if family == socket.AF_INET6 else 0
-            steps.append(
-                (
-                    f"add address {ip}/{prefixlen}",
-                    (
-                        RTM_NEWADDR,
-                        replace,
-                        IFADDR.pack(family, prefixlen, flags, 0, index)
-                        + attr(IFA_LOCAL, raw)
-                        + attr(IFA_ADDRESS, raw),
-                    ),
-                )
-            )
-            routes.append(
-                (
-                    f"add default route via {gateway}",
-                    (
-                        RTM_NEWROUTE,
-                        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-                        RTMSG.pack(family, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, 0, RTN_UNICAST, 0)
-                        + attr(RTA_GATEWAY, socket.inet_pton(family, gateway))
-                        + u32_attr(RTA_OIF, index),
-                    ),
-                )
-            )
+            address, route = _address_and_route(index, ip, prefixlen, gateway)
+            steps.append(address)
+            routes.append(route)
         no_ll = -1
         if not link_local:
             no_ll = len(steps)
@@ -355,7 +359,7 @@ class RawNetlink:
 
         A link that is already gone is not a failure. Several links are moved into a fresh random
         link group, and the group is deleted: the kernel then waits for one set of RCU grace
-        periods instead of one per link (~16 ms each).
+        periods instead of one per link.
         """
         if not indexes:
             return {}

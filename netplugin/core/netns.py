@@ -54,7 +54,7 @@ _OWN = ("/proc/thread-self/ns/net", "/proc/self/ns/net", "/proc/1/ns/net")
 
 def _libc_handle() -> Any:
     global _libc
-    import ctypes  # here: ctypes costs ~5 ms to import, and only pod actions need it
+    import ctypes  # here: ctypes is costly to import, and only pod actions need it
 
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)

@@ -2,7 +2,7 @@
 
 The CLI (and the CNI shim) start a fresh process for every pod action, so the
 lookup here uses only the standard library: urllib + ssl + json cost a new
-process about 49 ms against about 238 ms with lightkube (see
+process a fraction of what lightkube's import does (see
 shared/reference/python-stack-measurements.md, section 5). lightkube is
 imported only inside :meth:`KubeHost.kube_client`, for the long-running daemon
 and for plugins that want a full client.

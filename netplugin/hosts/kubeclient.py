@@ -1,6 +1,6 @@
 """The lightkube client of :meth:`netplugin.hosts.kube.KubeHost.kube_client` (for plugins that want one).
 
-Its own module so that lightkube's import (about 190 ms) is paid only by the callers that build one.
+Its own module so that lightkube's costly import is paid only by the callers that build one.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Anyone who can write a Node (a kubelet registers its own) writes part of what ev
 the cluster reads, so nothing here trusts the shape or the size of an answer:
 
 * a **LIST page** is bounded by its bytes (:data:`MAX_LIST_BODY`) and its nesting depth, never by
-  a node count meant for one config document: a page of 500 real Node objects has about 140 000
+  a node count meant for one config document: a page of real Node objects has far more
   JSON nodes. Each item is then checked on its own (:func:`object_problem`): an object deeper
   than the depth limit or with more than :data:`MAX_OBJECT_NODES` nodes, or without a name or
   revision, is set aside as a :class:`BadObject` (the caller logs it once per revision), and the
@@ -46,7 +46,7 @@ __all__ = [
 MAX_LIST_BODY = 64 << 20
 #: one watch event (one object: etcd refuses objects over 1.5 MiB)
 MAX_EVENT_BYTES = 8 << 20
-#: JSON nodes of one object in a LIST or an event (a kubelet's Node has about 280, a Pod 300-2000)
+#: JSON nodes of one object in a LIST or an event (far more than a kubelet's Node or a Pod has)
 MAX_OBJECT_NODES = MAX_NODES
 
 Obj = dict[str, Any]

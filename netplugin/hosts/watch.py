@@ -426,8 +426,8 @@ class Informer:
 
 
 def slim_node(obj: Obj) -> Obj:
-    """What the daemon reads of a Node (:meth:`NodeInfo.from_node`): a kubelet's Node is 5-20 KB
-    (conditions, images, capacity), and a cache of 5,000 full ones cost the daemon about 160 MiB."""
+    """What the daemon reads of a Node (:meth:`NodeInfo.from_node`): a kubelet's Node is mostly
+    what it never reads (conditions, images, capacity), and a big cluster's full Nodes would fill its memory."""
     meta = obj.get("metadata") or {}
     keep = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
     spec, status = obj.get("spec"), obj.get("status")

@@ -37,7 +37,7 @@ from netplugin.manager.chain import ChainRun, recorded_members
 from netplugin.store.listing import pod_busy
 from netplugin.store.orphans import POD_ACTIONS, plugin_processes, settle
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, PodRecord
-from netplugin.store.state import StateStore
+from netplugin.store.state import Scan, StateStore
 
 if TYPE_CHECKING:
     from netplugin.core.plugin import Plugin
@@ -336,30 +336,8 @@ def run_gc(
     report = GcReport(dry_run=dry_run, checked=len(scan.records))
     host = manager.host if check_host and host_is_authoritative(manager.host) else None
 
-    for c in scan.corrupt:
-        if dry_run:
-            report.actions.append(GcAction("set-aside", c.path, c.reason, "planned"))
-            continue
-        try:
-            moved = store.set_aside(c.path, c.reason)
-            report.actions.append(GcAction("set-aside", c.path, c.reason, "done", moved_to=moved))
-        except NetpluginError as e:
-            report.actions.append(GcAction("set-aside", c.path, c.reason, "failed", error=e.message))
-
-    from netplugin.core.fileio import stale_temps
-
-    # Also the CNI attachment index's and the bridge plugins' IPAM temp files (state-dir subtrees).
-    others = [p for p in stale_temps(store.state_dir) if os.path.dirname(p) != store.dir]
-    for tmp in [*scan.stale_temps, *others]:
-        reason = "temporary file of an interrupted write"
-        if dry_run:
-            report.actions.append(GcAction("remove-temp", tmp, reason, "planned"))
-        else:
-            try:
-                if store.remove_temp(tmp):
-                    report.actions.append(GcAction("remove-temp", tmp, reason, "done"))
-            except NetpluginError as e:
-                report.actions.append(GcAction("remove-temp", tmp, reason, "failed", error=e.message))
+    _set_aside_corrupt(store, scan, report, dry_run)
+    _remove_temps(store, scan, report, dry_run)
 
     plugins = _Plugins(manager)
     handled: set[PodRef] = set()
@@ -380,7 +358,43 @@ def run_gc(
         _teardown(manager, store, rec, host, plugins, report, progress)
 
     _hostport_leaks(manager, store, report, dry_run)
-    # Orphaned plugin processes of pods gc did not tear down (no record, or a ready one).
+    _settle_orphans(manager, store, handled, report, dry_run)
+    return report
+
+
+def _set_aside_corrupt(store: StateStore, scan: Scan, report: GcReport, dry_run: bool) -> None:
+    """Move each corrupt record aside (or plan to)."""
+    for c in scan.corrupt:
+        if dry_run:
+            report.actions.append(GcAction("set-aside", c.path, c.reason, "planned"))
+            continue
+        try:
+            moved = store.set_aside(c.path, c.reason)
+            report.actions.append(GcAction("set-aside", c.path, c.reason, "done", moved_to=moved))
+        except NetpluginError as e:
+            report.actions.append(GcAction("set-aside", c.path, c.reason, "failed", error=e.message))
+
+
+def _remove_temps(store: StateStore, scan: Scan, report: GcReport, dry_run: bool) -> None:
+    """Remove (or plan to remove) the temp files of interrupted writes anywhere in the state dir."""
+    from netplugin.core.fileio import stale_temps
+
+    # Also the CNI attachment index's and the bridge plugins' IPAM temp files (state-dir subtrees).
+    others = [p for p in stale_temps(store.state_dir) if os.path.dirname(p) != store.dir]
+    for tmp in [*scan.stale_temps, *others]:
+        reason = "temporary file of an interrupted write"
+        if dry_run:
+            report.actions.append(GcAction("remove-temp", tmp, reason, "planned"))
+        else:
+            try:
+                if store.remove_temp(tmp):
+                    report.actions.append(GcAction("remove-temp", tmp, reason, "done"))
+            except NetpluginError as e:
+                report.actions.append(GcAction("remove-temp", tmp, reason, "failed", error=e.message))
+
+
+def _settle_orphans(manager: Manager, store: StateStore, handled: set[PodRef], report: GcReport, dry_run: bool) -> None:
+    """Settle orphaned plugin processes of pods gc did not tear down (no record, or a ready one)."""
     orphans = _pending_orphans(manager, store.state_dir, handled)
     for ref, pids in sorted(orphans.items(), key=lambda kv: str(kv[0])):
         why = "their netplugin is gone"
@@ -394,7 +408,6 @@ def run_gc(
             if procs:
                 got = settle(procs, timeout_for=manager.config.timeout_for, kill_grace=manager.config.kill_grace)
                 report.actions.append(GcAction("settle", _describe(ref), why, "done", pod=ref, pids=got))
-    return report
 
 
 def _hostport_leaks(manager: Manager, store: StateStore, report: GcReport, dry_run: bool) -> None:

@@ -27,24 +27,15 @@ routed through this node is masqueraded), ``inside`` is the cluster CIDRs plus t
 A family without pod (or cluster) CIDRs gets no set and no rule.
 
 :meth:`Egress.ensure` replaces the table in **one nftables transaction** (``table``; ``delete
-table``; the new table), so the rules are never half there, a second call leaves exactly one rule
-set, and the CIDRs can change under traffic without a gap. :meth:`Egress.remove` deletes the table
-the same way (``table``, then ``delete table``: succeeds whether or not it exists). Nothing else is
-ever named: rules of other tables (the operator's, kube-proxy's, a firewall's), even ``inet``
-tables with ``nat`` chains on the same hook, are never read or changed. nftables rules belong to
-a network namespace, so daemons in different namespaces (the simulated cluster) never collide; a
-different ``table`` name separates two users inside one namespace.
+table``; the new table), so the rules are never half there and the CIDRs can change under traffic
+without a gap. :meth:`Egress.remove` deletes the table the same way (it succeeds whether or not
+the table exists). Nothing else is ever named or read: other tables (the operator's, kube-proxy's,
+a firewall's) are left alone, and nftables rules belong to a network namespace, so daemons in
+different namespaces never collide; a different ``table`` name separates two users of one.
 
-Why the ``nft`` command and not python3-nftables (libnftables' JSON API): python3-nftables is a
-Debian package for Debian's ``/usr/bin/python3`` only (installed in ``dist-packages``; not on
-PyPI, ``pip install nftables`` finds nothing); netplugin is pip-installed into whatever Python
-the node runs (here pyenv's 3.11.7, which cannot import it), so the binding would be a hidden
-dependency on one interpreter. The library buys nothing here: ``nft -f -`` already applies a
-whole script as one atomic netlink transaction, and egress changes only at daemon start, stop
-and when the node's CIDRs change, never per pod, so the cost of one ``nft`` run does not
-matter (measured on a busy 2-core machine: ~20 ms per :meth:`Egress.ensure` or
-:meth:`Egress.remove`, process start included). The command also gives operators the same
-text they read with ``nft list table inet netplugin``.
+It runs the ``nft`` command, not python3-nftables, which is a binding for Debian's own interpreter
+only (see ARCHITECTURE.md, "Egress"); egress changes only at daemon start, stop and when the
+node's CIDRs change, never per pod, so one ``nft`` run per change is cheap enough.
 Needs Debian's ``nftables`` package (the ``nft`` command) and CAP_NET_ADMIN.
 """
 

@@ -193,7 +193,7 @@ class RouteTable:
         """(the interface to reach ``gateway`` directly, "") or (None, why it cannot be a next hop).
 
         The kernel's answer for the main table, computed from one dump (a ``route get`` per node
-        costs ~2 ms through pyroute2, which adds up with hundreds of nodes); our own routes do not
+        through pyroute2 would add up with hundreds of nodes); our own routes do not
         count, and policy routing rules are not consulted.
         """
         if gateway in view.local:
@@ -271,7 +271,7 @@ class RouteTable:
         """Make our routes exactly those ``nodes`` ask for; other routes are left alone.
 
         ``fresh=False`` works from the kernel's routes as the previous pass left them (no dump,
-        which costs ~1 ms per route through pyroute2): for a Node event, where only the nodes
+        whose cost through pyroute2 grows with the routes): for a Node event, where only the nodes
         changed. A fresh pass (the periodic re-check) sees what others did to the table.
         """
         from pyroute2.netlink.exceptions import NetlinkError

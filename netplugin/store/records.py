@@ -87,7 +87,7 @@ def record_filename(ref: PodRef) -> str:
     """The file name of a pod's record (unique per namespace, name and infra id)."""
     key = f"{ref.namespace}_{ref.name}_{ref.infra_id}"
     if len(key) > _MAX_KEY:
-        import hashlib  # only for names too long to be the file name (its import costs every process ~4 ms)
+        import hashlib  # only for names too long to be the file name (its import would cost every process)
 
         digest = hashlib.sha256(f"{ref.namespace}\0{ref.name}\0{ref.infra_id}".encode()).hexdigest()[:24]
         key = f"{key[:_HASHED_PREFIX]}~{digest}"

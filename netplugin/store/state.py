@@ -12,44 +12,30 @@ Life of a record, every write atomic (temp file, rename):
 * ``mark_teardown`` before the plugin's teardown runs: state ``tearing-down``;
 * ``remove``       after teardown (or a rollback) succeeded: the file is gone.
 
-A write takes a spare inode (``pods/.spare/``: a removed or replaced record's, or one the daemon
-made at start) rather than making a file, and a removal keeps the record's inode there; readers
-see the same files either way (:mod:`netplugin.core.spares`). A scan reads a corrupt-looking
-record a second time before it reports it: without the pod's lock, a file opened just before its
-record was removed may be a spare rewritten meanwhile.
+Writes reuse spare inodes (``pods/.spare/``, :mod:`netplugin.core.spares`), so a scan reads a
+corrupt-looking record twice before reporting it (without the pod's lock it may be a spare).
 
 A chain's record also lists its members, each with its own progress (``chain``, see
 :class:`~netplugin.store.records.MemberState`): ``begin`` writes it right before the first member's
 setup starts, :meth:`StateStore.progress` before each later member's setup starts and after each
 member's teardown succeeded, so that gc tears down exactly the members that ran.
 
-Durability: a write is synced only when it records an *intent*: that a plugin is about to run
-and may hold resources from then on, which nothing but the record would tell gc after a crash.
-``begin`` is such a write: it is made durable (fsync of the file and its directory) before the
-first member runs, together with the files the caller names (``durable_with``: the CNI shim's
-attachment record), through the process's group commit (:mod:`netplugin.store.commit`), so
-concurrent setups share their fsyncs. A chain of one therefore makes one durable write per pod
-action (setup: ``begin``; teardown: none). In a longer chain, each :meth:`StateStore.progress`
-that marks a later member ``setting-up`` is an intent too and goes through the same group commit
-(one more durable write per additional member that handles setup): a machine crash that lost it
-would leave gc believing the member never ran, and whatever it keeps outside the kernel (IPAM
-files, a remote allocation) would leak. Every other transition is atomic (temp file, rename) but
-not synced: ``complete``, ``mark_teardown``, the progress after a member's teardown and the
-removal. A crash or SIGKILL of any process keeps them (they are in the page cache); only a crash
-of the machine can lose them, which also loses every network namespace and veth, and losing one
-only makes gc tear down again what it would tear down anyway (teardown is idempotent).
+Durability: a write is synced only when it records an *intent* (a plugin is about to run and may
+hold resources that only the record would tell gc about after a crash): ``begin``, with the files
+the caller names (``durable_with``), and each :meth:`StateStore.progress` that marks a later chain
+member ``setting-up``. Both go through the process's group commit (:mod:`netplugin.store.commit`),
+so concurrent setups share their fsyncs. Every other transition is atomic but not synced: only a
+machine crash can lose it, which also loses the namespaces and veths, and gc then merely tears
+down again (teardown is idempotent). ARCHITECTURE.md, "Pod records", gives the reasoning.
 
 Every transition happens under the pod's lock, so a record that is not ``ready`` while nobody
-holds the lock belongs to an action that was interrupted (crash, kill, failed rollback):
-``netplugin gc`` tears such pods down. Each record names its *owner*, the process that last
-acted on it (pid, start time, boot id); when the owner is dead, plugin processes it started
-may still run (they live in their own session): :meth:`StateStore.begin` and
-:meth:`StateStore.mark_teardown` let them finish, or stop them at their deadline, before a new
-action on the pod starts, so an orphaned setup cannot race the teardown that follows it.
+holds the lock belongs to an interrupted action: ``netplugin gc`` tears such pods down. Each
+record names its *owner* (pid, start time, boot id); when the owner is dead, plugin processes it
+started may still run: :meth:`StateStore.begin` and :meth:`StateStore.mark_teardown` let them
+finish, or stop them at their deadline, so an orphaned setup cannot race the teardown after it.
 
-A file that cannot be parsed (truncated JSON, wrong types, unknown version, a name that does not
-match its content) is a :class:`~netplugin.core.errors.StateError` naming the path. Listing reports
-such files and goes on; :meth:`StateStore.set_aside` moves one to ``pods/corrupt/`` with a
+A file that cannot be parsed is a :class:`~netplugin.core.errors.StateError` naming the path;
+listing reports it and goes on, :meth:`StateStore.set_aside` moves it to ``pods/corrupt/`` with a
 ``.reason`` file beside it. A corrupt file never makes every command fail.
 """
 
@@ -88,7 +74,7 @@ __all__ = ["CorruptFile", "Scan", "StateStore"]
 
 
 def _log() -> Any:
-    """The store's logger, imported when a record needs repair: logging costs a CLI call ~8 ms."""
+    """The store's logger, imported when a record needs repair: importing logging would slow every CLI call."""
     import logging
 
     return logging.getLogger("netplugin.state")

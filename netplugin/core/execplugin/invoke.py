@@ -7,7 +7,7 @@ bounded, and enforces a deadline on the *whole process tree*:
 * the child starts in its own session, so its process group holds everything it
   forks that does not deliberately detach;
 * the wait is event-driven (a pidfd and the pipes in one ``select``), so a call
-  costs no polling sleeps (``subprocess.run(timeout=...)`` adds about 1 ms);
+  costs no polling sleeps (``subprocess.run(timeout=...)`` polls with sleeps);
 * on timeout the tree is snapshotted (psutil, to also catch children that
   called ``setsid``), the group gets SIGTERM, then after a grace SIGKILL, and the
   group is killed again after the leader exits;

@@ -29,16 +29,14 @@ The compiled CNI shim's binary frame (``netplugin_cni.c`` parses no JSON; it inc
 JSON request line starts with ``{``, so the daemon's listener tells a frame by its first byte.
 
 * Request: :data:`FRAME_MAGIC`, ``u32`` body length (at most :data:`FRAME_MAX_REQUEST`), then
-  fields ``tag (1 byte) | u32 length | value``: ``E`` one environment entry ``NAME=VALUE`` whose
-  NAME starts with ``CNI_`` or ``NETPLUGIN_`` (at most :data:`FRAME_MAX_ENV`, each at most
-  :data:`FRAME_MAX_ENV_ENTRY` bytes); ``I`` the standard input, at most once, at most
-  :data:`FRAME_MAX_STDIN` bytes: one byte past :data:`MAX_STDIN`, so the daemon refuses an
-  oversized config with the very message a local run gives.
+  fields ``tag (1 byte) | u32 length | value``: ``E`` one ``CNI_*`` or ``NETPLUGIN_*`` environment
+  entry (at most :data:`FRAME_MAX_ENV`, each at most :data:`FRAME_MAX_ENV_ENTRY` bytes); ``I`` the
+  standard input, at most once, at most :data:`FRAME_MAX_STDIN` bytes (one byte past
+  :data:`MAX_STDIN`, so an oversized config gets the very message a local run gives).
 * Answer: :data:`FRAME_MAGIC`, ``u32`` body length (at most :data:`FRAME_MAX_ANSWER`), then fields:
   ``X`` the exit status (1 byte, exactly once), ``O`` stdout and ``R`` stderr (each at most once);
-  or ``U`` instead of ``X``: the daemon did not run the call (unavailable, draining, other
-  settings), the value says why, and the shim falls back (it execs the Python shim with the same
-  environment and stdin on standalone nodes, or prints CNI error :data:`~.codes.CNI_TRY_AGAIN`).
+  or ``U`` instead of ``X``: the daemon did not run the call, the value says why, and the shim
+  falls back (execs the Python shim, or prints CNI error :data:`~.codes.CNI_TRY_AGAIN`).
 """
 
 # No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);

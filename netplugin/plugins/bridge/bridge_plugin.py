@@ -10,50 +10,28 @@ route per family via the gateway. Settings, their validation and
 messages, the state dir layout and the veth names are identical, so a node can switch
 between the two plugins (or run both: they share the IPAM lock) without losing a pod.
 
-Settings, rising precedence: built-in defaults < ``bridge.conf`` of the bash plugin when it
-is installed as ``<plugin_dir>/bridge/`` < the file named by ``NETPLUGIN_BRIDGE_CONF`` <
-``NETPLUGIN_BRIDGE_*`` in the call's environment (an empty value means unset). Keys: NAME
-(cbr0), SUBNET (10.244.0.0/24; an IPv4 and an IPv6 network separated by a comma for dual
-stack, or ``node`` for the node's pod CIDRs from NETPLUGIN_NODE_POD_CIDRS), GATEWAY (first host
-of each subnet), MTU (auto: :mod:`netplugin.plugins.bridge.mtu`), STATE_DIR
-(``$NETPLUGIN_STATE_DIR/bridge``), IFNAME (eth0), IP_FORWARD (true), BR_NETFILTER (true:
-:func:`~netplugin.plugins.bridge.sysctls.bridge_netfilter_on`).
+Settings (keys, defaults and precedence: :mod:`netplugin.plugins.bridge.settings`, and
+ARCHITECTURE.md, "The native bridge"): built-in defaults < the bash plugin's ``bridge.conf`` <
+the file named by ``NETPLUGIN_BRIDGE_CONF`` < ``NETPLUGIN_BRIDGE_*`` in the call's environment.
 
 IPv6 addresses (the bridge's and the pods') are added without duplicate address detection
 (``nodad``), and the bridge's own link-local address skips it too, so a pod is reachable over
-IPv6 as soon as setup returns rather than after DAD's second or two.
+IPv6 as soon as setup returns rather than after DAD's delay.
 
 On a bridge without IPv6 (SUBNET of IPv4 only) the pod end gets no IPv6 link-local address either
 (``addr_gen_mode none``, set before it goes up), like the host end: a link-local address brings
-MLD reports, duplicate address detection and router solicitations, multicast that a bridge
-without a multicast querier floods to every port, so each new pod cost every pod present a few
-frames (~6 x N deliveries per pod start, softirq time on the node that grows with the pods). The
-interface keeps IPv6 itself (``::1`` on ``lo``, an address added later); a dual-stack pod keeps
+MLD reports, DAD and router solicitations, multicast that a bridge without a querier floods to
+every port, so each new pod would cost every pod present a few frames. A dual-stack pod keeps
 its link-local address, which neighbour discovery and MLD use.
 
-This module is imported only when the plugin is selected. Choices, from measurements
-(``tests/plugins/test_bridge.py::test_measure_per_pod_costs`` prints the current numbers):
-
-* **Per-pod requests are packed by hand** (:mod:`netplugin.core.netlink`): pyroute2 0.9
-  spends ~0.5 ms of Python per request (message classes, an asyncio loop per call) where the
-  kernel needs 10-50 us, and cannot send several requests in one ``sendmsg``. A setup is one
-  4-request batch in the root netns (the veth with its peer in the pod netns, then no IPv6
-  link-local address, hairpin and up on the host end: :meth:`RawNetlink.add_veth`), one lookup
-  and one batch of 4-6 requests in the pod netns (:meth:`RawNetlink.configure_pod`), and a few
-  sysfs reads: ~2.5-4 ms per pod, against ~8 ms with pyroute2's API and ~15-20 ms for the bash
-  plugin. pyroute2 still does init (rare; readability wins there).
-* **Namespaced sockets without a fork**: only the calling thread enters the pod netns with
-  ``setns(2)``, for the one ``socket()`` call, and switches back at once; the socket stays in
-  the netns it was made in. ``IPRoute(netns=...)`` forks a helper (6-8 ms, and unsafe with
-  threads); pyroute2's ``pushns`` saves ``/proc/self`` (the main thread's netns, not the
-  caller's), keeps one stack for all threads and creates a missing netns.
-* **Teardown coalesces link deletions** (:mod:`netplugin.plugins.bridge.reaper`). Deleting a link costs ~16 ms of
-  kernel time (RCU grace periods), whichever way it is sent: several RTM_DELLINK in one
-  ``sendmsg`` cost the same per link. Deleting a *link group* costs about as much as deleting
-  one link, so concurrent teardowns queue their host veth and one of them moves every queued
-  link into a fresh random group and deletes the group: 100 concurrent teardowns take ~0.1 s
-  of deletion instead of ~1.6 s. ``teardown`` returns only once its link is gone and its
-  address released.
+This module is imported only when the plugin is selected. Its per-pod choices (each explained in
+ARCHITECTURE.md, "The native bridge"; ``tests/plugins/test_bridge.py::test_measure_per_pod_costs``
+prints the current costs): per-pod netlink requests are packed by hand (:mod:`netplugin.core.netlink`:
+one batch in the root netns, :meth:`RawNetlink.add_veth`, one in the pod netns,
+:meth:`RawNetlink.configure_pod`), pyroute2 does only init; namespaced sockets are made without a
+fork (only the calling thread enters the pod netns, for one ``socket()`` call); teardown coalesces
+link deletions into one link-group deletion (:mod:`netplugin.plugins.bridge.reaper`), and
+``teardown`` returns only once its link is gone and its address released.
 
 Threads: every method may be called from many threads at once. Each thread keeps one
 root-netns netlink socket; the pod's lock is the caller's business (netplugin's manager
@@ -84,6 +62,7 @@ from netplugin.plugins.bridge.sysctls import FORWARDING, bridge_netfilter_on, sy
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
+    from netplugin.plugins.bridge.ipam import Allocation
 
 __all__ = ["PLUGIN_NAME", "NativeBridgePlugin"]
 
@@ -96,7 +75,7 @@ _SYSFS = os.path.isdir("/sys/class/net/lo")
 
 
 def _root_ifindex(name: str) -> int | None:
-    """The root-netns ifindex of ``name`` (reading sysfs costs ~10 us, a netlink get ~40 us)."""
+    """The root-netns ifindex of ``name`` (reading sysfs is cheaper than a netlink get)."""
     if _SYSFS:
         try:
             with open(f"/sys/class/net/{name}/ifindex", "rb") as f:
@@ -135,7 +114,7 @@ def _set_hairpin(name: str, index: int) -> None:
 
 
 def _in_event_loop() -> bool:
-    aio = sys.modules.get("asyncio")  # not imported: no loop can be running (and asyncio costs 50 ms)
+    aio = sys.modules.get("asyncio")  # not imported: no loop can be running (and asyncio is costly to import)
     if aio is None:
         return False
     try:
@@ -238,6 +217,20 @@ def _file_key(path: str) -> tuple[str, int, int, int]:
     except OSError:
         return (path, -1, -1, -1)
     return (path, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _configure_pod_end(
+    ns: RawNetlink, s: BridgeSettings, ctx: CallContext, peer: int, allocs: list[Allocation], step: _Step
+) -> None:
+    """Give the pod end ``peer`` its addresses and default routes, in one batch in the pod netns."""
+    gws = [str(g) for g in s.gateways]  # the IPAM's families are in the settings' order
+    what = ", ".join(f"{a.cidr} via {gw}" for a, gw in zip(allocs, gws, strict=True))
+    step.what = f"configure {s.ifname} in {ctx.netns} ({what})"
+    ns.configure_pod(
+        peer,
+        [(a.ip, a.prefixlen, gw) for a, gw in zip(allocs, gws, strict=True)],
+        link_local=any(net.version == 6 for net in s.subnets),
+    )
 
 
 class NativeBridgePlugin:
@@ -435,7 +428,7 @@ class NativeBridgePlugin:
                         step.what = f"delete stale veth {host}"
                         self.reaper.delete(host, existing, ctx.timeout)
                     step.what = f"create veth {host} with peer {s.ifname} in {ctx.netns}"
-                    # The peer is created inside the pod netns: moving a link there costs ~20 ms more.
+                    # The peer is created inside the pod netns: moving a link there costs much more.
                     # One sendmsg also sets hairpin and brings the port up (see RawNetlink.add_veth).
                     root.add_veth(host, s.ifname, nsfd, mtu, bridge)
                     created = _root_ifindex(host)
@@ -443,28 +436,27 @@ class NativeBridgePlugin:
                     if created is None or found is None:
                         raise OSError(errno.ENODEV, f"veth {host} vanished right after it was created")
                     index, peer = created, found[0]
-                gws = [str(g) for g in s.gateways]  # the IPAM's families are in the settings' order
-                what = ", ".join(f"{a.cidr} via {gw}" for a, gw in zip(allocs, gws, strict=True))
-                step.what = f"configure {s.ifname} in {ctx.netns} ({what})"
-                ns.configure_pod(
-                    peer,
-                    [(a.ip, a.prefixlen, gw) for a, gw in zip(allocs, gws, strict=True)],
-                    link_local=any(net.version == 6 for net in s.subnets),
-                )
+                _configure_pod_end(ns, s, ctx, peer, allocs, step)
             return tuple(dict.fromkeys(str(a.ip) for a in allocs)), found[2] if found is not None else None
         except BaseException:
             # Undo only what this call did: a repeated setup must not break the running pod.
-            if created is not None:
-                try:
-                    self.reaper.delete(host, created, ctx.timeout)
-                except Exception:
-                    pass
-            if new_allocation:
-                try:
-                    ipam.release(pod.infra_id, new_allocation, timeout=ctx.timeout)
-                except Exception:
-                    pass
+            self._undo_setup(pod, host, created, ipam, new_allocation, ctx.timeout)
             raise
+
+    def _undo_setup(
+        self, pod: PodRef, host: str, created: int | None, ipam: PodIPAM, new_allocation: list[int], timeout: float
+    ) -> None:
+        """Delete the veth a failed setup created and release what it allocated, each best effort."""
+        if created is not None:
+            try:
+                self.reaper.delete(host, created, timeout)
+            except Exception:
+                pass
+        if new_allocation:
+            try:
+                ipam.release(pod.infra_id, new_allocation, timeout=timeout)
+            except Exception:
+                pass
 
     # --- teardown ----------------------------------------------------------------------------------
 

@@ -15,21 +15,15 @@ once: both take the same ``lock``) without losing an allocation. The directory
 IPv4 stays at the top so that directories written before dual stack keep working. One
 :class:`IPAM` serves one family; :class:`~netplugin.plugins.bridge.podipam.PodIPAM` takes the lock
 once for all of a pod's families. IPv6 addresses are written in RFC 5952 form (``str()`` of
-``ipaddress``, what the bash plugin prints too). The IPv6 pool is the subnet's host addresses
-``::1`` to ``::ffff:ffff`` (the whole subnet when it is smaller): the bash plugin's arithmetic
-needs the pool inside the last 32 bits, and 4 billion addresses are plenty for one node.
+``ipaddress``, as the bash plugin prints them); the IPv6 pool is the subnet's host addresses
+``::1`` to ``::ffff:ffff`` (the bash plugin's arithmetic needs the last 32 bits).
 
-This module writes a pod record atomically (a temp file whose name starts with
-``.``, then ``rename``; neither an address nor an infra id starts with ``.``,
-so listings skip temp files), creates an address file with ``O_EXCL`` and
-rewrites the cursor in place. The bash plugin writes records in place with one
-short write under the lock (an exec of ``mv`` per pod costs more than it buys),
-so every reader here takes the lock too. Files are not fsync'ed: the records
-describe kernel state (veths, addresses in network namespaces) that does not
-survive a crash of the machine either, and a record torn by one is reported,
-never trusted: allocate and lookup raise :class:`CorruptRecord` naming the
-file (the bash plugin allocates anew instead), release falls back to a scan of
-``ips/`` so a teardown can always clean up.
+A pod record is written atomically (a ``.``-named temp file, then ``rename``: listings skip
+them), an address file is created with ``O_EXCL``, the cursor is rewritten in place. The bash
+plugin writes records in place under the lock, so every reader here takes the lock too. Files
+are not fsync'ed: they describe kernel state that a machine crash loses too, and a torn record
+is reported, never trusted: allocate and lookup raise :class:`CorruptRecord` naming the file,
+release falls back to a scan of ``ips/`` so a teardown can always clean up.
 
 Allocation returns the pod's existing address when ``pods/<infra-id>`` exists;
 otherwise it probes forward, round-robin, from the address after ``cursor``,
@@ -37,11 +31,9 @@ skipping the network, (IPv4) broadcast and gateway addresses. Release reads
 ``pods/<infra-id>``, removes ``ips/<addr>`` only if it still names that infra
 id, then removes the pod record: both are O(1) in the number of allocations.
 
-The order of writes makes a crash of this module at any point recoverable
-without a scan: allocate writes ``pods/<id>`` before ``ips/<addr>`` (a retry
-finds the pod record and re-creates the address file), release removes
-``ips/<addr>`` before ``pods/<id>`` (a retry finds the pod record and
-finishes).
+The order of writes makes a crash at any point recoverable without a scan: allocate writes
+``pods/<id>`` before ``ips/<addr>``, release removes ``ips/<addr>`` before ``pods/<id>``; a retry
+finds the pod record and finishes. (More on the format: ARCHITECTURE.md, "Bridge IPAM".)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Coalesced link deletion: concurrent teardowns delete their host veths in one kernel request.
 
-Deleting a link costs ~16 ms of kernel time (RCU grace periods), whichever way it is sent;
+Deleting a link costs kernel time (RCU grace periods), whichever way it is sent;
 deleting a *link group* costs about as much as deleting one link. So concurrent callers queue
 their links and one of them deletes the whole queue as a group.
 """

@@ -239,16 +239,8 @@ def _flag(raw: Mapping[str, str], key: str) -> bool:
     return value in ("true", "yes", "1")
 
 
-def load_settings(
-    env: Mapping[str, str], conf_files: Sequence[str] = (), *, subnets_optional: bool = False
-) -> BridgeSettings:
-    """Settings from the defaults, ``conf_files`` (in rising precedence) and ``env``.
-
-    Validation and messages follow the bash plugin's ``validate_settings``. With
-    ``subnets_optional`` (teardown and status), SUBNET=node without node pod CIDRs (the Node is
-    gone) gives no subnets instead of an error: a teardown releases what the pod's records hold,
-    a status reads the interface.
-    """
+def _raw_settings(env: Mapping[str, str], conf_files: Sequence[str]) -> dict[str, str]:
+    """The settings' raw values: defaults, then ``conf_files``, then non-empty ``NETPLUGIN_BRIDGE_*``."""
     raw: dict[str, str] = {
         "NAME": "cbr0",
         "SUBNET": "10.244.0.0/24",
@@ -265,43 +257,66 @@ def load_settings(
         value = env.get("NETPLUGIN_BRIDGE_" + key)
         if value:
             raw[key] = value
+    return raw
 
-    def bad(key: str, reason: str) -> SettingsError:
-        return SettingsError(f"invalid NETPLUGIN_BRIDGE_{key} '{raw[key]}': {reason}")
 
-    for key in ("NAME", "IFNAME"):
-        if not _IFNAME.match(raw[key]):
-            raise bad(key, "1-15 characters of letters, digits, '_', '.', '-'")
+def _bad(raw: Mapping[str, str], key: str, reason: str) -> SettingsError:
+    return SettingsError(f"invalid NETPLUGIN_BRIDGE_{key} '{raw[key]}': {reason}")
 
-    subnets: tuple[Network, ...] = ()
+
+def _subnets(raw: Mapping[str, str], env: Mapping[str, str], subnets_optional: bool) -> tuple[Network, ...]:
+    """SUBNET's networks, or the node's pod CIDRs for ``node`` (none when optional and unknown)."""
     if raw["SUBNET"] != "node":
-        subnets = parse_subnets(raw["SUBNET"], "NETPLUGIN_BRIDGE_SUBNET")
-    elif env.get("NETPLUGIN_NODE_POD_CIDRS"):
-        subnets = parse_subnets(
+        return parse_subnets(raw["SUBNET"], "NETPLUGIN_BRIDGE_SUBNET")
+    if env.get("NETPLUGIN_NODE_POD_CIDRS"):
+        return parse_subnets(
             env["NETPLUGIN_NODE_POD_CIDRS"], "NETPLUGIN_NODE_POD_CIDRS", " (from NETPLUGIN_BRIDGE_SUBNET=node)"
         )
-    elif not subnets_optional:
-        node = env.get("NETPLUGIN_NODE_NAME")
-        raise SettingsError(
-            "NETPLUGIN_BRIDGE_SUBNET is 'node' but NETPLUGIN_NODE_POD_CIDRS is not set: the node "
-            + (f"{node!r} " if node else "")
-            + "has no pod CIDRs (spec.podCIDRs) or netplugin does not know the node; a cluster gives every "
-            "Node its pod CIDRs with kube-controller-manager --allocate-node-cidrs (and --cluster-cidr), "
-            "or they are set by hand"
-        )
-    gateways = parse_gateways(raw["GATEWAY"], subnets) if subnets else ()
+    if subnets_optional:
+        return ()
+    node = env.get("NETPLUGIN_NODE_NAME")
+    raise SettingsError(
+        "NETPLUGIN_BRIDGE_SUBNET is 'node' but NETPLUGIN_NODE_POD_CIDRS is not set: the node "
+        + (f"{node!r} " if node else "")
+        + "has no pod CIDRs (spec.podCIDRs) or netplugin does not know the node; a cluster gives every "
+        "Node its pod CIDRs with kube-controller-manager --allocate-node-cidrs (and --cluster-cidr), "
+        "or they are set by hand"
+    )
 
-    mtu: int | None = None
-    if raw["MTU"].lower() != "auto":
-        if not re.fullmatch(r"[0-9]{1,5}", raw["MTU"]) or not 68 <= int(raw["MTU"], 10) <= 65535:
-            raise bad("MTU", "expected auto or an integer 68-65535")
-        mtu = int(raw["MTU"], 10)
-        if any(n.version == 6 for n in subnets) and mtu < 1280:
-            raise bad("MTU", "IPv6 needs at least 1280")
+
+def _mtu(raw: Mapping[str, str], subnets: tuple[Network, ...]) -> int | None:
+    """MTU's value: None for ``auto``, else an integer 68-65535 (at least 1280 with IPv6)."""
+    if raw["MTU"].lower() == "auto":
+        return None
+    if not re.fullmatch(r"[0-9]{1,5}", raw["MTU"]) or not 68 <= int(raw["MTU"], 10) <= 65535:
+        raise _bad(raw, "MTU", "expected auto or an integer 68-65535")
+    mtu = int(raw["MTU"], 10)
+    if any(n.version == 6 for n in subnets) and mtu < 1280:
+        raise _bad(raw, "MTU", "IPv6 needs at least 1280")
+    return mtu
+
+
+def load_settings(
+    env: Mapping[str, str], conf_files: Sequence[str] = (), *, subnets_optional: bool = False
+) -> BridgeSettings:
+    """Settings from the defaults, ``conf_files`` (in rising precedence) and ``env``.
+
+    Validation and messages follow the bash plugin's ``validate_settings``. With
+    ``subnets_optional`` (teardown and status), SUBNET=node without node pod CIDRs (the Node is
+    gone) gives no subnets instead of an error: a teardown releases what the pod's records hold,
+    a status reads the interface.
+    """
+    raw = _raw_settings(env, conf_files)
+    for key in ("NAME", "IFNAME"):
+        if not _IFNAME.match(raw[key]):
+            raise _bad(raw, key, "1-15 characters of letters, digits, '_', '.', '-'")
+    subnets = _subnets(raw, env, subnets_optional)
+    gateways = parse_gateways(raw["GATEWAY"], subnets) if subnets else ()
+    mtu = _mtu(raw, subnets)
 
     state_dir = raw["STATE_DIR"]
     if not state_dir.startswith("/"):
-        raise bad("STATE_DIR", "must be an absolute path")
+        raise _bad(raw, "STATE_DIR", "must be an absolute path")
     state_dir = state_dir.rstrip("/")
     if not state_dir:
         raise SettingsError("invalid NETPLUGIN_BRIDGE_STATE_DIR '/': refusing the root directory")

@@ -7,7 +7,7 @@ compiles it with warnings as errors and hardening flags, with the socket path an
 :func:`install_built` installs a binary built elsewhere (the image's build stage) with this node's
 socket and fallback written into those slots, so a node without a compiler needs none. Why C: it needs
 only the compiler every distribution ships, no runtime and no toolchain download (Rust or Go would
-need theirs on the node or in the image's build stage), and the program is ~400 lines of poll,
+need theirs on the node or in the image's build stage), and the program is a few hundred lines of poll,
 read, write and a length-prefixed frame, where libc is all one needs.
 """
 
@@ -52,10 +52,10 @@ CFLAGS = (
     "-Wl,-z,relro,-z,now",
 )
 #: how the shim is linked, in order of preference. A static PIE keeps ASLR and RELRO and starts
-#: 0.18 ms sooner than a dynamic one (no loader, no relocations: 0.42 against 0.60 ms per
-#: process here, on the path of every CNI call), and it runs on any node whatever its libc (the
-#: image's build stage builds the binary that a DaemonSet copies onto the host). It needs the
-#: static libc (libc6-dev's libc.a); a toolchain without it links the shim dynamically.
+#: sooner than a dynamic one (no loader, no relocations, on the path of every CNI call), and it
+#: runs on any node whatever its libc (the image's build stage builds the binary that a DaemonSet
+#: copies onto the host). It needs the static libc (libc6-dev's libc.a); a toolchain without it
+#: links the shim dynamically.
 LINKS = (("-static-pie",), ("-pie",))
 #: the test build: AddressSanitizer and UndefinedBehaviorSanitizer, aborting on the first report
 SANITIZE = (
@@ -76,7 +76,7 @@ SANITIZE = (
 SLOT_SIZE = 256
 #: each slot's marker, which occurs exactly once in a built binary
 SLOT_MARKS = {"socket": "@netplugin-cni:socket=", "fallback": "@netplugin-cni:fallback="}
-#: a built shim is ~800 KiB static (~30 KiB dynamic); anything far larger is not one
+#: a built shim is well under a MiB, static or dynamic; anything far larger is not one
 MAX_BINARY = 4 << 20
 
 

@@ -114,7 +114,7 @@ def status(code: int, reason: str, message: str, details: Obj | None = None) -> 
 
 
 def kubelet_node(name: str, pod_cidrs: list[str], internal_ips: list[str], *, images: int = 38) -> Obj:
-    """A Node as a kubelet registers it (about 280 JSON nodes with 38 images, as a real one).
+    """A Node as a kubelet registers it (38 images, as big as a real one).
 
     Labels, annotations, the five conditions, capacity, node info and the image list are what
     makes a real LIST page large: big clusters were refused for a node count meant for one
