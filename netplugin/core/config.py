@@ -48,6 +48,7 @@ __all__ = [
     "ENV_VARS",
     "Config",
     "FileSnapshot",
+    "file_identity",
     "load_config",
     "snapshot_config",
 ]
@@ -266,6 +267,19 @@ class FileSnapshot:
         self.path = path
         self.raw = raw
         self.serial = next(self._serials)
+
+
+def file_identity(path: str, snapshot: FileSnapshot | None) -> tuple[Any, ...] | None:
+    """What tells a config file unchanged (a cache key): the daemon's snapshot when it is of ``path``,
+    else the file's device, inode, size, mtime and ctime, so an edited or replaced file is read again;
+    None when it cannot be stat'ed."""
+    if snapshot is not None and snapshot.path == path:
+        return ("snapshot", snapshot.serial)
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _file_path(path: str | None, env: Mapping[str, str]) -> tuple[str, bool]:

@@ -8,13 +8,12 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core._yaml import short_repr
-from netplugin.core.config import Config, FileSnapshot
+from netplugin.core.config import Config, FileSnapshot, file_identity
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import replace
 from netplugin.frontends.cni.spec import DEFAULT_NAMESPACE, NO_NETNS, CniError, CniRequest
@@ -100,17 +99,8 @@ def _cache_key(
     path = req.conf.get("configFile") or environ.get("NETPLUGIN_CONFIG") or DEFAULT_CONFIG
     if not isinstance(path, str):
         return None
-    identity: tuple[Any, ...] | None
-    if snapshot is not None and snapshot.path == path:
-        identity = ("snapshot", snapshot.serial)
-    else:
-        try:
-            st = os.stat(path)
-            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        except (OSError, ValueError):
-            identity = None
     ours = tuple(sorted((k, v) for k, v in environ.items() if k.startswith("NETPLUGIN_")))
-    return settings, ours, path, identity
+    return settings, ours, path, file_identity(path, snapshot)
 
 
 def build_config(

@@ -12,14 +12,13 @@ have met alone. The config file they name is taken as the daemon read it at its 
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from netplugin.core._yaml import short_repr
-from netplugin.core.config import Config, FileSnapshot, load_config
+from netplugin.core.config import Config, FileSnapshot, file_identity, load_config
 from netplugin.core.defaults import DEFAULT_CONFIG
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument
 from netplugin.frontends.cni.operations import DaemonSide, Refused, run
@@ -75,15 +74,7 @@ def _config_of(
     again. Errors are never cached."""
 
     file_path = path or environ.get("NETPLUGIN_CONFIG") or DEFAULT_CONFIG
-    identity: tuple[Any, ...] | None
-    if snapshot is not None and snapshot.path == file_path:
-        identity = ("snapshot", snapshot.serial)
-    else:
-        try:
-            st = os.stat(file_path)
-            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        except (OSError, ValueError):
-            identity = None
+    identity = file_identity(file_path, snapshot)
     key = (path, file_path, identity, tuple(sorted(environ.items())), tuple(sorted(overrides.items())))
     with _BUILT_LOCK:
         hit = _BUILT.get(key)
