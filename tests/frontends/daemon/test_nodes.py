@@ -66,9 +66,13 @@ class Forward:
 
     def __init__(self) -> None:
         self.applied: list[tuple[str, ...]] = []
+        self.removed = 0
 
     def apply(self, cidrs: Any) -> None:
         self.applied.append(tuple(map(str, cidrs)))
+
+    def remove(self) -> None:
+        self.removed += 1
 
 
 class DownHost(FakeHost):
@@ -119,6 +123,7 @@ def test_leaving_the_cluster_removes_routes_and_egress_until_back() -> None:
     del host.nodes["fake-node"]
     k.sync()
     assert routes.calls[-1] == [] and egress.calls[-1] == ("remove", ())
+    assert k.forward is not None and k.forward.removed == 1  # type: ignore[attr-defined]  # its FORWARD accepts too
     assert k.status()["departed"] is True
     k.sync()
     assert routes.calls[-1] == [] and egress.calls[-1] == ("remove", ())  # stays removed
