@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from typing import Any
 
 from netplugin.core.names import PodRef
@@ -19,7 +20,7 @@ from netplugin.store.locks import pod_lock_path
 from netplugin.store.records import READY, SETTING_UP, PodRecord
 from netplugin.store.state import StateStore
 
-__all__ = ["PodListing", "chain_differs", "chain_text", "condition_of", "list_pods", "pod_busy", "still_needed"]
+__all__ = ["PodListing", "age", "chain_differs", "chain_text", "condition_of", "list_pods", "pod_busy", "still_needed"]
 
 
 def pod_busy(run_dir: str, ref: PodRef) -> bool:
@@ -67,10 +68,46 @@ class PodListing:
         ]
         return text_table(header, rows)
 
+    def wide_table(self, now: float | None = None) -> str:
+        """``-o wide``: every chain member with its state, the host veth, the netns and the age
+        (at ``now``, seconds since the epoch; default: now)."""
+        now = time.time() if now is None else now
+        header = ("NAMESPACE", "NAME", "INFRA-ID", "STATE", "IP", "CHAIN", "HOST-VETH", "NETNS", "AGE")
+        rows = [
+            (
+                r.ref.namespace,
+                r.ref.name,
+                r.ref.infra_id,
+                cond,
+                r.ip or "-",
+                ",".join(f"{m.plugin}:{m.state}" for m in r.chain),
+                next((m.host_interface for m in r.chain if m.host_interface), "-"),
+                r.netns,
+                age(r.created, now),
+            )
+            for r, cond in self.rows
+        ]
+        return text_table(header, rows)
+
     def _plugin_cell(self, rec: PodRecord) -> str:
         if self.chain is None or not chain_differs(rec, self.chain):
             return chain_text(rec)
         return f"{chain_text(rec)} (configured now: {','.join(self.chain) or NOOP_NAME})"
+
+
+def age(since: str, now: float) -> str:
+    """How long before ``now`` (seconds since the epoch) ``since`` (a record's ISO 8601 time) was,
+    as kubectl prints ages: 42s, 5m, 3h, 12d (a unit from twice its size)."""
+    import datetime  # only -o wide reads a record's times; gc imports this module on the CLI's path
+
+    then = datetime.datetime.fromisoformat(since)
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=datetime.UTC)
+    seconds = max(0, int(now - then.timestamp()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def chain_differs(rec: PodRecord, chain: tuple[str, ...]) -> bool:

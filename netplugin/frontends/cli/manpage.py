@@ -39,7 +39,8 @@ def _help_body(help_text: str) -> str:
 def _options(cmd: click.Command, ctx: click.Context) -> str:
     out = []
     for param in cmd.get_params(ctx):
-        record = param.get_help_record(ctx)
+        # Options only: the synopsis names the arguments (click 8.5 gives them a record without help).
+        record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
         if record is not None:
             out.append(f".TP\n.B {_roff(record[0])}\n{_roff(' '.join(record[1].split()))}")
     return "\n".join(out)

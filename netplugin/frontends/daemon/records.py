@@ -24,9 +24,11 @@ __all__ = ["gc_answer", "pods_answer", "still_needed_answer"]
 
 
 def pods_answer(config: Config) -> dict[str, Any]:
-    """The ``pods`` op: the listing, and its table as ``netplugin pods`` prints it."""
+    """The ``pods`` op: the listing, and its tables as ``netplugin pods`` prints them (plain and wide)."""
     listing = list_pods(config.state_dir, config.run_dir, config.chain)
-    return {"listing": listing.to_dict(), "table": listing.table() if listing.rows else None}
+    if not listing.rows:
+        return {"listing": listing.to_dict(), "table": None, "wide": None}
+    return {"listing": listing.to_dict(), "table": listing.table(), "wide": listing.wide_table()}
 
 
 def still_needed_answer(config: Config) -> dict[str, list[str]]:

@@ -186,6 +186,7 @@ class Daemon:
             self.settings_status = done.text
             if done.refused is None:
                 self._chain_changed |= done.live.config.chain != self.config.chain
+                configure_logging(os.environ, done.live.config, was=self.config)
                 self._live, self.refused = done.live, None
                 (log.info if done.ok else log.error)("reload: %s", done.text)
                 if done.ok:
@@ -505,7 +506,7 @@ def serve(
     env.pop("WATCHDOG_PID", None)
 
     manager = Manager(config)
-    configure_logging(env, config.log_level, config.log_format)
+    configure_logging(env, config)
     daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog, reread=reread, snapshot=snapshot)
     with asyncio.Runner() as runner:
         status = runner.run(daemon.run())

@@ -11,6 +11,7 @@
   PRIORITY (``SyslogLevelPrefix=``, on by default), and no timestamp (journald has its own) when
   :func:`stderr_is_journal` says stderr really is the journal stream (``JOURNAL_STREAM`` names
   its device and inode), so a terminal or a file never sees the prefixes and always the time.
+  A reload that changes ``log_level`` or ``log_format`` sets them up again.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ import os
 import socket
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from netplugin.core.config import Config
 
 __all__ = [
     "Watchdog",
@@ -105,8 +110,14 @@ async def keep_watchdog(watchdog: Watchdog, address: str | None) -> None:
         await asyncio.sleep(watchdog.ping_every)
 
 
-def configure_logging(environ: Mapping[str, str], level: str, fmt: str) -> None:
-    """The daemon's log lines, at ``level`` in ``fmt`` (text or json), for the journal when stderr is it."""
+def configure_logging(environ: Mapping[str, str], config: Config, was: Config | None = None) -> None:
+    """The daemon's log lines, at ``log_level`` in ``log_format``, for the journal when stderr is it.
+
+    ``was``: the settings a reload replaces; the lines change only when their log keys differ
+    (a reload takes the log keys as it takes the plugin's).
+    """
+    if was is not None and (was.log_level, was.log_format) == (config.log_level, config.log_format):
+        return
     from netplugin.core.logs import configure
 
-    configure(level, fmt, journal=stderr_is_journal(environ))
+    configure(config.log_level, config.log_format, journal=stderr_is_journal(environ))

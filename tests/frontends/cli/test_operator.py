@@ -137,3 +137,29 @@ def test_completion_of_plugin_names_before_and_after_the_command(run_cli: Any, p
         "scripted",
     ]
     assert _complete(run_cli, "netplugin setup --plugin sc") == ["scripted"]
+
+
+def test_pods_wide_adds_chain_members_host_veth_netns_and_age(run_cli: Any, plugin_dir: Any) -> None:
+    plugin_dir.install("scripted")
+    assert run_cli("setup", *POD, "--plugin", "scripted").returncode == 0
+    plain = run_cli("pods").stdout.splitlines()
+    wide = run_cli("pods", "-o", "wide").stdout.splitlines()
+    assert plain[0].split() == ["NAMESPACE", "NAME", "INFRA-ID", "STATE", "IP", "PLUGIN", "UPDATED"]
+    assert wide[0].split() == ["NAMESPACE", "NAME", "INFRA-ID", "STATE", "IP", "CHAIN", "HOST-VETH", "NETNS", "AGE"]
+    [row] = [line.split() for line in wide[1:]]
+    [record] = json.loads(run_cli("pods", "-o", "json").stdout)["pods"]
+    assert row[:6] == [*POD, "ready", "-", "scripted:ready"]
+    assert row[6:8] == ["-", record["netns"]]  # the scripted plugin reports no host interface
+    assert re.fullmatch(r"[0-9]+s", row[8]), row
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(0, "0s"), (119, "119s"), (120, "2m"), (7199, "119m"), (7200, "2h"), (2 * 86400 + 5, "2d")],
+)
+def test_pod_age_is_printed_as_kubectl_prints_it(seconds: int, shown: str) -> None:
+    from netplugin.store.listing import age
+
+    created = "2026-11-28T01:00:00.000+00:00"
+    start = 1_795_827_600.0  # that time, in seconds since the epoch
+    assert age(created, start + seconds) == shown

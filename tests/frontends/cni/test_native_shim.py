@@ -299,3 +299,28 @@ def test_a_framed_call_runs_with_the_daemons_settings_not_the_file_on_disk(
         add = _call(world, shims[shim], "ADD", world.conf())
         assert add.returncode == 0, add
         assert fake.env_of("setup")["NP_TEST_ORIGIN"] == "daemon"
+
+
+@pytest.mark.parametrize("kind", ["native", "cluster"])
+def test_the_shim_knows_the_version_it_was_built_from(shims: dict[str, Path], tmp_path: Path, kind: str) -> None:
+    from netplugin import __version__
+    from netplugin.frontends.cni.native import version_of
+
+    shim = shims[kind]
+    done = subprocess.run([str(shim), "--version"], env={}, capture_output=True, timeout=20)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"netplugin-cni {__version__}\n".encode(), b"")
+    assert version_of(str(shim)) == __version__
+    # An installed copy (its slots rewritten) keeps it, and `netplugin version` reads it without running it.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    install_built(str(shim), str(bin_dir / "netplugin-cni"), socket="/run/np-elsewhere/netplugin.sock")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NETPLUGIN_USE_DAEMON": "never"}
+    r = subprocess.run([sys.executable, "-m", "netplugin", "version", "--cni-bin-dir", str(bin_dir), "-o", "json"],
+                       env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["shim"] == {
+        "path": str(bin_dir / "netplugin-cni"), "kind": "compiled", "version": __version__, "problem": None,
+    }  # fmt: skip
+    # The argument is no CNI call: without it the binary still answers CNI VERSION.
+    cni = subprocess.run([str(shim)], env={"CNI_COMMAND": "VERSION"}, capture_output=True, timeout=20)
+    assert cni.returncode == 0 and "supportedVersions" in json.loads(cni.stdout)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .conftest import wait_for
 
 POD = ("default", "web-0", "infra0")
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
@@ -115,3 +119,32 @@ def test_a_bad_log_level_is_a_usage_error_naming_it(run_cli: Any) -> None:
     assert r.returncode == 2
     assert "--log-level" in r.stderr and "loud" in r.stderr and "debug, info, warning, error" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("edited", "expect"),
+    [
+        pytest.param("log_level: debug\n", STAMP + r" DEBUG status default/web-0: ok ", id="level-debug"),
+        pytest.param(
+            "log_format: json\n", r'\{"time":"[^"]+","level":"info",[^\n]*"msg":"setup default/web-0: ok"', id="json"
+        ),
+    ],
+)
+def test_a_reload_applies_the_log_settings(
+    start_daemon: Any, cli: Any, plugin_dir: Any, tmp_path: Path, edited: str, expect: str
+) -> None:
+    plugin_dir.install("scripted")
+    config = tmp_path / "reload.yaml"
+    config.write_text("plugin: scripted\n")
+    d = start_daemon("--config", str(config))
+    config.write_text("plugin: scripted\n" + edited)
+    d.signal(signal.SIGHUP)
+    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish")
+    assert "taken" in d.health()["settings"]
+    env = {"NETPLUGIN_CONFIG": str(config)}
+    for action in ("setup", "status"):
+        assert cli(action, *POD, env=env, mode="always").returncode == 0
+    d.stop()
+    before, _, after = d.output().partition("reload: ")
+    assert not re.search(expect, before)  # the lines started as text at info
+    assert re.search(expect, after), after

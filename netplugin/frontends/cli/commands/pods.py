@@ -78,22 +78,28 @@ def _corrupt_warning(path: str, reason: str) -> None:
 def pods(st: State) -> None:
     """List the pods netplugin has recorded, and their state.
 
+    -o wide adds each chain member with its state, the host veth, the netns and the age.
+
     \b
     Examples:
       netplugin pods
+      netplugin pods -o wide
       netplugin pods -o json
       netplugin pods --state-dir /var/lib/netplugin
     """
     remote = st.daemon("pods")
     if remote is not LOCAL:
-        st.emit(remote["listing"], remote["table"] or NO_PODS)
+        st.emit(remote["listing"], remote["table"] or NO_PODS, wide=remote["wide"] or NO_PODS)
         for c in remote["listing"]["corrupt"]:
             _corrupt_warning(c["path"], c["reason"])
         return
     from netplugin.store.listing import list_pods
 
     listing = list_pods(st.config.state_dir, st.config.run_dir, st.config.chain)
-    st.emit(listing.to_dict(), listing.table() if listing.rows else NO_PODS)
+    if listing.rows:
+        st.emit(listing.to_dict(), listing.table(), wide=listing.wide_table())
+    else:
+        st.emit(listing.to_dict(), NO_PODS, wide=NO_PODS)
     for corrupt in listing.corrupt:
         _corrupt_warning(corrupt.path, corrupt.reason)
 

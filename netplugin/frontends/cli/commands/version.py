@@ -12,7 +12,8 @@ from netplugin.frontends.cli.options import cni_bin_dirs, command
 __all__ = ["version"]
 
 def _shim(bin_dirs: tuple[str, ...]) -> dict[str, Any] | None:
-    """The first installed shim: its path and kind, and the version that wrote it (a Python entry)."""
+    """The first installed shim: its path and kind, and the version that wrote it (a Python entry)
+    or built it (the compiled shim)."""
     from netplugin.frontends.checks import SHIM_NAME, written_by
 
     for d in bin_dirs:
@@ -25,8 +26,13 @@ def _shim(bin_dirs: tuple[str, ...]) -> dict[str, Any] | None:
         except OSError as e:
             return {"path": path, "kind": None, "version": None, "problem": e.strerror or str(e)}
         if head.startswith(b"\x7fELF"):
-            # The compiled shim records its socket, not the version that built it.
-            return {"path": path, "kind": "compiled", "version": None, "problem": None}
+            from netplugin.frontends.cni.native import version_of
+
+            try:
+                # Read from the binary (what `netplugin-cni --version` prints), never by running it.
+                return {"path": path, "kind": "compiled", "version": version_of(path), "problem": None}
+            except (OSError, ValueError) as e:
+                return {"path": path, "kind": "compiled", "version": None, "problem": str(e)}
         return {"path": path, "kind": "python", "version": written_by(head), "problem": None}
     return None
 
@@ -60,8 +66,9 @@ def _text(doc: dict[str, Any]) -> str:
     if shim is None:
         lines.append("shim:    not installed")
     else:
-        what = shim["version"] or ("compiled" if shim["kind"] == "compiled" else shim["problem"] or "unknown")
-        lines.append(f"shim:    {what} ({shim['path']})")
+        what = shim["version"] or shim["problem"] or "unknown"
+        kind = f" {shim['kind']}" if shim["kind"] else ""
+        lines.append(f"shim:    {what}{kind} ({shim['path']})")
     for p in doc["chain"]:
         lines.append(f"plugin:  {p['name']} {p['version']}")
     if doc["chain_problem"]:

@@ -2,7 +2,8 @@
 
 The source (``netplugin_cni.c``) includes a header generated from
 :mod:`netplugin.frontends.wire.protocol`, so the frame's numbers have one home. :func:`build_native`
-compiles it with warnings as errors and hardening flags, with the socket path and the fallback
+compiles it with warnings as errors and hardening flags, with netplugin's version compiled in
+(``netplugin-cni --version``, :func:`version_of`), the socket path and the fallback
 (the Python shim to exec, or none: cluster mode, CNI error 11) in two slots of the binary;
 :func:`install_built` installs a binary built elsewhere (the image's build stage) with this node's
 socket and fallback written into those slots, so a node without a compiler needs none. Why C: it needs
@@ -25,6 +26,7 @@ __all__ = [
     "SANITIZE",
     "SLOT_MARKS",
     "SLOT_SIZE",
+    "VERSION_MARK",
     "NoCompiler",
     "build_native",
     "compiler",
@@ -32,6 +34,7 @@ __all__ = [
     "main",
     "slots",
     "source_path",
+    "version_of",
 ]
 
 #: warnings as errors, and the hardening Debian's dpkg-buildflags gives (fortify, stack protector,
@@ -76,6 +79,8 @@ SANITIZE = (
 SLOT_SIZE = 256
 #: each slot's marker, which occurs exactly once in a built binary
 SLOT_MARKS = {"socket": "@netplugin-cni:socket=", "fallback": "@netplugin-cni:fallback="}
+#: what precedes netplugin's version (compiled in, read-only) in a built binary
+VERSION_MARK = "@netplugin-cni:version="
 #: a built shim is well under a MiB, static or dynamic; anything far larger is not one
 MAX_BINARY = 4 << 20
 
@@ -122,10 +127,13 @@ def build_native(
     Raises NoCompiler, ValueError for a path that cannot be a C string, or
     subprocess.CalledProcessError with the compiler's output (of the last link tried).
     """
+    from netplugin import __version__
     from netplugin.frontends.wire.protocol import c_header
 
     cc = compiler()
     args = [f"-DNP_FALLBACK={_c_string(fallback, 'fallback')}", f"-DNP_SLOT_SIZE={SLOT_SIZE}", *defines]
+    args += [f"-DNP_VERSION={_c_string(__version__, 'version')}"]
+    args += [f"-DNP_VERSION_MARK={_c_string(VERSION_MARK, 'marker')}"]
     args += [f"-DNP_{name.upper()}_MARK={_c_string(mark, 'marker')}" for name, mark in SLOT_MARKS.items()]
     if socket:
         args.append(f"-DNP_SOCKET={_c_string(socket, 'socket')}")
@@ -181,6 +189,17 @@ def slots(path: str) -> dict[str, str]:
         value = bytes(data[start : start - len(mark) + SLOT_SIZE - 1])
         out[name] = value.split(b"\0", 1)[0].decode()
     return out
+
+
+def version_of(path: str) -> str | None:
+    """The netplugin version the compiled shim at ``path`` was built from (None: one built before
+    shims carried it). Read from the file, not by running it. Raises as :func:`slots`."""
+    data = _read_built(path)
+    start = data.find(VERSION_MARK.encode())
+    if start < 0:
+        return None
+    value = bytes(data[start + len(VERSION_MARK) : start + SLOT_SIZE]).split(b"\0", 1)[0]
+    return value.decode("ascii", "replace")
 
 
 def install_built(built: str, dest: str, *, socket: str | None = None, fallback: str = "") -> str:

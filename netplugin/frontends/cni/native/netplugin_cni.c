@@ -133,6 +133,13 @@ _Static_assert(sizeof(NP_SOCKET_MARK NP_SOCKET) <= NP_SLOT_SIZE, "NP_SOCKET does
 _Static_assert(sizeof(NP_FALLBACK_MARK NP_FALLBACK) <= NP_SLOT_SIZE, "NP_FALLBACK does not fit its slot");
 char np_socket_slot[NP_SLOT_SIZE] = NP_SOCKET_MARK NP_SOCKET;
 char np_fallback_slot[NP_SLOT_SIZE] = NP_FALLBACK_MARK NP_FALLBACK;
+/* netplugin's version, fixed at build time (build_native defines it from netplugin.__version__):
+ * `netplugin-cni --version` prints it; `netplugin version` reads it after its marker, without
+ * running the binary. Runtimes call a CNI plugin with no arguments, so the argument is no CNI call. */
+#if !defined(NP_VERSION) || !defined(NP_VERSION_MARK)
+#error "build with netplugin.frontends.cni.native.build_native (it defines NP_VERSION and its marker)"
+#endif
+const char np_version[] = NP_VERSION_MARK NP_VERSION;
 
 /* A slot's value; its last byte is forced to NUL, so a damaged slot still ends inside itself. */
 static const char *slot_value(char *slot, size_t mark_len) {
@@ -450,7 +457,11 @@ static void lost(const struct call *c, const char *what) {
     cni_fail(NPF_E_TRY_AGAIN, msg);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        printf("netplugin-cni %s\n", np_version + sizeof NP_VERSION_MARK - 1);
+        return fflush(stdout) == 0 ? 0 : NPF_E_IO;
+    }
     struct call c = {0};
     signal(SIGPIPE, SIG_IGN);
     c.command = getenv("CNI_COMMAND");
