@@ -1,7 +1,7 @@
 """Dual-stack test networks for both bridge plugins (issue 11).
 
 A :class:`DualNet` is a :class:`bridgenet.BridgeNet` whose bridge has an IPv4 subnet of
-10.205.0.0/16 (a random free /24, reserved for these suites in the README) and the IPv6 subnet
+10.205.0.0/16 (a random free /24, reserved for these suites in docs/development.md) and the IPv6 subnet
 ``fd00:10:205:<same third octet>::/<v6_prefixlen>`` (fd00:10:205::/48 is reserved with it), so
 two runs never share either. Traffic checks use a TCP server listening on ``::`` for both
 families, started inside the pod's netns, and a client run there too.

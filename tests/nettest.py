@@ -1,6 +1,6 @@
 """Helpers shared by every suite that touches the kernel (kernel, fault, cni, bench smoke).
 
-Each suite owns one /16 under 10.200.0.0/13 (see README); ``free_third_octet`` picks a /24 of it
+Each suite owns one /16 under 10.200.0.0/13 (see docs/development.md); ``free_third_octet`` picks a /24 of it
 that no other run on this host is using right now.
 """
 

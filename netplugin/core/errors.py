@@ -76,7 +76,7 @@ class InvalidArgument(NetpluginError):
     """A value given by the caller is malformed; nothing was run."""
 
     def __init__(self, field: str, value: object, reason: str) -> None:
-        # Cut to 80 characters (README, "Input limits"): a 1 MB op must not make a 2 MB answer and log line.
+        # Cut to 80 characters (docs/trust.md, "Input limits"): a 1 MB op must not make a 2 MB answer and log line.
         shown = short_repr(value)
         text = value if isinstance(value, str) and len(value) <= 80 else shown
         super().__init__(f"invalid {field} {shown}: {reason}", field=field, value=str(text), reason=reason)

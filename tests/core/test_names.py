@@ -108,7 +108,7 @@ def test_invalid_values_name_the_field_and_the_value(
     assert err.field == field
     assert err.value == value
     assert reason in err.reason
-    # Quoted cut to 80 characters (README, "Input limits"): a huge value never makes a huge message.
+    # Quoted cut to 80 characters (docs/trust.md, "Input limits"): a huge value never makes a huge message.
     assert err.message.startswith(f"invalid {field} {short_repr(value)}: ")
     assert len(err.to_dict()["value"]) <= 80 and len(err.message) < 80 + len(field) + len(err.reason) + 20
     assert err.to_dict()["field"] == field

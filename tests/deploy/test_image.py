@@ -13,7 +13,7 @@
 
 The image build is cached (scripts/build-image.sh keys each step by a hash of its inputs): the first
 run on a machine makes the Debian base (about a minute), later ones take about 30 s.
-Subnets: a random free /24 of 10.207.0.0/16 (the demo's range, README); names np + random hex.
+Subnets: a random free /24 of 10.207.0.0/16 (the demo's range, docs/development.md); names np + random hex.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from netplugin.frontends.cni.native import slots
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "scripts" / "build-image.sh"
-SUITE_RANGE = "10.207.0.0/16"  # shared with the demo (README): both pick a /24 no route uses
+SUITE_RANGE = "10.207.0.0/16"  # shared with the demo (docs/development.md): both pick a /24 no route uses
 ULIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 
 pytestmark = [

@@ -38,7 +38,7 @@ from netplugin.frontends.wire.client import NotSent, exchange
 from tests.frontends.cni.containerd import Containerd, Sandbox, unavailable_reason
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
-TEST_RANGE = "10.201.0.0/16"  # the CNI suites' range (README)
+TEST_RANGE = "10.201.0.0/16"  # the CNI suites' range (docs/development.md)
 
 pytestmark = [
     pytest.mark.containerd,

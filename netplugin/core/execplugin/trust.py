@@ -2,7 +2,7 @@
 
 netplugin runs as root and executes, reads and writes what it finds, so a path is only as
 safe as the least protected directory on it: whoever may write a directory may replace any
-entry in it. The rules (stated for users in the README's security section):
+entry in it. The rules (stated for users in docs/trust.md):
 
 * a directory or file netplugin trusts is owned by root or by netplugin's effective uid, and
   is not writable by its group or by others;

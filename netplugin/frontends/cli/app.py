@@ -5,7 +5,7 @@ Data goes to stdout, messages to stderr. A command's module is imported only whe
 command runs (or ``--help`` lists them), so a ``setup`` loads click, :mod:`.commands.pods` and
 netplugin's small modules, nothing heavy.
 
-Exit codes (stable, documented in the README; the table is :mod:`netplugin.frontends.wire.codes`):
+Exit codes (stable, documented in docs/cli.md; the table is :mod:`netplugin.frontends.wire.codes`):
 
 ====  ==================================================================
 0     success

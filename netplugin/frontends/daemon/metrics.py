@@ -3,7 +3,7 @@
 The kubelet-compatible series carry the kubelet's own names (``kubelet_network_plugin_operations_*``,
 by ``operation_type``: ``set_up_pod``, ``tear_down_pod``, ``get_pod_network_status``), so a
 dashboard made for the kubelet's exec plugin metrics reads them unchanged; netplugin's own series
-carry the ``netplugin_`` prefix. The README's metrics list and a test against a live daemon's
+carry the ``netplugin_`` prefix. docs/metrics.md's table and a test against a live daemon's
 ``/metrics`` both follow :data:`SERIES`; the process collector's ``process_*`` series come on top.
 prometheus_client is imported here only, when the daemon starts: never on a per-call path.
 """

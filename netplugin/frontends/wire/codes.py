@@ -51,7 +51,7 @@ EXIT_DOCTOR_PROBLEMS = 7
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 
-#: exit code -> what it means (the README's table, the man page's EXIT STATUS)
+#: exit code -> what it means (docs/cli.md's table, the man page's EXIT STATUS)
 EXIT_MEANINGS = {
     EXIT_OK: "success",
     EXIT_PLUGIN_FAILED: "the plugin failed (non-zero exit, signal, bad status output)",

@@ -5,7 +5,7 @@ network of its own (``np<hex>`` names, a free /24 of 10.201.0.0/16, the CNI rang
 dirs) and removes every sandbox, bridge and netns it made, passed or not. Pods are reached with
 ``ip netns exec <the sandbox's netns> ping``: the sandbox image only sleeps.
 
-What containerd 1.6 passes (asserted below, documented in the README's CNI section):
+What containerd 1.6 passes (asserted below, documented in docs/cni.md):
 ADD and DEL get ``CNI_ARGS`` ``K8S_POD_NAMESPACE``, ``K8S_POD_NAME``, ``K8S_POD_INFRA_CONTAINER_ID``
 (= ``CNI_CONTAINERID``, the sandbox id), ``K8S_POD_UID`` and ``IgnoreUnknown=1``; ``CNI_NETNS`` is
 ``/var/run/netns/cni-<uuid>``, the path ``PodSandboxStatus`` reports; ``CNI_IFNAME`` is ``eth0``; the

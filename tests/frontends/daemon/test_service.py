@@ -193,11 +193,16 @@ def test_metrics_are_exactly_the_series_table(start_daemon: Any, cli: Any, plugi
         assert s.name.endswith("_total") == (s.kind == "counter"), s.name
 
 
-def test_readme_metrics_table_mirrors_the_series_table() -> None:
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
-    rows = re.findall(r"^\| `([a-z_]+)(?:\{[a-z_,]*\})?` \| (counter|gauge|histogram) \|", readme, re.M)
-    assert rows == [(s.name, s.kind) for s in SERIES]
-    assert not re.search(r"(?<![a-z_])network_plugin_operations", readme)
+def test_the_metrics_page_mirrors_the_series_table() -> None:
+    repo = Path(__file__).parents[3]
+    page = (repo / "docs" / "metrics.md").read_text()
+    rows = re.findall(r"^\| `([a-z_]+)(?:\{([a-z_,]*)\})?` \| (counter|gauge|histogram) \| (.*) \|$", page, re.M)
+    assert [(name, kind) for name, _, kind, _ in rows] == [(s.name, s.kind) for s in SERIES]
+    for (_, labels, _, help_text), s in zip(rows, SERIES, strict=True):
+        assert (tuple(labels.split(",")) if labels else ()) == tuple(s.labels), s.name
+        assert help_text.startswith(s.help), s.name  # the page may add a note after the help
+    for doc in (page, (repo / "README.md").read_text()):
+        assert not re.search(r"(?<![a-z_])network_plugin_operations", doc)
 
 
 def test_metrics_pass_promtool(start_daemon: Any, cli: Any, plugin_dir: Any) -> None:
