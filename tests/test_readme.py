@@ -277,6 +277,29 @@ def test_every_file_named_exists(page: Path) -> None:
             assert glob.glob(str(REPO / word)), f"{page.name}: `{code}` names {word}, which is not in the tree"
 
 
+def test_the_two_commands_are_what_ci_and_the_demo_run() -> None:
+    two = _section(README.read_text(), "Two commands")
+    assert "exec bash scripts/test.sh" in (REPO / ".ci" / "run").read_text()
+    assert "\n    bash scripts/test.sh " in two and "\n    scripts/demo.sh " in two
+    assert "netplugin demo" in (REPO / "scripts" / "demo.sh").read_text()
+
+
+def test_the_troubleshooting_messages_are_netplugins_own() -> None:
+    """Each message the table quotes is one netplugin prints (its placeholders, and what the source
+    fills in, such as the mode's ``group-``, aside)."""
+    table = _section(README.read_text(), "Troubleshooting")
+    sources = "".join(p.read_text() for p in (REPO / "netplugin").rglob("*.py"))
+    rows = re.findall(r"^\| (?!you see)([^|]+) \|(?!-)", table, re.M)
+    assert len(rows) == 5, rows
+    quoted = [[m for m in re.findall(r"`([^`]+)`", row) if not m.startswith("netplugin ")] for row in rows]
+    assert all(quoted), rows
+    for message in (m for row in quoted for m in row):
+        for fragment in re.split(r"\b(?:NAME|PATH|TIME|KEY|group-)|\.\.\.|[0-9]+|reason|[():,]", message):
+            fragment = fragment.strip(" '():,")
+            if len(fragment) >= 8:
+                assert fragment in sources, f"{message!r}: {fragment!r} is not in netplugin's source"
+
+
 # --- docs/config.md is the defaults ------------------------------------------------------------------
 
 
