@@ -98,6 +98,11 @@ def test_plugins_pods_gc_through_the_daemon_print_what_local_prints(
         assert remote.returncode == local.returncode == 0, (args, remote.stderr, local.stderr)
         assert remote.stdout == local.stdout, args
         assert remote.stdout
+    # -o wide too; its AGE may tick between the two calls.
+    wide = [cli("-o", "wide", "pods", env=env, mode=mode) for mode in ("always", "never")]
+    assert [w.returncode for w in wide] == [0, 0], [w.stderr for w in wide]
+    remote_wide, local_wide = ([line.rsplit(None, 1)[0] for line in w.stdout.splitlines()] for w in wide)
+    assert remote_wide == local_wide and remote_wide[0].split()[-2:] == ["HOST-VETH", "NETNS"], remote_wide
     # gc itself (it changes things, so once), through the daemon.
     r = cli("-o", "json", "gc", env=env, mode="always")
     assert r.returncode == 0, r.stderr
