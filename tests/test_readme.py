@@ -252,6 +252,15 @@ def test_every_netplugin_command_and_option_named_exists(page: Path) -> None:
         assert checked >= 10, checked
 
 
+def test_the_cli_page_lists_every_global_option_and_command() -> None:
+    page = (REPO / "docs" / "cli.md").read_text()
+    options = re.findall(r"^\| `(-[^`]*)` \|", page, re.M)
+    listed = {o for row in options for o in re.findall(r"(?<![\w-])--?[a-z][a-z-]*", row)}
+    assert listed == _command_options(cli), listed ^ _command_options(cli)
+    commands = {re.split(r"[ |]", row)[0] for row in re.findall(r"^\| `([a-z][^`]*)` \|", page, re.M)}
+    assert set(cli.list_commands(click.Context(cli))) <= commands, set(cli.list_commands(click.Context(cli))) - commands
+
+
 def test_every_installer_option_the_docs_name_exists() -> None:
     helped = subprocess.run(["bash", str(REPO / "scripts" / "install.sh"), "--help"], capture_output=True, text=True)
     known = set(re.findall(r"--[a-z][a-z-]*", helped.stdout + helped.stderr)) | {"--help"}
