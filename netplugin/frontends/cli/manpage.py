@@ -39,6 +39,8 @@ def _help_body(help_text: str) -> str:
 def _options(cmd: click.Command, ctx: click.Context) -> str:
     out = []
     for param in cmd.get_params(ctx):
+        if isinstance(param, click.Argument):
+            continue  # shown in the synopsis; click 8.5 gives arguments a help record with no text, 8.4 none
         record = param.get_help_record(ctx)
         if record is not None:
             out.append(f".TP\n.B {_roff(record[0])}\n{_roff(' '.join(record[1].split()))}")
