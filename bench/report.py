@@ -188,8 +188,9 @@ def evaluate_targets(figures: Sequence[Figure]) -> list[Target]:
         detail = f"{cols[-1]}: {_fmt(hi)} ms, {cols[0]}: {_fmt(lo)} ms"
         e_growth = scale.value("E", "growth")
         if e_growth is not None:
-            detail += (f"; the floor E grows {e_growth:.2f}x, this row {_fmt(scale.value(key, 'growth beyond E'))} ms "
-                       "more than E")
+            beyond = scale.value(key, "growth beyond E")
+            detail += f"; the floor E grows {e_growth:.2f}x" + (
+                "" if beyond is None else f"; this row's growth beyond E's: {beyond:+.2f} ms")
         out.append(_upper(f"scale-{key}", f"{key}: per-pod setup with {cols[-1][2:]} pods present ≤ 1.1x "
                           f"that with {cols[0][2:]}", f"{r:.2f}x", "≤ 1.1x", detail))
         if key == "D" and e_growth is not None:  # issue 18: D grows no more than the kernel floor E, + 0.1
@@ -258,8 +259,11 @@ def _containerd_target(figs: dict[str, Figure]) -> Target:
     text = "containerd RunPodSandbox with netplugin (N): time above the host-network floor ≤ 1.0x the stock bridge's"
     n_above = run.value("N", "above floor") if run else None
     a_above = run.value("A", "above floor") if run else None
-    if n_above is None or a_above is None or a_above <= 0:
+    if n_above is None or a_above is None:
         return Target("containerd-run", text, "not measured", "≤ 1.0x", None, "N, A or HOST unavailable")
+    if a_above <= 0:
+        return Target("containerd-run", text, "not measured", "≤ 1.0x", None,
+                      f"A's median is not above HOST's ({_fmt(a_above)} ms): no network cost to compare with")
     r = n_above / a_above
     return _upper("containerd-run", text, f"{r:.2f}x", "≤ 1.0x", f"N {_fmt(n_above)} ms vs A {_fmt(a_above)} ms "
                   "above the floor")
@@ -273,8 +277,8 @@ def part_of(part_name: str, part: float, whole_name: str, whole: float, rest: st
     if part <= whole:
         return (f"{part_name} takes {_fmt(part)} ms of {whole_name}'s {_fmt(whole)} ms; the other "
                 f"{_fmt(whole - part)} ms are {rest}.")
-    return (f"{part_name} ({_fmt(part)} ms) is above {whole_name} ({_fmt(whole)} ms): the two medians come from "
-            "different samples, so the difference is noise, not a share.")
+    return (f"{part_name}, {_fmt(part)} ms, is above {whole_name}, {_fmt(whole)} ms: the two medians come from "
+            "different samples, so no share is printed.")
 
 
 def _runtime_finding(v: Callable[[str, str], float | None]) -> str | None:

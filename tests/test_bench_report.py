@@ -83,7 +83,7 @@ def test_a_ratio_printed_equal_to_its_limit_is_met(g: float, measured: str, met:
     [
         (6.13, 12.6, "takes 6.13 ms of W's 12.6 ms; the other 6.47 ms are rest.", "above"),
         (6.13, 6.13, "the other 0.00 ms", "above"),
-        (6.13, 4.88, "P (6.13 ms) is above W (4.88 ms)", "the other"),  # never a negative remainder
+        (6.13, 4.88, "P, 6.13 ms, is above W, 4.88 ms", "the other"),  # never a negative remainder
     ],
 )
 def test_part_of_never_prints_a_negative_remainder(part: float, whole: float, wanted: str, unwanted: str) -> None:
@@ -101,7 +101,7 @@ RUNTIME = {"A": 7.71, "F": 11.4, "G": 4.88, "Gpy": 12.6, "H": 11.3, "P": 6.13}
         (RUNTIME, ["(G) takes 4.88 ms, 0.63x A's", "starts no interpreter",
                    "(P) takes 6.13 ms of Gpy's 12.6 ms; the other 6.47 ms", "+6.52 ms from G",
                    "(P) takes 6.13 ms of H's 11.3 ms; the other 5.17 ms"], ["of the shim's 4.88", "-1.25"]),
-        ({**RUNTIME, "Gpy": 6.0}, ["(P) (6.13 ms) is above Gpy (6.00 ms)"], ["the other -"]),
+        ({**RUNTIME, "Gpy": 6.0}, ["(P), 6.13 ms, is above Gpy, 6.00 ms"], ["the other -"]),
         ({"A": 7.71, "G": 4.88}, ["(G) takes 4.88 ms"], ["Gpy", "(H)", "the other"]),
         ({"A": 7.71, "P": 6.13}, [], ["Runtime's view"]),
     ],
