@@ -173,29 +173,7 @@ def evaluate_targets(figures: Sequence[Figure]) -> list[Target]:
     else:
         out.append(Target("drain-D", text, "not measured", "≤ 0.3x", None, "D or A unavailable"))
 
-    scale = _get(figs, "scale")
-    for key in ("B", "C", "D"):
-        text = f"{key}: per-pod setup with the most pods present ≤ 1.1x that with the fewest"
-        if scale is None or scale.row(key) is None:
-            out.append(Target(f"scale-{key}", text, "not measured", "≤ 1.1x", None, f"{key} unavailable"))
-            continue
-        cols = [c for c in scale.columns if c.startswith("N=")]
-        lo, hi = scale.value(key, cols[0]), scale.value(key, cols[-1])
-        if lo is None or hi is None or lo <= 0:
-            out.append(Target(f"scale-{key}", text, "not measured", "≤ 1.1x", None, "no samples"))
-            continue
-        r = hi / lo
-        detail = f"{cols[-1]}: {_fmt(hi)} ms, {cols[0]}: {_fmt(lo)} ms"
-        e_growth = scale.value("E", "growth")
-        if e_growth is not None:
-            beyond = scale.value(key, "growth beyond E")
-            detail += f"; the floor E grows {e_growth:.2f}x" + (
-                "" if beyond is None else f"; this row's growth beyond E's: {beyond:+.2f} ms")
-        out.append(_upper(f"scale-{key}", f"{key}: per-pod setup with {cols[-1][2:]} pods present ≤ 1.1x "
-                          f"that with {cols[0][2:]}", f"{r:.2f}x", "≤ 1.1x", detail))
-        if key == "D" and e_growth is not None:  # issue 18: D grows no more than the kernel floor E, + 0.1
-            out.append(_upper("scale-D-vs-E", f"D: growth from {cols[0][2:]} to {cols[-1][2:]} pods ≤ E's + 0.1",
-                              f"{r:.2f}x", f"≤ {e_growth + 0.1:.2f}x", detail))
+    out += _scale_targets(_get(figs, "scale"))
 
     cold = _get(figs, "coldstart")
     v = cold.value("B-i", "median") if cold else None
@@ -220,6 +198,34 @@ def evaluate_targets(figures: Sequence[Figure]) -> list[Target]:
     text = "daemon overhead of a setup request over a direct plugin exec ≤ 2 ms (median difference)"
     out.append(Target("overhead", text, "not measured", "≤ 2 ms", None) if v is None
                else _upper("overhead", text, f"{_fmt(v)} ms", "≤ 2 ms"))
+    return out
+
+
+def _scale_targets(scale: Figure | None) -> list[Target]:
+    """B, C and D grow at most 1.1x from the fewest pods present to the most; D no more than the floor E + 0.1."""
+    out: list[Target] = []
+    for key in ("B", "C", "D"):
+        text = f"{key}: per-pod setup with the most pods present ≤ 1.1x that with the fewest"
+        if scale is None or scale.row(key) is None:
+            out.append(Target(f"scale-{key}", text, "not measured", "≤ 1.1x", None, f"{key} unavailable"))
+            continue
+        cols = [c for c in scale.columns if c.startswith("N=")]
+        lo, hi = scale.value(key, cols[0]), scale.value(key, cols[-1])
+        if lo is None or hi is None or lo <= 0:
+            out.append(Target(f"scale-{key}", text, "not measured", "≤ 1.1x", None, "no samples"))
+            continue
+        r = hi / lo
+        detail = f"{cols[-1]}: {_fmt(hi)} ms, {cols[0]}: {_fmt(lo)} ms"
+        e_growth = scale.value("E", "growth")
+        if e_growth is not None:
+            beyond = scale.value(key, "growth beyond E")
+            detail += f"; the floor E grows {e_growth:.2f}x" + (
+                "" if beyond is None else f"; this row's growth beyond E's: {beyond:+.2f} ms")
+        out.append(_upper(f"scale-{key}", f"{key}: per-pod setup with {cols[-1][2:]} pods present ≤ 1.1x "
+                          f"that with {cols[0][2:]}", f"{r:.2f}x", "≤ 1.1x", detail))
+        if key == "D" and e_growth is not None:
+            out.append(_upper("scale-D-vs-E", f"D: growth from {cols[0][2:]} to {cols[-1][2:]} pods ≤ E's + 0.1",
+                              f"{r:.2f}x", f"≤ {e_growth + 0.1:.2f}x", detail))
     return out
 
 
