@@ -3,10 +3,10 @@ and the plots' numbers taken from the printed table. No benchmark runs here."""
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
+import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,6 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # bench/ is a top-level package of the checkout, not installed
     sys.path.insert(0, str(REPO))
 
-from bench import runner  # noqa: E402
 from bench.plotspec import PLOTS, PlotSpec, plot_data, prune  # noqa: E402
 from bench.report import (  # noqa: E402
     Figure,
@@ -210,24 +209,26 @@ def test_plot_all_draws_each_spec_and_removes_stale_plots(tmp_path: Path) -> Non
         assert json.loads((tmp_path / f"{fid}.json").read_text())["figure"] == fid
 
 
-def _args(**kw: object) -> argparse.Namespace:
-    base = {"only": None, "pods": None, "no_plots": False}
-    return argparse.Namespace(**{**base, **kw})
+@pytest.fixture
+def without_matplotlib(tmp_path: Path) -> dict[str, str]:
+    """An environment whose ``import matplotlib`` fails, as on a machine without the bench extra."""
+    hidden = tmp_path / "hide"
+    (hidden / "matplotlib").mkdir(parents=True)
+    (hidden / "matplotlib" / "__init__.py").write_text('raise ImportError("No module named \'matplotlib\'")\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_") or k == "NETPLUGIN_PEERS"}
+    return {**env, "PYTHONPATH": os.pathsep.join((str(hidden), str(REPO)))}
 
 
-@pytest.mark.parametrize(
-    ("have_matplotlib", "no_plots", "refused"),
-    [(False, False, True), (False, True, False), (True, False, False)],
-)
+@pytest.mark.parametrize("argv", [["-m", "bench"], ["-m", "netplugin", "bench"]])
 def test_a_run_that_cannot_draw_its_plots_is_refused_before_it_starts(
-    monkeypatch: pytest.MonkeyPatch, have_matplotlib: bool, no_plots: bool, refused: bool
+    without_matplotlib: dict[str, str], tmp_path: Path, argv: list[str]
 ) -> None:
-    if runner.os.geteuid() != 0:
+    if os.geteuid() != 0:
         pytest.skip("the refusal checks root first")
-    avail: Callable[[], bool] = lambda: have_matplotlib  # noqa: E731
-    monkeypatch.setattr(runner, "available", avail)
-    why = runner._refusal(_args(no_plots=no_plots))
-    if refused:
-        assert why is not None and "matplotlib is not installed" in why and "--no-plots" in why
-    else:
-        assert why is None
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, *argv, "--quick", "--out", str(out)], env=without_matplotlib, cwd=REPO,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "matplotlib is not installed" in done.stderr and "--no-plots" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists()  # refused before anything ran or was written

@@ -169,7 +169,7 @@ def bench(quick: bool, out_dir: str | None, pods: int | None, no_plots: bool) ->
     from netplugin.core.errors import SystemFailure
 
     # bench/ is a top-level package of the checkout, beside netplugin/, not part of the installed package.
-    pkg = Path(__file__).resolve().parents[3] / "bench"
+    pkg = Path(__file__).resolve().parents[4] / "bench"
     spec = importlib.util.spec_from_file_location("bench", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
     if spec is None or spec.loader is None or not (pkg / "__init__.py").is_file():
         raise SystemFailure("cannot find the benchmark harness", str(pkg), "run netplugin from a checkout")
