@@ -36,6 +36,8 @@ def _color(key: str) -> str:
 
 def _bars(ax: Any, data: dict[str, Any]) -> None:
     bars, *whiskers = data["series"]
+    ratio = next(({p["row"]: p["y"] for p in w["points"]} for w in whiskers if w["unit"] == "x"), {})
+    whiskers = [w for w in whiskers if w["unit"] != "x"]
     keys = [p["row"] for p in bars["points"]]
     vals = [p["y"] for p in bars["points"]]
     xs = list(range(len(keys)))
@@ -46,8 +48,9 @@ def _bars(ax: Any, data: dict[str, Any]) -> None:
     hi = [max(0.0, top.get(k, v) - v) for k, v in zip(keys, vals, strict=True)]
     if whiskers:
         ax.errorbar(xs, vals, yerr=[lo, hi], fmt="none", ecolor="black", capsize=4, lw=1)
-    for x, v, h in zip(xs, vals, hi, strict=True):
-        ax.annotate(f"{v:g}", (x, v + h), ha="center", va="bottom", fontsize=8, xytext=(0, 3),
+    for x, k, v, h in zip(xs, keys, vals, hi, strict=True):
+        text = f"{v:g}" + (f"\n{ratio[k]:.2f}x A" if k in ratio and k != "A" else "")
+        ax.annotate(text, (x, v + h), ha="center", va="bottom", fontsize=8, xytext=(0, 3),
                     textcoords="offset points")
     ax.set_xticks(xs, keys)
     positive = [v for v in vals if v > 0]

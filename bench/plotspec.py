@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report import Figure, cell
+from .report import Figure, cell, ratio_cell
 
 __all__ = ["KINDS", "PLOTS", "PlotSpec", "plot_data", "prune", "write_data"]
 
-#: bars: one bar per row, the first column its height, the others its whiskers (p90; min and max; max).
+#: bars: one bar per row, the first column its height, the others its whiskers (p90; min and max; max);
+#: the ratio to A of the first column, where the table has one, labels each bar.
 #: lines: one line per row over the columns named with the prefix (``N=10``: x = 10).
 #: panels: one panel per column, each row a point at x = the row's value of ``x``.
 KINDS = ("bars", "lines", "panels")
@@ -72,6 +73,16 @@ def _point(fig: Figure, key: str, column: str, x: float | str) -> dict[str, Any]
     return None if y is None else {"row": key, "column": column, "x": x, "y": y}
 
 
+def _ratios(fig: Figure, column: str) -> list[dict[str, Any]]:
+    """The bars' ratio to A (the table's "<column> / A"), when the figure has one for that column."""
+    if fig.ratio_column != column:
+        return []
+    name = f"{column} / A"
+    points = [{"row": r.key, "column": name, "x": r.key, "y": float(ratio_cell(fig, r.key).rstrip("x"))}
+              for r in fig.rows if ratio_cell(fig, r.key) != "-"]
+    return [_series(name, "x", points)] if points else []
+
+
 def _series(name: str, unit: str, points: Iterable[dict[str, Any] | None], label: str = "") -> dict[str, Any]:
     return {"name": name, "label": label, "unit": unit, "points": [p for p in points if p is not None]}
 
@@ -80,7 +91,7 @@ def plot_data(fig: Figure, spec: PlotSpec, run: str, date: str) -> dict[str, Any
     """The numbers the figure's plot draws, each with the table cell (row, column) it is."""
     if spec.kind == "bars":
         series = [_series(c, fig.unit_of(c), (_point(fig, r.key, c, r.key) for r in fig.rows))
-                  for c in spec.columns if c in fig.columns]
+                  for c in spec.columns if c in fig.columns] + _ratios(fig, spec.columns[0])
     elif spec.kind == "lines":
         prefix = spec.columns[0]
         cols = [c for c in fig.columns if c.startswith(prefix)]

@@ -14,7 +14,7 @@ from .contenders import CONTENDERS
 
 __all__ = [
     "Figure", "Meta", "Row", "Target", "cell", "column_header", "evaluate_targets", "findings", "meets", "part_of",
-    "render", "write_json",
+    "ratio_cell", "render", "write_json",
 ]
 
 
@@ -118,6 +118,11 @@ def cell(fig: Figure, key: str, column: str) -> str:
     if unit == "" and v is not None and float(v).is_integer():
         return f"{v:.0f}"  # a count
     return _fmt(v, unit)
+
+
+def ratio_cell(fig: Figure, key: str) -> str:
+    """The row's ratio to A as BENCHMARKS.md prints it ("-" without a ratio column or an A)."""
+    return _ratio(fig.ratio(key))
 
 
 def column_header(fig: Figure, column: str) -> str:
@@ -377,7 +382,7 @@ def _figure_md(fig: Figure, image: str | None) -> list[str]:
         cells = [r.key, r.label + (f" ({r.note})" if r.note else "")]
         cells += [cell(fig, r.key, c) for c in fig.columns]
         if fig.ratio_column is not None:
-            cells.append(_ratio(fig.ratio(r.key)))
+            cells.append(ratio_cell(fig, r.key))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     for n in fig.notes:

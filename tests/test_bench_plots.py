@@ -47,8 +47,7 @@ def parse_report(md: str) -> tuple[str, str, dict[str, dict[str, Any]]]:
         table = {}
         for ln in lines[2:]:
             cells = [c.strip() for c in ln.strip("|").split("|")]
-            # the ratio column ("median / A") is computed from the others and never plotted
-            table[cells[0]] = {c: v for c, v in zip(columns[2:], cells[2:], strict=True) if not c.endswith(" / A")}
+            table[cells[0]] = dict(zip(columns[2:], cells[2:], strict=True))
         figures[found.group(1)] = {"title": section.splitlines()[0], "table": table, "text": section}
     return tag.group(1), date.group(1), figures
 
@@ -59,13 +58,12 @@ def _number(text: str) -> float:
 
 def _plotted(spec: PlotSpec, table: dict[str, dict[str, str]]) -> set[tuple[str, str]]:
     """The table cells (row, column) the plot of ``spec`` must draw: every measured one of its columns."""
-    out = set()
-    for row, cells in table.items():
-        for column, text in cells.items():
-            wanted = column.startswith(spec.columns[0]) if spec.kind == "lines" else column in spec.columns
-            if wanted and text != "-":
-                out.add((row, column))
-    return out
+    if spec.kind == "lines":
+        columns = {c for cells in table.values() for c in cells if c.startswith(spec.columns[0])}
+        columns -= {c for c in columns if c.endswith(" / A")}
+    else:  # bars are labelled with their ratio to A where the table has one
+        columns = {*spec.columns, f"{spec.columns[0]} / A"} if spec.kind == "bars" else set(spec.columns)
+    return {(row, c) for row, cells in table.items() for c, text in cells.items() if c in columns and text != "-"}
 
 
 def check_plot(fid: str, figure: dict[str, Any], data: dict[str, Any], tag: str, date: str) -> None:

@@ -156,6 +156,10 @@ def test_render_embeds_each_plot_under_its_figure() -> None:
         ("setup", {"A": {"median": 8.812, "p90": 10.04, "first": 11.9}, "B": {"median": 59.23, "p90": None,
                                                                                  "first": 80.0}}, {},
          [("A", "median", "A", 8.81), ("B", "median", "B", 59.2), ("A", "p90", "A", 10.0)]),
+        ("setup", {"A": {"median": 8.812, "p90": 10.04}, "D": {"median": 4.118, "p90": 4.5}},
+         {"ratio_column": "median"},  # the bars' labels: the table's ratio to A, as printed
+         [("A", "median", "A", 8.81), ("D", "median", "D", 4.12), ("A", "p90", "A", 10.0), ("D", "p90", "D", 4.50),
+          ("A", "median / A", "A", 1.00), ("D", "median / A", "D", 0.47)]),
         ("scale", {"D": {"N=10": 2.461, "N=1000": 3.873, "growth": 1.573}}, {"unitless": ["growth"]},
          [("D", "N=10", 10, 2.46), ("D", "N=1000", 1000, 3.87)]),
         ("cluster-size", BIG, {"unit": "s", "column_units": {"nodes": "", "RSS": "MiB"}},
