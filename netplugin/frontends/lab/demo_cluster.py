@@ -106,16 +106,17 @@ def _converge(c: SimCluster, nodes: list[SimNode], timeout: float, start: float 
     SystemFailure after ``timeout`` s, naming the nodes whose routes are still wrong."""
     start = time.monotonic() if start is None else start
     done: dict[str, float] = {}
-    while len(done) < len(nodes):
+    while True:
         for n in nodes:
             if n.name not in done and c.routes(n) == c.expected_routes(n):
                 done[n.name] = round((time.monotonic() - start) * 1000, 1)
-        if len(done) < len(nodes) and time.monotonic() - start > timeout:
+        if len(done) == len(nodes):
+            return {n.name: done[n.name] for n in nodes}
+        if time.monotonic() - start > timeout:
             wrong = "; ".join(f"{n.name}: have {c.routes(n)}, want {c.expected_routes(n)}"
                               for n in nodes if n.name not in done)
             raise SystemFailure(f"routes did not converge within {timeout:g}s", None, wrong)
         time.sleep(0.02)
-    return {n.name: done[n.name] for n in nodes}
 
 
 def _check_prerequisites() -> None:
