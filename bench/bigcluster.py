@@ -72,8 +72,9 @@ def fig_bigcluster(quick: bool, say: Callable[[str], None]) -> list[Figure]:
     fig = Figure(
         "cluster-size",
         "A daemon's first sync in a big cluster: time until it routes to every node, and its memory",
-        "s / MiB",
-        ["first sync s", "RSS MiB"],
+        "s",
+        ["nodes", "first sync", "RSS"],
+        column_units={"nodes": "", "RSS": "MiB"},
         notes=[
             "one node with its own daemon; the others are kubelet-sized Node objects (about 280 JSON nodes each) "
             "listed 500 a page; time from the daemon's start until its kernel holds a route to each of them",
@@ -84,7 +85,8 @@ def fig_bigcluster(quick: bool, say: Callable[[str], None]) -> list[Figure]:
         for key, count in (("A", 1), *((f"D-{n}", n) for n in (QUICK if quick else FULL))):
             took, rss = _one(count, say)
             fig.rows.append(
-                Row(key, f"{count:,} node{'s' if count > 1 else ''}", {"first sync s": took, "RSS MiB": rss})
+                Row(key, f"{count:,} node{'s' if count > 1 else ''}",
+                    {"nodes": float(count), "first sync": took, "RSS": rss})
             )
     except BenchError:
         raise

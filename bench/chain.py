@@ -117,7 +117,7 @@ def fig_chain(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool
     out = []
     for fid, title, samples in (("chain-setup", "setup", setups), ("chain-teardown", "teardown", teardowns)):
         f = Figure(fid, f"Chain: per-pod {title} with a bridge and a bandwidth plugin ({n} pods)", "ms",
-                   ["median", "p90"], ratio_column="median", samples=samples, plot=f"{fid}.png")
+                   ["median", "p90"], ratio_column="median", samples=samples)
         f.rows = [stat_row(live, k, CHAIN_LABELS[k], samples[k], ["median", "p90"]) for k in keys]
         f.params = {"pods": n}
         f.notes = [

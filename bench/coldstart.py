@@ -132,7 +132,7 @@ def fig_coldstart(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: Subnet
             daemon.stop()
         net.close()
     fig = Figure("coldstart", f"CLI cold start: `netplugin setup` with the no-op plugin ({runs} runs)", "ms",
-                 ["median", "p90"], ratio_column="median", samples=samples, plot="coldstart.png")
+                 ["median", "p90"], ratio_column="median", samples=samples)
     for v in variants:
         s = Stats.of(samples[v])
         fig.rows.append(Row(v, LABELS[v], {"median": s.median, "p90": s.p90}))

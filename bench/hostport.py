@@ -158,7 +158,7 @@ def fig_hostport(ctx: RunContext, plan: Plan, keys: list[str]) -> list[Figure]:
     out = []
     for fid, title, samples in (("hostport-setup", "setup", setups), ("hostport-teardown", "teardown", teardowns)):
         f = Figure(fid, f"hostPort: per-pod {title} of the hostPort member, 2 mappings ({n} pods)", "ms",
-                   ["median", "p90"], ratio_column="median", samples=samples, plot=f"{fid}.png")
+                   ["median", "p90"], ratio_column="median", samples=samples)
         f.rows = [stat_row(live, k, LABELS[k], samples[k], ["median", "p90"]) for k in keys]
         f.params = {"pods": n}
         f.notes = [

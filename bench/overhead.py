@@ -63,7 +63,7 @@ def fig_overhead(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetP
             daemon.stop()
         net.close()
     fig = Figure("overhead", f"netplugin's overhead over running the plugin directly (trivial plugin, {runs} runs)",
-                 "ms", ["median", "p90", "overhead"], samples=samples, plot="overhead.png")
+                 "ms", ["median", "p90", "overhead"], samples=samples)
     base = statistics.median(samples["direct"])
     labels = {
         "direct": "the plugin exec'd directly with netplugin.core.execplugin.invoke.run",

@@ -1,4 +1,8 @@
-"""PNG plots of the figures (matplotlib, installed only for benchmarking: ``pip install .[bench]``)."""
+"""PNG plots of the figures (matplotlib, installed only for benchmarking: ``pip install .[bench]``).
+
+Each plot is drawn from the numbers :func:`bench.plotspec.plot_data` takes from the figure's
+printed table, and those numbers are written beside it as JSON: picture, JSON and table agree.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .plotspec import PLOTS, plot_data, prune, write_data
 from .report import Figure
 
-__all__ = ["available", "plot_all"]
+__all__ = ["HINT", "available", "plot_all"]
 
-_COLORS = {"A": "#7f7f7f", "O": "#bcbd22", "B": "#1f77b4", "C": "#2ca02c", "D": "#d62728", "E": "#9467bd"}
+#: how to get matplotlib, for the refusal of a run that cannot draw its plots
+HINT = "pip install '.[bench]' (scripts/install-deps.sh --test installs it), or pass --no-plots"
+
+_COLORS = {"A": "#7f7f7f", "O": "#bcbd22", "B": "#1f77b4", "C": "#2ca02c", "D": "#d62728", "E": "#9467bd",
+           "F": "#17becf", "G": "#e377c2", "H": "#8c564b", "N": "#d62728", "P": "#c7c7c7"}
 
 
 def available() -> bool:
@@ -25,87 +34,103 @@ def _color(key: str) -> str:
     return _COLORS.get(key[:1], "#bcbd22")
 
 
-def _bars(plt: Any, fig: Figure, path: Path) -> None:
-    col = fig.ratio_column or fig.columns[0]
-    rows = [r for r in fig.rows if r.values.get(col) is not None]
-    if not rows:
-        return
-    f, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows) + 2), 4.2))
-    xs = range(len(rows))
-    vals = [float(r.values[col] or 0.0) for r in rows]
-    ax.bar(xs, vals, color=[_color(r.key) for r in rows])
-    if "p90" in fig.columns:
-        up = [max(0.0, float(r.values.get("p90") or v) - v) for r, v in zip(rows, vals, strict=True)]
-        ax.errorbar(xs, vals, yerr=[[0.0] * len(vals), up], fmt="none", ecolor="black", capsize=4, lw=1)
-    elif "min" in fig.columns and "max" in fig.columns:
-        lo = [v - float(r.values.get("min") or v) for r, v in zip(rows, vals, strict=True)]
-        hi = [float(r.values.get("max") or v) - v for r, v in zip(rows, vals, strict=True)]
+def _bars(ax: Any, data: dict[str, Any]) -> None:
+    bars, *whiskers = data["series"]
+    ratio = next(({p["row"]: p["y"] for p in w["points"]} for w in whiskers if w["unit"] == "x"), {})
+    whiskers = [w for w in whiskers if w["unit"] != "x"]
+    keys = [p["row"] for p in bars["points"]]
+    vals = [p["y"] for p in bars["points"]]
+    xs = list(range(len(keys)))
+    ax.bar(xs, vals, color=[_color(k) for k in keys])
+    by = {w["name"]: {p["row"]: p["y"] for p in w["points"]} for w in whiskers}
+    lo = [v - by["min"].get(k, v) for k, v in zip(keys, vals, strict=True)] if "min" in by else [0.0] * len(vals)
+    top = by.get("p90") or by.get("max") or {}
+    hi = [max(0.0, top.get(k, v) - v) for k, v in zip(keys, vals, strict=True)]
+    if whiskers:
         ax.errorbar(xs, vals, yerr=[lo, hi], fmt="none", ecolor="black", capsize=4, lw=1)
-    for x, r, v in zip(xs, rows, vals, strict=True):
-        ratio = fig.ratio(r.key)
-        text = f"{v:.1f}" + (f"\n{ratio:.2f}x A" if ratio is not None and r.key != "A" else "")
-        top = max(v, float(r.values.get("p90") or r.values.get("max") or v))
-        ax.annotate(text, (x, top), ha="center", va="bottom", fontsize=8, xytext=(0, 3), textcoords="offset points")
-    ax.set_xticks(list(xs), [r.key for r in rows])
+    for x, k, v, h in zip(xs, keys, vals, hi, strict=True):
+        text = f"{v:g}" + (f"\n{ratio[k]:.2f}x A" if k in ratio and k != "A" else "")
+        ax.annotate(text, (x, v + h), ha="center", va="bottom", fontsize=8, xytext=(0, 3),
+                    textcoords="offset points")
+    ax.set_xticks(xs, keys)
     positive = [v for v in vals if v > 0]
-    if positive and max(positive) / min(positive) > 20:
-        ax.set_yscale("log")  # one slow contender would flatten all the others
-    ax.set_ylabel(f"{col} ({fig.unit})" + (", log scale" if ax.get_yscale() == "log" else "")
-                  if fig.unit else col)
-    ax.set_title(fig.title, fontsize=10)
+    log = bool(positive) and max(positive) / min(positive) > 20  # one slow row would flatten all the others
+    if log:
+        ax.set_yscale("log")
+    whisk = f", whiskers {'/'.join(w['name'] for w in whiskers)}" if whiskers else ""
+    unit = f" ({bars['unit']})" if bars["unit"] else ""
+    ax.set_ylabel(f"{bars['name']}{unit}{whisk}" + (", log scale" if log else ""))
     ax.margins(y=0.2)
-    f.tight_layout()
-    f.savefig(path, dpi=110)
-    plt.close(f)
 
 
-def _scale(plt: Any, fig: Figure, path: Path) -> None:
-    from matplotlib.ticker import NullFormatter
-
-    cols = [c for c in fig.columns if c.startswith("N=")]
-    levels = [int(c[2:]) for c in cols]
-    f, (ax, rel) = plt.subplots(1, 2, figsize=(11, 4.4))
-    for r in fig.rows:
-        ys = [r.values.get(c) for c in cols]
-        ax.plot(levels, ys, marker="o", label=f"{r.key}: {r.label}", color=_color(r.key))
-        if ys[0]:
-            rel.plot(levels, [None if y is None else y / ys[0] for y in ys], marker="o", label=r.key,
-                     color=_color(r.key))
-    for a in (ax, rel):
-        a.set_xscale("log")
-        a.set_xticks(levels, [str(lv) for lv in levels])
-        a.xaxis.set_minor_formatter(NullFormatter())
-        a.set_xlabel("pods already present on the network")
+def _lines(ax: Any, data: dict[str, Any]) -> None:
+    levels: set[int] = set()
+    for s in data["series"]:
+        xs = [p["x"] for p in s["points"]]
+        levels.update(xs)
+        ax.plot(xs, [p["y"] for p in s["points"]], marker="o", color=_color(s["name"]),
+                label=f"{s['name']}: {s['label']}" if s["label"] else s["name"])
+    ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_ylabel("per-pod setup, median (ms, log scale)")
-    ax.set_title(fig.title, fontsize=10)
+    ticks = sorted(levels)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("N")
+    unit = data["series"][0]["unit"] if data["series"] else ""
+    ax.set_ylabel(f"median ({unit}, log scale)" if unit != "MiB" else "RSS (MiB, log scale)")
     ax.legend(fontsize=7)
-    rel.axhline(1.1, color="black", ls="--", lw=1, label="target 1.1x")
-    rel.set_ylabel(f"relative to N={levels[0]}")
-    rel.set_title("growth (the target: at most 1.1x for B, C, D)", fontsize=10)
-    rel.legend(fontsize=7)
+
+
+def _panels(axes: Sequence[Any], data: dict[str, Any]) -> None:
+    for ax, s in zip(axes, data["series"], strict=True):
+        pts = sorted(s["points"], key=lambda p: p["x"])
+        ax.plot([p["x"] for p in pts], [p["y"] for p in pts], marker="o", color="#d62728")
+        for p in pts:
+            ax.annotate(f"{p['y']:g}", (p["x"], p["y"]), fontsize=8, xytext=(4, 4), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel(data["x"])
+        ax.set_ylabel(f"{s['name']} ({s['unit']})" if s["unit"] else s["name"])
+        ax.margins(y=0.2)
+
+
+def _draw(plt: Any, data: dict[str, Any], path: Path) -> None:
+    kind = data["kind"]
+    count = len(data["series"]) if kind == "panels" else 1
+    width = 9.0 if kind != "bars" else max(5.0, 1.1 * len(data["series"][0]["points"]) + 2)
+    f, axes = plt.subplots(1, count, figsize=(width * (1 if count == 1 else 0.7 * count), 4.4), squeeze=False)
+    row = list(axes[0])
+    if kind == "bars":
+        _bars(row[0], data)
+    elif kind == "lines":
+        _lines(row[0], data)
+    else:
+        _panels(row, data)
+    f.suptitle(f"{data['title']}\nrun {data['run']}, {data['date']}", fontsize=9)
     f.tight_layout()
-    f.savefig(path, dpi=110)
+    f.savefig(path, dpi=100)
     plt.close(f)
 
 
-def plot_all(figures: Sequence[Figure], out: Path) -> list[str]:
-    """Write one PNG per figure into ``out``; returns the file names. Figures keep their ``plot``."""
+def plot_all(figures: Sequence[Figure], out: Path, run: str, date: str) -> dict[str, str]:
+    """One PNG and its JSON per figure with a plot spec, into ``out``; the others there are removed.
+
+    Returns figure id -> PNG file name. Raises ImportError without matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    written = []
+    written: dict[str, str] = {}
     for fig in figures:
-        if not fig.plot:
+        spec = PLOTS.get(fig.id)
+        if spec is None:
             continue
-        path = out / fig.plot
-        if fig.id == "scale":
-            _scale(plt, fig, path)
-        else:
-            _bars(plt, fig, path)
-        if path.exists():
-            written.append(fig.plot)
+        data = plot_data(fig, spec, run, date)
+        if not any(s["points"] for s in data["series"]):
+            continue  # nothing measured: the table says so, a blank picture would not
+        _draw(plt, data, out / f"{fig.id}.png")
+        write_data(out / f"{fig.id}.json", data)
+        written[fig.id] = f"{fig.id}.png"
+    prune(out, [n for fid, png in written.items() for n in (png, f"{fid}.json")])
     return written

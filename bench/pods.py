@@ -29,7 +29,7 @@ def fig_pods(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool)
         # the first setup creates the bridge (and runs init): reported apart
         first, setups, teardowns = per_pod_series(live, cs, n)
     fs = Figure("setup", f"Per-pod setup ({n} pods, after one warm-up pod)", "ms", ["median", "p90", "first"],
-                ratio_column="median", samples=setups, plot="setup.png")
+                ratio_column="median", samples=setups)
     fs.rows = [stat_row(live, k, LABELS[k], setups[k], ["median", "p90"], first=first.get(k)) for k in keys]
     fs.notes = [
         "first = the very first setup on a fresh network, not part of the median: for A and B it creates the "
@@ -41,7 +41,7 @@ def fig_pods(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool)
         "of B and C is the plugin itself).",
     ]
     ft = Figure("teardown", f"Per-pod teardown ({n} pods, netns still present)", "ms", ["median", "p90"],
-                ratio_column="median", samples=teardowns, plot="teardown.png")
+                ratio_column="median", samples=teardowns)
     ft.rows = [stat_row(live, k, LABELS[k], teardowns[k], ["median", "p90"]) for k in keys]
     ft.notes = ["The kernel's veth deletion (RCU grace periods, ~15-25 ms) dominates every contender's teardown."]
     return [fs, ft]
@@ -63,7 +63,7 @@ def fig_burst(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool
         ctx.progress(f"  burst: {rounds} round(s) of {n} concurrent setups x {len(keys)} contenders")
         burst_rounds(live, cs, samples, n, rounds)
     fig = Figure("burst", f"Burst: {n} setups issued at once (makespan, {rounds} round(s))", "ms",
-                 ["median", "min", "max"], ratio_column="median", samples=samples, plot="burst.png")
+                 ["median", "min", "max"], ratio_column="median", samples=samples)
     for k in keys:
         note = "one thread: back to back, not concurrent" if k == "E" else ""
         fig.rows.append(stat_row(live, k, CONTENDERS[k], samples[k], ["median", "min", "max"], note))
@@ -121,7 +121,7 @@ def fig_drain(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool
             for v, ps in pods.items():
                 cs[v[0]].net.drop_pods(ps)
     fig = Figure("drain", f"Drain: tear down {n} pods ({rounds} round(s))", "ms", ["median", "min", "max", "per pod"],
-                 ratio_column="median", samples=samples, plot="drain.png", params={"pods": n, "rounds": rounds})
+                 ratio_column="median", samples=samples, params={"pods": n, "rounds": rounds})
     how = {
         "A": "sequential DELs, as the target states",
         "A-par": "all DELs started at once",

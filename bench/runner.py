@@ -31,6 +31,8 @@ from .harness import Plan
 from .hostport import HOSTPORT_KEYS, fig_hostport
 from .overhead import fig_overhead
 from .plaininstall import compile_checkout
+from .plots import HINT, available, plot_all
+from .plotspec import prune
 from .pods import fig_burst, fig_drain, fig_pods
 from .report import Figure, Meta, evaluate_targets, render, write_json
 from .runtime import fig_runtime
@@ -68,7 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pods", type=int, metavar="N", help="pods in the per-pod figure (default 60; quick 3)")
     p.add_argument("--only", metavar="FIGS", help=f"comma-separated subset of: {', '.join(FIGURES)}")
     p.add_argument("--contenders", metavar="KEYS", default="ABCDEO", help="subset of ABCDEO (default: all available)")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-plots", action="store_true",
+                   help="draw no plots (and remove older ones from the plots dir); without it, a run "
+                        "without matplotlib is refused")
     return p
 
 
@@ -236,6 +240,9 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return f"unknown figure(s) {', '.join(unknown)}; known: {', '.join(FIGURES)}"
     if args.pods is not None and not 1 <= args.pods <= 250:
         return "--pods must be 1-250 (the per-pod figure uses one /24)"
+    # refused before the run, not after it: a full run takes many minutes
+    if not args.no_plots and not available():
+        return f"matplotlib is not installed, and the run draws every figure's plot: {HINT}"
     return None
 
 
@@ -330,17 +337,18 @@ def _write(args: argparse.Namespace, meta: Meta, figures: list[Figure]) -> None:
     """BENCHMARKS.md, results.json and (with matplotlib) the plots; the targets' verdicts on stderr."""
     report_path, plots_dir, json_path = _outputs(args)
     targets = evaluate_targets(figures)
-    plots_rel: str | None = None
-    if not args.no_plots:
-        from .plots import available, plot_all
-
-        if available():
-            plot_all(figures, plots_dir)
-            plots_rel = os.path.relpath(plots_dir, report_path.parent)
-        else:
-            _say("matplotlib is not installed: no plots (pip install .[bench])")
+    images: dict[str, str] = {}
+    if args.no_plots:
+        gone = prune(plots_dir, [])  # the report embeds none: older plots would contradict it
+        if gone:
+            _say(f"--no-plots: removed {len(gone)} older plot file(s) from {plots_dir}")
+    else:
+        rel = os.path.relpath(plots_dir, report_path.parent)
+        written = plot_all(figures, plots_dir, meta.settings["run tag"], meta.started)
+        images = {fid: f"{rel}/{png}" for fid, png in written.items()}
+        _say(f"drew {len(images)} plot(s) into {plots_dir}")
     report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(render(meta, figures, targets, plots_rel))
+    report_path.write_text(render(meta, figures, targets, images))
     json_path.parent.mkdir(parents=True, exist_ok=True)
     write_json(json_path, meta, figures, targets)
     _say(f"wrote {report_path} and {json_path} in {meta.duration_s:.0f} s")

@@ -43,7 +43,7 @@ RUNTIME_LABELS = {
     "Fpy": "netplugin-cni (Python entry script) -> daemon + exec_plugins/bridge",
     "Gpy": "netplugin-cni (Python entry script) -> daemon + netplugin.io/bridge (native)",
     "H": "netplugin CLI process -> daemon + a no-op exec plugin",
-    "P": "floor: python -I -S -c pass (same interpreter)",
+    "P": "reference: python -I -S -c pass (same interpreter; the floor of H, Fpy and Gpy)",
 }
 RUNTIME_KEYS = tuple(RUNTIME_LABELS)
 

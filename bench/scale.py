@@ -102,7 +102,7 @@ def _scale_figures(
     cols = [f"N={lv}" for lv in levels]
     fig = Figure("scale", f"Per-pod setup with N pods already present (median of {k})", "ms",
                  [*cols, "growth", "growth beyond E"], ratio_column=cols[-1], unitless=["growth"],
-                 samples={f"{key}@{lv}": samples[key][lv] for key in keys for lv in levels}, plot="scale.png")
+                 samples={f"{key}@{lv}": samples[key][lv] for key in keys for lv in levels})
     for key in keys:
         vals: dict[str, float | None] = {
             f"N={lv}": statistics.median(samples[key][lv]) if samples[key][lv] else None for lv in levels
@@ -140,7 +140,7 @@ def _scale_figures(
     rss_fig = None
     if rss:
         rcols = list(next(iter(rss.values())).keys())
-        rss_fig = Figure("rss", "Daemon resident memory (psutil RSS)", "MiB", rcols, plot="rss.png")
+        rss_fig = Figure("rss", "Daemon resident memory (psutil RSS)", "MiB", rcols)
         for key, vals2 in rss.items():
             rss_fig.rows.append(Row(key, CONTENDERS[key], {c: vals2.get(c) for c in rcols}))
         rss_fig.notes = ["Measured in the scale figure's daemons: after their first pod, then after each level. "

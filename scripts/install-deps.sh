@@ -3,7 +3,7 @@
 #   scripts/install-deps.sh            runtime: iproute2, flock, nftables, python3-venv; netplugin[daemon] in its
 #                                      own venv /opt/netplugin (PEP 668: Debian's python3 is left alone),
 #                                      linked onto PATH (scripts/install.sh --venv-only)
-#   scripts/install-deps.sh --test     the development path: pip install -e .[daemon,test] into $PYTHON
+#   scripts/install-deps.sh --test     the development path: pip install -e .[daemon,test,bench] into $PYTHON
 #                                      (python3; a .venv beside it if that one is externally managed),
 #                                      and the test tools (shellcheck, podman, mmdebstrap, ...)
 # Idempotent: installs only what is missing.
@@ -63,7 +63,7 @@ sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNA
     [ -x "$here/.venv/bin/python" ] || "$py" -m venv "$here/.venv"
     py=$here/.venv/bin/python
 fi
-"$py" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e "${here}[daemon,test]"
+"$py" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e "${here}[daemon,test,bench]"
 
 if [ "$want_test" = 1 ]; then
     bash "$here/scripts/podman-setup.sh"

@@ -130,6 +130,17 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
         for name in ("setup.png", "teardown.png", "burst.png", "drain.png", "scale.png", "coldstart.png"):
             assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         assert "](plots/setup.png)" in md
+        # Every figure with a plot spec got its PNG, its JSON (the table's numbers, this run) and its embed.
+        from tests.test_bench_plots import PLOTS, check_plot, parse_report  # it puts the checkout's bench/ in reach
+
+        run, date, figures = parse_report(md)
+        plotted = [fid for fid in figures if fid in PLOTS]
+        assert {"runtime-add", "containerd-run", "cluster-routes", "cluster-size", "chain-setup"} <= set(plotted)
+        for fid in plotted:
+            assert (plots / f"{fid}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", fid
+            assert f"](plots/{fid}.png)" in figures[fid]["text"], fid
+            check_plot(fid, figures[fid], json.loads((plots / f"{fid}.json").read_text()), run, date)
+        assert sorted(p.stem for p in plots.iterdir()) == sorted(n for fid in plotted for n in (fid, fid))
 
     # Nothing of the run is left: no netns, veth or bridge with its tag, no daemon.
     tag = results["meta"]["settings"]["run tag"]

@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from netplugin.core.config import Config, load_config
 from netplugin.core.errors import NetpluginError, SystemFailure
@@ -77,6 +78,8 @@ class ChainDemoReport:
     bridge: str
     subnet: str
     transfers: list[Transfer] = field(default_factory=list)
+    #: each chain member's calls: pod, member, action, milliseconds, outcome (the manager's observer)
+    calls: list[dict[str, Any]] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
 
     @property
@@ -90,6 +93,7 @@ class ChainDemoReport:
             "bridge": self.bridge,
             "subnet": self.subnet,
             "transfers": [t.to_dict() for t in self.transfers],
+            "calls": self.calls,
             "leftovers": self.leftovers,
         }
 
@@ -154,6 +158,14 @@ def _pods(tmp: Path, tag: str) -> dict[str, PodRef]:
     return pods
 
 
+def _observer(report: ChainDemoReport, current: list[str]) -> Callable[[str, str, float, str], None]:
+    def observe(member: str, action: str, seconds: float, outcome: str) -> None:
+        report.calls.append({"pod": current[0], "member": member, "action": action,
+                             "ms": round(seconds * 1000, 2), "outcome": outcome})
+
+    return observe
+
+
 def _measure(report: ChainDemoReport, ips: dict[str, str], ns: dict[str, str], say: Callable[[str], None]) -> None:
     plan = [
         ("into shaped (plain -> shaped)", "plain", "shaped", LIMITS[INGRESS][1], 5_000_000),
@@ -209,10 +221,13 @@ def run_chain_demo(
         cfg = _config(tmp, first, plugin_source, bridge, subnet, base)
         manager = Manager(cfg, StaticHost(cfg.pods_dir))
         pods = _pods(tmp, tag)
+        current = [""]  # the pod whose action runs (the observer is told the member, not the pod)
+        manager.observe = _observer(report, current)
         progress(f"chain {', '.join(report.chain)}; bridge {bridge}, subnet {subnet}")
         progress(f"pod shaped: {INGRESS}={LIMITS[INGRESS][0]}, {EGRESS}={LIMITS[EGRESS][0]}; pod plain: none")
         ips = {"gateway": subnet.split("/")[0].rsplit(".", 1)[0] + ".1"}
         for name, ref in pods.items():
+            current[0] = name
             _ip("netns", "add", ref.infra_id)
             made.append(ref.infra_id)
             t0 = time.perf_counter()
@@ -225,6 +240,7 @@ def run_chain_demo(
             progress(f"  setup {ref} through the chain: {(time.perf_counter() - t0) * 1000:.1f} ms, IP {status.ip}")
         _measure(report, ips, {n: r.infra_id for n, r in pods.items()}, progress)
         for ref in list(up):
+            current[0] = ref.name
             manager.teardown(ref)
             up.remove(ref)
         for ns in list(made):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from netplugin.frontends.cli.context import State, pass_state
 from netplugin.frontends.cli.options import AsciiIntRange, command
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["COMPLETE_VAR", "bench", "completion", "completion_script", "demo", "install_shim"]
 
@@ -31,9 +34,22 @@ COMPLETE_VAR = "_NETPLUGIN_COMPLETE"
     is_flag=True,
     help="Run the chain [bridge, bandwidth] instead: two pods, one shaped by its annotations; rates measured.",
 )
+@click.option(
+    "--plot",
+    metavar="FILE",
+    help="With --nodes or --chain: write a PNG of the run to FILE (route convergence per node; each chain "
+    "member's time per pod). Needs matplotlib (pip install 'netplugin[bench]'); without it, exit 5 before the demo.",
+)
 @pass_state
 def demo(
-    st: State, count: int, native: bool, plugin_source: str | None, subnet: str | None, nodes: int | None, chain: bool
+    st: State,
+    count: int,
+    native: bool,
+    plugin_source: str | None,
+    subnet: str | None,
+    nodes: int | None,
+    chain: bool,
+    plot: str | None,
 ) -> None:
     """Set up pods on a real bridge, prove they talk, tear them down and prove nothing is left (as root).
 
@@ -42,6 +58,8 @@ def demo(
       sudo netplugin demo
       sudo netplugin demo --pods 6 --native
       sudo netplugin demo --nodes 3
+      sudo netplugin demo --nodes 3 --plot routes.png
+      sudo netplugin demo --chain --plot chain.png
     """
     import signal
 
@@ -52,11 +70,12 @@ def demo(
 
     signal.signal(signal.SIGTERM, on_term)
     say = (lambda msg: click.echo(msg, err=True)) if st.json else click.echo
+    plot_path = _plot_path(plot, nodes is not None or chain)
     if nodes is not None:
-        _cluster_demo(st, nodes, "netplugin.io/bridge" if native else "bridge", plugin_source, say)
+        _cluster_demo(st, nodes, "netplugin.io/bridge" if native else "bridge", plugin_source, say, plot_path)
         return
     if chain:
-        _chain_demo(st, "netplugin.io/bridge" if native else "bridge", plugin_source, subnet, say)
+        _chain_demo(st, "netplugin.io/bridge" if native else "bridge", plugin_source, subnet, say, plot_path)
         return
     report = run_demo(
         count,
@@ -75,23 +94,53 @@ def demo(
         )
 
 
-def _chain_demo(st: State, first: str, plugin_source: str | None, subnet: str | None, say: Any) -> None:
+def _plot_path(plot: str | None, plottable: bool) -> Path | None:
+    """Where --plot writes, checked (and matplotlib found) before the demo does anything."""
+    if plot is None:
+        return None
+    from netplugin.core.errors import InvalidArgument
+    from netplugin.frontends.lab.demoplot import check_plot_path, require_matplotlib
+
+    if not plottable:
+        raise InvalidArgument("--plot", plot, "draws a --nodes or a --chain run: add one of them")
+    path = check_plot_path(plot)
+    require_matplotlib()
+    return path
+
+
+def _chain_demo(
+    st: State, first: str, plugin_source: str | None, subnet: str | None, say: Any, plot: Path | None
+) -> None:
     from netplugin.core.errors import NetpluginError
     from netplugin.frontends.lab.demo_chain import run_chain_demo
 
     report = run_chain_demo(first=first, plugin_source=plugin_source, subnet=subnet, progress=say)
-    st.emit(report.to_dict(), None)
+    doc = report.to_dict()
+    if plot is not None:
+        from netplugin.frontends.lab.demoplot import plot_chain
+
+        plot_chain(report, plot)
+        doc["plot"] = str(plot)
+        say(f"plot of this run: {plot}")
+    st.emit(doc, None)
     if not report.ok:
         off = [f"{t.what}: {t.measured_bps / 1e6:.1f} Mbit/s" for t in report.transfers if not t.ok]
         raise NetpluginError("chain demo failed: " + "; ".join(off + report.leftovers))
 
 
-def _cluster_demo(st: State, nodes: int, plugin: str, plugin_source: str | None, say: Any) -> None:
+def _cluster_demo(st: State, nodes: int, plugin: str, plugin_source: str | None, say: Any, plot: Path | None) -> None:
     from netplugin.core.errors import NetpluginError
     from netplugin.frontends.lab.demo_cluster import run_cluster_demo
 
     report = run_cluster_demo(nodes, plugin=plugin, plugin_source=plugin_source, progress=say)
-    st.emit(report.to_dict(), None)
+    doc = report.to_dict()
+    if plot is not None and report.routes_after_start_ms:
+        from netplugin.frontends.lab.demoplot import plot_cluster
+
+        plot_cluster(report, plot)
+        doc["plot"] = str(plot)
+        say(f"plot of this run: {plot}")
+    st.emit(doc, None)
     if not report.ok:
         failed = [f"{a} -> {b} failed" for a, b, ok in report.checks if not ok]
         raise NetpluginError("cluster demo failed: " + "; ".join(failed + report.leftovers))
@@ -103,7 +152,10 @@ def _cluster_demo(st: State, nodes: int, plugin: str, plugin_source: str | None,
     "--out", "out_dir", metavar="DIR", help="Write BENCHMARKS.md, results.json and plots/ here (default: the checkout)."
 )
 @click.option("--pods", type=AsciiIntRange(1, 250), help="Pods in the per-pod figure (default 60).")
-def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
+@click.option(
+    "--no-plots", is_flag=True, help="Draw no plots. Without it, a run without matplotlib is refused (exit 2)."
+)
+def bench(quick: bool, out_dir: str | None, pods: int | None, no_plots: bool) -> None:
     """Run the benchmarks of BENCHMARKS.md as root, from a checkout with the bench extra installed.
 
     \b
@@ -117,7 +169,7 @@ def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
     from netplugin.core.errors import SystemFailure
 
     # bench/ is a top-level package of the checkout, beside netplugin/, not part of the installed package.
-    pkg = Path(__file__).resolve().parents[3] / "bench"
+    pkg = Path(__file__).resolve().parents[4] / "bench"
     spec = importlib.util.spec_from_file_location("bench", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
     if spec is None or spec.loader is None or not (pkg / "__init__.py").is_file():
         raise SystemFailure("cannot find the benchmark harness", str(pkg), "run netplugin from a checkout")
@@ -127,6 +179,7 @@ def bench(quick: bool, out_dir: str | None, pods: int | None) -> None:
     argv = ["--quick"] if quick else []
     argv += ["--out", out_dir] if out_dir else []
     argv += ["--pods", str(pods)] if pods else []
+    argv += ["--no-plots"] if no_plots else []
     raise click.exceptions.Exit(module.main(argv))
 
 
