@@ -63,6 +63,17 @@ def _node(net: Network) -> str:
     return f"{NETNS_DIR}/{net.bridge}n"
 
 
+def _check_mapped(net: Network, pod: Pod) -> None:
+    """After the warm-up setup (not a timed one): the pod's TCP hostPort is in its node's rules, so the
+    figure times real work. iptables-save too: CNI portmap may use iptables-legacy."""
+    port = str(_mappings(pod)[0]["hostPort"])
+    with entered(_node(net)):
+        text = "".join(subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+                       for argv in (["nft", "list", "ruleset"], ["iptables-save", "-t", "nat"]))  # fmt: skip
+    if port not in text:
+        raise BenchError(f"hostPort {port} of {pod.infra_id} is in no rule of {_node(net)}")
+
+
 class PortmapChainContender(CniContender):
     """A: the conflist [bridge, portmap], each plugin exec'd in turn, inside its node netns."""
 
@@ -93,6 +104,8 @@ class PortmapChainContender(CniContender):
                 raise BenchError(f"A bridge ADD {pod.infra_id} failed: {(err or out).decode(errors='replace')[-600:]}")
             self.results[pod.infra_id] = out  # libcni's cache: DEL gets the final result
             self._exec(*self._portmap("ADD", pod, out), f"A portmap ADD {pod.infra_id}")
+        if pod.index == 0:
+            _check_mapped(self.net, pod)
 
     def teardown(self, pod: Pod) -> None:
         prev = self.results.pop(pod.infra_id, b"{}")
@@ -134,6 +147,8 @@ class DaemonHostPortContender(DaemonOwner):
 
     def setup(self, pod: Pod) -> None:
         self._cni("ADD", pod)
+        if pod.index == 0:
+            _check_mapped(self.net, pod)
 
     def teardown(self, pod: Pod) -> None:
         self._cni("DEL", pod)
