@@ -20,6 +20,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from .contenders import reference_version
 from .context import Network, RunContext, bridge_plugin_dir, install_exec_plugin
 from .daemon import DaemonContender
 from .harness import Factory, Live, Plan, open_contenders, per_pod_series, stat_row
@@ -32,7 +33,7 @@ __all__ = ["CHAIN_KEYS", "fig_chain"]
 RATE = 100_000_000  # bits per second, both directions
 BURST = 4_000_000  # bits (500 kB)
 CHAIN_LABELS = {
-    "A": "CNI chain: bridge + host-local + bandwidth v1.10 (exec'd as libcni does)",
+    "A": "CNI chain: bridge + host-local + bandwidth {version} (exec'd as libcni does)",
     "O": "CNI chain: bridge + host-local + bandwidth 1.1.1, Debian's (exec'd as libcni does)",
     "C": "netplugin daemon, chain [exec_plugins/bridge, exec_plugins/bandwidth]",
     "D": "netplugin daemon, chain [netplugin.io/bridge, exec_plugins/bandwidth]",
@@ -118,7 +119,8 @@ def fig_chain(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool
     for fid, title, samples in (("chain-setup", "setup", setups), ("chain-teardown", "teardown", teardowns)):
         f = Figure(fid, f"Chain: per-pod {title} with a bridge and a bandwidth plugin ({n} pods)", "ms",
                    ["median", "p90"], ratio_column="median", samples=samples)
-        f.rows = [stat_row(live, k, CHAIN_LABELS[k], samples[k], ["median", "p90"]) for k in keys]
+        labels = {k: CHAIN_LABELS[k].format(version=reference_version("A")) for k in keys}
+        f.rows = [stat_row(live, k, labels[k], samples[k], ["median", "p90"]) for k in keys]
         f.params = {"pods": n}
         f.notes = [
             f"Every pod shaped both ways at {RATE // 1_000_000} Mbit/s, burst {BURST // 8_000} kB: the same tbf, ifb "

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .contenders import cni_dir
+from .contenders import cni_dir, reference_version
 from .context import RunContext
 from .daemon import health_request
 from .harness import Live, Plan, stat_row
@@ -35,7 +35,7 @@ from .util import REPO, BenchError, SubnetPool, ms
 __all__ = ["CONTAINERD_LABELS", "fig_containerd"]
 
 CONTAINERD_LABELS = {
-    "A": "containerd + CNI bridge + host-local v1.10",
+    "A": "containerd + CNI bridge + host-local {version}",
     "N": "containerd + netplugin-cni (compiled) -> daemon + netplugin.io/bridge (native)",
     "HOST": "floor: containerd, host-network sandbox (no CNI call)",
 }
@@ -173,7 +173,8 @@ def _figures(live: Live, runs: dict[str, list[float]], stops: dict[str, list[flo
     fig_stop = Figure(f"containerd{v}-stop", f"{name} StopPodSandbox ({n} x {rounds} per row, interleaved)", "ms",
                       cols, ratio_column="median", samples=stops)  # fmt: skip
     for fig, data in ((fig_run, runs), (fig_stop, stops)):
-        rows = [stat_row(live, k, CONTAINERD_LABELS[k], data[k], cols) for k in CONTAINERD_LABELS]
+        labels = {k: label.format(version=reference_version("A")) for k, label in CONTAINERD_LABELS.items()}
+        rows = [stat_row(live, k, labels[k], data[k], cols) for k in CONTAINERD_LABELS]
         floor = next((r.values.get("median") for r in rows if r.key == "HOST"), None)
         for row in rows:
             med = row.values.get("median")

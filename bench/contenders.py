@@ -3,6 +3,7 @@
 A  the reference CNI ``bridge`` + ``host-local`` plugins v1.10 (scripts/build-peers.sh builds them
    into ``$NETPLUGIN_PEERS/cni``), exec'd the way libcni does it: CNI_* environment, the network
    config on stdin. O is the same with Debian's containernetworking-plugins 1.1.1, the old reference.
+   Without the peer build, A falls back to Debian's 1.1.1 (and O, the same plugins, is left out).
 B  the ``netplugin`` CLI (a new process per action) with ``exec_plugins/bridge``.
 C  the daemon (``netplugin serve``) with ``exec_plugins/bridge``; the benchmark is its client.
 D  the daemon with the in-process plugin ``netplugin.io/bridge``.
@@ -21,7 +22,10 @@ floor (:mod:`bench.floor`: E).
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import subprocess
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
@@ -31,7 +35,7 @@ from .util import Pod
 if TYPE_CHECKING:
     from .context import Network
 
-__all__ = ["CNI_DIR", "CONTENDERS", "LABELS", "PEERS_ENV", "Contender", "cni_dir"]
+__all__ = ["CNI_DIR", "CONTENDERS", "LABELS", "PEERS_ENV", "Contender", "a_is_fallback", "cni_dir", "reference_version"]
 
 #: Debian's containernetworking-plugins (1.1.1): contender O
 CNI_DIR = "/usr/lib/cni"
@@ -39,17 +43,44 @@ CNI_DIR = "/usr/lib/cni"
 PEERS_ENV = "NETPLUGIN_PEERS"
 
 
-def cni_dir(key: str) -> str:
-    """The CNI plugin directory of reference contender ``key`` (A: v1.10, O: Debian's 1.1.1); "" if not built."""
-    if key == "O":
-        return CNI_DIR
+def _peer_cni_dir() -> str:
     peers = os.environ.get(PEERS_ENV, "")
     return os.path.join(peers, "cni") if peers else ""
 
 
+def a_is_fallback() -> bool:
+    """True when the v1.10 plugins are not built, so that A is Debian's 1.1.1."""
+    d = _peer_cni_dir()
+    return not (d and os.access(os.path.join(d, "bridge"), os.X_OK))
+
+
+def cni_dir(key: str) -> str:
+    """The CNI plugin directory of reference contender ``key``: A v1.10 (Debian's 1.1.1 as the fallback),
+    O Debian's 1.1.1."""
+    return CNI_DIR if key == "O" or a_is_fallback() else _peer_cni_dir()
+
+
+@functools.cache
+def reference_version(key: str) -> str:
+    """The version of reference contender ``key``'s CNI plugins: the module version Go built into its
+    ``bridge`` ("v1.10.0"), else (Debian's build carries none) the Debian package's."""
+    try:
+        with open(os.path.join(cni_dir(key), "bridge"), "rb") as f:
+            found = re.search(rb"\tgithub\.com/containernetworking/plugins\t(v[0-9][0-9A-Za-z.+-]*)", f.read())
+    except OSError:
+        return "not found"
+    if found:
+        return found.group(1).decode()
+    query = ["dpkg-query", "-W", "-f", "${Version}", "containernetworking-plugins"]
+    done = subprocess.run(query, capture_output=True, text=True, check=False)
+    return f"{done.stdout.strip()} (Debian)" if done.returncode == 0 and done.stdout.strip() else "unknown"
+
+
 #: key -> one-line description, in report order
 CONTENDERS = {
-    "A": "CNI bridge + host-local v1.10 (exec per ADD/DEL)",
+    "A": "CNI bridge + host-local "
+    + ("1.1.1, Debian's (fallback: the v1.10 peers are not built)" if a_is_fallback() else "v1.10")
+    + " (exec per ADD/DEL)",
     "B": "netplugin CLI + exec_plugins/bridge",
     "C": "netplugin daemon + exec_plugins/bridge",
     "D": "netplugin daemon + netplugin.io/bridge (native)",

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .contenders import CONTENDERS
+from .contenders import CONTENDERS, reference_version
 
 __all__ = [
     "Figure", "Meta", "Row", "Target", "cell", "column_header", "evaluate_targets", "findings", "meets", "part_of",
@@ -158,7 +158,7 @@ def evaluate_targets(figures: Sequence[Figure]) -> list[Target]:
 
     setup = _get(figs, "setup")
     for key, limit in (("D", 0.5), ("C", 1.0)):
-        text = f"{key} per-pod setup median ≤ {limit}x A's ADD median"
+        text = f"{key} per-pod setup median ≤ {limit}x {_ref()}'s ADD median"
         r = setup.ratio(key) if setup else None
         if r is None:
             out.append(Target(f"setup-{key}", text, "not measured", f"{limit}x", None,
@@ -170,7 +170,7 @@ def evaluate_targets(figures: Sequence[Figure]) -> list[Target]:
 
     drain = _get(figs, "drain")
     n = drain.params.get("pods", 100) if drain else 100
-    text = f"{n}-pod drain with D ≤ 0.3x A's {n} sequential DELs"
+    text = f"{n}-pod drain with D ≤ 0.3x {_ref()}'s {n} sequential DELs"
     r = drain.ratio("D") if drain else None
     if drain is not None and r is not None:
         detail = f"D {_fmt(drain.value('D', 'median'))} ms vs A {_fmt(drain.value('A', 'median'))} ms"
@@ -247,9 +247,10 @@ def _runtime_targets(figs: dict[str, Figure]) -> list[Target]:
     out: list[Target] = []
     add, dl, burst = _get(figs, "runtime-add"), _get(figs, "runtime-del"), _get(figs, "runtime-burst")
     for key, limit, what in (("G", 0.8, "native plugin"), ("F", 1.5, "bash plugin")):
-        text = f"compiled shim ADD process with the daemon up ({what}, {key}) ≤ {limit}x A's ADD (medians)"
+        text = f"compiled shim ADD process with the daemon up ({what}, {key}) ≤ {limit}x {_ref()}'s ADD (medians)"
         out.append(_ratio_target(add, f"shim-add-{key}", key, limit, text))
-    out.append(_ratio_target(dl, "shim-del-G", "G", 1.0, "compiled shim DEL process (G) ≤ 1.0x A's DEL (medians)"))
+    text = f"compiled shim DEL process (G) ≤ 1.0x {_ref()}'s DEL (medians)"
+    out.append(_ratio_target(dl, "shim-del-G", "G", 1.0, text))
     h = add.value("H", "median") if add else None
     p = add.value("P", "median") if add else None
     text = "CLI setup through the daemon (H, no-op exec plugin) within 10 ms of `python -I -S -c pass` (P), medians"
@@ -259,15 +260,33 @@ def _runtime_targets(figs: dict[str, Figure]) -> list[Target]:
         out.append(_upper("cli-thin", text, f"{h - p:+.2f} ms", "≤ +10 ms", f"H {_fmt(h)} ms, P {_fmt(p)} ms"))
     n = burst.params.get("burst", 20) if burst else 20
     for key, limit in (("G", 0.8), ("F", 1.2)):
-        text = f"{n} concurrent compiled shim ADD processes ({key}) ≤ {limit}x A's burst makespan (medians)"
+        text = f"{n} concurrent compiled shim ADD processes ({key}) ≤ {limit}x {_ref()}'s burst makespan (medians)"
         out.append(_ratio_target(burst, f"shim-burst-{key}", key, limit, text))
-    return [*out, _containerd_target(figs)]
+    return [*out, _containerd_target(figs), *_hostport_targets(figs)]
+
+
+def _hostport_targets(figs: dict[str, Figure]) -> list[Target]:
+    """Issue 29: bridge + hostPort through the daemon against CNI's bridge + host-local + portmap."""
+    setup, down = _get(figs, "hostport-setup"), _get(figs, "hostport-teardown")
+    chain = f"{_ref()}'s bridge + portmap chain"
+    what = "bridge + hostPort through the daemon"
+    return [
+        _ratio_target(setup, "hostport-setup-N", "N", 0.8, f"{what}, built in (N): setup ≤ 0.8x {chain}"),
+        _ratio_target(setup, "hostport-setup-B", "B", 1.5, f"{what}, bash (B): setup ≤ 1.5x {chain}"),
+        _ratio_target(down, "hostport-teardown-N", "N", 1.0, f"{what}, built in (N): teardown ≤ 1.0x {chain}'s"),
+        _ratio_target(down, "hostport-teardown-B", "B", 1.0, f"{what}, bash (B): teardown ≤ 1.0x {chain}'s"),
+    ]
+
+
+def _ref() -> str:
+    """Contender A as the targets name it: its CNI plugins' version."""
+    return f"A (CNI {reference_version('A')})"
 
 
 def _containerd_target(figs: dict[str, Figure]) -> Target:
     """Issue 18: RunPodSandbox's time above the host-network floor, netplugin (N) against the stock bridge (A)."""
     run = _get(figs, "containerd-run")
-    text = "containerd RunPodSandbox with netplugin (N): time above the host-network floor ≤ 1.0x the stock bridge's"
+    text = f"containerd RunPodSandbox with netplugin (N): time above the host-network floor ≤ 1.0x {_ref()}'s"
     n_above = run.value("N", "above floor") if run else None
     a_above = run.value("A", "above floor") if run else None
     if n_above is None or a_above is None:

@@ -24,7 +24,7 @@ from .chain import fig_chain
 from .cluster import fig_cluster
 from .coldstart import fig_coldstart
 from .containerd import fig_containerd
-from .contenders import CONTENDERS, PEERS_ENV, cni_dir
+from .contenders import CONTENDERS, PEERS_ENV, a_is_fallback, cni_dir, reference_version
 from .context import RunContext, clean_environ, cli_command, leftovers, with_checkout
 from .daemon import Daemon
 from .harness import Plan
@@ -124,6 +124,8 @@ def _machine() -> dict[str, str]:
         "pyroute2": pyroute2,
         "iproute2": _cmd(["ip", "-V"]),
         "containernetworking-plugins": _cmd(["dpkg-query", "-W", "-f", "${Version}", "containernetworking-plugins"]),
+        "CNI plugins of A": f"{reference_version('A')} in {cni_dir('A')}"
+        + (" (the fallback: the v1.10 peers are not built)" if a_is_fallback() else " (scripts/build-peers.sh)"),
         "bash": _cmd(["bash", "-c", "echo $BASH_VERSION"]),
     }
 
@@ -165,10 +167,14 @@ def _availability(ctx: RunContext, wanted: str) -> tuple[dict[str, str], dict[st
         d = cni_dir(key)
         if not (d and os.access(f"{d}/bridge", os.X_OK) and os.access(f"{d}/host-local", os.X_OK)):
             missing[key] = f"{d or '(no dir)'}/bridge or host-local not found: {hint}"
-        elif key == "O":
-            ok[key] = f"{d}/bridge ({_cmd(['dpkg-query', '-W', '-f', '${Version}', 'containernetworking-plugins'])})"
+        elif key == "O" and a_is_fallback():
+            missing[key] = f"A is {d}'s plugins itself: the v1.10 peers are not built ({CNI_HINTS['A']})"
+        elif key == "O" or a_is_fallback():
+            ok[key] = f"{d}/bridge ({reference_version(key)})"
+            if key == "A":
+                ok[key] += f"; the fallback: v1.10 is not built ({CNI_HINTS['A']})"
         else:
-            ok[key] = f"{d}/bridge (v1.10, scripts/build-peers.sh)"
+            ok[key] = f"{d}/bridge ({reference_version(key)}, scripts/build-peers.sh)"
     done = subprocess.run([*ctx.cli, "--version"], capture_output=True, text=True, env=clean_environ(),
                           stdin=subprocess.DEVNULL, timeout=60)
     if done.returncode != 0:
@@ -290,7 +296,7 @@ def _run_figures(ctx: RunContext, plan: Plan, args: argparse.Namespace, out: _Ou
         ("cluster", lambda: fig_cluster(plan.quick, _say)),
         ("bigcluster", lambda: fig_bigcluster(plan.quick, _say)),
         ("chain", lambda: fig_chain(ctx, plan, keys, pool)),
-        ("hostport", lambda: fig_hostport(ctx, plan, list(HOSTPORT_KEYS))),
+        ("hostport", lambda: fig_hostport(ctx, plan, list(HOSTPORT_KEYS), pool)),
     ]
     only = _only(args)
     for name, step in steps:

@@ -87,7 +87,7 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
 
     # Every target is stated as met, missed or not measured; none is silently dropped.
     targets = _table(md, "## Targets")
-    assert len(targets) == 18  # issue 18 added: shim DEL, containerd, D's growth against E's
+    assert len(targets) == 22  # issue 18 added: shim DEL, containerd, D's growth against E's; issue 29: hostPort chain
     assert all(t[3] in ("**met**", "**MISSED**", "not measured") for t in targets)
 
     # Each available contender has a per-pod setup and teardown row whose numbers parse and are positive.

@@ -227,6 +227,18 @@ class RawNetlink:
         mac = ":".join(f"{b:02x}" for b in addr) if addr is not None and len(addr) == 6 else None
         return index, (int(U32.unpack_from(peer)[0]) if peer is not None and len(peer) >= 4 else None), mac
 
+    def up_bridge(self, ifname: str) -> int | None:
+        """The ifindex of ``ifname`` when it is a bridge and up, else None (absent, down, another kind)."""
+        err, answer = self.transact([(RTM_GETLINK, 0, ifinfo() + str_attr(IFLA_IFNAME, ifname))])[0]
+        if err == errno.ENODEV:
+            return None
+        if err:
+            raise KernelError(err, f"get link {ifname}: {os.strerror(err)}")
+        _family, _type, index, flags, _change = IFINFO.unpack_from(answer)
+        info = find_attr(answer, IFINFO.size, IFLA_LINKINFO)
+        kind = find_attr(info, 0, IFLA_INFO_KIND) if info is not None else None
+        return int(index) if flags & IFF_UP and kind is not None and kind.rstrip(b"\0") == b"bridge" else None
+
     def add_veth(self, name: str, peer: str, netns_fd: int, mtu: int, master: int) -> None:
         """A bridge port for a pod, in one sendmsg: ``ip link add NAME mtu MTU master M type veth peer
         name PEER mtu MTU netns FD``; ``addr_gen_mode none`` and ``hairpin on`` on NAME; NAME up.

@@ -387,11 +387,14 @@ def _bridge_settings(node: Node) -> BridgeSettings | None:
 
 
 def check_bridge_netfilter(node: Node) -> Check:
+    from netplugin.plugins.bridge.mtu import node_links
     from netplugin.plugins.bridge.sysctls import bridge_netfilter_off
 
     s = _bridge_settings(node)
-    brif = f"/sys/class/net/{s.name}/brif" if s is not None else ""
-    ports = os.listdir(brif) if brif and os.path.isdir(brif) else []
+    # netlink, not /sys/class/net/BRIDGE/brif: sysfs may show another netns's links (see node_links)
+    links = node_links() if s is not None else []
+    bridges = {link.index for link in links if s is not None and link.name == s.name}
+    ports = [link.name for link in links if link.master is not None and link.master in bridges]
     if s is None or not ports:
         return Check("bridge_netfilter", "no bridge serving pods")
     off = bridge_netfilter_off(n.version for n in s.subnets)

@@ -263,7 +263,9 @@ def _leftovers(bridge: str, ipam_dir: Path, pods: list[PodRef]) -> list[str]:
     if ports:
         found.append(f"veths still on {bridge}: {ports}")
     # the bandwidth plugin's ifb: "nbw" + the hash digits the bridge puts in its veth names
-    ifbs = [n for n in ("nbw" + host_veth_name(p.infra_id)[2:] for p in pods) if os.path.exists(f"/sys/class/net/{n}")]
+    # /proc/sys/net, not /sys/class/net: the first is this process's netns even under a bare nsenter
+    names = ("nbw" + host_veth_name(p.infra_id)[2:] for p in pods)
+    ifbs = [n for n in names if os.path.exists(f"/proc/sys/net/ipv4/conf/{n}")]
     held = sorted(os.listdir(ipam_dir / "ips")) if (ipam_dir / "ips").is_dir() else []
     if held:
         found.append(f"addresses still allocated: {', '.join(held)}")

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from netplugin.core.errors import NetpluginError, PluginError, PluginFailed, PluginTimeout
 from netplugin.core.extras import require
 from netplugin.core.names import PodRef
-from netplugin.core.netlink import IFF_UP, KernelError, RawNetlink, drop_root_netlink, netns_netlink, root_netlink
+from netplugin.core.netlink import KernelError, RawNetlink, drop_root_netlink, netns_netlink, root_netlink
 from netplugin.core.netns import netns_socket, open_netns
 from netplugin.core.plugin import CallContext, PodNetworkStatus
 from netplugin.plugins.bridge.mtu import DEFAULT_MTU, IPV6_MIN_MTU, node_links, read_record, underlay_mtu, write_record
@@ -69,48 +69,15 @@ __all__ = ["PLUGIN_NAME", "NativeBridgePlugin"]
 PLUGIN_NAME = "netplugin.io/bridge"
 
 
-# sysfs shows the links of the netns it was mounted in: ours, unless netplugin runs in a container
-# with a private /sys; then every lookup asks netlink.
-_SYSFS = os.path.isdir("/sys/class/net/lo")
+# Links are looked up over netlink, never in /sys/class/net: sysfs shows the links of the netns it
+# was mounted in, which under a bare `nsenter --net` (containerd, a daemon entering a node netns) is
+# the root netns, not the caller's.
 
 
 def _root_ifindex(name: str) -> int | None:
-    """The root-netns ifindex of ``name`` (reading sysfs is cheaper than a netlink get)."""
-    if _SYSFS:
-        try:
-            with open(f"/sys/class/net/{name}/ifindex", "rb") as f:
-                return int(f.read())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
-            pass  # raced with a deletion, or odd content: ask netlink
+    """The ifindex of ``name`` in the caller's network namespace."""
     found = root_netlink().link(name)
     return None if found is None else found[0]
-
-
-def _bridge_up_index(name: str) -> int | None:
-    """The ifindex of ``name`` if it is a bridge and up, else None."""
-    if _SYSFS:
-        try:
-            with open(f"/sys/class/net/{name}/flags", "rb") as f:
-                flags = int(f.read(), 16)
-            with open(f"/sys/class/net/{name}/ifindex", "rb") as f:
-                index = int(f.read())
-        except (OSError, ValueError):
-            return None
-        return index if flags & IFF_UP and os.path.isdir(f"/sys/class/net/{name}/bridge") else None
-    return None  # without sysfs: let init check (and fix) the bridge
-
-
-def _set_hairpin(name: str, index: int) -> None:
-    if _SYSFS:
-        try:
-            with open(f"/sys/class/net/{name}/brport/hairpin_mode", "w") as f:
-                f.write("1")
-            return
-        except OSError:
-            pass
-    root_netlink().hairpin(index)
 
 
 def _in_event_loop() -> bool:
@@ -394,7 +361,7 @@ class NativeBridgePlugin:
         """The pod's addresses in the settings' family order (one per family), and its interface's MAC
         (read with the link it inspects anyway, so the CNI result needs no second netns entry)."""
         step.what = f"check bridge {s.name}"
-        bridge = _bridge_up_index(s.name)
+        bridge = root_netlink().up_bridge(s.name)
         if bridge is None:
             bridge = self._init(s, step)  # like the bash plugin: missing or down -> init
         ipam = self.ipam(s)
@@ -422,7 +389,7 @@ class NativeBridgePlugin:
                     root.attach(existing, mtu, bridge)
                     index = existing
                     step.what = f"enable hairpin on {host}"
-                    _set_hairpin(host, index)
+                    root.hairpin(index)
                 else:
                     if existing is not None:
                         step.what = f"delete stale veth {host}"

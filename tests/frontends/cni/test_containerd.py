@@ -157,11 +157,12 @@ class CniNet:
         return path
 
     def start_daemon(self, config: Path, netns: str | None = None) -> subprocess.Popen[bytes]:
-        """``netplugin serve`` with ``config``, in the named netns (its own /sys) when given."""
+        """``netplugin serve`` with ``config``, in the named netns when given: entered with a bare
+        ``nsenter --net``, as containerd enters a node (its /sys stays the root netns's)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
         env["NETPLUGIN_CONFIG"] = str(config)
         log = open(self.tmp / "daemon.log", "wb")  # noqa: SIM115 -- the daemon writes it until close()
-        inside = ["ip", "netns", "exec", netns] if netns else []
+        inside = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
         self.daemon = subprocess.Popen(
             [*inside, sys.executable, "-m", "netplugin", "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
         )

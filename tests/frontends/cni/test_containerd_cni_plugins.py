@@ -98,8 +98,8 @@ def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
 
 
 def chained_conflist(net: CniNet, node: Node) -> dict[str, Any]:
-    """The conflist, and netplugin's daemon started in the node (as the DaemonSet runs it: ``ip netns
-    exec`` gives it the node's /sys, which the bridge plugins read; containerd is only nsenter'ed)."""
+    """The conflist, and netplugin's daemon started in the node (entered with a bare ``nsenter --net``,
+    as containerd is: nothing netplugin decides comes from /sys, which stays the root netns's)."""
     config = net.daemon_config()
     text = config.read_text().replace("plugin: bridge\n", "plugin: netplugin.io/bridge\n")
     # the node netns is the test's: forwarding (for the underlay's DNATed traffic) and br_netfilter on
