@@ -36,6 +36,7 @@ nodes. A node leaving the cluster loses its routes on every other node.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError, NetpluginError
 from netplugin.core.node import NodeInfo
+from netplugin.core.plugin import REPAIR_KINDS
 from netplugin.frontends.daemon import metrics
 from netplugin.frontends.daemon.metrics import family
 from netplugin.hosts.base import ClusterHost
@@ -56,7 +58,9 @@ if TYPE_CHECKING:
 
     from netplugin.core.config import Config
     from netplugin.frontends.daemon.kernelwatch import KernelWatch
+    from netplugin.frontends.daemon.podrepair import PodRepairer
     from netplugin.hosts import Host
+    from netplugin.manager.manager import Manager
     from netplugin.nodenet.egress import Egress, EgressRules
     from netplugin.nodenet.forward import Forward
     from netplugin.nodenet.routes import RouteReport, RouteTable
@@ -84,6 +88,7 @@ class NodeKeeper:
         egress: Egress | None = None,
         forward: Forward | None = None,
         on_pod_deleted: Callable[[str, str], None] | None = None,
+        pods: Callable[[], Manager] | None = None,
     ) -> None:
         self.config = config
         self.host = host
@@ -119,10 +124,16 @@ class NodeKeeper:
         self._repair: set[str] = set()
         self.repairs: Counter[str] = Counter()
         self._watch: KernelWatch | None = None
+        self._lock = threading.Lock()
+        #: pod-level self-repair (its chains' ``repair``), with the daemon's manager
+        self.pods: PodRepairer | None = None
+        if pods is not None:
+            from netplugin.frontends.daemon.podrepair import PodRepairer
+
+            self.pods = PodRepairer(pods, self.repairs, self._lock)
         self._kick = threading.Event()
         self._first = threading.Event()  #: the first pass is over (whatever it found)
         self._stop = threading.Event()
-        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     # --- life cycle ------------------------------------------------------------------------------
@@ -134,17 +145,20 @@ class NodeKeeper:
         inside the daemon's."""
         if self.cluster is not None:
             self.cluster.start_watching(self.kick, on_pod_deleted=self.on_pod_deleted)
-        if self.routes is not None or self.egress is not None:
+        if self.routes is not None or self.egress is not None or self.pods is not None:
             from netplugin.frontends.daemon.kernelwatch import KernelWatch
             from netplugin.nodenet.routes import RTPROT_NETPLUGIN
 
-            watch = KernelWatch(self.repair, route_protocol=RTPROT_NETPLUGIN)
+            on_lost = self.pods.lost if self.pods is not None else None
+            watch = KernelWatch(self.repair, route_protocol=RTPROT_NETPLUGIN, on_lost=on_lost)
             try:
                 watch.start()
                 self._watch = watch
             except OSError as e:  # routes and egress are still kept, by the periodic pass only
                 watch.stop()
                 log.warning("cannot watch the kernel's route changes (%s): no self-repair", e)
+        if self.pods is not None:
+            self.pods.start()
         self._thread = threading.Thread(target=self._loop, name="netplugin-nodes", daemon=True)
         self._thread.start()
         if not self.watching:
@@ -153,6 +167,8 @@ class NodeKeeper:
     def stop(self) -> None:
         if self._watch is not None:
             self._watch.stop()
+        if self.pods is not None:
+            self.pods.stop()
         self._stop.set()
         self._kick.set()
         if self._thread is not None:
@@ -175,7 +191,7 @@ class NodeKeeper:
         self._kick.set()
 
     def repair(self, kinds: set[str]) -> None:
-        """The kernel changed where netplugin's ``kinds`` ("route", "egress") live: check them now."""
+        """The kernel changed where netplugin's ``kinds`` ("route", "egress", "hostport") live: check them now."""
         with self._lock:
             self._repair |= kinds
         self._kick.set()
@@ -183,6 +199,10 @@ class NodeKeeper:
     def _repair_now(self, kinds: set[str]) -> None:
         """Put back what a kernel change removed (on the keeper's thread, which owns the routes)."""
         start = time.monotonic()
+        if "hostport" in kinds and self.pods is not None:
+            self._repair_hostports(start)
+        if self.nodes is None:
+            return
         egress_gone = False
         if "egress" in kinds and self.egress is not None and self.egress_rules is not None and not self.departed:
             try:
@@ -199,8 +219,24 @@ class NodeKeeper:
         if "route" in kinds and added:
             fixed.append(("route", f"routes re-added: {', '.join(added)}"))
         for kind, what in fixed:
+            self._repaired(kind, what, start)
+
+    def _repaired(self, kind: str, what: str, start: float) -> None:
+        with self._lock:
             self.repairs[kind] += 1
-            log.warning("repair (%s) in %.3fs: %s", kind, time.monotonic() - start, what)
+        log.warning("repair (%s) in %.3fs: %s", kind, time.monotonic() - start, what)
+
+    def _repair_hostports(self, start: float) -> None:
+        """The hostPort table, rebuilt from its records when a pod holds hostPorts and it is gone."""
+        from netplugin.plugins.hostport import restore_table
+
+        try:
+            done = restore_table(os.path.join(self.config.state_dir, "hostport"))
+        except NetpluginError as e:
+            log.error("repair: cannot restore the hostPort table: %s", e.message)
+            return
+        if done is not None:
+            self._repaired("hostport", done, start)
 
     def _synced(self) -> bool:
         cache = self.cluster.cache if self.cluster is not None else None
@@ -212,7 +248,7 @@ class NodeKeeper:
         while not self._stop.is_set():
             with self._lock:
                 repair, self._repair = self._repair, set()
-            if repair and self.nodes is not None:
+            if repair:
                 self._repair_now(repair)
             if self.watching and not self._synced():
                 self._kick.wait(0.2)  # until the first LIST is in: never act on an empty view
@@ -352,6 +388,7 @@ class NodeKeeper:
                 "last_sync_seconds": round(self.sync_seconds, 4),
                 "error": self.error,
                 "repairs": dict(self.repairs),
+                "broken": dict(self.pods.broken) if self.pods is not None else {},
             }
             if self.report is not None:
                 out.update(self.report.to_dict())
@@ -366,7 +403,8 @@ class NodeKeeper:
 
         Each is ``{kind, node, cidr, reason}`` (``node``/``cidr`` empty when they do not apply);
         ``kind`` is a route problem's kind (:data:`netplugin.nodenet.routes.PROBLEM_KINDS`),
-        ``bad_node`` (a Node that cannot be read), or ``watch`` (a list+watch that is failing).
+        ``bad_node`` (a Node that cannot be read), ``watch`` (a list+watch that is failing), or
+        ``broken_pod`` (a ready pod whose host interface is gone: :mod:`.podrepair`).
         """
         with self._lock:
             report = self.report
@@ -379,6 +417,10 @@ class NodeKeeper:
             bad = self.cluster.node_problems()
             out += [{"kind": "bad_node", "node": n, "cidr": "", "reason": why} for n, why in bad]
             cache = self.cluster.cache
+        if self.pods is not None:
+            with self._lock:
+                broken = sorted(self.pods.broken.items())
+            out += [{"kind": "broken_pod", "node": "", "cidr": "", "reason": f"pod {p}: {why}"} for p, why in broken]
         if watch is None:
             watch = cache.status() if cache is not None else {}
         for resource, st in (watch or {}).items():
@@ -414,14 +456,15 @@ class _Collector:
         yield family(metrics.NODE_ROUTE_PROBLEMS, value=len(report.problems) if report else 0)
         by_kind = family(metrics.NODE_PROBLEMS)
         kinds = Counter(p["kind"] for p in k.problems())
-        for kind in (*PROBLEM_KINDS, "bad_node", "watch"):
+        for kind in (*PROBLEM_KINDS, "bad_node", "watch", "broken_pod"):
             by_kind.add_metric([kind], kinds.get(kind, 0))
         yield by_kind
         yield family(metrics.NODES, value=len(nodes or []))
         yield family(metrics.NODE_SYNCS, value=syncs)
         repairs = family(metrics.REPAIRS)
-        for kind in ("route", "egress"):
-            repairs.add_metric([kind], k.repairs[kind])
+        with k._lock:
+            for kind in REPAIR_KINDS:
+                repairs.add_metric([kind], k.repairs[kind])
         yield repairs
         if k.cluster is not None:
             yield from _cluster_metrics(k.cluster)

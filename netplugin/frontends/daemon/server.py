@@ -129,7 +129,9 @@ class Daemon:
         manager.on_action = log_action  # one log line per pod action
         self.metrics_address: str | None = None
         self.gc = GcKeeper(lambda: self._live.manager, self.metrics.registry)
-        self.nodes = NodeKeeper(config, manager.host, on_pod_deleted=self.gc.pod_deleted)
+        self.nodes = NodeKeeper(
+            config, manager.host, on_pod_deleted=self.gc.pod_deleted, pods=lambda: self._live.manager
+        )
         self.nodes.register(self.metrics.registry)
         self.stats = _Stats(started=time.monotonic())
         self._plugin: str | None = None
@@ -152,7 +154,6 @@ class Daemon:
     @property
     def manager(self) -> Manager:
         return self._live.manager
-
     @property
     def fingerprint(self) -> dict[str, Any]:
         return self._live.fingerprint
