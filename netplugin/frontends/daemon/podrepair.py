@@ -44,6 +44,11 @@ def _link_exists(name: str) -> bool:
     return True
 
 
+def _key(rec: PodRecord) -> str:
+    """``NS/NAME/INFRA_ID``: a pod's sandbox (as ``gc --forget`` names it)."""
+    return f"{rec.ref}/{rec.ref.infra_id}"
+
+
 def _host_interfaces(rec: PodRecord) -> list[str]:
     return [m.host_interface for m in rec.chain if m.ran and m.host_interface]
 
@@ -101,7 +106,7 @@ class PodRepairer:
         if manager.state is None:
             return
         records = [r for r in manager.state.scan().records if r.state == READY]
-        live = {str(r.ref) for r in records}
+        live = {_key(r) for r in records}
         with self._lock:
             for pod in [p for p in self.broken if p not in live]:
                 del self.broken[pod]  # torn down (or its record gone): no longer broken
@@ -111,7 +116,7 @@ class PodRepairer:
                 self._pod(manager, rec, hifs)
 
     def _pod(self, manager: Manager, rec: PodRecord, hifs: list[str]) -> None:
-        pod = str(rec.ref)
+        pod = _key(rec)
         missing = [h for h in hifs if not _link_exists(h)]
         if missing:
             why = f"host interface {', '.join(missing)} is gone: the pod needs a new sandbox (a new setup)"
