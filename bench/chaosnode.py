@@ -89,7 +89,7 @@ class ChaosNode:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for infra, _ in self.pods:
+        for infra, _addr in self.pods:
             _run("ip", "netns", "del", infra, check=False)
         _run("ip", "netns", "del", self.ns, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
