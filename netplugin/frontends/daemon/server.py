@@ -68,7 +68,7 @@ from netplugin.frontends.daemon.nativecalls import read_frame, run_frame
 from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 from netplugin.frontends.daemon.podqueue import Turns
 from netplugin.frontends.daemon.reconfig import Live, Reread, refused_text, reload_settings
-from netplugin.frontends.daemon.records import gc_answer, pods_answer, still_needed_answer
+from netplugin.frontends.daemon.records import PROGRESS, gc_answer, pods_answer, progress_sink, still_needed_answer
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.wire.codes import error_classes
 from netplugin.frontends.wire.protocol import (
@@ -328,6 +328,7 @@ class Daemon:
             if uid not in (0, os.geteuid()):
                 log.warning("refused a connection from uid %d (pid %d)", uid, pid)
                 return
+            PROGRESS.set(progress_sink(writer))  # this connection's task (and the workers it starts) only
             while True:
                 first = await reader.read(1)
                 if first == FRAME_MAGIC[:1]:  # the compiled shim's binary frame (a JSON line starts with "{")
