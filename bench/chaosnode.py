@@ -29,7 +29,7 @@ from typing import Any
 
 from netplugin.frontends.wire.client import NotSent, exchange
 
-__all__ = ["BREAKAGES", "ChaosNode", "veth_of"]
+__all__ = ["BREAKAGES", "BUILTIN_CHAIN", "EXEC_CHAIN", "ChaosNode", "veth_of"]
 
 REPO = Path(__file__).resolve().parents[1]
 _UNDERLAY = "10.206.0.71/24"
@@ -37,6 +37,11 @@ _POD_CIDR = "10.206.143.0/24"
 _GATEWAY = "10.206.143.1/24"
 _PEER_CIDR = "10.206.144.0/24"
 _HOST_PORT = 18080
+_SHAPED = "kubernetes.io/ingress-bandwidth"
+#: the chain the daemon runs by default: the built-in bridge and hostport members
+BUILTIN_CHAIN = ("netplugin.io/bridge", "netplugin.io/hostport")
+#: the shipped bash plugins: the bridge, then bandwidth shaping the first pod (its annotation)
+EXEC_CHAIN = ("bridge", "bandwidth")
 
 
 def veth_of(infra_id: str) -> str:
@@ -57,11 +62,12 @@ def _run(*argv: str, check: bool = True) -> str:
 class ChaosNode:
     """The node (``with ChaosNode(pods=3) as node``): daemon up, pods set up, all removed at exit."""
 
-    def __init__(self, pods: int = 3) -> None:
+    def __init__(self, pods: int = 3, chain: tuple[str, ...] = BUILTIN_CHAIN) -> None:
         self.tag = secrets.token_hex(3)
         self.ns = f"npc-{self.tag}"
         self.bridge = f"npc{self.tag}"
         self.npods = pods
+        self.chain = chain
         self.pods: list[tuple[str, str]] = []  #: (infra id = its netns name, its IP)
         self.dir = Path(tempfile.mkdtemp(prefix="netplugin-chaos-"))
         self.sock = str(self.dir / "run" / "netplugin.sock")
@@ -111,12 +117,13 @@ class ChaosNode:
         ports = [{"containerPort": 8080, "hostPort": _HOST_PORT, "protocol": "TCP"}]
         for i in range(self.npods):
             spec = {"containers": [{"name": "c", "ports": ports if i == 0 else []}]}
-            doc = {"kind": "Pod", "metadata": {"namespace": "chaos", "name": f"p{i}"}, "spec": spec}
+            meta = {"namespace": "chaos", "name": f"p{i}", "annotations": {_SHAPED: "10M"} if i == 0 else {}}
+            doc = {"kind": "Pod", "metadata": meta, "spec": spec}
             (pods / f"p{i}.json").write_text(json.dumps(doc))
         (self.dir / "netplugin.yaml").write_text(
-            f"state_dir: {self.dir}/state\nrun_dir: {self.dir}/run\nplugin_dir: {self.dir}\nhost: static\n"
+            f"state_dir: {self.dir}/state\nrun_dir: {self.dir}/run\nplugin_dir: {REPO / 'exec_plugins'}\nhost: static\n"
             f"pods_dir: {pods}\nnodes_dir: {nodes}\nnode_name: me\nmetrics_address: none\n"
-            "cluster_cidrs: [10.206.128.0/17]\nplugins: [netplugin.io/bridge, netplugin.io/hostport]\n"
+            f"cluster_cidrs: [10.206.128.0/17]\nplugins: [{', '.join(self.chain)}]\n"
             f"env:\n  NETPLUGIN_BRIDGE_NAME: {self.bridge}\n  NETPLUGIN_BRIDGE_SUBNET: {_POD_CIDR}\n"
             f"  NETPLUGIN_BRIDGE_STATE_DIR: {self.dir}/bridge\n  NETPLUGIN_BRIDGE_MTU: '1500'\n"
         )
@@ -197,7 +204,13 @@ class ChaosNode:
 
     def tables_ok(self) -> bool:
         tables = self.nft_tables()
-        return "table inet netplugin\n" in tables and "table inet netplugin_hostport" in tables
+        hostport = "netplugin.io/hostport" not in self.chain or "table inet netplugin_hostport" in tables
+        return "table inet netplugin\n" in tables and hostport
+
+    def qdisc_ok(self) -> bool:
+        return "qdisc tbf " in _run(
+            "ip", "netns", "exec", self.ns, "tc", "qdisc", "show", "dev", veth_of(self.pods[0][0])
+        )
 
     def routes_ok(self) -> bool:
         return [r["dst"] for r in json.loads(self.ip("-j", "route", "show", "proto", "78") or "[]")] == [_PEER_CIDR]
@@ -210,6 +223,10 @@ class ChaosNode:
         return self.wait(lambda: repaired(self), within, kind)
 
 
+def _tc_del(node: ChaosNode) -> None:
+    _run("ip", "netns", "exec", node.ns, "tc", "qdisc", "del", "dev", veth_of(node.pods[0][0]), "root")
+
+
 def _hairpin_off(node: ChaosNode) -> None:
     node.ip("link", "set", "dev", veth_of(node.pods[0][0]), "type", "bridge_slave", "hairpin", "off")
 
@@ -220,4 +237,5 @@ BREAKAGES: dict[str, tuple[Callable[[ChaosNode], object], Callable[[ChaosNode], 
     "bridge": (lambda n: n.ip("link", "del", n.bridge), ChaosNode.bridge_ok),
     "nft flush": (lambda n: _run("ip", "netns", "exec", n.ns, "nft", "flush", "ruleset"), ChaosNode.tables_ok),
     "route flush": (lambda n: n.ip("route", "flush", "proto", "78"), ChaosNode.routes_ok),
+    "qdisc": (_tc_del, ChaosNode.qdisc_ok),  # the exec chain only: bandwidth shapes the first pod
 }

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from netplugin.core.errors import NetpluginError
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["PodRepairer"]
 
 log = logging.getLogger("netplugin.repair")
+
+#: pods repaired at once (each runs its chain's repair: a process per exec member)
+PARALLEL = 8
 
 
 def _link_exists(name: str) -> bool:
@@ -110,10 +114,16 @@ class PodRepairer:
         with self._lock:
             for pod in [p for p in self.broken if p not in live]:
                 del self.broken[pod]  # torn down (or its record gone): no longer broken
-        for rec in records:
-            hifs = _host_interfaces(rec)
-            if every or names & set(hifs):
-                self._pod(manager, rec, hifs)
+        hit = [(rec, hifs) for rec in records if (hifs := _host_interfaces(rec)) and (every or names & set(hifs))]
+        if not hit:
+            return
+        # The first pod alone: what pods share (the bridge) is put back once, by its repair; then
+        # the rest in parallel (actions on different pods may overlap), so a node's worth of ports
+        # comes back in a few plugin calls' time rather than in one per pod.
+        self._pod(manager, *hit[0])
+        if len(hit) > 1:
+            with ThreadPoolExecutor(min(PARALLEL, len(hit) - 1), thread_name_prefix="netplugin-repair") as pool:
+                list(pool.map(lambda h: self._pod(manager, *h), hit[1:]))
 
     def _pod(self, manager: Manager, rec: PodRecord, hifs: list[str]) -> None:
         pod = _key(rec)
@@ -130,7 +140,8 @@ class PodRepairer:
         try:
             done = repair_pod(manager, rec.ref)
         except NetpluginError as e:
-            self.failures += 1
+            with self._lock:
+                self.failures += 1
             log.error("repair of pod %s failed: %s", pod, e.message)
             return
         took = time.monotonic() - start
@@ -140,7 +151,8 @@ class PodRepairer:
                 self.repairs[kind] += 1
             log.warning("repair (%s) of pod %s in %.3fs by %s: %s", kind, pod, took, member, line)
         for err in done.errors:
-            self.failures += 1
+            with self._lock:
+                self.failures += 1
             log.error("repair of pod %s failed: %s", pod, err)
         if done.unrepairable:
             log.info("pod %s: %s declare(s) no repair: not put back", pod, ", ".join(done.unrepairable))

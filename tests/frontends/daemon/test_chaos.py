@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.chaosnode import ChaosNode, veth_of
+from bench.chaosnode import EXEC_CHAIN, ChaosNode, veth_of
 from tests.nettest import kernel_gate
 
 pytestmark = pytest.mark.kernel
@@ -94,3 +94,19 @@ def test_a_pod_whose_host_veth_is_gone_is_broken_until_torn_down(node: ChaosNode
     node.request({"op": "teardown", "namespace": "chaos", "pod": "p2", "infra_id": p2})
     node.time_to_repair("hairpin")  # a later pass forgets what was torn down
     node.wait(lambda: broken() == [], 10, "p2 no longer broken")
+
+
+def test_the_shipped_bash_plugins_repair_their_own(request: pytest.FixtureRequest) -> None:
+    """The chain bash ``bridge`` then ``bandwidth`` (shaping the first pod): each declares ``repair``
+    in its init mask, and puts back its part (the qdiscs; the bridge, ports and hairpin)."""
+    kernel_gate(request)
+    with ChaosNode(pods=3, chain=EXEC_CHAIN) as node:
+        (p0, ip0), (p1, ip1), _ = node.pods
+        node.time_to_repair("qdisc")
+        node.wait(lambda: node.health()["node"]["repairs"] == {"qdisc": 1}, 10, "the qdisc repair counted")
+        node.time_to_repair("bridge")
+        node.wait(lambda: node.health()["node"]["repairs"].get("bridge") == 1, 10, "the bridge repair counted")
+        assert node.qdisc_ok() and node.ping(p0, ip1) and node.ping(p1, ip0)
+        log = node.log.read_text()
+        assert "by bandwidth: qdisc: " in log and "shaping re-applied (lost: root tbf)" in log, log
+        assert "by bridge: bridge: " in log and " recreated with " in log, log
