@@ -62,10 +62,11 @@ def _run(*argv: str, check: bool = True) -> str:
 class ChaosNode:
     """The node (``with ChaosNode(pods=3) as node``): daemon up, pods set up, all removed at exit."""
 
-    def __init__(self, pods: int = 3, chain: tuple[str, ...] = BUILTIN_CHAIN) -> None:
-        self.tag = secrets.token_hex(3)
-        self.ns = f"npc-{self.tag}"
-        self.bridge = f"npc{self.tag}"
+    def __init__(self, pods: int = 3, chain: tuple[str, ...] = BUILTIN_CHAIN, tag: str | None = None) -> None:
+        #: every netns and link name starts with it (a bench run's tag: its leftover check finds them)
+        self.tag = tag or f"npc{secrets.token_hex(3)}"
+        self.ns = f"{self.tag}-node"
+        self.bridge = f"{self.tag}b"
         self.npods = pods
         self.chain = chain
         self.pods: list[tuple[str, str]] = []  #: (infra id = its netns name, its IP)
@@ -140,7 +141,7 @@ class ChaosNode:
         self.wait(lambda: os.path.exists(self.sock), 60, "the daemon's socket")
 
     def _pod(self, i: int) -> None:
-        infra = f"npc{self.tag}p{i}"
+        infra = f"{self.tag}p{i}"
         _run("ip", "netns", "add", infra)
         self.pods.append((infra, ""))
         answer = self.request({"op": "setup", "namespace": "chaos", "pod": f"p{i}", "infra_id": infra})

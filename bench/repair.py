@@ -66,7 +66,7 @@ def fig_repair(ctx: RunContext, plan: Plan) -> list[Figure]:
         keys = [k for k, (c, _, _) in _ROWS.items() if c == chain]
         ctx.progress(f"  repair: {', '.join(chain)}: {len(keys)} breakages x {rounds}")
         try:
-            with ChaosNode(pods=3, chain=chain) as node:
+            with ChaosNode(pods=3, chain=chain, tag=ctx.tag) as node:
                 if chain == BUILTIN_CHAIN:
                     idle = _idle_cpu(node, idle_for)
                 for _ in range(rounds):
