@@ -74,6 +74,8 @@ STATIC_POLL = 2.0
 #: how long the daemon's start waits for the first pass of a host without watches (a bound: the
 #: pass reads files and the kernel; its nft call has its own time limit)
 FIRST_PASS_WAIT = 30.0
+#: repairs closer together than this count as one incident (what doctor calls recurring counts these)
+INCIDENT_GAP = 2.0
 
 
 class NodeKeeper:
@@ -123,6 +125,9 @@ class NodeKeeper:
         #: kernel changes that may have hit what is netplugin's (see .kernelwatch), and the repairs made
         self._repair: set[str] = set()
         self.repairs: Counter[str] = Counter()
+        #: breakages repaired: repairs less than INCIDENT_GAP apart are one (a flush, however many objects)
+        self.incidents = 0
+        self._last_incident = -INCIDENT_GAP
         self._watch: KernelWatch | None = None
         self._lock = threading.Lock()
         #: pod-level self-repair (its chains' ``repair``), with the daemon's manager
@@ -130,7 +135,7 @@ class NodeKeeper:
         if pods is not None:
             from netplugin.frontends.daemon.podrepair import PodRepairer
 
-            self.pods = PodRepairer(pods, self.repairs, self._lock)
+            self.pods = PodRepairer(pods, self.repairs, self._lock, self._incident)
         self._kick = threading.Event()
         self._first = threading.Event()  #: the first pass is over (whatever it found)
         self._stop = threading.Event()
@@ -199,34 +204,44 @@ class NodeKeeper:
     def _repair_now(self, kinds: set[str]) -> None:
         """Put back what a kernel change removed (on the keeper's thread, which owns the routes)."""
         start = time.monotonic()
+        fixed = []
         if "hostport" in kinds and self.pods is not None:
-            self._repair_hostports(start)
-        if self.nodes is None:
-            return
+            fixed += self._repair_hostports()
         egress_gone = False
         if "egress" in kinds and self.egress is not None and self.egress_rules is not None and not self.departed:
             try:
                 egress_gone = not self.egress.present()
             except NetpluginError as e:
                 log.error("repair: cannot check the egress table: %s", e.message)
-        if not egress_gone and "route" not in kinds:
-            return
+        if self.nodes is not None and (egress_gone or "route" in kinds):
+            self._resync(kinds, egress_gone, fixed)
+        for kind, what in fixed:
+            self._repaired(kind, what, start)
+        if fixed:
+            self._incident()
+
+    def _incident(self) -> None:
+        """Something was put back (node- or pod-level): an incident unless one was counted just now."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last_incident >= INCIDENT_GAP:
+                self.incidents += 1
+            self._last_incident = now
+
+    def _resync(self, kinds: set[str], egress_gone: bool, fixed: list[tuple[str, str]]) -> None:
         self.sync(force=True)
-        fixed = []
         if egress_gone and self.egress_rules is not None:
             fixed.append(("egress", f"nftables table inet {self.egress.table if self.egress else ''} reinstalled"))
         added = self.report.added if self.report is not None else ()
         if "route" in kinds and added:
             fixed.append(("route", f"routes re-added: {', '.join(added)}"))
-        for kind, what in fixed:
-            self._repaired(kind, what, start)
 
     def _repaired(self, kind: str, what: str, start: float) -> None:
         with self._lock:
             self.repairs[kind] += 1
         log.warning("repair (%s) in %.3fs: %s", kind, time.monotonic() - start, what)
 
-    def _repair_hostports(self, start: float) -> None:
+    def _repair_hostports(self) -> list[tuple[str, str]]:
         """The hostPort table, rebuilt from its records when a pod holds hostPorts and it is gone."""
         from netplugin.plugins.hostport import restore_table
 
@@ -234,9 +249,8 @@ class NodeKeeper:
             done = restore_table(os.path.join(self.config.state_dir, "hostport"))
         except NetpluginError as e:
             log.error("repair: cannot restore the hostPort table: %s", e.message)
-            return
-        if done is not None:
-            self._repaired("hostport", done, start)
+            return []
+        return [("hostport", done)] if done is not None else []
 
     def _synced(self) -> bool:
         cache = self.cluster.cache if self.cluster is not None else None
@@ -389,6 +403,7 @@ class NodeKeeper:
                 "error": self.error,
                 "repairs": dict(self.repairs),
                 "broken": dict(self.pods.broken) if self.pods is not None else {},
+                "repair_incidents": self.incidents,
             }
             if self.report is not None:
                 out.update(self.report.to_dict())

@@ -60,13 +60,21 @@ def _host_interfaces(rec: PodRecord) -> list[str]:
 class PodRepairer:
     """Repairs the ready pods whose host interfaces lost something; keeps the broken ones."""
 
-    def __init__(self, manager: Callable[[], Manager], repairs: Counter[str], lock: threading.Lock) -> None:
+    def __init__(
+        self,
+        manager: Callable[[], Manager],
+        repairs: Counter[str],
+        lock: threading.Lock,
+        on_incident: Callable[[], None] = lambda: None,
+    ) -> None:
         self.manager = manager
         self.repairs = repairs  #: shared with the node keeper: one counter, one metric
         self._lock = lock  #: guards ``repairs`` and ``broken`` (the keeper's lock)
         #: pod (``ns/name/infra-id``) -> why it is broken
         self.broken: dict[str, str] = {}
         self.failures = 0
+        #: told once per pass that put something back (one breakage, however many pods it hit)
+        self.on_incident = on_incident
         self._pending = Lost(set(), set())
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -120,12 +128,15 @@ class PodRepairer:
         # The first pod alone: what pods share (the bridge) is put back once, by its repair; then
         # the rest in parallel (actions on different pods may overlap), so a node's worth of ports
         # comes back in a few plugin calls' time rather than in one per pod.
-        self._pod(manager, *hit[0])
+        changed = self._pod(manager, *hit[0])
         if len(hit) > 1:
             with ThreadPoolExecutor(min(PARALLEL, len(hit) - 1), thread_name_prefix="netplugin-repair") as pool:
-                list(pool.map(lambda h: self._pod(manager, *h), hit[1:]))
+                changed |= any(list(pool.map(lambda h: self._pod(manager, *h), hit[1:])))
+        if changed:
+            self.on_incident()
 
-    def _pod(self, manager: Manager, rec: PodRecord, hifs: list[str]) -> None:
+    def _pod(self, manager: Manager, rec: PodRecord, hifs: list[str]) -> bool:
+        """Check and repair one pod; True when its repair put something back."""
         pod = _key(rec)
         missing = [h for h in hifs if not _link_exists(h)]
         if missing:
@@ -135,7 +146,7 @@ class PodRepairer:
                 self.broken[pod] = why
             if not known:
                 log.error("pod %s is broken: %s", pod, why)
-            return
+            return False
         start = time.monotonic()
         try:
             done = repair_pod(manager, rec.ref)
@@ -143,7 +154,7 @@ class PodRepairer:
             with self._lock:
                 self.failures += 1
             log.error("repair of pod %s failed: %s", pod, e.message)
-            return
+            return False
         took = time.monotonic() - start
         for member, line in done.changes:
             kind = repair_kind(line)
@@ -156,3 +167,4 @@ class PodRepairer:
             log.error("repair of pod %s failed: %s", pod, err)
         if done.unrepairable:
             log.info("pod %s: %s declare(s) no repair: not put back", pod, ", ".join(done.unrepairable))
+        return bool(done.changes)

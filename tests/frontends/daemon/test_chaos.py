@@ -62,6 +62,7 @@ def test_a_breakage_is_repaired_and_traffic_flows_again(
     if ping is not None:
         _no_drop(ping)
     node.wait(lambda: node.health()["node"]["repairs"] == counted, 10, f"repairs counted as {counted}")
+    assert node.health()["node"]["repair_incidents"] == 1  # one breakage, however many objects (doctor's count)
     assert node.ping(p0, ip1) and node.ping(p2, ip0) and node.ping(node.ns, ip0)
     log = node.log.read_text()
     assert "repair (" in log and "Traceback" not in log, log
