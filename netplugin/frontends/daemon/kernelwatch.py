@@ -102,6 +102,8 @@ class KernelWatch:
         self.on_lost = on_lost
         self.route_protocol = route_protocol
         self.view = LinkView()
+        #: how often the thread woke: only for kernel notifications (an idle node: never)
+        self.wakeups = 0
         self._stop_r, self._stop_w = socket.socketpair()
         self._thread: threading.Thread | None = None
 
@@ -150,6 +152,7 @@ class KernelWatch:
                 ready, _, _ = select.select([self._stop_r, *socks], [], [])  # blocks: no wakeup while idle
                 if self._stop_r in ready:
                     return
+                self.wakeups += 1
                 lost = Lost(set(), set())
                 kinds = self._read(ready, routes, links, nft, lost)
                 time.sleep(SETTLE)

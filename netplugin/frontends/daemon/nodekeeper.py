@@ -404,6 +404,8 @@ class NodeKeeper:
                 "repairs": dict(self.repairs),
                 "broken": dict(self.pods.broken) if self.pods is not None else {},
                 "repair_incidents": self.incidents,
+                "kernel_wakeups": self._watch.wakeups if self._watch is not None else None,
+                "pod_repair_calls": self.pods.calls if self.pods is not None else None,
             }
             if self.report is not None:
                 out.update(self.report.to_dict())

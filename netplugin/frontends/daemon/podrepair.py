@@ -75,6 +75,8 @@ class PodRepairer:
         self.failures = 0
         #: told once per pass that put something back (one breakage, however many pods it hit)
         self.on_incident = on_incident
+        #: pods whose chain's repair was run (a pod setup or teardown never causes one)
+        self.calls = 0
         self._pending = Lost(set(), set())
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -148,6 +150,8 @@ class PodRepairer:
                 log.error("pod %s is broken: %s", pod, why)
             return False
         start = time.monotonic()
+        with self._lock:
+            self.calls += 1
         try:
             done = repair_pod(manager, rec.ref)
         except NetpluginError as e:

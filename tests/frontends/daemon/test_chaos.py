@@ -12,6 +12,7 @@ pod whose host veth is gone is reported broken, and stops being so when it is to
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -111,3 +112,24 @@ def test_the_shipped_bash_plugins_repair_their_own(request: pytest.FixtureReques
         log = node.log.read_text()
         assert "by bandwidth: qdisc: " in log and "shaping re-applied (lost: root tbf)" in log, log
         assert "by bridge: bridge: " in log and " recreated with " in log, log
+
+
+def test_setups_do_not_wake_the_pod_repairer_and_an_idle_node_wakes_nothing(node: ChaosNode) -> None:
+    """Creating links and attaching ports (every setup) is no loss: no pod repair runs. And with
+    nothing changing the kernel watch never wakes: it blocks on netlink, it does not poll."""
+    st = node.health()["node"]
+    assert st["pod_repair_calls"] == 0 and st["repairs"] == {}, st
+    # The kernel's own follow-ups of the setups end first (IPv6 DAD finishing on the bridge's
+    # link-local address is a notification too); then nothing.
+    deadline = time.monotonic() + 20
+    before = -1
+    while (now := node.health()["node"]["kernel_wakeups"]) != before:
+        assert time.monotonic() < deadline, "the kernel watch never went quiet"
+        before = now
+        time.sleep(2)
+    time.sleep(3)
+    assert node.health()["node"]["kernel_wakeups"] == before
+    node.request({"op": "teardown", "namespace": "chaos", "pod": "p2", "infra_id": node.pods[2][0]})
+    node.wait(lambda: node.health()["node"]["kernel_wakeups"] > before, 10, "the teardown's notifications")
+    time.sleep(0.5)
+    assert node.health()["node"]["pod_repair_calls"] == 0  # a pod in teardown is its action's, not repaired
