@@ -29,6 +29,9 @@
   (:meth:`NodeKeeper.problems`; ``netplugin nodes`` shows them). Routes need ``cluster_cidrs``:
   without it nothing is routed, and each other node's CIDR is a problem that says so.
 
+* it puts back what a kernel change took (:mod:`.kernelwatch`): routes, egress and hostPort
+  tables, and via :mod:`.podrepair` what pods' plugins made (docs/self-repair.md).
+
 Routes stay when the daemon stops: a restart (an upgrade) must not cut pods off from the other
 nodes. A node leaving the cluster loses its routes on every other node.
 """
