@@ -89,7 +89,8 @@ def fig_repair(ctx: RunContext, plan: Plan) -> list[Figure]:
     f.notes = [
         "The daemon as shipped (netplugin serve) in a node netns of the figure's own; each time runs from the "
         "breaking command's return until the state is back, polled every 2 ms.",
-        "Every repair includes the watch's deliberate 50 ms wait for a burst of notifications to end.",
+        "Every repair includes the watch's 50 ms wait for a burst of notifications to end, counted from the first "
+        "notification (sent before the breaking command returns, so a time can be shorter).",
         f"Idle: the daemon used {idle if idle is not None else float('nan'):.2f} s of CPU over {idle_for:.0f} s "
         "with nothing changing (a static host re-reads its node files every 2 s; the kernel watch blocks).",
     ]
