@@ -60,6 +60,7 @@ PLOTS: dict[str, PlotSpec] = {
     "chain-teardown": _BAR_P90,
     "hostport-setup": _BAR_P90,
     "hostport-teardown": _BAR_P90,
+    "repair": _BAR_P90,
 }
 
 

@@ -34,6 +34,7 @@ from .plaininstall import compile_checkout
 from .plots import HINT, available, plot_all
 from .plotspec import prune
 from .pods import fig_burst, fig_drain, fig_pods
+from .repair import fig_repair
 from .report import Figure, Meta, evaluate_targets, render, write_json
 from .runtime import fig_runtime
 from .scale import fig_scale
@@ -55,6 +56,7 @@ FIGURES = (
     "bigcluster",
     "chain",
     "hostport",
+    "repair",
 )
 CNI_HINTS = {
     "A": f"build them: export {PEERS_ENV}=$(bash scripts/build-peers.sh) (CNI plugins v1.10 in its cni/)",
@@ -297,6 +299,7 @@ def _run_figures(ctx: RunContext, plan: Plan, args: argparse.Namespace, out: _Ou
         ("bigcluster", lambda: fig_bigcluster(plan.quick, _say)),
         ("chain", lambda: fig_chain(ctx, plan, keys, pool)),
         ("hostport", lambda: fig_hostport(ctx, plan, list(HOSTPORT_KEYS), pool)),
+        ("repair", lambda: fig_repair(ctx, plan)),
     ]
     only = _only(args)
     for name, step in steps:

@@ -47,9 +47,11 @@ __all__ = [
     "ENV_PREV_HOST_INTERFACE",
     "ENV_PREV_IPS",
     "ENV_PREV_RESULT",
+    "OPT_IN_POD_ACTIONS",
     "MemberResult",
     "PrevResult",
     "parse_actions",
+    "repair_lines",
 ]
 
 ENV_CHAIN = "NETPLUGIN_CHAIN"
@@ -62,6 +64,8 @@ CHAIN_ENV = (ENV_CHAIN, ENV_CHAIN_INDEX, ENV_PREV_RESULT, ENV_PREV_IPS, ENV_PREV
 
 #: the pod actions a mask may name (``init`` always runs: it is where the mask is declared)
 ALL_POD_ACTIONS = frozenset({"setup", "teardown", "status"})
+#: pod actions a member handles only when its mask names them (plugins written before them never declare them)
+OPT_IN_POD_ACTIONS = frozenset({"repair"})
 _TAIL = 2048
 _IFNAME = re.compile(r"[^\s/:]{1,15}\Z")
 
@@ -89,14 +93,26 @@ def parse_actions(stdout: bytes, *, plugin: str) -> frozenset[str]:
     names = doc["actions"]
     if not all(isinstance(a, str) for a in names):
         raise _bad(plugin, "init", "'actions' must be a list of action names (strings)", text)
-    unknown = [a for a in names if a not in ALL_POD_ACTIONS and a != "init"]
+    unknown = [a for a in names if a not in ALL_POD_ACTIONS | OPT_IN_POD_ACTIONS and a != "init"]
     if unknown:
-        known = ", ".join(sorted(ALL_POD_ACTIONS))
+        known = ", ".join(sorted(ALL_POD_ACTIONS | OPT_IN_POD_ACTIONS))
         raise _bad(plugin, "init", f"unknown action(s) {unknown!r:.120} in 'actions' (known: {known})", text)
-    out = frozenset(a for a in names if a in ALL_POD_ACTIONS)
+    out = frozenset(a for a in names if a in ALL_POD_ACTIONS | OPT_IN_POD_ACTIONS)
     if "setup" in out and "teardown" not in out:
         raise _bad(plugin, "init", "'actions' has setup but not teardown (rollback must undo setup)", text)
     return out
+
+
+#: a repair's report is short: more lines, or longer ones, are cut (the output is the member's, untrusted)
+_REPAIR_LINES = 32
+_REPAIR_LINE = 200
+
+
+def repair_lines(stdout: bytes) -> tuple[str, ...]:
+    """What a member's ``repair`` put back: its non-empty stdout lines (``KIND: what``), bounded."""
+    text = stdout.decode("utf-8", "replace")
+    lines = [line.strip()[:_REPAIR_LINE] for line in text.splitlines() if line.strip()]
+    return tuple(lines[:_REPAIR_LINES])
 
 
 def host_interface(value: Any, *, plugin: str, action: str, out: bytes) -> str | None:

@@ -31,6 +31,7 @@ from netplugin.core.defaults import (
     DEFAULT_SOCKET,
     DEFAULT_STATE_DIR,
     DEFAULT_TIMEOUTS,
+    LIMIT_OF,
     socket_path,
 )
 from netplugin.core.errors import ConfigError
@@ -111,6 +112,7 @@ class Config:
         """The time limit of one action: ``--timeout`` when given, else the per-action setting."""
         if self.timeout is not None:
             return self.timeout
+        action = LIMIT_OF.get(action, action)
         return float(self.timeouts.get(action, DEFAULT_TIMEOUTS[action]))
 
     @property

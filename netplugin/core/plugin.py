@@ -24,6 +24,7 @@ Actions and argv (exactly)
     ``NAME setup    <namespace> <pod-name> <infra-container-id>``
     ``NAME teardown <namespace> <pod-name> <infra-container-id>``
     ``NAME status   <namespace> <pod-name> <infra-container-id>``
+    ``NAME repair   <namespace> <pod-name> <infra-container-id>`` (only when ``init`` declares it)
 
     ``init`` runs once before the first other action, per boot and per version
     (content) of the executable, never twice concurrently. A failed ``setup`` is
@@ -119,6 +120,28 @@ Time limits
     status 10 s). At the limit the plugin's whole process tree gets SIGTERM,
     then after a grace (2 s) SIGKILL; the action fails with a timeout error.
 
+Repair (opt-in: a member is called only when its ``init`` mask names ``"repair"``)
+    The daemon calls ``repair`` on a ready pod when the kernel lost something the pod's
+    members made on the node (a deleted bridge, a port that lost its master or hairpin, a
+    deleted qdisc: :mod:`netplugin.frontends.daemon.podrepair`). It gets what ``teardown``
+    gets: the pod triple, ``NETPLUGIN_NETNS``, the environment of the call (the pod's
+    recorded chain, with ``NETPLUGIN_PREV_*`` rebuilt from the pod record: its host
+    interface and addresses) and the pod object on stdin when the host knows it. It must
+    idempotently put back, on the node, what it made for that pod at ``setup`` and is now
+    missing (the bridge with its addresses and MTU, the port's master and hairpin, its
+    qdiscs or rules), and change nothing that is still right. It must not allocate or
+    change addresses, create or replace the pod's interfaces (a host interface that is
+    gone makes the pod broken: only a new setup can mend it), or touch other pods. It
+    prints one line on stdout per thing it put back, ``KIND: what`` with ``KIND`` one of
+    :data:`REPAIR_KINDS` (another word counts as ``other``); nothing when nothing was
+    missing. Exit 0 is success, any other status a failure (logged; the pod stays as it
+    is). Each member gets its own ``setup`` time limit, members run in chain order, and a
+    failure does not stop the others. A member whose mask leaves ``repair`` out (every
+    plugin written before it: an empty ``init`` output does not declare it) is not called
+    and its part of the pod is reported as not repairable: re-running its ``setup`` on a
+    live pod is not a repair, as it may re-address the pod or cut its connections, and the
+    kubelet would not know.
+
 Chains (config ``plugins: [a, b, c]``; ``plugin: a`` is a chain of one)
     Every member is selected and validated up front (one bad member invalidates the chain, and
     the error names every bad one) and gets its own ``init`` (once per boot and version).
@@ -168,6 +191,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NOOP_NAME",
+    "REPAIR_KINDS",
     "Action",
     "CallContext",
     "Plugin",
@@ -177,12 +201,17 @@ __all__ = [
 
 NOOP_NAME = "kubernetes.io/no-op"
 
+#: what a repair put back, by kind: node-level objects the daemon keeps itself (routes, egress and
+#: hostPort tables) and pod-level ones a member's ``repair`` reports as ``KIND: what``
+REPAIR_KINDS = ("route", "egress", "hostport", "bridge", "port", "qdisc", "other")
+
 
 class Action(enum.Enum):
     INIT = "init"
     SETUP = "setup"
     TEARDOWN = "teardown"
     STATUS = "status"
+    REPAIR = "repair"
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +285,10 @@ class Plugin(Protocol):
     def teardown(self, pod: PodRef, ctx: CallContext) -> None: ...
 
     def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None: ...
+
+    def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
+        """Put back what it made for the pod and the kernel lost; one ``KIND: what`` line per thing."""
+        ...
 
 
 PluginFactory = Callable[["Config"], Plugin]

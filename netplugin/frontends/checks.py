@@ -315,7 +315,7 @@ def check_node(node: Node) -> Check:
             "kube-controller-manager --allocate-node-cidrs --cluster-cidr=..., or set the Node's podCIDRs by hand",
         )
     found = f"node {me}: pod CIDRs {', '.join(cidrs) or 'none'}; {len(routes)} route(s) to {st.get('nodes')} node(s)"
-    problems = st.get("problems") or []
+    problems = [p for p in st.get("problems") or [] if p.get("kind") != "broken_pod"]  # check_repairs's
     if problems:
         text = "; ".join(f"{p.get('node')} {p.get('cidr')}: {p.get('reason')}" for p in problems[:5])
         return Check("node", found, f"{len(problems)} node(s) cannot be routed: {text}", "see netplugin nodes")
@@ -343,18 +343,28 @@ RECURRING_REPAIRS = 3
 
 
 def check_repairs(node: Node) -> Check:
-    repairs = ((node.health or {}).get("node") or {}).get("repairs") or {}
+    st = (node.health or {}).get("node") or {}
+    repairs = st.get("repairs") or {}
     if node.health is None:
-        return Check("repairs", "no daemon: nothing repairs the node's routes and egress table")
+        return Check("repairs", "no daemon: nothing repairs what netplugin keeps in the kernel")
     made = ", ".join(f"{kind} {n}" for kind, n in sorted(repairs.items())) or "none"
-    if sum(repairs.values()) >= RECURRING_REPAIRS:
+    found = f"since the daemon started: {made}"
+    broken = st.get("broken") or {}
+    if broken:
+        text = "; ".join(f"{pod}: {why}" for pod, why in sorted(broken.items())[:5])
+        fix = "delete those pods (the kubelet makes them a new sandbox), or netplugin teardown NS NAME INFRA_ID"
+        return Check("repairs", found, f"{len(broken)} pod(s) broken: {text}", fix)
+    # Incidents, not objects: one deleted bridge puts back every pod's port, once.
+    incidents = st.get("repair_incidents", sum(repairs.values()))
+    if incidents >= RECURRING_REPAIRS:
         return Check(
             "repairs",
-            f"since the daemon started: {made}",
-            "the daemon keeps putting back routes or its egress table: something on the node keeps removing them",
+            f"{found} ({incidents} incidents)",
+            "the daemon keeps putting back what netplugin made (routes, tables, the bridge, ports, qdiscs): "
+            "something on the node keeps removing them",
             "find what flushes them (a firewall reload, a network manager, a script); see the daemon's 'repair' log",
         )
-    return Check("repairs", f"since the daemon started: {made}")
+    return Check("repairs", found)
 
 
 def check_dirs(node: Node) -> Check:

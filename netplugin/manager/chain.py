@@ -99,6 +99,8 @@ class ChainRun:
     claims_in: str | None = None
     #: the members whose setup started in this run, in order (rollback tears down these)
     started: list[int] = field(default_factory=list)
+    #: what each member's repair put back (its ``KIND: what`` lines), by member index
+    repaired: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -137,6 +139,9 @@ class ChainRun:
             elif action is Action.TEARDOWN:
                 result = None
                 member.plugin.teardown(self.pod, ctx)
+            elif action is Action.REPAIR:
+                result = None
+                self.repaired[index] = member.plugin.repair(self.pod, ctx)
             else:
                 result = member.plugin.status(self.pod, ctx)
             outcome = "ok"
@@ -244,6 +249,26 @@ class ChainRun:
             attach_failures(failures[0], failures[1:], chain=self.names)
             raise failures[0]
 
+    def repair(self) -> tuple[list[NetpluginError], list[str]]:
+        """Repair every member that ran and declares repair, in order, each with its own limit.
+
+        Goes on past failures. Returns (the failures, the members that ran but cannot repair);
+        what each member put back is in :attr:`repaired`.
+        """
+        failures: list[NetpluginError] = []
+        unrepairable: list[str] = []
+        for i, m in enumerate(self.members):
+            if not self.states[i].ran:
+                continue
+            if "repair" not in m.handles:
+                unrepairable.append(m.name)
+                continue
+            try:
+                self._call(i, Action.REPAIR, [])
+            except NetpluginError as e:
+                failures.append(e)
+        return failures, unrepairable
+
     def status(self) -> PodNetworkStatus | None:
         """The first status, in chain order, that reports an address."""
         deadline: list[float] = []
@@ -273,7 +298,7 @@ class _Absent:
             self.name, f"is no longer usable ({self.reason}); the pod's record is kept until its teardown can run"
         )
 
-    init = setup = teardown = status = _never
+    init = setup = teardown = status = repair = _never
 
 
 def absent_member(name: str, reason: str = "not installed", *, ran: bool = False) -> Member:

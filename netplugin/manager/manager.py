@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal
 
-from netplugin.core.chaining import ALL_POD_ACTIONS
+from netplugin.core.chaining import ALL_POD_ACTIONS, OPT_IN_POD_ACTIONS
 from netplugin.core.config import Config
 from netplugin.core.dirs import ensure_dir
 from netplugin.core.discovery import Candidate, scan
@@ -241,7 +241,7 @@ class Manager(Reporting):
         if marker.get("settings") != self._settings(node):
             return False  # init prepares for these settings (a bridge name, a subnet): new ones, new init
         handles = marker.get("actions", sorted(ALL_POD_ACTIONS))
-        if not isinstance(handles, list) or not set(handles) <= ALL_POD_ACTIONS:
+        if not isinstance(handles, list) or not set(handles) <= ALL_POD_ACTIONS | OPT_IN_POD_ACTIONS:
             return False
         key = plugin.version_key()
         unchanged = key is not None and marker.get("version_key") == list(key)  # no hashing needed

@@ -128,3 +128,6 @@ class BoundedPlugin:
 
     def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
         return self._run("status", pod, ctx, lambda: self.inner.status(pod, ctx))
+
+    def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
+        return self._run("repair", pod, ctx, lambda: self.inner.repair(pod, ctx))

@@ -39,6 +39,7 @@ __all__ = [
     "rebuild_script",
     "recorded_pods",
     "remove_table",
+    "restore_table",
 ]
 
 HOSTPORT_NAME = "netplugin.io/hostport"
@@ -153,6 +154,18 @@ def forget(records_dir: str, chain: str, nft: str = "nft") -> None:
         pass
 
 
+def restore_table(records_dir: str, nft: str = "nft") -> str | None:
+    """Rebuild the table from the records when it is gone and a pod holds hostPorts (after ``nft flush
+    ruleset``): what was done, or None when nothing was missing. Raises NetpluginError."""
+    pods = recorded_pods(records_dir)
+    if not pods or _ports_held(nft) is not None:
+        return None
+    err = _nft(nft, rebuild_script(records_dir))
+    if err:
+        raise NetpluginError(f"cannot rebuild nftables table {TABLE}: {err}")
+    return f"nftables table {TABLE} rebuilt from {len(pods)} pod record(s)"
+
+
 def remove_table(nft: str = "nft") -> None:
     """Delete the table if it exists (the uninstall's); nothing else. Raises NetpluginError."""
     _nft(nft, f"table {TABLE}\ndelete table {TABLE}\n")
@@ -213,7 +226,7 @@ class HostPortPlugin:
         err = _nft(self.nft, rebuild_script(self._records(ctx)))
         if err:
             raise self._fail("init", f"cannot rebuild nftables table {TABLE}: {err}")
-        return frozenset({"setup", "teardown"})
+        return frozenset({"setup", "teardown", "repair"})
 
     def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
         try:
@@ -257,3 +270,11 @@ class HostPortPlugin:
 
     def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
         return None
+
+    def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
+        """The table back when it is gone (its rules are the records': every pod's at once)."""
+        try:
+            done = restore_table(self._records(ctx), self.nft)
+        except NetpluginError as e:
+            raise self._fail("repair", e.message) from None
+        return (f"hostport: {done}",) if done else ()

@@ -30,3 +30,6 @@ class NoopPlugin:
 
     def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
         return None
+
+    def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
+        return ()

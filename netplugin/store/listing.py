@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import time
 from typing import Any
 
@@ -122,10 +123,20 @@ def chain_text(rec: PodRecord) -> str:
     return ",".join(f"{m.plugin}:{m.state}" for m in rec.members)
 
 
+def _gone(name: str) -> bool:
+    try:
+        socket.if_nametoindex(name)
+    except OSError:
+        return True
+    return False
+
+
 def condition_of(rec: PodRecord, run_dir: str) -> str:
-    """The record's state, telling an action in progress from an interrupted one."""
+    """The record's state, telling an action in progress from an interrupted one, and a ready pod
+    whose host interface is gone (``broken``: only a new sandbox mends it) from a healthy one."""
     if rec.state == READY:
-        return READY
+        gone = [m.host_interface for m in rec.chain if m.ran and m.host_interface and _gone(m.host_interface)]
+        return "broken" if gone else READY
     if pod_busy(run_dir, rec.ref):
         return rec.state
     if rec.state == SETTING_UP and rec.rollback_error is not None:

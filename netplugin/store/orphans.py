@@ -32,7 +32,7 @@ from netplugin.core.procs import proc_start
 
 __all__ = ["POD_ACTIONS", "PluginProcess", "plugin_processes", "settle"]
 
-POD_ACTIONS = ("setup", "teardown", "status")
+POD_ACTIONS = ("setup", "teardown", "status", "repair")
 # Process start times (clock ticks since boot) and token times (ms since boot) are compared with
 # this slack: a process cannot be older than the call whose token it carries.
 _START_SLACK = 0.5

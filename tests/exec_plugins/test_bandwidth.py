@@ -123,7 +123,7 @@ def _run(action: str, stdin: str = "", **env: str) -> subprocess.CompletedProces
 
 def test_init_declares_setup_and_teardown_only() -> None:
     r = _run("init")
-    assert (r.returncode, r.stdout.strip()) == (0, '{"actions":["setup","teardown"]}')
+    assert (r.returncode, r.stdout.strip()) == (0, '{"actions":["setup","teardown","repair"]}')
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,23 @@ def test_records_rebuild_the_table_and_teardown_removes_one_pod(netns: str, tmp_
     assert call(netns, kind, tmp_path, "teardown", "default", "web", "infra-web").returncode == 0  # idempotent
 
 
+@pytest.mark.parametrize("kind", ["bash", "native"])
+def test_repair_puts_back_a_flushed_pods_rules_once(netns: str, tmp_path: Path, kind: str) -> None:
+    """The contract's repair: what was lost comes back and is reported; a second repair changes nothing."""
+    assert call(netns, kind, tmp_path, "init").stdout.count("repair") == 1  # declared in the mask
+    r = call(netns, kind, tmp_path, "setup", "default", "web", "infra-web",
+             NETPLUGIN_HOST_PORTS="tcp/8080/80", NETPLUGIN_PREV_IPS="10.201.9.2")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    before = nft(netns, "list", "table", *TABLE.split())
+    subprocess.run(["ip", "netns", "exec", netns, "nft", "flush", "ruleset"], check=True)
+    first = call(netns, kind, tmp_path, "repair", "default", "web", "infra-web")
+    assert first.returncode == 0 and "hostport: " in first.stdout, first
+    assert nft(netns, "list", "table", *TABLE.split()) == before
+    again = call(netns, kind, tmp_path, "repair", "default", "web", "infra-web")
+    assert again.returncode == 0 and again.stdout.strip() in ("", "()"), again
+    assert nft(netns, "list", "table", *TABLE.split()) == before
+
+
 def test_the_rebuild_of_1000_mappings_is_one_transaction(netns: str, tmp_path: Path) -> None:
     records = tmp_path / "hostport"
     records.mkdir()

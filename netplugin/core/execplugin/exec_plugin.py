@@ -7,7 +7,7 @@ import os
 import signal as _signal
 from typing import TYPE_CHECKING, Any
 
-from netplugin.core.chaining import parse_actions
+from netplugin.core.chaining import parse_actions, repair_lines
 from netplugin.core.errors import PluginFailed, PluginOutputError, PluginTimeout
 from netplugin.core.execplugin import calls
 from netplugin.core.execplugin.environ import call_env
@@ -157,6 +157,9 @@ class ExecPlugin:
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None:
         self._run(Action.TEARDOWN, pod, ctx)
+
+    def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
+        return repair_lines(self._run(Action.REPAIR, pod, ctx).stdout)
 
     def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
         done = self._run(Action.STATUS, pod, ctx)

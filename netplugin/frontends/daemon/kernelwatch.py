@@ -1,18 +1,19 @@
 """Self-repair of what the daemon keeps on the node, driven by the kernel's own notifications.
 
-A thread blocks on two netlink sockets: NETLINK_ROUTE subscribed to route changes (IPv4 and
-IPv6), and NETLINK_NETFILTER subscribed to nftables changes. It wakes only when the kernel says
-something changed (no polling: an idle daemon spends no CPU here), waits a moment for a burst to
-end, and then asks the node keeper to put back what is netplugin's:
+A thread blocks on three netlink sockets: NETLINK_ROUTE subscribed to route changes (IPv4 and
+IPv6), NETLINK_ROUTE subscribed to link, address and qdisc changes, and NETLINK_NETFILTER
+subscribed to nftables changes. It wakes only when the kernel says something changed (no
+polling: an idle daemon spends no CPU here), waits a moment for a burst to end, and then reports:
 
-* a deleted ``proto 78`` route (``ip route flush proto 78``, an admin's mistake): the routes are
-  reconciled again from the Nodes;
-* an nftables change (``nft flush ruleset``, what a firewalld reload does): the egress table is
-  reinstalled if it is gone. Our own reinstall is a change too, but then the table is there.
+* a deleted ``proto 78`` route (``ip route flush proto 78``, an admin's mistake): kind "route";
+* an nftables change (``nft flush ruleset``, what a firewalld reload does): kinds "egress" and
+  "hostport" (the tables are reinstalled if they are gone; our own reinstall is a change too,
+  but then the tables are there);
+* interfaces that lost something a pod's plugin made (:mod:`.linkview`: a deleted bridge, a port
+  that lost its master or hairpin, a deleted qdisc), for the pod repairer (:mod:`.podrepair`).
 
-Each repair is logged with what changed and counted in ``netplugin_repairs_total{kind}``
-(:class:`~netplugin.frontends.daemon.nodekeeper.NodeKeeper`). Pods' own objects (bridge, ports,
-hairpin, qdiscs) are their plugins': not repaired here.
+The node keeper (:class:`~netplugin.frontends.daemon.nodekeeper.NodeKeeper`) acts on the kinds, the
+pod repairer on the interfaces; each repair is logged and counted in ``netplugin_repairs_total{kind}``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from netplugin.core.nlwire import IFINFO, NLHDR, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, RTM_GETLINK
+from netplugin.frontends.daemon.linkview import LinkView, Lost
+
 __all__ = ["KernelWatch"]
 
 log = logging.getLogger("netplugin.repair")
@@ -33,17 +37,24 @@ _NETLINK_NETFILTER = 12
 _SOL_NETLINK = 270
 _NETLINK_ADD_MEMBERSHIP = 1
 _NFNLGRP_NFTABLES = 7
+_RTNLGRP_LINK = 1
+_RTNLGRP_TC = 4
+_RTNLGRP_IPV4_IFADDR = 5
 _RTNLGRP_IPV4_ROUTE = 7
+_RTNLGRP_IPV6_IFADDR = 9
 _RTNLGRP_IPV6_ROUTE = 11
 _RTM_DELROUTE = 25
-_NLMSG_HDR = struct.Struct("=IHHII")
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
+_LINK_GROUPS = (_RTNLGRP_LINK, _RTNLGRP_TC, _RTNLGRP_IPV4_IFADDR, _RTNLGRP_IPV6_IFADDR)
 #: a burst of changes (a flush removes routes one message at a time) is acted on once
 SETTLE = 0.05
+#: what an nftables change may have flushed
+NFT_KINDS = frozenset({"egress", "hostport"})
 
 
 def _subscribe(proto: int, groups: tuple[int, ...]) -> socket.socket:
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
     sock.bind((0, 0))
     for group in groups:
         sock.setsockopt(_SOL_NETLINK, _NETLINK_ADD_MEMBERSHIP, group)
@@ -53,35 +64,79 @@ def _subscribe(proto: int, groups: tuple[int, ...]) -> socket.socket:
 def _deleted_routes(data: bytes, protocol: int) -> bool:
     """Whether the messages in ``data`` delete a route of ``protocol``."""
     offset = 0
-    while offset + _NLMSG_HDR.size <= len(data):
-        length, kind, _, _, _ = _NLMSG_HDR.unpack_from(data, offset)
-        if length < _NLMSG_HDR.size:
+    while offset + NLHDR.size <= len(data):
+        length, kind, _, _, _ = NLHDR.unpack_from(data, offset)
+        if length < NLHDR.size:
             break
-        body = offset + _NLMSG_HDR.size
+        body = offset + NLHDR.size
         if kind == _RTM_DELROUTE and body + _RTMSG.size <= len(data) and _RTMSG.unpack_from(data, body)[5] == protocol:
             return True
         offset += (length + 3) & ~3
     return False
 
 
-class KernelWatch:
-    """Tells ``on_change(kinds)`` which of netplugin's node objects a kernel change may have hit."""
+def _done(data: bytes) -> bool:
+    """Whether ``data`` holds the NLMSG_DONE that ends a dump."""
+    offset = 0
+    while offset + NLHDR.size <= len(data):
+        length, kind, _, _, _ = NLHDR.unpack_from(data, offset)
+        if kind == NLMSG_DONE:
+            return True
+        if length < NLHDR.size:
+            break
+        offset += (length + 3) & ~3
+    return False
 
-    def __init__(self, on_change: Callable[[set[str]], None], *, route_protocol: int) -> None:
+
+class KernelWatch:
+    """Tells ``on_change(kinds)`` which node objects, and ``on_lost(lost)`` which interfaces, a change hit."""
+
+    def __init__(
+        self,
+        on_change: Callable[[set[str]], None],
+        *,
+        route_protocol: int,
+        on_lost: Callable[[Lost], None] | None = None,
+    ) -> None:
         self.on_change = on_change
+        self.on_lost = on_lost
         self.route_protocol = route_protocol
+        self.view = LinkView()
+        #: how often the thread woke: only for kernel notifications (an idle node: never)
+        self.wakeups = 0
         self._stop_r, self._stop_w = socket.socketpair()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         routes = _subscribe(socket.NETLINK_ROUTE, (_RTNLGRP_IPV4_ROUTE, _RTNLGRP_IPV6_ROUTE))
+        links = None
+        if self.on_lost is not None:
+            links = _subscribe(socket.NETLINK_ROUTE, _LINK_GROUPS)
+            # One dump seeds the view (each link's master, MTU, hairpin); its answers arrive as
+            # RTM_NEWLINK messages like the notifications, and are read by the same loop.
+            flags = NLM_F_REQUEST | NLM_F_DUMP
+            links.send(NLHDR.pack(NLHDR.size + IFINFO.size, RTM_GETLINK, flags, 1, 0) + IFINFO.pack(0, 0, 0, 0, 0))
+            self._seed(links)
         try:
             nft = _subscribe(_NETLINK_NETFILTER, (_NFNLGRP_NFTABLES,))
         except OSError as e:  # no nf_tables here: routes are still watched
-            log.warning("cannot watch nftables changes (%s): the egress table is not repaired", e)
+            log.warning("cannot watch nftables changes (%s): the egress and hostPort tables are not repaired", e)
             nft = None
-        self._thread = threading.Thread(target=self._loop, args=(routes, nft), name="netplugin-repair", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, args=(routes, links, nft), name="netplugin-repair", daemon=True
+        )
         self._thread.start()
+
+    def _seed(self, links: socket.socket) -> None:
+        """Read the dump's answers (until NLMSG_DONE) into the view; what they "lose" is no loss."""
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            if not select.select([links], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                break
+            data = links.recv(1 << 16)
+            self.view.feed(data)
+            if _done(data):
+                break
 
     def stop(self) -> None:
         self._stop_w.send(b"x")
@@ -90,25 +145,36 @@ class KernelWatch:
         self._stop_r.close()
         self._stop_w.close()
 
-    def _loop(self, routes: socket.socket, nft: socket.socket | None) -> None:
-        socks = [s for s in (routes, nft) if s is not None]
+    def _loop(self, routes: socket.socket, links: socket.socket | None, nft: socket.socket | None) -> None:
+        socks = [s for s in (routes, links, nft) if s is not None]
         try:
             while True:
                 ready, _, _ = select.select([self._stop_r, *socks], [], [])  # blocks: no wakeup while idle
                 if self._stop_r in ready:
                     return
-                kinds = self._read(ready, routes, nft)
+                self.wakeups += 1
+                lost = Lost(set(), set())
+                kinds = self._read(ready, routes, links, nft, lost)
                 time.sleep(SETTLE)
-                kinds |= self._read(select.select(socks, [], [], 0)[0], routes, nft)  # the rest of the burst
+                kinds |= self._read(select.select(socks, [], [], 0)[0], routes, links, nft, lost)  # the burst's rest
                 if kinds:
                     self.on_change(kinds)
+                if lost and self.on_lost is not None:
+                    self.on_lost(lost)
         finally:
             for s in socks:
                 s.close()
 
-    def _read(self, ready: Sequence[object], routes: socket.socket, nft: socket.socket | None) -> set[str]:
+    def _read(
+        self,
+        ready: Sequence[object],
+        routes: socket.socket,
+        links: socket.socket | None,
+        nft: socket.socket | None,
+        lost: Lost,
+    ) -> set[str]:
         kinds: set[str] = set()
-        for sock in (routes, nft):
+        for sock in (routes, links, nft):
             while sock is not None and sock in ready:
                 try:
                     data = sock.recv(1 << 16, socket.MSG_DONTWAIT)
@@ -116,10 +182,15 @@ class KernelWatch:
                     break
                 except OSError as e:  # ENOBUFS: messages were lost; look at everything
                     log.warning("kernel notifications overflowed (%s): checking everything", e)
-                    kinds |= {"route", "egress"}
+                    kinds |= {"route", *NFT_KINDS}
+                    lost.damaged.add("")  # "" stands for every pod
                     break
                 if sock is nft:
-                    kinds.add("egress")
+                    kinds |= NFT_KINDS
+                elif sock is links:
+                    found = self.view.feed(data)
+                    lost.gone |= found.gone
+                    lost.damaged |= found.damaged
                 elif _deleted_routes(data, self.route_protocol):
                     kinds.add("route")
         return kinds

@@ -99,7 +99,7 @@ NODE_PROBLEMS = Series(
     "netplugin_node_problems",
     "gauge",
     ("kind",),
-    "What this node cannot act on, by kind (route refusals, unreadable Nodes, failing watches).",
+    "What this node cannot act on, by kind (route refusals, unreadable Nodes, failing watches, broken pods).",
 )
 NODES = Series("netplugin_nodes", "gauge", (), "Nodes in the cluster, as last read.")
 NODE_SYNCS = Series("netplugin_node_syncs_total", "counter", (), "Passes over the nodes (route reconciliations).")

@@ -29,6 +29,9 @@
   (:meth:`NodeKeeper.problems`; ``netplugin nodes`` shows them). Routes need ``cluster_cidrs``:
   without it nothing is routed, and each other node's CIDR is a problem that says so.
 
+* it puts back what a kernel change took (:mod:`.kernelwatch`): routes, egress and hostPort
+  tables, and via :mod:`.podrepair` what pods' plugins made (docs/self-repair.md).
+
 Routes stay when the daemon stops: a restart (an upgrade) must not cut pods off from the other
 nodes. A node leaving the cluster loses its routes on every other node.
 """
@@ -36,6 +39,7 @@ nodes. A node leaving the cluster loses its routes on every other node.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -44,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError, NetpluginError
 from netplugin.core.node import NodeInfo
+from netplugin.core.plugin import REPAIR_KINDS
 from netplugin.frontends.daemon import metrics
 from netplugin.frontends.daemon.metrics import family
 from netplugin.hosts.base import ClusterHost
@@ -56,7 +61,9 @@ if TYPE_CHECKING:
 
     from netplugin.core.config import Config
     from netplugin.frontends.daemon.kernelwatch import KernelWatch
+    from netplugin.frontends.daemon.podrepair import PodRepairer
     from netplugin.hosts import Host
+    from netplugin.manager.manager import Manager
     from netplugin.nodenet.egress import Egress, EgressRules
     from netplugin.nodenet.forward import Forward
     from netplugin.nodenet.routes import RouteReport, RouteTable
@@ -70,6 +77,8 @@ STATIC_POLL = 2.0
 #: how long the daemon's start waits for the first pass of a host without watches (a bound: the
 #: pass reads files and the kernel; its nft call has its own time limit)
 FIRST_PASS_WAIT = 30.0
+#: repairs closer together than this count as one incident (what doctor calls recurring counts these)
+INCIDENT_GAP = 2.0
 
 
 class NodeKeeper:
@@ -84,6 +93,7 @@ class NodeKeeper:
         egress: Egress | None = None,
         forward: Forward | None = None,
         on_pod_deleted: Callable[[str, str], None] | None = None,
+        pods: Callable[[], Manager] | None = None,
     ) -> None:
         self.config = config
         self.host = host
@@ -118,11 +128,20 @@ class NodeKeeper:
         #: kernel changes that may have hit what is netplugin's (see .kernelwatch), and the repairs made
         self._repair: set[str] = set()
         self.repairs: Counter[str] = Counter()
+        #: breakages repaired: repairs less than INCIDENT_GAP apart are one (a flush, however many objects)
+        self.incidents = 0
+        self._last_incident = -INCIDENT_GAP
         self._watch: KernelWatch | None = None
+        self._lock = threading.Lock()
+        #: pod-level self-repair (its chains' ``repair``), with the daemon's manager
+        self.pods: PodRepairer | None = None
+        if pods is not None:
+            from netplugin.frontends.daemon.podrepair import PodRepairer
+
+            self.pods = PodRepairer(pods, self.repairs, self._lock, self._incident)
         self._kick = threading.Event()
         self._first = threading.Event()  #: the first pass is over (whatever it found)
         self._stop = threading.Event()
-        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     # --- life cycle ------------------------------------------------------------------------------
@@ -134,17 +153,20 @@ class NodeKeeper:
         inside the daemon's."""
         if self.cluster is not None:
             self.cluster.start_watching(self.kick, on_pod_deleted=self.on_pod_deleted)
-        if self.routes is not None or self.egress is not None:
+        if self.routes is not None or self.egress is not None or self.pods is not None:
             from netplugin.frontends.daemon.kernelwatch import KernelWatch
             from netplugin.nodenet.routes import RTPROT_NETPLUGIN
 
-            watch = KernelWatch(self.repair, route_protocol=RTPROT_NETPLUGIN)
+            on_lost = self.pods.lost if self.pods is not None else None
+            watch = KernelWatch(self.repair, route_protocol=RTPROT_NETPLUGIN, on_lost=on_lost)
             try:
                 watch.start()
                 self._watch = watch
             except OSError as e:  # routes and egress are still kept, by the periodic pass only
                 watch.stop()
                 log.warning("cannot watch the kernel's route changes (%s): no self-repair", e)
+        if self.pods is not None:
+            self.pods.start()
         self._thread = threading.Thread(target=self._loop, name="netplugin-nodes", daemon=True)
         self._thread.start()
         if not self.watching:
@@ -153,6 +175,8 @@ class NodeKeeper:
     def stop(self) -> None:
         if self._watch is not None:
             self._watch.stop()
+        if self.pods is not None:
+            self.pods.stop()
         self._stop.set()
         self._kick.set()
         if self._thread is not None:
@@ -175,7 +199,7 @@ class NodeKeeper:
         self._kick.set()
 
     def repair(self, kinds: set[str]) -> None:
-        """The kernel changed where netplugin's ``kinds`` ("route", "egress") live: check them now."""
+        """The kernel changed where netplugin's ``kinds`` ("route", "egress", "hostport") live: check them now."""
         with self._lock:
             self._repair |= kinds
         self._kick.set()
@@ -183,24 +207,53 @@ class NodeKeeper:
     def _repair_now(self, kinds: set[str]) -> None:
         """Put back what a kernel change removed (on the keeper's thread, which owns the routes)."""
         start = time.monotonic()
+        fixed = []
+        if "hostport" in kinds and self.pods is not None:
+            fixed += self._repair_hostports()
         egress_gone = False
         if "egress" in kinds and self.egress is not None and self.egress_rules is not None and not self.departed:
             try:
                 egress_gone = not self.egress.present()
             except NetpluginError as e:
                 log.error("repair: cannot check the egress table: %s", e.message)
-        if not egress_gone and "route" not in kinds:
-            return
+        if self.nodes is not None and (egress_gone or "route" in kinds):
+            self._resync(kinds, egress_gone, fixed)
+        for kind, what in fixed:
+            self._repaired(kind, what, start)
+        if fixed:
+            self._incident()
+
+    def _incident(self) -> None:
+        """Something was put back (node- or pod-level): an incident unless one was counted just now."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last_incident >= INCIDENT_GAP:
+                self.incidents += 1
+            self._last_incident = now
+
+    def _resync(self, kinds: set[str], egress_gone: bool, fixed: list[tuple[str, str]]) -> None:
         self.sync(force=True)
-        fixed = []
         if egress_gone and self.egress_rules is not None:
             fixed.append(("egress", f"nftables table inet {self.egress.table if self.egress else ''} reinstalled"))
         added = self.report.added if self.report is not None else ()
         if "route" in kinds and added:
             fixed.append(("route", f"routes re-added: {', '.join(added)}"))
-        for kind, what in fixed:
+
+    def _repaired(self, kind: str, what: str, start: float) -> None:
+        with self._lock:
             self.repairs[kind] += 1
-            log.warning("repair (%s) in %.3fs: %s", kind, time.monotonic() - start, what)
+        log.warning("repair (%s) in %.3fs: %s", kind, time.monotonic() - start, what)
+
+    def _repair_hostports(self) -> list[tuple[str, str]]:
+        """The hostPort table, rebuilt from its records when a pod holds hostPorts and it is gone."""
+        from netplugin.plugins.hostport import restore_table
+
+        try:
+            done = restore_table(os.path.join(self.config.state_dir, "hostport"))
+        except NetpluginError as e:
+            log.error("repair: cannot restore the hostPort table: %s", e.message)
+            return []
+        return [("hostport", done)] if done is not None else []
 
     def _synced(self) -> bool:
         cache = self.cluster.cache if self.cluster is not None else None
@@ -212,7 +265,7 @@ class NodeKeeper:
         while not self._stop.is_set():
             with self._lock:
                 repair, self._repair = self._repair, set()
-            if repair and self.nodes is not None:
+            if repair:
                 self._repair_now(repair)
             if self.watching and not self._synced():
                 self._kick.wait(0.2)  # until the first LIST is in: never act on an empty view
@@ -352,6 +405,10 @@ class NodeKeeper:
                 "last_sync_seconds": round(self.sync_seconds, 4),
                 "error": self.error,
                 "repairs": dict(self.repairs),
+                "broken": dict(self.pods.broken) if self.pods is not None else {},
+                "repair_incidents": self.incidents,
+                "kernel_wakeups": self._watch.wakeups if self._watch is not None else None,
+                "pod_repair_calls": self.pods.calls if self.pods is not None else None,
             }
             if self.report is not None:
                 out.update(self.report.to_dict())
@@ -366,7 +423,8 @@ class NodeKeeper:
 
         Each is ``{kind, node, cidr, reason}`` (``node``/``cidr`` empty when they do not apply);
         ``kind`` is a route problem's kind (:data:`netplugin.nodenet.routes.PROBLEM_KINDS`),
-        ``bad_node`` (a Node that cannot be read), or ``watch`` (a list+watch that is failing).
+        ``bad_node`` (a Node that cannot be read), ``watch`` (a list+watch that is failing), or
+        ``broken_pod`` (a ready pod whose host interface is gone: :mod:`.podrepair`).
         """
         with self._lock:
             report = self.report
@@ -379,6 +437,10 @@ class NodeKeeper:
             bad = self.cluster.node_problems()
             out += [{"kind": "bad_node", "node": n, "cidr": "", "reason": why} for n, why in bad]
             cache = self.cluster.cache
+        if self.pods is not None:
+            with self._lock:
+                broken = sorted(self.pods.broken.items())
+            out += [{"kind": "broken_pod", "node": "", "cidr": "", "reason": f"pod {p}: {why}"} for p, why in broken]
         if watch is None:
             watch = cache.status() if cache is not None else {}
         for resource, st in (watch or {}).items():
@@ -414,14 +476,15 @@ class _Collector:
         yield family(metrics.NODE_ROUTE_PROBLEMS, value=len(report.problems) if report else 0)
         by_kind = family(metrics.NODE_PROBLEMS)
         kinds = Counter(p["kind"] for p in k.problems())
-        for kind in (*PROBLEM_KINDS, "bad_node", "watch"):
+        for kind in (*PROBLEM_KINDS, "bad_node", "watch", "broken_pod"):
             by_kind.add_metric([kind], kinds.get(kind, 0))
         yield by_kind
         yield family(metrics.NODES, value=len(nodes or []))
         yield family(metrics.NODE_SYNCS, value=syncs)
         repairs = family(metrics.REPAIRS)
-        for kind in ("route", "egress"):
-            repairs.add_metric([kind], k.repairs[kind])
+        with k._lock:
+            for kind in REPAIR_KINDS:
+                repairs.add_metric([kind], k.repairs[kind])
         yield repairs
         if k.cluster is not None:
             yield from _cluster_metrics(k.cluster)

@@ -7,10 +7,15 @@ could not finish is not raised: its report comes first, then the error, as a loc
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from netplugin.frontends.wire.codes import error_classes
+from netplugin.frontends.wire.protocol import progress_line
 from netplugin.manager.gc import GcIncomplete, run_gc
 from netplugin.store.listing import list_pods, still_needed
 
@@ -20,7 +25,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("netplugin.daemon")
 
-__all__ = ["gc_answer", "pods_answer", "still_needed_answer"]
+__all__ = ["PROGRESS", "gc_answer", "pods_answer", "progress_sink", "still_needed_answer"]
+
+#: where a request's progress lines go: set per connection in the event loop, seen by the worker
+#: thread that runs the request (``asyncio.to_thread`` copies the context)
+PROGRESS: ContextVar[Callable[[str], None] | None] = ContextVar("netplugin_progress", default=None)
+
+
+def progress_sink(writer: asyncio.StreamWriter) -> Callable[[str], None]:
+    """Writes a progress line on ``writer`` from a worker thread, before the answer the loop writes
+    when the worker returns (both are loop callbacks, run in the order they were scheduled)."""
+    loop = asyncio.get_running_loop()
+
+    def send(text: str) -> None:
+        line = json.dumps(progress_line(text), separators=(",", ":")).encode() + b"\n"
+        loop.call_soon_threadsafe(writer.write, line)
+
+    return send
 
 
 def pods_answer(config: Config) -> dict[str, Any]:
@@ -44,8 +65,13 @@ def still_needed_answer(config: Config) -> dict[str, list[str]]:
 
 
 def gc_answer(manager: Manager, req: dict[str, Any]) -> dict[str, Any]:
-    """The ``gc`` op: the report, its text, and the error of a gc that could not finish (or None)."""
-    report = run_gc(manager, dry_run=bool(req.get("dry_run")), check_host=req.get("check_host") is not False)
+    """The ``gc`` op: the report, its text, and the error of a gc that could not finish (or None).
+
+    With ``"progress": true`` each pod gc waits for is sent as a progress line as it happens."""
+    progress = PROGRESS.get() if req.get("progress") is True else None
+    report = run_gc(
+        manager, dry_run=bool(req.get("dry_run")), check_host=req.get("check_host") is not False, progress=progress
+    )
     out: dict[str, Any] = {"report": report.to_dict(), "text": report.text(), "error": None, "classes": None}
     if report.failed:
         err = GcIncomplete(report.failed)

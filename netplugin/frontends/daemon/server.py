@@ -68,7 +68,7 @@ from netplugin.frontends.daemon.nativecalls import read_frame, run_frame
 from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 from netplugin.frontends.daemon.podqueue import Turns
 from netplugin.frontends.daemon.reconfig import Live, Reread, refused_text, reload_settings
-from netplugin.frontends.daemon.records import gc_answer, pods_answer, still_needed_answer
+from netplugin.frontends.daemon.records import PROGRESS, gc_answer, pods_answer, progress_sink, still_needed_answer
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.wire.codes import error_classes
 from netplugin.frontends.wire.protocol import (
@@ -129,7 +129,9 @@ class Daemon:
         manager.on_action = log_action  # one log line per pod action
         self.metrics_address: str | None = None
         self.gc = GcKeeper(lambda: self._live.manager, self.metrics.registry)
-        self.nodes = NodeKeeper(config, manager.host, on_pod_deleted=self.gc.pod_deleted)
+        self.nodes = NodeKeeper(
+            config, manager.host, on_pod_deleted=self.gc.pod_deleted, pods=lambda: self._live.manager
+        )
         self.nodes.register(self.metrics.registry)
         self.stats = _Stats(started=time.monotonic())
         self._plugin: str | None = None
@@ -152,7 +154,6 @@ class Daemon:
     @property
     def manager(self) -> Manager:
         return self._live.manager
-
     @property
     def fingerprint(self) -> dict[str, Any]:
         return self._live.fingerprint
@@ -328,6 +329,7 @@ class Daemon:
             if uid not in (0, os.geteuid()):
                 log.warning("refused a connection from uid %d (pid %d)", uid, pid)
                 return
+            PROGRESS.set(progress_sink(writer))  # this connection's task (and the workers it starts) only
             while True:
                 first = await reader.read(1)
                 if first == FRAME_MAGIC[:1]:  # the compiled shim's binary frame (a JSON line starts with "{")

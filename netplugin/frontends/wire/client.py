@@ -23,13 +23,14 @@ import posix
 from netplugin.core.defaults import CONNECT_TIMEOUT, answer_timeout
 from netplugin.frontends.wire.codec import loads
 from netplugin.frontends.wire.fingerprint import fingerprint
-from netplugin.frontends.wire.protocol import MAX_MESSAGE, encode_line
+from netplugin.frontends.wire.protocol import MAX_MESSAGE, encode_line, is_progress
 from netplugin.frontends.wire.protocol import request as build_request
 
 # Not typing's TYPE_CHECKING: importing typing would put the CLI's daemon path (and the Python shim's) over its target.
 TYPE_CHECKING = False
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from netplugin.core.config import Config
@@ -86,8 +87,22 @@ def send(sock: socket.socket, body: "dict[str, Any]", timeout: float | None) -> 
         raise NotSent(f"cannot send the request: {e.strerror or e}") from e
 
 
-def read_response(sock: socket.socket, buf: bytearray, op: str, timeout: float | None) -> "dict[str, Any]":
-    """The next answer line as a response object (``ok`` and ``result`` or ``error``)."""
+def read_response(
+    sock: socket.socket,
+    buf: bytearray,
+    op: str,
+    timeout: float | None,
+    on_progress: "Callable[[str], None] | None" = None,
+) -> "dict[str, Any]":
+    """The request's answer (``ok`` and ``result`` or ``error``); progress lines before it go to ``on_progress``."""
+    while True:
+        response = _read_line(sock, buf, op, timeout)
+        if on_progress is None or not is_progress(response):
+            return response
+        on_progress(response["progress"])
+
+
+def _read_line(sock: socket.socket, buf: bytearray, op: str, timeout: float | None) -> "dict[str, Any]":
     while True:
         end = buf.find(b"\n")
         if end >= 0:
@@ -149,14 +164,23 @@ class Connection:
     def close(self) -> None:
         self._sock.close()
 
-    def call(self, op: str, *, timeout: float | None = None, **args: "Any") -> "Any":
-        """Send one request and return its ``result``; re-raises the daemon's error as itself."""
+    def call(
+        self,
+        op: str,
+        *,
+        timeout: float | None = None,
+        on_progress: "Callable[[str], None] | None" = None,
+        **args: "Any",
+    ) -> "Any":
+        """Send one request and return its ``result``; re-raises the daemon's error as itself.
+
+        ``on_progress`` asks for progress lines (gc's) and gets each as it arrives."""
         from netplugin.core.errors import DaemonUnavailable, SystemFailure, error_from_dict
 
-        body = build_request(op, **args)
+        body = build_request(op, progress=True if on_progress is not None else None, **args)
         try:
             send(self._sock, body, timeout)
-            response = read_response(self._sock, self._buf, op, timeout)
+            response = read_response(self._sock, self._buf, op, timeout, on_progress)
         except NotSent as e:
             raise DaemonUnavailable(self.path, str(e)) from e
         except NoAnswer as e:
@@ -176,6 +200,7 @@ def request(
     *,
     config: "Config | None" = None,
     timeout: float | None = None,
+    on_progress: "Callable[[str], None] | None" = None,
     **args: "Any",
 ) -> "Any":
     """One request on a fresh connection. With ``config``, the daemon checks it runs the same settings.
@@ -188,4 +213,4 @@ def request(
         if timeout is None:
             timeout = answer_timeout(op, config.timeouts, config.timeout, config.kill_grace)
     with Connection(path) as conn:
-        return conn.call(op, timeout=timeout, **args)
+        return conn.call(op, timeout=timeout, on_progress=on_progress, **args)

@@ -10,12 +10,17 @@ connection, answered in order: ``{"v": 1, "op": "setup", "namespace": ..., "pod"
 in; ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}, "classes": [...]}`` out.
 
 ``op`` is one of :data:`OPS`: setup, teardown, status (pod triple required, :func:`pod_request`),
-init (``force``), plugins, pods, gc (``dry_run``, ``check_host``), health, and cni
+init (``force``), plugins, pods, gc (``dry_run``, ``check_host``, ``progress``), health, and cni
 (:func:`cni_request`: ``environ``, the ``CNI_*`` and ``NETPLUGIN_*`` variables, and ``stdin``, the
 network config; the result is ``{"code": exit status, "doc": what the shim prints}``). ``error`` is
 :meth:`~netplugin.core.errors.NetpluginError.to_dict` and ``classes`` the remote class and its
 bases, so the caller re-raises the very same error (same class, message, details and so the same
 exit code) as the local run would.
+
+Progress lines: a request with ``"progress": true`` (gc's) may be answered, before its one answer,
+by any number of ``{"ok": true, "progress": "text"}`` lines (:func:`is_progress`), one per thing
+the caller would see printed if it ran the operation itself (a pod gc waits for). A request
+without it never gets one, so older clients read answers as before.
 
 ``config`` is the caller's :func:`~.fingerprint.fingerprint`: the daemon refuses, with DaemonUnavailable, a
 request made under different settings (:func:`~.fingerprint.differing_settings`), because it would not do
@@ -137,6 +142,16 @@ def encode_line(message: "dict[str, Any]") -> bytes:
 def request(op: str, **args: "Any") -> "dict[str, Any]":
     """The request for ``op``; arguments that are None are left out (the daemon's defaults apply)."""
     return {"v": PROTOCOL_VERSION, "op": op, **{k: v for k, v in args.items() if v is not None}}
+
+
+def is_progress(response: "dict[str, Any]") -> bool:
+    """Whether an answer line is a progress line (see above), not the request's answer."""
+    return isinstance(response.get("progress"), str) and "result" not in response and "error" not in response
+
+
+def progress_line(text: str) -> "dict[str, Any]":
+    """A progress line's object."""
+    return {"ok": True, "progress": text}
 
 
 def settings(config_path: str | None, environ: "Mapping[str, str]", overrides: "Mapping[str, str]") -> "dict[str, Any]":

@@ -141,6 +141,7 @@ def _configure_bridge(s: BridgeSettings, step: _Step) -> int:
 # --- the plugin ----------------------------------------------------------------------------------------
 
 _IFA_F_NODAD = 0x02
+_ACTIONS = frozenset({"setup", "teardown", "status", "repair"})
 #: the modules whose code makes the plugin: a change to any of them runs init again
 _CODE = (
     "netplugin.plugins.bridge.bridge_plugin",
@@ -306,11 +307,12 @@ class NativeBridgePlugin:
 
     # --- init ----------------------------------------------------------------------------------------
 
-    def init(self, ctx: CallContext) -> None:
+    def init(self, ctx: CallContext) -> frozenset[str]:
         """Bridge up with the gateway addresses (MAC pinned), forwarding on, IPAM dirs checked."""
         with self._action("init", None, ctx.timeout) as step:
             step.what = "read the settings"
             self._init(self.settings(ctx.env, ctx.state_dir), step)
+        return _ACTIONS
 
     def _init(self, s: BridgeSettings, step: _Step) -> int:
         """IPAM check, bridge, forwarding; returns the bridge's ifindex. Idempotent."""
@@ -446,6 +448,22 @@ class NativeBridgePlugin:
             # Only now: the address must not be handed out while the old pod still has it.
             step.what = f"release the addresses of {pod.infra_id}"
             self.ipam(s).release(pod.infra_id, timeout=ctx.timeout)
+
+    # --- repair ----------------------------------------------------------------------------------------
+
+    def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
+        """The bridge (addresses, MTU, up) and the pod's port (master, hairpin), put back where lost."""
+        from netplugin.plugins.bridge.repair import repair_bridge, repair_port
+
+        with self._action("repair", pod, ctx.timeout) as step:
+            step.what = "read the settings"
+            s = self.settings(ctx.env, ctx.state_dir)
+            mtu = s.mtu if s.mtu is not None else read_record(s.mtu_record) or DEFAULT_MTU
+            step.what = f"repair bridge {s.name}"
+            bridge, lines = repair_bridge(s, mtu, lambda: self._init(s, step))
+            step.what = f"repair the port of {pod}"
+            lines += repair_port(host_veth_name(pod.infra_id), bridge, s.name, mtu)
+        return tuple(lines)
 
     # --- status ----------------------------------------------------------------------------------------
 

@@ -8,8 +8,12 @@ is gone. A live pod (its file there) is never touched.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
+
+from netplugin.frontends.wire.client import exchange
 
 from .conftest import wait_for
 
@@ -126,3 +130,37 @@ def test_a_deleted_pod_whose_teardown_never_came_is_collected(
         assert "the host says the pod no longer exists" in d.output(), d.output()
     finally:
         api.close()
+
+
+def test_gc_through_the_daemon_streams_each_pod_it_waits_for(
+    start_daemon: Any, cli: Any, plugin_dir: Any, cli_env: dict[str, str]
+) -> None:
+    """The progress line reaches the CLI while the daemon's gc still waits (streamed, not in the answer)."""
+    p = plugin_dir.install("scripted")
+    p.set("setup", sleep=4)
+    env = {"NETPLUGIN_PLUGIN": "scripted"}
+    start_daemon(env=env)
+    full = {**cli_env, **env, "NETPLUGIN_USE_DAEMON": "always", "NP_TEST_ORIGIN": "cli"}
+
+    def popen(*args: str) -> subprocess.Popen[str]:
+        argv = [sys.executable, "-m", "netplugin", *args]
+        return subprocess.Popen(argv, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    slow = popen("setup", "default", "web-0", "infra0")
+    try:
+        wait_for(lambda: "setup" in " ".join(p.calls()), "the slow setup to start")
+        gc = popen("gc")
+        assert gc.stderr is not None
+        first = gc.stderr.readline()
+        still_waiting = gc.poll() is None and slow.poll() is None
+        out, err = gc.communicate(timeout=60)
+        assert "tore down" not in out  # the pod in setup is not collected
+    finally:
+        slow.communicate(timeout=60)
+    assert first.startswith("gc: waiting for default/web-0 (infra infra0): an action on it is in progress"), first
+    assert still_waiting  # the line came while gc waited: streamed, not with the answer
+    assert gc.returncode == 0 and slow.returncode == 0, err
+    assert p.env_of("setup")["NP_TEST_ORIGIN"] == "daemon"  # both ran in the daemon
+    # A client that does not ask for progress gets the answer alone, as before.
+    answer = exchange(full["NETPLUGIN_RUN_DIR"] + "/netplugin.sock", {"v": 1, "op": "gc"}, timeout=60)
+    assert answer["ok"] and "progress" not in answer

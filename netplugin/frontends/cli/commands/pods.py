@@ -131,7 +131,12 @@ def gc(st: State, dry_run: bool, no_host_check: bool, forget: str | None) -> Non
         done = forget_pod(st.manager, forget)
         st.emit(done.to_dict(), done.text())
         return
-    remote = st.daemon("gc", dry_run=dry_run or None, check_host=False if no_host_check else None)
+    def progress(line: str) -> None:
+        click.echo(f"gc: {line}", err=True)
+
+    remote = st.daemon(
+        "gc", dry_run=dry_run or None, check_host=False if no_host_check else None, on_progress=progress
+    )
     if remote is not LOCAL:
         st.emit(remote["report"], remote["text"])
         if remote["error"] is not None:
@@ -140,9 +145,6 @@ def gc(st: State, dry_run: bool, no_host_check: bool, forget: str | None) -> Non
             raise error_from_dict(remote["error"], remote["classes"])
         return
     from netplugin.manager.gc import GcIncomplete, run_gc
-
-    def progress(line: str) -> None:
-        click.echo(f"gc: {line}", err=True)
 
     report = run_gc(st.manager, dry_run=dry_run, check_host=not no_host_check, progress=progress)
     st.emit(report.to_dict(), report.text())

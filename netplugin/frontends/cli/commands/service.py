@@ -77,6 +77,10 @@ def health(st: State, wait: float) -> None:
     h = request(st.config.socket_path, "health", timeout=wait)
     stuck = f"; {len(h['stuck'])} plugin call(s) stuck past their time limits" if h.get("stuck") else ""
     refused = f"; {h['refused']}" if h.get("refused") else ""
-    st.emit(h, f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s{stuck}{refused}")
+    # A broken pod is reported, not a reason for the probe to restart the daemon (it cannot mend it).
+    n = len((h.get("node") or {}).get("broken") or {})
+    broken = f"; {n} pod(s) broken, their host interface gone (see netplugin doctor)" if n else ""
+    up = f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s"
+    st.emit(h, f"{up}{stuck}{broken}{refused}")
     if refused:
         raise click.exceptions.Exit(EXIT_DOCTOR_PROBLEMS)
