@@ -25,7 +25,14 @@ from collections.abc import Iterable, Sequence
 
 from netplugin.core.errors import NetpluginError, PluginFailed
 from netplugin.core.fileio import atomic_write
-from netplugin.core.hostports import ENV_HOST_PORTS, HOSTPORT_TABLE, HostPort, parse_env
+from netplugin.core.hostports import (
+    ENV_HOST_PORTS,
+    HOSTPORT_TABLE,
+    LOCALHOST_DEFAULT,
+    HostPort,
+    localhost_enabled,
+    parse_env,
+)
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext, PodNetworkStatus
 
@@ -33,6 +40,7 @@ __all__ = [
     "HOSTPORT_NAME",
     "TABLE",
     "HostPortPlugin",
+    "base_script",
     "chain_name",
     "forget",
     "pod_script",
@@ -50,13 +58,29 @@ add map {TABLE} ports {{ type inet_proto . inet_service : verdict; }}
 add chain {TABLE} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}
 add chain {TABLE} output {{ type nat hook output priority -100; policy accept; }}
 add chain {TABLE} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}
+add chain {TABLE} guard {{ type filter hook input priority filter; policy accept; }}
 flush chain {TABLE} prerouting
 flush chain {TABLE} output
 flush chain {TABLE} postrouting
-add rule {TABLE} prerouting fib daddr type local meta l4proto . th dport vmap @ports
-add rule {TABLE} output fib daddr type local meta l4proto . th dport vmap @ports
-add rule {TABLE} postrouting meta mark & {HAIRPIN_MARK} == {HAIRPIN_MARK} masquerade
+flush chain {TABLE} guard
 """
+#: kube-proxy's guard for route_localnet (always in: it also covers a route_localnet the setting left on)
+_GUARD = f"""add rule {TABLE} guard ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ct status & dnat != dnat \
+ct state != {{ established, related }} drop
+add rule {TABLE} postrouting meta mark & {HAIRPIN_MARK} == {HAIRPIN_MARK} masquerade
+add rule {TABLE} postrouting ip saddr 127.0.0.0/8 ct status dnat masquerade
+"""
+
+
+def base_script(localhost: bool) -> str:
+    """The table's map and base chains, rewritten; 127.0.0.0/8 is DNATed only when ``localhost`` (the
+    setting ``NETPLUGIN_HOSTPORT_LOCALHOST``), ::1 never (IPv6 has no route_localnet)."""
+    lines = [_BASE.rstrip("\n")]
+    for chain in ("prerouting", "output"):
+        skip = ["ip6 daddr ::1"] if localhost else ["ip daddr 127.0.0.0/8", "ip6 daddr ::1"]
+        lines += [f"add rule {TABLE} {chain} {match} return" for match in skip]
+        lines.append(f"add rule {TABLE} {chain} fib daddr type local meta l4proto . th dport vmap @ports")
+    return "\n".join(lines) + "\n" + _GUARD
 
 
 def chain_name(infra_id: str) -> str:
@@ -112,9 +136,9 @@ def _read_record(path: str) -> tuple[str, list[str], list[str]] | None:
     return holder, keys, [r for r in lines[2:] if r.startswith(f"add rule {TABLE} ")]
 
 
-def rebuild_script(records_dir: str) -> str:
+def rebuild_script(records_dir: str, localhost: bool = LOCALHOST_DEFAULT) -> str:
     """The whole table from the records: ``table``; ``delete table``; base; every recorded pod."""
-    lines = [f"table {TABLE}", f"delete table {TABLE}", _BASE.rstrip("\n")]
+    lines = [f"table {TABLE}", f"delete table {TABLE}", base_script(localhost).rstrip("\n")]
     names = sorted(os.listdir(records_dir)) if os.path.isdir(records_dir) else []
     for chain in (n for n in names if re.fullmatch(r"pod_[0-9a-f]{12}", n)):
         record = _read_record(os.path.join(records_dir, chain))
@@ -178,13 +202,36 @@ def _ports_held(nft: str) -> dict[str, str] | None:
     return {f"{p}.{port}": chain for p, port, chain in _ELEMENT.findall(out.stdout)}
 
 
-def _flush_udp(ports: Iterable[str]) -> None:
+def _flush_udp(ports: Iterable[str], path: str | None) -> None:
     """Delete the conntrack entries of UDP ``ports``: a flow that predates the DNAT would keep going
-    to whoever had the port before. With the ``conntrack`` command, as the bash plugin."""
-    tool = shutil.which("conntrack")
+    to whoever had the port before. With the ``conntrack`` command on ``path``, as the bash plugin
+    (``netplugin doctor`` reports it missing)."""
+    tool = shutil.which("conntrack", path=path)
     for port in ports if tool else ():
         # exit 1: no entry to delete, the common case
         subprocess.run([tool or "conntrack", "-D", "-p", "udp", "--dport", port], capture_output=True, timeout=30)
+
+
+def _route_localnet(ip_cmd: str, pod_ips: Sequence[str]) -> None:
+    """``route_localnet`` on for the link that routes to ``pod_ips`` (the pod's bridge) and no other:
+    a DNAT from 127.0.0.1 leaves by it, and the answer comes back by it. Raises NetpluginError."""
+    for pod_ip in pod_ips:
+        try:
+            out = subprocess.run([ip_cmd, "-o", "-4", "route", "get", pod_ip], capture_output=True, text=True,
+                                 timeout=30, check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise NetpluginError(f"cannot run {ip_cmd}: {e}") from e
+        dev = re.search(r" dev (\S+)", out.stdout)
+        if out.returncode != 0 or dev is None:
+            raise NetpluginError(f"no route to the pod's address {pod_ip}: {out.stderr.strip()}")
+        path = f"/proc/sys/net/ipv4/conf/{dev.group(1)}/route_localnet"
+        try:
+            with open(path, "r+", encoding="ascii") as f:
+                if f.read().strip() != "1":
+                    f.seek(0)  # a sysctl ignores a write past offset 0
+                    f.write("1")
+        except OSError as e:
+            raise NetpluginError(f"cannot turn route_localnet on for {dev.group(1)}: {e}") from e
 
 
 class HostPortPlugin:
@@ -192,8 +239,9 @@ class HostPortPlugin:
 
     name = HOSTPORT_NAME
 
-    def __init__(self, nft: str = "nft") -> None:
+    def __init__(self, nft: str = "nft", ip: str = "ip") -> None:
         self.nft = nft
+        self.ip = ip
 
     def version(self) -> str:
         return "builtin:hostport:1"
@@ -210,7 +258,11 @@ class HostPortPlugin:
 
     def init(self, ctx: CallContext) -> frozenset[str]:
         """The table rebuilt from the records (every recorded pod's hostPorts back); the action mask."""
-        err = _nft(self.nft, rebuild_script(self._records(ctx)))
+        try:
+            localhost = localhost_enabled(ctx.env)
+        except NetpluginError as e:
+            raise self._fail("init", e.message) from None
+        err = _nft(self.nft, rebuild_script(self._records(ctx), localhost))
         if err:
             raise self._fail("init", f"cannot rebuild nftables table {TABLE}: {err}")
         return frozenset({"setup", "teardown"})
@@ -244,7 +296,11 @@ class HostPortPlugin:
         text = f"{pod.namespace}/{pod.name} {pod.infra_id}\n{' '.join(keys)}\n" + "".join(r + "\n" for r in rules)
         atomic_write(os.path.join(records, chain), text.encode(), mode=0o644)
         try:
-            _flush_udp(k.split(".")[1] for k in keys if k.startswith("udp."))
+            _flush_udp((k.split(".")[1] for k in keys if k.startswith("udp.")), ctx.env.get("PATH"))
+            if localhost_enabled(ctx.env):
+                _route_localnet(self.ip, [ip for ip in ips if ":" not in ip])
+        except NetpluginError as e:
+            raise self._fail("setup", e.message) from None
         except (OSError, subprocess.TimeoutExpired) as e:
             raise self._fail("setup", f"cannot flush the UDP conntrack entries: {e}") from None
         return None
