@@ -14,6 +14,7 @@ with the reason elsewhere. It never stands in for a peer that is not there.
 from __future__ import annotations
 
 import os
+import sys
 import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -70,6 +71,9 @@ def _code_uses(code: types.CodeType, helpers: set[str], globals_: dict[str, Any]
         return True
     if any(name in helpers and globals_.get(name) in _HELPERS for name in code.co_names):
         return True
+    # gopeers.require(...): the module by any name, and a helper's name as the attribute
+    if helpers & set(code.co_names) and any(globals_.get(n) is _MODULE for n in code.co_names):
+        return True
     return any(isinstance(c, types.CodeType) and _code_uses(c, helpers, globals_) for c in code.co_consts)
 
 
@@ -86,3 +90,4 @@ def uses_peers(funcs: Iterable[Callable[..., Any]]) -> bool:
 
 
 _HELPERS = (require, peer, missing_reason)
+_MODULE = sys.modules[__name__]
