@@ -84,7 +84,7 @@ def _one(field: str, host_port: Any, container_port: Any, protocol: Any, host_ip
         except ValueError:
             raise InvalidArgument(f"{field}.hostIP", host_ip, "must be an IP address") from None
         if addr.is_loopback:
-            reason = "loopback hostPorts need route_localnet (CVE-2020-8558): not supported"
+            reason = "a loopback hostIP needs route_localnet (CVE-2020-8558): not supported (docs/hostport.md)"
             raise InvalidArgument(f"{field}.hostIP", host_ip, reason)
         ip = str(addr)
     return HostPort(proto, _port(f"{field}.hostPort", host_port), _port(f"{field}.containerPort", container_port), ip)
