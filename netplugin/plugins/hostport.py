@@ -212,18 +212,25 @@ def _flush_udp(ports: Iterable[str], path: str | None) -> None:
         subprocess.run([tool or "conntrack", "-D", "-p", "udp", "--dport", port], capture_output=True, timeout=30)
 
 
+def _ip(ip_cmd: str, *args: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run([ip_cmd, *args], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NetpluginError(f"cannot run {ip_cmd}: {e}") from e
+
+
 def _route_localnet(ip_cmd: str, pod_ips: Sequence[str]) -> None:
-    """``route_localnet`` on for the link that routes to ``pod_ips`` (the pod's bridge) and no other:
+    """``route_localnet`` on for the bridge that routes to ``pod_ips`` (the pod's) and no other link:
     a DNAT from 127.0.0.1 leaves by it, and the answer comes back by it. Raises NetpluginError."""
     for pod_ip in pod_ips:
-        try:
-            out = subprocess.run([ip_cmd, "-o", "-4", "route", "get", pod_ip], capture_output=True, text=True,
-                                 timeout=30, check=False)  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise NetpluginError(f"cannot run {ip_cmd}: {e}") from e
+        out = _ip(ip_cmd, "-o", "-4", "route", "get", pod_ip)
         dev = re.search(r" dev (\S+)", out.stdout)
         if out.returncode != 0 or dev is None:
             raise NetpluginError(f"no route to the pod's address {pod_ip}: {out.stderr.strip()}")
+        # never the underlay's link, whatever routes there
+        if " bridge forward_delay " not in _ip(ip_cmd, "-o", "-d", "link", "show", "dev", dev.group(1)).stdout:
+            raise NetpluginError(f"the pod's address {pod_ip} is not behind a bridge (via {dev.group(1)}): "
+                                 "route_localnet is only turned on for a bridge")  # fmt: skip
         path = f"/proc/sys/net/ipv4/conf/{dev.group(1)}/route_localnet"
         try:
             with open(path, "r+", encoding="ascii") as f:
@@ -281,6 +288,11 @@ class HostPortPlugin:
         chain, records = chain_name(pod.infra_id), self._records(ctx)
         keys = list(dict.fromkeys(_key(m) for m in maps))
         rules = pod_rules(chain, maps, ips)
+        try:  # first, so that a refusal applies nothing
+            if localhost_enabled(ctx.env):
+                _route_localnet(self.ip, [ip for ip in ips if ":" not in ip])
+        except NetpluginError as e:
+            raise self._fail("setup", e.message) from None
         err = _nft(self.nft, pod_script(chain, keys, rules))
         if err:
             held = _ports_held(self.nft) or {}
@@ -297,10 +309,6 @@ class HostPortPlugin:
         atomic_write(os.path.join(records, chain), text.encode(), mode=0o644)
         try:
             _flush_udp((k.split(".")[1] for k in keys if k.startswith("udp.")), ctx.env.get("PATH"))
-            if localhost_enabled(ctx.env):
-                _route_localnet(self.ip, [ip for ip in ips if ":" not in ip])
-        except NetpluginError as e:
-            raise self._fail("setup", e.message) from None
         except (OSError, subprocess.TimeoutExpired) as e:
             raise self._fail("setup", f"cannot flush the UDP conntrack entries: {e}") from None
         return None

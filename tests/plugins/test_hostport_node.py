@@ -24,6 +24,7 @@ from nodebridge import NodeBridge
 from portcheck import Server, ask
 
 from netplugin.core.hostports import ENV_LOCALHOST
+from netplugin.plugins.hostport import chain_name
 
 from .test_hostport import call
 
@@ -106,6 +107,19 @@ def test_the_guard_keeps_pods_off_the_nodes_localhost_services(node: NodeBridge,
         assert ask(pod, "127.0.0.2", 9999, timeout=2) == "node-localhost"  # what the guard stopped
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_route_localnet_goes_on_a_bridge_only(node: NodeBridge, tmp_path: Path, kind: str) -> None:
+    # an address that routes by the underlay link (a misordered chain): refused, eth0 left alone
+    _, host_ip, _ = node.outside()
+    hostport(node, kind, tmp_path, "init", **{ENV_LOCALHOST: "true"})
+    done = call(node.node, kind, tmp_path, "setup", "default", "odd", "infra-odd", NETPLUGIN_HOST_PORTS="tcp/31080/80",
+                NETPLUGIN_PREV_IPS=host_ip, **{ENV_LOCALHOST: "true"})  # fmt: skip
+    assert done.returncode != 0 and f"{host_ip} is not behind a bridge (via eth0)" in done.stderr, done.stderr
+    assert route_localnet(node, "eth0") == "0"
+    assert chain_name("infra-odd") not in node.in_node("nft", "list", "table", "inet", "netplugin_hostport").stdout
+    assert not (tmp_path / "hostport").is_dir() or not list((tmp_path / "hostport").glob("pod_*"))
 
 
 @pytest.mark.parametrize("kind", KINDS)
