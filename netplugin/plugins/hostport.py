@@ -9,6 +9,8 @@ interchangeable on a node and either can follow either bridge in a chain. What t
   a ``nft flush ruleset`` or a firewall reload, the daemon's start brings every hostPort back.
   :func:`rebuild_script` is what :meth:`HostPortPlugin.init` runs, and what the uninstall and
   self-repair can call (:func:`remove_table` takes it away).
+* with ``NETPLUGIN_HOSTPORT_LOCALHOST=true``, ``init`` also turns ``route_localnet`` back on for
+  the recorded pods' bridges (a bridge made again after a reboot starts with it off).
 * no bash: one ``nft`` process a setup or teardown.
 
 A record, ``$NETPLUGIN_STATE_DIR/hostport/<chain>``: line 1 ``namespace/name infra-id``, line 2
@@ -45,6 +47,7 @@ __all__ = [
     "forget",
     "pod_script",
     "rebuild_script",
+    "recorded_ipv4",
     "recorded_pods",
     "remove_table",
 ]
@@ -52,6 +55,7 @@ __all__ = [
 HOSTPORT_NAME = "netplugin.io/hostport"
 TABLE = HOSTPORT_TABLE
 HAIRPIN_MARK = "0x2000"
+_DNAT4 = re.compile(r" dnat ip to (\d+\.\d+\.\d+\.\d+):\d+$")
 _ELEMENT = re.compile(r"(tcp|udp|sctp) \. (\d+) : jump (pod_[0-9a-f]+)")
 _BASE = f"""add table {TABLE}
 add map {TABLE} ports {{ type inet_proto . inet_service : verdict; }}
@@ -150,6 +154,16 @@ def rebuild_script(records_dir: str, localhost: bool = LOCALHOST_DEFAULT) -> str
     return "\n".join(lines) + "\n"
 
 
+def recorded_ipv4(records_dir: str) -> list[str]:
+    """The IPv4 addresses the recorded pods' rules DNAT to (init turns route_localnet back on for them)."""
+    names = sorted(os.listdir(records_dir)) if os.path.isdir(records_dir) else []
+    out: set[str] = set()
+    for chain in (n for n in names if re.fullmatch(r"pod_[0-9a-f]{12}", n)):
+        record = _read_record(os.path.join(records_dir, chain))
+        out.update(m.group(1) for r in (record[2] if record else []) if (m := _DNAT4.search(r)))
+    return sorted(out)
+
+
 def recorded_pods(records_dir: str) -> dict[str, tuple[str, str]]:
     """Chain -> (``namespace/name``, infra id) of every pod record (gc's view of who holds rules)."""
     out = {}
@@ -219,16 +233,21 @@ def _ip(ip_cmd: str, *args: str) -> subprocess.CompletedProcess[str]:
         raise NetpluginError(f"cannot run {ip_cmd}: {e}") from e
 
 
-def _route_localnet(ip_cmd: str, pod_ips: Sequence[str]) -> None:
+def _route_localnet(ip_cmd: str, pod_ips: Sequence[str], strict: bool = True) -> None:
     """``route_localnet`` on for the bridge that routes to ``pod_ips`` (the pod's) and no other link:
-    a DNAT from 127.0.0.1 leaves by it, and the answer comes back by it. Raises NetpluginError."""
+    a DNAT from 127.0.0.1 leaves by it, and the answer comes back by it. Raises NetpluginError; an
+    address with no route or not behind a bridge is skipped when not ``strict`` (init's records)."""
     for pod_ip in pod_ips:
         out = _ip(ip_cmd, "-o", "-4", "route", "get", pod_ip)
         dev = re.search(r" dev (\S+)", out.stdout)
         if out.returncode != 0 or dev is None:
+            if not strict:
+                continue
             raise NetpluginError(f"no route to the pod's address {pod_ip}: {out.stderr.strip()}")
         # never the underlay's link, whatever routes there
         if " bridge forward_delay " not in _ip(ip_cmd, "-o", "-d", "link", "show", "dev", dev.group(1)).stdout:
+            if not strict:
+                continue
             raise NetpluginError(f"the pod's address {pod_ip} is not behind a bridge (via {dev.group(1)}): "
                                  "route_localnet is only turned on for a bridge")  # fmt: skip
         path = f"/proc/sys/net/ipv4/conf/{dev.group(1)}/route_localnet"
@@ -272,6 +291,11 @@ class HostPortPlugin:
         err = _nft(self.nft, rebuild_script(self._records(ctx), localhost))
         if err:
             raise self._fail("init", f"cannot rebuild nftables table {TABLE}: {err}")
+        if localhost:  # a bridge made again (a reboot) starts with route_localnet off
+            try:
+                _route_localnet(self.ip, recorded_ipv4(self._records(ctx)), strict=False)
+            except NetpluginError as e:
+                raise self._fail("init", e.message) from None
         return frozenset({"setup", "teardown"})
 
     def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:

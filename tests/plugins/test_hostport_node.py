@@ -122,6 +122,23 @@ def test_route_localnet_goes_on_a_bridge_only(node: NodeBridge, tmp_path: Path, 
     assert not (tmp_path / "hostport").is_dir() or not list((tmp_path / "hostport").glob("pod_*"))
 
 
+def test_the_native_init_turns_route_localnet_back_on_for_recorded_pods(node: NodeBridge, tmp_path: Path) -> None:
+    # a reboot makes the bridge again with route_localnet off; the daemon's start (init) restores it
+    # for the bridges of recorded pods, and only with the setting on
+    node.outside()
+    on = {ENV_LOCALHOST: "true"}
+    hostport(node, "bash", tmp_path, "init", **on)
+    pod_ip = node.add_pod("web")
+    hostport(node, "bash", tmp_path, "setup", "default", "web", "infra-web", NETPLUGIN_HOST_PORTS="tcp/31080/8080",
+             NETPLUGIN_PREV_IPS=f"{pod_ip},fd00:10:205::2", **on)  # fmt: skip
+    bridge = f"npbr{node.tag}"
+    for setting, want in (("false", "0"), ("true", "1")):
+        node.sysctl(f"/proc/sys/net/ipv4/conf/{bridge}/route_localnet", "0")
+        hostport(node, "native", tmp_path, "init", **{ENV_LOCALHOST: setting})
+        assert route_localnet(node, bridge) == want, setting
+    assert route_localnet(node, "eth0") == "0"
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_bad_localhost_setting_is_refused_naming_it(node: NodeBridge, tmp_path: Path, kind: str) -> None:
     done = call(node.node, kind, tmp_path, "init", **{ENV_LOCALHOST: "maybe"})
