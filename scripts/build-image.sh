@@ -10,7 +10,7 @@
 #   --rebuild      build the base and the image again even when cached
 #
 # Steps, each cached by a hash of its inputs:
-#   1. base: mmdebstrap a minimal Debian (python3, python3-venv, iproute2, util-linux, nftables,
+#   1. base: mmdebstrap a minimal Debian (python3, python3-venv, iproute2, util-linux, nftables, conntrack,
 #      procps) into a tarball and `podman import` it as localhost/netplugin-base:<hash of the recipe>;
 #      reused while that image exists (about 45 s to make, once per machine); the builder base
 #      likewise (the same Debian with gcc and libc6-dev) as localhost/netplugin-builder:<hash>, for
@@ -35,7 +35,7 @@ tag=${NETPLUGIN_IMAGE:-}
 python=${PYTHON:-python3}
 # podman here runs as a root without CAP_SYS_RESOURCE: its default rlimits cannot be set.
 ulimits=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
-base_packages=python3,python3-venv,iproute2,util-linux,nftables,procps,ca-certificates
+base_packages=python3,python3-venv,iproute2,util-linux,nftables,conntrack,procps,ca-certificates
 # What compiling the C shim needs (netplugin's build runs on python3, which the base has).
 builder_packages=$base_packages,gcc,libc6-dev
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what netplugin needs on a Debian/Ubuntu machine (as root), then netplugin itself.
-#   scripts/install-deps.sh            runtime: iproute2, flock, nftables, python3-venv; netplugin[daemon] in its
-#                                      own venv /opt/netplugin (PEP 668: Debian's python3 is left alone),
+#   scripts/install-deps.sh            runtime: iproute2, flock, nftables, conntrack, python3-venv;
+#                                      netplugin[daemon] in its own venv /opt/netplugin (PEP 668: Debian's python3 is left alone),
 #                                      linked onto PATH (scripts/install.sh --venv-only)
 #   scripts/install-deps.sh --test     the development path: pip install -e .[daemon,test,bench] into $PYTHON
 #                                      (python3; a .venv beside it if that one is externally managed),
@@ -21,6 +21,8 @@ fi
 debs=(iproute2 util-linux procps python3 python3-venv)
 # nftables: the `nft` command for the daemon's egress masquerade (netplugin/nodenet/egress.py)
 debs+=(nftables)
+# conntrack: the hostport members flush a UDP hostPort's stale conntrack entries with it
+debs+=(conntrack)
 # mmdebstrap: the image build (tests/deploy/test_image.py); systemd: systemd-analyze for the unit test
 [ "$want_test" = 1 ] && debs+=(shellcheck iputils-ping mmdebstrap systemd)
 # the containerd suite (tests/frontends/cni/test_containerd.py): a private containerd drives netplugin-cni

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gopeers import MARK, uses_peers
 from nettest import kernel_gate
 
 from netplugin.core.execplugin.invoke import Completed, SpawnError
@@ -25,6 +26,32 @@ SCRIPTABLE = Path(__file__).resolve().parent / "testplugins" / "scriptable"
 EXEC_PLUGINS = REPO / "exec_plugins"
 
 pytest_plugins = ["bridgenet"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--peers",
+        choices=("all", "without", "only"),
+        default="all",
+        help="run every test (all), those that need no Go-built peer (without), or only those that do "
+        "(only): scripts/test.sh's two phases",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``peers`` each test that needs a peer (tests/gopeers.py decides, never a hand list), then
+    keep the phase asked for by ``--peers``."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = [d for ds in (info.name2fixturedefs.values() if info else ()) for d in ds]
+        if uses_peers([f for f in (getattr(item, "function", None), *(d.func for d in defs)) if f is not None]):
+            item.add_marker(MARK)
+    phase = config.getoption("--peers")
+    if phase == "all":
+        return
+    keep = [i for i in items if (i.get_closest_marker(MARK) is not None) == (phase == "only")]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
 
 
 @pytest.fixture(autouse=True)

@@ -49,6 +49,9 @@ fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
 kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
 s = socket.socket(fam, kind)
 s.settimeout(float(sys.argv[4]))
+if int(sys.argv[5]):
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("::" if fam == socket.AF_INET6 else "0.0.0.0", int(sys.argv[5])))
 try:
     if kind == socket.SOCK_STREAM:
         s.connect((addr, port)); s.sendall(b"ping"); print(s.recv(64).decode())
@@ -87,10 +90,13 @@ class Server:
         self.proc.wait(10)
 
 
-def ask(netns: str | None, address: str, port: int, protocol: str = "tcp", timeout: float = 3.0) -> str:
-    """The answer of whatever serves ``address``:``port`` as seen from ``netns``; "" for none."""
+def ask(
+    netns: str | None, address: str, port: int, protocol: str = "tcp", timeout: float = 3.0, source_port: int = 0
+) -> str:
+    """The answer of whatever serves ``address``:``port`` as seen from ``netns``; "" for none.
+    ``source_port``: send from that port (one UDP flow across calls), else any."""
     done = subprocess.run(
-        _argv(netns, "-c", _ASK, protocol, address, str(port), str(timeout)),
+        _argv(netns, "-c", _ASK, protocol, address, str(port), str(timeout), str(source_port)),
         capture_output=True,
         text=True,
         timeout=timeout + 30,

@@ -11,7 +11,9 @@ its canonical form), already validated: a bash plugin splits it without parsing 
 
 Loopback host IPs (127.0.0.0/8, ::1) are refused: DNAT to a pod from them needs
 ``route_localnet``, the root of CVE-2020-8558 (services bound to localhost reachable from the
-node's neighbours).
+node's neighbours). A mapping without a host IP answers the node's own ``127.0.0.1`` only behind
+the explicit setting ``NETPLUGIN_HOSTPORT_LOCALHOST=true`` (default false; docs/hostport.md says
+the risk): the hostport member then turns ``route_localnet`` on for the pod's bridge alone.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from netplugin.core.plaindata import dataclass
 
 __all__ = [
     "ENV_HOST_PORTS",
+    "ENV_LOCALHOST",
     "HOSTPORT_TABLE",
+    "LOCALHOST_DEFAULT",
     "PROTOCOLS",
     "HostPort",
     "from_pod",
     "from_runtime_config",
+    "localhost_enabled",
     "parse_env",
     "pod_host_ports",
     "to_env",
@@ -43,6 +48,11 @@ PROTOCOLS = ("tcp", "udp", "sctp")
 #: more than a pod can sensibly ask for; bounds the rules one pod makes
 MAX_MAPPINGS = 256
 _KEYS = ("hostPort", "containerPort", "protocol", "hostIP")
+#: the setting that maps hostPorts on the node's 127.0.0.1 too (route_localnet on the pod's bridge)
+ENV_LOCALHOST = "NETPLUGIN_HOSTPORT_LOCALHOST"
+#: off: route_localnet exposes localhost-bound services to the bridge's neighbours (CVE-2020-8558)
+LOCALHOST_DEFAULT = False
+_FLAGS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +84,7 @@ def _one(field: str, host_port: Any, container_port: Any, protocol: Any, host_ip
         except ValueError:
             raise InvalidArgument(f"{field}.hostIP", host_ip, "must be an IP address") from None
         if addr.is_loopback:
-            reason = "loopback hostPorts need route_localnet (CVE-2020-8558): not supported"
+            reason = "a loopback hostIP needs route_localnet (CVE-2020-8558): not supported (docs/hostport.md)"
             raise InvalidArgument(f"{field}.hostIP", host_ip, reason)
         ip = str(addr)
     return HostPort(proto, _port(f"{field}.hostPort", host_port), _port(f"{field}.containerPort", container_port), ip)
@@ -126,6 +136,16 @@ def pod_host_ports(env: Mapping[str, str], pod: Mapping[str, Any] | None) -> dic
         return {}
     ports = to_env(from_pod(pod))
     return {ENV_HOST_PORTS: ports} if ports else {}
+
+
+def localhost_enabled(env: Mapping[str, str]) -> bool:
+    """The ``NETPLUGIN_HOSTPORT_LOCALHOST`` setting of a plugin's environment (unset or empty: the default)."""
+    raw = env.get(ENV_LOCALHOST, "")
+    if not raw:
+        return LOCALHOST_DEFAULT
+    if raw.lower() not in _FLAGS:
+        raise InvalidArgument(ENV_LOCALHOST, raw, "expected true or false")
+    return _FLAGS[raw.lower()]
 
 
 def to_env(maps: Iterable[HostPort]) -> str:

@@ -17,6 +17,8 @@
 ``bridge_netfilter``  bridge-nf-call-ip(6)tables on while the bridge plugin's bridge serves pods;
 ``forward``   pod traffic not dropped by an iptables FORWARD policy DROP (netplugin's chain accepts it);
 ``mtu``       the bridge plugin's MTU (configured, or recorded by init) not above the underlay's;
+``hostport``  with a hostport member in the chain: ``conntrack`` on the plugins' PATH (else stale UDP
+              flows are not flushed), and whether 127.0.0.1 hostPorts are on (route_localnet);
 ``dirs``      the state and run dirs are netplugin's own (root's, not group/world-writable, no links).
 
 A check that cannot be answered (no daemon to ask) is a problem, with how to fix it. The CLI
@@ -447,6 +449,26 @@ def check_mtu(node: Node) -> Check:
     return Check("mtu", f"{s.name} mtu {mtu or 'auto (init not run)'}, underlay {underlay}")
 
 
+_HOSTPORTS = ("hostport", "netplugin.io/hostport")
+
+
+def check_hostport(node: Node) -> Check:
+    import shutil
+
+    from netplugin.core.hostports import ENV_LOCALHOST, localhost_enabled
+
+    cfg = node.config
+    member = next((m for m in cfg.chain if m in _HOSTPORTS), None)
+    if member is None:
+        return Check("hostport", "no hostport member in the chain")
+    localhost = localhost_enabled(cfg.env)
+    what = f"{member}; 127.0.0.1 hostPorts {'on (route_localnet on the pod bridge)' if localhost else 'off'}"
+    if shutil.which("conntrack", path=cfg.env.get("PATH") or os.environ.get("PATH")) is None:
+        why = "no conntrack command: a UDP flow that reached the node before a pod's hostPort keeps missing the pod"
+        return Check("hostport", what, why, "install conntrack (Debian: apt-get install conntrack)")
+    return Check("hostport", what if not localhost else f"{what}; {ENV_LOCALHOST}=true")
+
+
 #: the checks, in the order they run (later ones use what earlier ones learned)
 CHECKS = (
     check_conflist,
@@ -459,6 +481,7 @@ CHECKS = (
     check_bridge_netfilter,
     check_forward,
     check_mtu,
+    check_hostport,
     check_repairs,
     check_dirs,
 )

@@ -9,6 +9,8 @@ interchangeable on a node and either can follow either bridge in a chain. What t
   a ``nft flush ruleset`` or a firewall reload, the daemon's start brings every hostPort back.
   :func:`rebuild_script` is what :meth:`HostPortPlugin.init` runs, and what the uninstall and
   self-repair can call (:func:`remove_table` takes it away).
+* with ``NETPLUGIN_HOSTPORT_LOCALHOST=true``, ``init`` also turns ``route_localnet`` back on for
+  the recorded pods' bridges (a bridge made again after a reboot starts with it off).
 * no bash: one ``nft`` process a setup or teardown.
 
 A record, ``$NETPLUGIN_STATE_DIR/hostport/<chain>``: line 1 ``namespace/name infra-id``, line 2
@@ -25,7 +27,14 @@ from collections.abc import Iterable, Sequence
 
 from netplugin.core.errors import NetpluginError, PluginFailed
 from netplugin.core.fileio import atomic_write
-from netplugin.core.hostports import ENV_HOST_PORTS, HOSTPORT_TABLE, HostPort, parse_env
+from netplugin.core.hostports import (
+    ENV_HOST_PORTS,
+    HOSTPORT_TABLE,
+    LOCALHOST_DEFAULT,
+    HostPort,
+    localhost_enabled,
+    parse_env,
+)
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext, PodNetworkStatus
 
@@ -33,10 +42,12 @@ __all__ = [
     "HOSTPORT_NAME",
     "TABLE",
     "HostPortPlugin",
+    "base_script",
     "chain_name",
     "forget",
     "pod_script",
     "rebuild_script",
+    "recorded_ipv4",
     "recorded_pods",
     "remove_table",
     "restore_table",
@@ -45,19 +56,36 @@ __all__ = [
 HOSTPORT_NAME = "netplugin.io/hostport"
 TABLE = HOSTPORT_TABLE
 HAIRPIN_MARK = "0x2000"
+_DNAT4 = re.compile(r" dnat ip to (\d+\.\d+\.\d+\.\d+):\d+$")
 _ELEMENT = re.compile(r"(tcp|udp|sctp) \. (\d+) : jump (pod_[0-9a-f]+)")
 _BASE = f"""add table {TABLE}
 add map {TABLE} ports {{ type inet_proto . inet_service : verdict; }}
 add chain {TABLE} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}
 add chain {TABLE} output {{ type nat hook output priority -100; policy accept; }}
 add chain {TABLE} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}
+add chain {TABLE} guard {{ type filter hook input priority filter; policy accept; }}
 flush chain {TABLE} prerouting
 flush chain {TABLE} output
 flush chain {TABLE} postrouting
-add rule {TABLE} prerouting fib daddr type local meta l4proto . th dport vmap @ports
-add rule {TABLE} output fib daddr type local meta l4proto . th dport vmap @ports
-add rule {TABLE} postrouting meta mark & {HAIRPIN_MARK} == {HAIRPIN_MARK} masquerade
+flush chain {TABLE} guard
 """
+#: kube-proxy's guard for route_localnet (always in: it also covers a route_localnet the setting left on)
+_GUARD = f"""add rule {TABLE} guard ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ct status & dnat != dnat \
+ct state != {{ established, related }} drop
+add rule {TABLE} postrouting meta mark & {HAIRPIN_MARK} == {HAIRPIN_MARK} masquerade
+add rule {TABLE} postrouting ip saddr 127.0.0.0/8 ct status dnat masquerade
+"""
+
+
+def base_script(localhost: bool) -> str:
+    """The table's map and base chains, rewritten; 127.0.0.0/8 is DNATed only when ``localhost`` (the
+    setting ``NETPLUGIN_HOSTPORT_LOCALHOST``), ::1 never (IPv6 has no route_localnet)."""
+    lines = [_BASE.rstrip("\n")]
+    for chain in ("prerouting", "output"):
+        skip = ["ip6 daddr ::1"] if localhost else ["ip daddr 127.0.0.0/8", "ip6 daddr ::1"]
+        lines += [f"add rule {TABLE} {chain} {match} return" for match in skip]
+        lines.append(f"add rule {TABLE} {chain} fib daddr type local meta l4proto . th dport vmap @ports")
+    return "\n".join(lines) + "\n" + _GUARD
 
 
 def chain_name(infra_id: str) -> str:
@@ -113,9 +141,9 @@ def _read_record(path: str) -> tuple[str, list[str], list[str]] | None:
     return holder, keys, [r for r in lines[2:] if r.startswith(f"add rule {TABLE} ")]
 
 
-def rebuild_script(records_dir: str) -> str:
+def rebuild_script(records_dir: str, localhost: bool = LOCALHOST_DEFAULT) -> str:
     """The whole table from the records: ``table``; ``delete table``; base; every recorded pod."""
-    lines = [f"table {TABLE}", f"delete table {TABLE}", _BASE.rstrip("\n")]
+    lines = [f"table {TABLE}", f"delete table {TABLE}", base_script(localhost).rstrip("\n")]
     names = sorted(os.listdir(records_dir)) if os.path.isdir(records_dir) else []
     for chain in (n for n in names if re.fullmatch(r"pod_[0-9a-f]{12}", n)):
         record = _read_record(os.path.join(records_dir, chain))
@@ -125,6 +153,16 @@ def rebuild_script(records_dir: str) -> str:
         lines += [f"add chain {TABLE} {chain}", *rules]
         lines += [f"add element {TABLE} ports {{ {_element(k)} : jump {chain} }}" for k in keys]
     return "\n".join(lines) + "\n"
+
+
+def recorded_ipv4(records_dir: str) -> list[str]:
+    """The IPv4 addresses the recorded pods' rules DNAT to (init turns route_localnet back on for them)."""
+    names = sorted(os.listdir(records_dir)) if os.path.isdir(records_dir) else []
+    out: set[str] = set()
+    for chain in (n for n in names if re.fullmatch(r"pod_[0-9a-f]{12}", n)):
+        record = _read_record(os.path.join(records_dir, chain))
+        out.update(m.group(1) for r in (record[2] if record else []) if (m := _DNAT4.search(r)))
+    return sorted(out)
 
 
 def recorded_pods(records_dir: str) -> dict[str, tuple[str, str]]:
@@ -154,13 +192,13 @@ def forget(records_dir: str, chain: str, nft: str = "nft") -> None:
         pass
 
 
-def restore_table(records_dir: str, nft: str = "nft") -> str | None:
+def restore_table(records_dir: str, nft: str = "nft", localhost: bool = LOCALHOST_DEFAULT) -> str | None:
     """Rebuild the table from the records when it is gone and a pod holds hostPorts (after ``nft flush
     ruleset``): what was done, or None when nothing was missing. Raises NetpluginError."""
     pods = recorded_pods(records_dir)
     if not pods or _ports_held(nft) is not None:
         return None
-    err = _nft(nft, rebuild_script(records_dir))
+    err = _nft(nft, rebuild_script(records_dir, localhost))
     if err:
         raise NetpluginError(f"cannot rebuild nftables table {TABLE}: {err}")
     return f"nftables table {TABLE} rebuilt from {len(pods)} pod record(s)"
@@ -191,13 +229,48 @@ def _ports_held(nft: str) -> dict[str, str] | None:
     return {f"{p}.{port}": chain for p, port, chain in _ELEMENT.findall(out.stdout)}
 
 
-def _flush_udp(ports: Iterable[str]) -> None:
+def _flush_udp(ports: Iterable[str], path: str | None) -> None:
     """Delete the conntrack entries of UDP ``ports``: a flow that predates the DNAT would keep going
-    to whoever had the port before. With the ``conntrack`` command, as the bash plugin."""
-    tool = shutil.which("conntrack")
+    to whoever had the port before. With the ``conntrack`` command on ``path``, as the bash plugin
+    (``netplugin doctor`` reports it missing)."""
+    tool = shutil.which("conntrack", path=path)
     for port in ports if tool else ():
         # exit 1: no entry to delete, the common case
         subprocess.run([tool or "conntrack", "-D", "-p", "udp", "--dport", port], capture_output=True, timeout=30)
+
+
+def _ip(ip_cmd: str, *args: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run([ip_cmd, *args], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NetpluginError(f"cannot run {ip_cmd}: {e}") from e
+
+
+def _route_localnet(ip_cmd: str, pod_ips: Sequence[str], strict: bool = True) -> None:
+    """``route_localnet`` on for the bridge that routes to ``pod_ips`` (the pod's) and no other link:
+    a DNAT from 127.0.0.1 leaves by it, and the answer comes back by it. Raises NetpluginError; an
+    address with no route or not behind a bridge is skipped when not ``strict`` (init's records)."""
+    for pod_ip in pod_ips:
+        out = _ip(ip_cmd, "-o", "-4", "route", "get", pod_ip)
+        dev = re.search(r" dev (\S+)", out.stdout)
+        if out.returncode != 0 or dev is None:
+            if not strict:
+                continue
+            raise NetpluginError(f"no route to the pod's address {pod_ip}: {out.stderr.strip()}")
+        # never the underlay's link, whatever routes there
+        if " bridge forward_delay " not in _ip(ip_cmd, "-o", "-d", "link", "show", "dev", dev.group(1)).stdout:
+            if not strict:
+                continue
+            raise NetpluginError(f"the pod's address {pod_ip} is not behind a bridge (via {dev.group(1)}): "
+                                 "route_localnet is only turned on for a bridge")  # fmt: skip
+        path = f"/proc/sys/net/ipv4/conf/{dev.group(1)}/route_localnet"
+        try:
+            with open(path, "r+", encoding="ascii") as f:
+                if f.read().strip() != "1":
+                    f.seek(0)  # a sysctl ignores a write past offset 0
+                    f.write("1")
+        except OSError as e:
+            raise NetpluginError(f"cannot turn route_localnet on for {dev.group(1)}: {e}") from e
 
 
 class HostPortPlugin:
@@ -205,8 +278,9 @@ class HostPortPlugin:
 
     name = HOSTPORT_NAME
 
-    def __init__(self, nft: str = "nft") -> None:
+    def __init__(self, nft: str = "nft", ip: str = "ip") -> None:
         self.nft = nft
+        self.ip = ip
 
     def version(self) -> str:
         return "builtin:hostport:1"
@@ -223,9 +297,18 @@ class HostPortPlugin:
 
     def init(self, ctx: CallContext) -> frozenset[str]:
         """The table rebuilt from the records (every recorded pod's hostPorts back); the action mask."""
-        err = _nft(self.nft, rebuild_script(self._records(ctx)))
+        try:
+            localhost = localhost_enabled(ctx.env)
+        except NetpluginError as e:
+            raise self._fail("init", e.message) from None
+        err = _nft(self.nft, rebuild_script(self._records(ctx), localhost))
         if err:
             raise self._fail("init", f"cannot rebuild nftables table {TABLE}: {err}")
+        if localhost:  # a bridge made again (a reboot) starts with route_localnet off
+            try:
+                _route_localnet(self.ip, recorded_ipv4(self._records(ctx)), strict=False)
+            except NetpluginError as e:
+                raise self._fail("init", e.message) from None
         return frozenset({"setup", "teardown", "repair"})
 
     def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
@@ -242,6 +325,11 @@ class HostPortPlugin:
         chain, records = chain_name(pod.infra_id), self._records(ctx)
         keys = list(dict.fromkeys(_key(m) for m in maps))
         rules = pod_rules(chain, maps, ips)
+        try:  # first, so that a refusal applies nothing
+            if localhost_enabled(ctx.env):
+                _route_localnet(self.ip, [ip for ip in ips if ":" not in ip])
+        except NetpluginError as e:
+            raise self._fail("setup", e.message) from None
         err = _nft(self.nft, pod_script(chain, keys, rules))
         if err:
             held = _ports_held(self.nft) or {}
@@ -257,7 +345,7 @@ class HostPortPlugin:
         text = f"{pod.namespace}/{pod.name} {pod.infra_id}\n{' '.join(keys)}\n" + "".join(r + "\n" for r in rules)
         atomic_write(os.path.join(records, chain), text.encode(), mode=0o644)
         try:
-            _flush_udp(k.split(".")[1] for k in keys if k.startswith("udp."))
+            _flush_udp((k.split(".")[1] for k in keys if k.startswith("udp.")), ctx.env.get("PATH"))
         except (OSError, subprocess.TimeoutExpired) as e:
             raise self._fail("setup", f"cannot flush the UDP conntrack entries: {e}") from None
         return None
@@ -274,7 +362,10 @@ class HostPortPlugin:
     def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
         """The table back when it is gone (its rules are the records': every pod's at once)."""
         try:
-            done = restore_table(self._records(ctx), self.nft)
+            localhost = localhost_enabled(ctx.env)
+            done = restore_table(self._records(ctx), self.nft, localhost)
+            if localhost:  # a bridge the repair made again starts with route_localnet off
+                _route_localnet(self.ip, recorded_ipv4(self._records(ctx)), strict=False)
         except NetpluginError as e:
             raise self._fail("repair", e.message) from None
         return (f"hostport: {done}",) if done else ()

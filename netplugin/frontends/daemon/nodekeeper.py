@@ -246,10 +246,13 @@ class NodeKeeper:
 
     def _repair_hostports(self) -> list[tuple[str, str]]:
         """The hostPort table, rebuilt from its records when a pod holds hostPorts and it is gone."""
+        from netplugin.core.execplugin.environ import base_env
+        from netplugin.core.hostports import localhost_enabled
         from netplugin.plugins.hostport import restore_table
 
         try:
-            done = restore_table(os.path.join(self.config.state_dir, "hostport"))
+            localhost = localhost_enabled(base_env(self.config))  # the setting the members run with
+            done = restore_table(os.path.join(self.config.state_dir, "hostport"), localhost=localhost)
         except NetpluginError as e:
             log.error("repair: cannot restore the hostPort table: %s", e.message)
             return []
