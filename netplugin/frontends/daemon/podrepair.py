@@ -15,6 +15,7 @@ the keeper's repair counter, by the kinds of :data:`netplugin.core.plugin.REPAIR
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -23,10 +24,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from netplugin.core.errors import NetpluginError
+from netplugin.core.errors import NetpluginError, StateError
+from netplugin.core.fileio import TMP_INFIX
 from netplugin.frontends.daemon.linkview import Lost
 from netplugin.manager.repair import repair_kind, repair_pod
-from netplugin.store.records import READY
+from netplugin.store.records import READY, RECORD_SUFFIX
 
 if TYPE_CHECKING:
     from netplugin.manager.manager import Manager
@@ -78,6 +80,8 @@ class PodRepairer:
         #: pods whose chain's repair was run (a pod setup or teardown never causes one)
         self.calls = 0
         self._pending = Lost(set(), set())
+        #: record path -> ((inode, mtime, size), record): a pass re-reads only the files that changed
+        self._records: dict[str, tuple[tuple[int, int, int], PodRecord]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -119,7 +123,7 @@ class PodRepairer:
         manager = self.manager()
         if manager.state is None:
             return
-        records = [r for r in manager.state.scan().records if r.state == READY]
+        records = self._ready_records(manager.state.dir, manager.state.load)
         live = {_key(r) for r in records}
         with self._lock:
             for pod in [p for p in self.broken if p not in live]:
@@ -136,6 +140,26 @@ class PodRepairer:
                 changed |= any(list(pool.map(lambda h: self._pod(manager, *h), hit[1:])))
         if changed:
             self.on_incident()
+
+    def _ready_records(self, records_dir: str, load: Callable[[str], PodRecord]) -> list[PodRecord]:
+        """The ready pods' records. Every teardown deletes a host veth (a loss), so on a full node a
+        parse of every record per pass would tax every teardown: only changed files are read again."""
+        fresh: dict[str, tuple[tuple[int, int, int], PodRecord]] = {}
+        try:
+            with os.scandir(records_dir) as it:
+                entries = [e for e in it if e.name.endswith(RECORD_SUFFIX) and TMP_INFIX not in e.name]
+        except FileNotFoundError:
+            entries = []
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+                sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+                known = self._records.get(entry.path)
+                fresh[entry.path] = known if known is not None and known[0] == sig else (sig, load(entry.path))
+            except (FileNotFoundError, StateError):
+                continue  # removed while listed, or being rewritten: its own action owns it
+        self._records = fresh
+        return [rec for _, rec in fresh.values() if rec.state == READY]
 
     def _pod(self, manager: Manager, rec: PodRecord, hifs: list[str]) -> bool:
         """Check and repair one pod; True when its repair put something back."""
