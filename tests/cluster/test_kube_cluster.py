@@ -27,6 +27,7 @@ from kubeplane import CLUSTER_CIDRS, KUBE_PEERS, ApiError, ControlPlane
 from netplugin.frontends.lab.simcluster.apiobjects import make_node, make_pod
 from netplugin.frontends.lab.simcluster.cluster import OUTSIDE_V4, OUTSIDE_V6, UNDERLAY_V4, SimNode, SimPod
 from netplugin.frontends.lab.simcluster.nsexec import ip_json, netns_exists
+from netplugin.hosts.kube import USER_AGENT
 from tests.cluster.kubecluster import SA_NAME, SA_NAMESPACE, SA_USER, KubeCluster, apply_shipped_rbac
 from tests.cluster.labnodes import cluster_unavailable_reason, scrape_metrics, started
 
@@ -106,14 +107,15 @@ def test_egress_is_masqueraded_to_the_node_address(cluster: KubeCluster, pods: l
 
 
 def _daemon_requests(cluster: KubeCluster) -> list[tuple[str, str]]:
-    """The daemons' requests other than watches, as (verb, URI), once the audit log has settled.
+    """The daemons' requests (by their user agent) other than watches, as (verb, URI), once the audit log settles.
 
     The API server writes an event when the response is complete, which may be just after the
     client has its answer: the count is read until it stays the same for a second.
     """
 
     def requests() -> list[tuple[str, str]]:
-        return [(e["verb"], e["requestURI"]) for e in cluster.plane.audit(SA_USER) if e["verb"] != "watch"]
+        events = cluster.plane.audit(SA_USER)
+        return [(e["verb"], e["requestURI"]) for e in events if e["userAgent"] == USER_AGENT and e["verb"] != "watch"]
 
     seen, stable_since = requests(), time.monotonic()
     while time.monotonic() - stable_since < 1.0:
@@ -127,6 +129,8 @@ def _daemon_requests(cluster: KubeCluster) -> list[tuple[str, str]]:
 def test_pod_lookups_come_from_the_daemons_cache(cluster: KubeCluster, pods: list[SimPod]) -> None:
     # A warm daemon knows its node's Pods from its watch: a setup asks the API server nothing.
     before = _daemon_requests(cluster)
+    # The log does hold the daemons' requests: each listed Nodes and its Pods when it started.
+    assert {v for v, uri in before if uri.startswith(("/api/v1/nodes?", "/api/v1/pods?"))} == {"list"}, before
     extra = [cluster.create_pod(n, f"cached-{n.index}") for n in cluster.nodes.values()]
     after = _daemon_requests(cluster)
     assert after[len(before) :] == [], "requests made during pod setups"
