@@ -168,7 +168,9 @@ class ControlPlane:
         """The audit events of ``user`` so far, one per request (a watch is logged when its response starts)."""
         if not self.audit_log.exists():
             return []
-        events = [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
+        lines = self.audit_log.read_text().split("\n")
+        # The last line is complete only once its newline is written: read it next time.
+        events = [json.loads(line) for line in lines[:-1] if line.strip()]
         mine = {e["auditID"]: e for e in events if e.get("user", {}).get("username") == user}
         return list(mine.values())
 

@@ -31,15 +31,8 @@ import yaml
 from kubeplane import CLUSTER_CIDRS, ApiError, ControlPlane
 
 from netplugin.frontends.lab.simcluster.apiobjects import make_node
-from netplugin.frontends.lab.simcluster.cluster import (
-    OUTSIDE_V4,
-    OUTSIDE_V6,
-    UNDERLAY_V4,
-    UNDERLAY_V6,
-    SimCluster,
-    SimNode,
-)
-from netplugin.frontends.lab.simcluster.nsexec import ip, socket_in_netns
+from netplugin.frontends.lab.simcluster.cluster import UNDERLAY_V4, SimCluster, SimNode
+from netplugin.frontends.lab.simcluster.nsexec import socket_in_netns
 
 __all__ = ["SA_USER", "KubeCluster", "Relay", "apply_shipped_rbac"]
 
@@ -117,15 +110,8 @@ class KubeCluster(SimCluster):
         self.relay: Relay | None = None
         self.kube_proxies: list[subprocess.Popen[bytes]] = []
 
-    def _make_underlay(self) -> None:
+    def _start_api(self) -> None:
         u = self.underlay
-        self._add_netns(u)
-        ip("-n", u, "link", "add", "br0", "type", "bridge")
-        ip("-n", u, "link", "set", "br0", "up")
-        ip("-n", u, "addr", "add", f"{UNDERLAY_V4.network_address + 1}/{UNDERLAY_V4.prefixlen}", "dev", "br0")
-        ip("-n", u, "addr", "add", f"{UNDERLAY_V6.network_address + 1}/{UNDERLAY_V6.prefixlen}", "dev", "br0")
-        ip("-n", u, "addr", "add", f"{OUTSIDE_V4}/32", "dev", "lo")
-        ip("-n", u, "addr", "add", f"{OUTSIDE_V6}/128", "dev", "lo")
         self.relay = Relay(u, (str(UNDERLAY_V4.network_address + 1), 0), ("127.0.0.1", self.plane.port))
         # SimCluster's methods speak to self.api: apply, delete, objects; the control plane has them.
         self.api = self.plane  # type: ignore[assignment]

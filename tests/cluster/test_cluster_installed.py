@@ -36,8 +36,8 @@ from gopeers import require
 
 from netplugin.frontends.lab.simcluster.apiserver import make_node, make_pod
 from netplugin.frontends.lab.simcluster.cluster import CLUSTER_CIDRS, SimCluster, SimNode
+from tests.cluster.labnodes import cluster_unavailable_reason, scrape_metrics
 from tests.frontends.cni.containerd import Containerd, Sandbox, unavailable_reason
-from tests.nettest import kernel_unavailable_reason
 from tests.shipped import configmap_settings, daemonset, init_install_argv, main_container, run_install
 
 pytestmark = [pytest.mark.kernel, pytest.mark.containerd]
@@ -122,9 +122,9 @@ class InstalledCluster(SimCluster):
 
 @pytest.fixture(scope="module", params=["1.6", "2"], ids=["containerd1.6", "containerd2"])
 def cluster(request: pytest.FixtureRequest) -> Iterator[InstalledCluster]:
-    reason = kernel_unavailable_reason() or unavailable_reason()
-    if reason or not shutil.which("nft") or not shutil.which("nsenter"):
-        pytest.skip(reason or "nft and nsenter are needed")
+    reason = cluster_unavailable_reason() or unavailable_reason()
+    if reason or not shutil.which("nsenter"):
+        pytest.skip(reason or "nsenter is needed")
     peers = require("containerd", "ctr", "containerd-shim-runc-v2", "cni/loopback") if request.param == "2" else None
     with InstalledCluster(peers) as c:
         for _ in range(2):
@@ -136,12 +136,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[InstalledCluster]:
 
 def _operations(cluster: InstalledCluster, node: SimNode) -> dict[str, float]:
     """The daemon's kubelet_network_plugin_operations_total, scraped inside the node (metrics on its loopback)."""
-    url = f"http://{cluster.health(node)['metrics_address']}/metrics"
-    code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
-    done = cluster.exec_in(node.netns, [sys.executable, "-c", code])
-    assert done.returncode == 0, done.stderr
     out = {}
-    for line in done.stdout.decode().splitlines():
+    for line in scrape_metrics(cluster, node).splitlines():
         if line.startswith("kubelet_network_plugin_operations_total{"):
             out[line.split('operation_type="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
     return out

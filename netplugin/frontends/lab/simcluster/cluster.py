@@ -173,6 +173,11 @@ class SimCluster:
         # link needed), reached by the nodes through their default routes.
         ip("-n", u, "addr", "add", f"{OUTSIDE_V4}/32", "dev", "lo")
         ip("-n", u, "addr", "add", f"{OUTSIDE_V6}/128", "dev", "lo")
+        self._start_api()
+
+    def _start_api(self) -> None:
+        """The API server the nodes' daemons use, listening in the underlay at its first address."""
+        u = self.underlay
         sock = socket_in_netns(u, socket.AF_INET, (str(UNDERLAY_V4.network_address + 1), 0))
         self.api = ApiServer(sock=sock, bookmark_interval=self._bookmark_interval)
         self.progress(f"underlay {u}: API server at {self.api.url}")
