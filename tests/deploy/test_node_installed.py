@@ -12,7 +12,9 @@ restart the daemon serves again. One key is added to the installed config by han
 would: ``metrics_address: 127.0.0.1:0``, because other suites may hold the default port.
 
 The tests run in file order on one installed node; the fixture removes every sandbox, the bridge
-and containerd, passed or not.
+and containerd, passed or not. :func:`installed_node` makes such a node for the sibling suites,
+optionally in a node netns of the test's own (daemon and containerd entered with ``nsenter --net``)
+and with a chain installed through ``--config-from``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import subprocess
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,7 @@ from nettest import free_third_octet, link_exists
 from shipped import INSTALL, unit_command
 
 from netplugin.frontends.wire.client import NotSent, exchange
-from tests.frontends.cni.containerd import Containerd, Sandbox, unavailable_reason
+from tests.frontends.cni.containerd import NETNS_DIR, Containerd, PortMap, Sandbox, unavailable_reason
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 TEST_RANGE = "10.201.0.0/16"  # the CNI suites' range (docs/development.md)
@@ -51,8 +54,12 @@ pytestmark = [
 class InstalledNode:
     """The node's dirs, its daemon started from the installed unit, and its containerd."""
 
-    def __init__(self, root: Path, wheel: Path) -> None:
+    def __init__(self, root: Path, wheel: Path, netns: str | None = None, plugins: Sequence[str] = ()) -> None:
         self.root, self.wheel = root, wheel
+        #: the node's network namespace (daemon, containerd and the bridge live there), or the machine's
+        self.netns = netns
+        #: a chain installed with ``--config-from`` (else ``--plugin bridge``)
+        self.plugins = tuple(plugins)
         self.tag = secrets.token_hex(3)
         self.bridge = f"np{self.tag}in"
         self.subnet = f"10.201.{free_third_octet(TEST_RANGE)}.0/24"
@@ -79,11 +86,24 @@ class InstalledNode:
             ("--run-dir", "run"),
         ):
             argv += [flag, str(d[key])]
-        argv += ["--config", str(self.config), "--cni-log-file", str(self.log), "--plugin", "bridge"]
-        for kv in (f"NETPLUGIN_BRIDGE_NAME={self.bridge}", f"NETPLUGIN_BRIDGE_SUBNET={self.subnet}"):
-            argv += ["--plugin-env", kv]
-        argv += ["--plugin-env", "NETPLUGIN_BRIDGE_IP_FORWARD=false"]  # the host's sysctl is not ours
-        argv += ["--plugin-env", "NETPLUGIN_BRIDGE_BR_NETFILTER=false"]
+        argv += ["--config", str(self.config), "--cni-log-file", str(self.log)]
+        env_pairs = {
+            "NETPLUGIN_BRIDGE_NAME": self.bridge,
+            "NETPLUGIN_BRIDGE_SUBNET": self.subnet,
+            "NETPLUGIN_BRIDGE_IP_FORWARD": "false",  # the host's sysctl is not ours
+            "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
+        }
+        if self.plugins:
+            source = self.root / "config-from.yaml"
+            lines = [f"plugin_dir: {d['exec']}", f"state_dir: {d['state']}", f"run_dir: {d['run']}"]
+            lines += [f"plugins: [{', '.join(self.plugins)}]", "env:"]
+            lines += [f'  {k}: "{v}"' for k, v in env_pairs.items()]
+            source.write_text("\n".join(lines) + "\n")
+            argv += ["--config-from", str(source)]
+        else:
+            argv += ["--plugin", "bridge"]
+            for k, v in env_pairs.items():
+                argv += ["--plugin-env", f"{k}={v}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NETPLUGIN_", "PYTHON"))}
         return subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env, stdin=subprocess.DEVNULL)
 
@@ -96,9 +116,13 @@ class InstalledNode:
         return str(self.dirs["run"] / "netplugin.sock")
 
     def start_daemon(self) -> None:
-        """Exactly as systemd would: the unit's ExecStart= with its Environment= and nothing else."""
+        """Exactly as systemd would: the unit's ExecStart= with its Environment= and nothing else, but
+        ``JOURNAL_STREAM`` naming its log file, as systemd names the journal's stream (journal-style lines)."""
         argv, env, _ = unit_command(self.unit)
         log = open(self.root / "daemon.log", "ab")  # noqa: SIM115 -- the daemon writes it until it exits
+        st = os.fstat(log.fileno())
+        env = {**env, "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+        argv = [*self.inside(), *argv]
         self.daemon = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + 60
@@ -132,21 +156,37 @@ class InstalledNode:
             return None
         return answer["result"] if answer.get("ok") else None
 
-    def operations(self) -> dict[str, float]:
+    def inside(self) -> list[str]:
+        """The prefix that enters the node's netns as containerd is entered (a bare ``nsenter --net``)."""
+        return ["nsenter", f"--net={NETNS_DIR}/{self.netns}"] if self.netns else []
+
+    def metrics(self, series: str, label: str) -> dict[str, float]:
+        """``series``' samples by the value of ``label``, from the daemon's /metrics (scraped in its netns)."""
         health = self.health()
         assert health is not None
-        with urllib.request.urlopen(f"http://{health['metrics_address']}/metrics", timeout=10) as resp:
-            text = resp.read().decode()
+        url = f"http://{health['metrics_address']}/metrics"
+        if self.netns:
+            scrape = (
+                "import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=10).read().decode())"
+            )
+            argv = [*self.inside(), str(SYSTEM_PYTHON), "-c", scrape, url]
+            text = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+        else:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                text = resp.read().decode()
         out = {}
         for line in text.splitlines():
-            if line.startswith("kubelet_network_plugin_operations_total{"):
-                op = line.split('operation_type="', 1)[1].split('"', 1)[0]
-                out[op] = float(line.rsplit(" ", 1)[1])
+            if line.startswith(series + "{"):
+                value = line.split(f'{label}="', 1)[1].split('"', 1)[0]
+                out[value] = float(line.rsplit(" ", 1)[1])
         return out
 
-    def run_pod(self, name: str) -> Sandbox:
+    def operations(self) -> dict[str, float]:
+        return self.metrics("kubelet_network_plugin_operations_total", "operation_type")
+
+    def run_pod(self, name: str, ports: Sequence[PortMap] = ()) -> Sandbox:
         assert self.ctd is not None
-        sb = self.ctd.run_pod("np-inst", f"{name}-{self.tag}", str(uuid.uuid4()))
+        sb = self.ctd.run_pod("np-inst", f"{name}-{self.tag}", str(uuid.uuid4()), ports=ports)
         self.sandboxes.append(sb.id)
         return sb
 
@@ -176,33 +216,51 @@ class InstalledNode:
         if self.daemon is not None and self.daemon.poll() is None:
             self.daemon.send_signal(signal.SIGTERM)
             self.daemon.wait(60)
-        if link_exists(self.bridge):
+        if not self.netns and link_exists(self.bridge):  # a node netns takes its bridge with it
             subprocess.run(["ip", "link", "del", self.bridge], check=False, timeout=30)
 
 
-@pytest.fixture(scope="module", params=["1.6", "2"], ids=["containerd1.6", "containerd2"])
-def node(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, dists: dict[str, Path]
+#: the rows of every installed-node suite: Debian's containerd 1.6, and containerd 2 from the peer build
+CONTAINERD_ROWS = {"params": ["1.6", "2"], "ids": ["containerd1.6", "containerd2"]}
+
+
+@contextmanager
+def installed_node(
+    containerd: str, tmp_path_factory: pytest.TempPathFactory, wheel: Path, **kw: Any
 ) -> Iterator[InstalledNode]:
+    """An installed node (``kw``: :class:`InstalledNode`'s netns and plugins) with its containerd up."""
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
-    # Debian's containerd 1.6, and containerd 2 from the peer build (its own shim, Debian's runc)
-    peers = require("containerd", "ctr", "containerd-shim-runc-v2", "cni/loopback") if request.param == "2" else None
-    n = InstalledNode(tmp_path_factory.mktemp("installed"), dists["wheel"])
+    # containerd 2 from the peer build: its own shim, Debian's runc
+    peers = require("containerd", "ctr", "containerd-shim-runc-v2", "cni/loopback") if containerd == "2" else None
+    n = InstalledNode(tmp_path_factory.mktemp("installed"), wheel, **kw)
     try:
         done = n.install()
         assert done.returncode == 0, done.stdout + done.stderr
         with open(n.config, "a") as f:
             f.write("metrics_address: 127.0.0.1:0\n")  # a user's own key (see the module docstring)
         n.ctd = Containerd(
-            n.root / "containerd", None, cni_bin_dir=n.dirs["cni-bin"], cni_conf_dir=n.dirs["cni-conf"], peers=peers
+            n.root / "containerd",
+            None,
+            cni_bin_dir=n.dirs["cni-bin"],
+            cni_conf_dir=n.dirs["cni-conf"],
+            peers=peers,
+            netns=n.netns,
         )
         n.ctd.start()
         n.ctd.wait_network("netplugin")
         yield n
     finally:
         n.close()
+
+
+@pytest.fixture(scope="module", **CONTAINERD_ROWS)
+def node(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, dists: dict[str, Path]
+) -> Iterator[InstalledNode]:
+    with installed_node(request.param, tmp_path_factory, dists["wheel"]) as n:
+        yield n
 
 
 def _ping(sb: Sandbox, ip: str) -> int:

@@ -57,7 +57,14 @@ from netplugin.core.plugin import CallContext, PodNetworkStatus
 from netplugin.plugins.bridge.mtu import DEFAULT_MTU, IPV6_MIN_MTU, node_links, read_record, underlay_mtu, write_record
 from netplugin.plugins.bridge.podipam import PodIPAM
 from netplugin.plugins.bridge.reaper import LinkReaper
-from netplugin.plugins.bridge.settings import SETTING_KEYS, BridgeError, BridgeSettings, host_veth_name, load_settings
+from netplugin.plugins.bridge.settings import (
+    SETTING_KEYS,
+    BridgeError,
+    BridgeSettings,
+    bridge_mac,
+    host_veth_name,
+    load_settings,
+)
 from netplugin.plugins.bridge.sysctls import FORWARDING, bridge_netfilter_on, sysctl_on
 
 if TYPE_CHECKING:
@@ -103,7 +110,7 @@ def _configure_bridge(s: BridgeSettings, step: _Step) -> int:
             links = ipr.link("get", ifname=s.name) if _root_ifindex(s.name) is not None else []
             if not links:
                 try:
-                    ipr.link("add", ifname=s.name, kind="bridge")
+                    ipr.link("add", ifname=s.name, kind="bridge", address=bridge_mac(s.name))
                 except NetlinkError as e:
                     if e.code != errno.EEXIST:  # EEXIST: a concurrent init won the race
                         raise

@@ -25,6 +25,7 @@ __all__ = [
     "BridgeError",
     "BridgeSettings",
     "SettingsError",
+    "bridge_mac",
     "host_veth_name",
     "load_settings",
     "parse_gateways",
@@ -44,6 +45,14 @@ def host_veth_name(infra_id: str) -> str:
     for b in infra_id.encode():
         h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return f"np{h:016x}"[:14]
+
+
+def bridge_mac(name: str) -> str:
+    """The MAC a bridge is created with: the 48 bits of :func:`host_veth_name` of its name, made a
+    locally administered unicast address (the bash plugin's rule). A bridge made again (by a repair,
+    or after a reboot) keeps its MAC, so the pods' neighbour entries for the gateway stay right."""
+    x = host_veth_name(name)[2:]
+    return ":".join([f"{(int(x[:2], 16) & 0xFC) | 2:02x}", *(x[i : i + 2] for i in range(2, 12, 2))])
 
 
 class BridgeError(NetpluginError):

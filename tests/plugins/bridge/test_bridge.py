@@ -38,7 +38,7 @@ from netplugin.core.netns import netns_socket
 from netplugin.core.plugin import CallContext, PodNetworkStatus
 from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
 from netplugin.plugins.bridge.reaper import LinkReaper
-from netplugin.plugins.bridge.settings import SettingsError, host_veth_name, load_settings
+from netplugin.plugins.bridge.settings import SettingsError, bridge_mac, host_veth_name, load_settings
 
 kernel = pytest.mark.kernel
 
@@ -173,6 +173,9 @@ def test_host_veth_name_known_vectors() -> None:
     # Computed with the bash plugin's host_veth_name().
     assert host_veth_name("abc123") == "np62cca2412f0a"
     assert host_veth_name("Z9.x_y-z") == "np9d0e2dd6e803"
+    # the bash plugin's POD_MAC of the same rule: locally administered unicast
+    assert bridge_mac("np62c45bin") == "36:dc:fc:5f:52:0f"
+    assert all(int(bridge_mac(name)[:2], 16) & 3 == 2 for name in ("cni0", "netplugin0", "np62c45bin"))
 
 
 def _bash_config(env: dict[str, str], exe: Path = BRIDGE) -> subprocess.CompletedProcess[str]:
@@ -861,6 +864,22 @@ def test_bash_init_then_native_init(native_factory: Callable[..., NativeNet]) ->
     assert Path(f"/sys/class/net/{net.bridge}/address").read_text() == mac
     out = _run(["ip", "-o", "-4", "addr", "show", "dev", net.bridge]).stdout
     assert [line.split()[3] for line in out.splitlines()] == [f"{net.gateway}/24"]
+
+
+@pytest.mark.parametrize("first", ["bash", "native"])
+def test_a_bridge_made_again_has_the_mac_derived_from_its_name(
+    native_factory: Callable[..., NativeNet], first: str
+) -> None:
+    """Either plugin creates the bridge with the same MAC, so one made again by a repair (or by the
+    other plugin) keeps the MAC in the pods' neighbour entries for the gateway."""
+    net = native_factory()
+    inits = {"bash": lambda: net.ok("init"), "native": net.init}
+    inits[first]()
+    want = bridge_mac(net.bridge)
+    assert Path(f"/sys/class/net/{net.bridge}/address").read_text().strip() == want
+    _run(["ip", "link", "del", net.bridge])
+    inits["native" if first == "bash" else "bash"]()
+    assert Path(f"/sys/class/net/{net.bridge}/address").read_text().strip() == want
 
 
 # --- measurements (printed, not asserted) -------------------------------------------------------------------

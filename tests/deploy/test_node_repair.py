@@ -1,0 +1,195 @@
+"""A node installed as shipped repairs what is broken under its pods: the self-repair end to end.
+
+The node of :mod:`tests.deploy.test_node_installed` (``scripts/install.sh``, the daemon started with
+the unit's ``ExecStart=``, containerd 1.6 and 2 calling the compiled shim), but in a node netns of
+the test's own, where the daemon and containerd are entered with ``nsenter --net``, and with the
+chain ``bridge`` then ``hostport`` (the shipped bash plugins) installed with ``--config-from``. Its
+log file is named by ``JOURNAL_STREAM``, as systemd names the journal, so its lines carry the
+journal's priority prefixes. Pods run through containerd (RunPodSandbox), the first with a hostPort.
+
+Each breakage is made in the node netns; the test waits (generously bounded, never timed) until
+the kernel object is back, then checks that pod -> pod and pod -> node traffic flows, that
+``netplugin -o json health`` and ``/metrics`` count the repair by kind, and that the log has the
+repair's line. Last, a pod's host veth deleted: ``netplugin pods`` shows it ``broken`` and
+``netplugin health`` names it. The cases run in file order on one node per containerd.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nettest import host_veth_name, ip_in, kernel_gate, underlay_netns
+
+from tests.deploy.test_node_installed import CONTAINERD_ROWS, InstalledNode, installed_node
+from tests.frontends.cni.containerd import PortMap, Sandbox
+
+pytestmark = [
+    pytest.mark.containerd,
+    pytest.mark.kernel,
+    pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files and runs containerd; run as root"),
+]
+
+NODE_IP = "10.206.0.81"  # the node's underlay address, inside its own netns
+HOST_PORT = 18081
+WITHIN = 30.0  # generous: the repair takes well under a second; this only bounds a failing wait
+
+
+@dataclass
+class RepairNode:
+    """The installed node in its netns, and its pods: ``web`` (with the hostPort) and ``peer``."""
+
+    node: InstalledNode
+    web: Sandbox
+    peer: Sandbox
+
+    @property
+    def ns(self) -> str:
+        assert self.node.netns is not None
+        return self.node.netns
+
+    def link(self, name: str) -> dict[str, Any] | None:
+        done = subprocess.run(
+            ["ip", "-n", self.ns, "-j", "-d", "link", "show", "dev", name], capture_output=True, text=True, timeout=30
+        )
+        return json.loads(done.stdout)[0] if done.returncode == 0 and done.stdout.strip() else None
+
+    def in_ns(self, *argv: str) -> str:
+        return subprocess.run(
+            ["ip", "netns", "exec", self.ns, *argv], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The installed ``netplugin`` with the node's config (it reaches the daemon at its socket)."""
+        argv = [str(self.node.dirs["prefix"] / "bin" / "netplugin"), "--config", str(self.node.config), *args]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+
+    def health_json(self) -> dict[str, Any]:
+        done = self.cli("-o", "json", "health")
+        assert done.returncode == 0, done.stdout + done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    def repairs(self) -> dict[str, float]:
+        return self.node.metrics("netplugin_repairs_total", "kind")
+
+    def log(self) -> str:
+        return (self.node.root / "daemon.log").read_text()
+
+
+def wait(pred: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WITHIN
+    while not pred():
+        assert time.monotonic() < deadline, f"not so after {WITHIN:.0f}s: {what}"
+        time.sleep(0.05)
+
+
+def _ping(sb: Sandbox, ip: str) -> bool:
+    argv = ["ip", "netns", "exec", sb.netns_name, "ping", "-c", "1", "-W", "3", ip]
+    return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.fixture(scope="module", **CONTAINERD_ROWS)
+def repair_node(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, dists: dict[str, Path]
+) -> Iterator[RepairNode]:
+    kernel_gate(request)
+    with (
+        underlay_netns("r", [f"{NODE_IP}/24"]) as ns,
+        installed_node(request.param, tmp_path_factory, dists["wheel"], netns=ns, plugins=("bridge", "hostport")) as n,
+    ):
+        n.start_daemon()
+        web = n.run_pod("web", ports=[PortMap(HOST_PORT, 8080)])
+        peer = n.run_pod("peer")
+        yield RepairNode(n, web, peer)
+
+
+def _port(rn: RepairNode) -> dict[str, Any]:
+    slave = ((rn.link(host_veth_name(rn.web.id)) or {}).get("linkinfo") or {}).get("info_slave_data") or {}
+    return dict(slave)
+
+
+def _port_ok(rn: RepairNode) -> bool:
+    link = rn.link(host_veth_name(rn.web.id))
+    return link is not None and link.get("master") == rn.node.bridge and bool(_port(rn).get("hairpin"))
+
+
+def _bridge_ok(rn: RepairNode) -> bool:
+    link = rn.link(rn.node.bridge)
+    peer = rn.link(host_veth_name(rn.peer.id))
+    return (
+        link is not None
+        and "UP" in link.get("flags", [])
+        and _port_ok(rn)
+        and peer is not None
+        and peer.get("master") == rn.node.bridge
+    )
+
+
+def _tables_ok(rn: RepairNode) -> bool:
+    tables = rn.in_ns("nft", "list", "tables")
+    return "table inet netplugin_hostport" in tables and f"dport {HOST_PORT}" in rn.in_ns("nft", "list", "ruleset")
+
+
+def _hairpin_off(rn: RepairNode) -> None:
+    ip_in(rn.ns, "link", "set", "dev", host_veth_name(rn.web.id), "type", "bridge_slave", "hairpin", "off")
+
+
+#: name -> (the breakage, whether the kernel object is back, the repair kinds it is counted under)
+BREAKAGES: dict[str, tuple[Callable[[RepairNode], object], Callable[[RepairNode], bool], set[str]]] = {
+    "hairpin off": (_hairpin_off, _port_ok, {"port"}),
+    "nft flush ruleset": (lambda rn: rn.in_ns("nft", "flush", "ruleset"), _tables_ok, {"hostport"}),
+    "bridge deleted": (lambda rn: ip_in(rn.ns, "link", "del", rn.node.bridge), _bridge_ok, {"bridge", "port"}),
+}
+
+
+@pytest.mark.parametrize("breakage", list(BREAKAGES))
+def test_a_breakage_in_the_node_is_repaired_counted_and_logged(repair_node: RepairNode, breakage: str) -> None:
+    rn = repair_node
+    breaks, back, kinds = BREAKAGES[breakage]
+    assert back(rn), f"{breakage}: not intact before"
+    assert _ping(rn.web, rn.peer.ip) and _ping(rn.peer, NODE_IP)
+    counted = rn.repairs()
+    logged = len(rn.log())
+    breaks(rn)
+    wait(lambda: back(rn), f"{breakage}: the kernel object back")
+    # the count follows the repair's own log line; wait for both kinds (a bridge repair re-attaches ports)
+    wait(lambda: all(rn.repairs().get(k, 0) > counted.get(k, 0) for k in kinds), f"repairs of {kinds} counted")
+    # pod -> node: the gateway's MAC in the pods' neighbour entries is still the bridge's
+    assert _ping(rn.web, rn.peer.ip) and _ping(rn.peer, rn.web.ip) and _ping(rn.web, NODE_IP)
+    health = rn.health_json()["node"]
+    assert all(health["repairs"].get(k, 0) >= rn.repairs()[k] for k in kinds), health
+    lines = rn.log()[logged:].splitlines()
+    for kind in kinds:  # journal-style: the warning priority prefix, no timestamp of its own
+        assert any(line.startswith(f"<4>repair ({kind})") for line in lines), lines
+    print("", *(line for line in lines if line.startswith("<4>repair (")), sep="\n")  # the times, for the record
+    assert "Traceback" not in rn.log()
+
+
+def test_a_pod_whose_host_veth_is_gone_is_shown_broken(repair_node: RepairNode) -> None:
+    rn = repair_node
+    ip_in(rn.ns, "link", "del", host_veth_name(rn.peer.id))  # the pod's end goes with it: not repairable
+
+    def rows() -> dict[str, str]:
+        done = rn.cli("-o", "json", "pods")
+        assert done.returncode == 0, done.stdout + done.stderr
+        return {p["name"]: p["condition"] for p in json.loads(done.stdout)["pods"]}
+
+    wait(lambda: rows().get(rn.peer.name) == "broken", "the peer pod shown broken")
+    assert rows()[rn.web.name] == "ready"
+    health = rn.cli("health")
+    assert health.returncode == 0 and "1 pod(s) broken" in health.stdout, health
+    broken = rn.health_json()["node"]["broken"]
+    assert any(rn.peer.name in key for key in broken), broken
+    assert f"pod np-inst/{rn.peer.name}/" in rn.log() and "is broken" in rn.log()
+    assert _ping(rn.web, NODE_IP)  # the other pod is untouched
+    table = rn.cli("pods").stdout
+    assert "broken" in table and rn.peer.name in table, table
