@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from gopeers import MARK, uses_peers
 from nettest import kernel_gate
+from nodebridge import NodeBridge
 
 from netplugin.core.execplugin.invoke import Completed, SpawnError
 from netplugin.manager.manager import Manager
@@ -133,6 +134,20 @@ class PluginDir:
             shutil.copyfile(script or SCRIPTABLE, exe)
         os.chmod(exe, mode)
         return InstalledPlugin(name, d, exe)
+
+
+@pytest.fixture
+def node_factory(tmp_path: Path) -> Iterator[Callable[[str], NodeBridge]]:
+    """Node netns with a bridge plugin of the given kind (``tests/nodebridge``), all removed at the end."""
+    made: list[NodeBridge] = []
+
+    def make(kind: str) -> NodeBridge:
+        made.append(NodeBridge(kind, tmp_path))
+        return made[-1]
+
+    yield make
+    for n in made:
+        n.close()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,10 @@ CHECKS = ("bridge_netfilter", "forward", "mtu")
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[NodeBridge]:
+def node(node_factory: Callable[[str], NodeBridge]) -> NodeBridge:
     if not shutil.which("iptables"):
         pytest.skip("iptables is not installed")
-    n = NodeBridge("native", tmp_path)
-    try:
-        yield n
-    finally:
-        n.close()
+    return node_factory("native")
 
 
 def doctor(node: NodeBridge, tmp: Path, **env: str) -> dict[str, dict[str, Any]]:

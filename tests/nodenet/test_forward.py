@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import shutil
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from nettest import ip_in
@@ -30,14 +29,10 @@ pytestmark = pytest.mark.kernel
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[NodeBridge]:
+def node(node_factory: Callable[[str], NodeBridge]) -> NodeBridge:
     if not shutil.which("iptables-restore"):
         pytest.skip("iptables is not installed")
-    n = NodeBridge("native", tmp_path)
-    try:
-        yield n
-    finally:
-        n.close()
+    return node_factory("native")
 
 
 def test_pod_traffic_passes_a_drop_policy_only_through_the_chain(node: NodeBridge) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,13 +33,10 @@ KINDS = ["bash", "native"]
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[NodeBridge]:
-    n = NodeBridge("native", tmp_path)
-    try:
-        n.init()
-        yield n
-    finally:
-        n.close()
+def node(node_factory: Callable[[str], NodeBridge]) -> NodeBridge:
+    n = node_factory("native")
+    n.init()
+    return n
 
 
 def hostport(node: NodeBridge, kind: str, tmp: Path, action: str, *pod: str, **env: str) -> None:

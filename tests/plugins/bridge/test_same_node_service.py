@@ -13,8 +13,7 @@ iptables rules are per netns).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from nodebridge import KINDS, NodeBridge
@@ -25,19 +24,6 @@ from netplugin.plugins.bridge.sysctls import BRIDGE_NF_CALL
 pytestmark = pytest.mark.kernel
 
 SERVICE, SERVICE_PORT, TARGET_PORT = "10.96.0.10", 80, 8080
-
-
-@pytest.fixture
-def node_factory(tmp_path: Path) -> Iterator[Callable[[str], NodeBridge]]:
-    made: list[NodeBridge] = []
-
-    def make(kind: str) -> NodeBridge:
-        made.append(NodeBridge(kind, tmp_path))
-        return made[-1]
-
-    yield make
-    for n in made:
-        n.close()
 
 
 def kube_proxy_service(node: NodeBridge, backend: str) -> None:

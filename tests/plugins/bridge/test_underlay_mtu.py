@@ -7,7 +7,7 @@ checked on a table of links.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,19 +37,6 @@ UP, LOOPBACK = 0x1, 0x8
 )
 def test_the_underlay_mtu_is_the_smallest_of_the_nodes_own_up_links(links: list[NodeLink], want: int) -> None:
     assert underlay_mtu(links, "cbr0") == want
-
-
-@pytest.fixture
-def node_factory(tmp_path: Path) -> Iterator[Callable[[str], NodeBridge]]:
-    made: list[NodeBridge] = []
-
-    def make(kind: str) -> NodeBridge:
-        made.append(NodeBridge(kind, tmp_path))
-        return made[-1]
-
-    yield make
-    for n in made:
-        n.close()
 
 
 def _mtu(ns: str, dev: str) -> int:
