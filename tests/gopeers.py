@@ -66,7 +66,10 @@ def peer(name: str) -> Path:
     return require(name) / name
 
 
-def _code_uses(code: types.CodeType, helpers: set[str], globals_: dict[str, Any]) -> bool:
+def _code_uses(code: types.CodeType, helpers: set[str], globals_: dict[str, Any], seen: set[types.CodeType]) -> bool:
+    if code in seen:
+        return False
+    seen.add(code)
     if PEERS_ENV in code.co_consts:
         return True
     if any(name in helpers and globals_.get(name) in _HELPERS for name in code.co_names):
@@ -74,20 +77,31 @@ def _code_uses(code: types.CodeType, helpers: set[str], globals_: dict[str, Any]
     # gopeers.require(...): the module by any name, and a helper's name as the attribute
     if helpers & set(code.co_names) and any(globals_.get(n) is _MODULE for n in code.co_names):
         return True
-    return any(isinstance(c, types.CodeType) and _code_uses(c, helpers, globals_) for c in code.co_consts)
+    if any(isinstance(c, types.CodeType) and _code_uses(c, helpers, globals_, seen) for c in code.co_consts):
+        return True
+    # a plain function of the tests that a fixture calls (a shared node factory) counts as the fixture's own
+    called = (getattr(f, "__wrapped__", f) for f in (globals_.get(name) for name in code.co_names))  # @contextmanager
+    return any(
+        isinstance(f, types.FunctionType)
+        and f.__code__.co_filename.startswith(_TESTS)
+        and _code_uses(f.__code__, helpers, f.__globals__, seen)
+        for f in called
+    )
 
 
 def uses_peers(funcs: Iterable[Callable[..., Any]]) -> bool:
     """Whether any of ``funcs`` (a test and the fixtures it uses) calls a helper of this module or
-    names ``NETPLUGIN_PEERS`` (as the bench smoke passes it on), nested functions included."""
+    names ``NETPLUGIN_PEERS`` (as the bench smoke passes it on), nested functions and the tests' own
+    functions they call included."""
     for func in funcs:
         func = getattr(func, "__wrapped__", func)
         code = getattr(func, "__code__", None)
         globals_ = getattr(func, "__globals__", {})
-        if code is not None and _code_uses(code, {f.__name__ for f in _HELPERS}, globals_):
+        if code is not None and _code_uses(code, {f.__name__ for f in _HELPERS}, globals_, set()):
             return True
     return False
 
 
 _HELPERS = (require, peer, missing_reason)
 _MODULE = sys.modules[__name__]
+_TESTS = os.path.dirname(os.path.abspath(__file__)) + os.sep

@@ -4,10 +4,11 @@ or in a fixture it uses (nested functions too), or ``NETPLUGIN_PEERS`` named (th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,25 @@ def _plain() -> int:
     return 1
 
 
+def _via_a_helper_of_the_tests(two: bool) -> None:  # a fixture calling a shared node factory
+    _conditional(two)
+
+
+@contextlib.contextmanager
+def _factory(two: bool) -> Iterator[None]:
+    _conditional(two)
+    yield
+
+
+def _via_a_context_manager(two: bool) -> None:
+    with _factory(two):
+        pass
+
+
+def _recursive(n: int) -> int:  # a loop of calls ends
+    return _recursive(n - 1) if n else _plain()
+
+
 CASES = [
     (_calls_require, True),
     (_nested, True),
@@ -53,6 +73,9 @@ CASES = [
     (_names_the_env, True),
     (_another_require, False),
     (_plain, False),
+    (_via_a_helper_of_the_tests, True),
+    (_via_a_context_manager, True),
+    (_recursive, False),
 ]
 
 
@@ -69,6 +92,8 @@ def _collected(phase: str, *paths: str) -> set[str]:
 
 
 def test_the_phases_split_the_suite_by_the_derived_mark() -> None:
-    files = ["tests/frontends/cni/test_critest.py", "tests/plugins/test_hostport.py", "tests/test_bench_smoke.py"]
-    assert _collected("only", *files) == {files[0], files[2]}
+    files = ["tests/frontends/cni/test_critest.py", "tests/plugins/test_hostport.py", "tests/test_bench_smoke.py",
+             "tests/deploy/test_node_repair.py"]  # fmt: skip
+    assert _collected("only", *files) == {files[0], files[2], files[3]}
+    # a node factory shared through a plain (context-manager) function of the tests counts as its fixture's
     assert _collected("without", *files) == {files[1]}
