@@ -21,7 +21,17 @@ from netplugin.store.locks import pod_lock_path
 from netplugin.store.records import READY, SETTING_UP, PodRecord
 from netplugin.store.state import StateStore
 
-__all__ = ["PodListing", "age", "chain_differs", "chain_text", "condition_of", "list_pods", "pod_busy", "still_needed"]
+__all__ = [
+    "PodListing",
+    "age",
+    "chain_differs",
+    "chain_text",
+    "condition_of",
+    "link_gone",
+    "list_pods",
+    "pod_busy",
+    "still_needed",
+]
 
 
 def pod_busy(run_dir: str, ref: PodRef) -> bool:
@@ -123,7 +133,8 @@ def chain_text(rec: PodRecord) -> str:
     return ",".join(f"{m.plugin}:{m.state}" for m in rec.members)
 
 
-def _gone(name: str) -> bool:
+def link_gone(name: str) -> bool:
+    """Whether no link of that name is in this network namespace (a pod's host veth that went with its pod)."""
     try:
         socket.if_nametoindex(name)
     except OSError:
@@ -135,7 +146,7 @@ def condition_of(rec: PodRecord, run_dir: str) -> str:
     """The record's state, telling an action in progress from an interrupted one, and a ready pod
     whose host interface is gone (``broken``: only a new sandbox mends it) from a healthy one."""
     if rec.state == READY:
-        gone = [m.host_interface for m in rec.chain if m.ran and m.host_interface and _gone(m.host_interface)]
+        gone = [m.host_interface for m in rec.chain if m.ran and m.host_interface and link_gone(m.host_interface)]
         return "broken" if gone else READY
     if pod_busy(run_dir, rec.ref):
         return rec.state

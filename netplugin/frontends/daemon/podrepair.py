@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from collections import Counter
@@ -28,6 +27,7 @@ from netplugin.core.errors import NetpluginError, StateError
 from netplugin.core.fileio import TMP_INFIX
 from netplugin.frontends.daemon.linkview import Lost
 from netplugin.manager.repair import repair_kind, repair_pod
+from netplugin.store.listing import link_gone
 from netplugin.store.records import READY, RECORD_SUFFIX
 
 if TYPE_CHECKING:
@@ -40,14 +40,6 @@ log = logging.getLogger("netplugin.repair")
 
 #: pods repaired at once (each runs its chain's repair: a process per exec member)
 PARALLEL = 8
-
-
-def _link_exists(name: str) -> bool:
-    try:
-        socket.if_nametoindex(name)
-    except OSError:
-        return False
-    return True
 
 
 def _key(rec: PodRecord) -> str:
@@ -164,7 +156,7 @@ class PodRepairer:
     def _pod(self, manager: Manager, rec: PodRecord, hifs: list[str]) -> bool:
         """Check and repair one pod; True when its repair put something back."""
         pod = _key(rec)
-        missing = [h for h in hifs if not _link_exists(h)]
+        missing = [h for h in hifs if link_gone(h)]
         if missing:
             why = f"host interface {', '.join(missing)} is gone: the pod needs a new sandbox (a new setup)"
             with self._lock:
