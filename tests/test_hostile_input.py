@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import pwd
-import resource
 import secrets
 import shutil
 import subprocess
@@ -28,22 +27,22 @@ from netplugin.core._yaml import MAX_DEPTH
 CLI_AS = 1 << 30  # 1 GiB of address space for one CLI run: plenty for netplugin, not for a bomb
 
 
-def _limited() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (CLI_AS, CLI_AS))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+# The limits are set by prlimit(1), not by a preexec_fn: a preexec_fn makes subprocess fork() the
+# pytest process, which holds grpc (the containerd tests' CRI client), and grpc's fork handlers can
+# abort the child before it execs.
+LIMITED = ("prlimit", f"--as={CLI_AS}", "--core=0", "--")
 
 
 @pytest.fixture
 def cli(cli_env: dict[str, str]) -> Any:
     def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            [sys.executable, "-m", "netplugin", *args],
+            [*LIMITED, sys.executable, "-m", "netplugin", *args],
             env={**cli_env, **(env or {})},
             capture_output=True,
             text=True,
             timeout=120,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_limited,
         )
         assert done.returncode >= 0, f"killed by signal {-done.returncode}: {done.stderr[-2000:]}"
         assert "Traceback" not in done.stderr, done.stderr

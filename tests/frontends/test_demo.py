@@ -37,16 +37,15 @@ def _tag_of(output: str) -> str:
     return found.group(1)
 
 
-def _demo(*args: str, **kw: object) -> subprocess.Popen[str]:
+def _demo(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
     env["PYTHONPATH"] = str(REPO)
     return subprocess.Popen(
-        [sys.executable, "-m", "netplugin", *args],
+        [*prefix, sys.executable, "-m", "netplugin", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        **kw,  # type: ignore[call-overload]
     )
 
 
@@ -83,15 +82,15 @@ def _ports_on_demo_bridge(before: list[str]) -> int:
     return max((len(re.findall(rf"master {b}\b", links)) for b in bridges), default=0)
 
 
-def _interruptible() -> None:
-    # A shell without job control starts background commands with SIGINT ignored, and Python keeps an
-    # inherited SIG_IGN: the demo is started as from a terminal, where Ctrl-C reaches it.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# A shell without job control starts background commands with SIGINT ignored, and Python keeps an
+# inherited SIG_IGN: the demo is started as from a terminal, where Ctrl-C reaches it. env(1) resets
+# it, not a preexec_fn, which would fork() the pytest process and run grpc's fork handlers.
+INTERRUPTIBLE = ("env", "--default-signal=INT")
 
 
 def test_demo_cleans_up_on_sigint() -> None:
     before = _demo_leftovers()
-    proc = _demo("demo", "--pods", "6", preexec_fn=_interruptible)
+    proc = _demo("demo", "--pods", "6", prefix=INTERRUPTIBLE)
     assert proc.stdout is not None
     # Interrupt once the pods are up, as the kernel shows them: six veths on the demo's bridge.
     deadline = time.monotonic() + 120

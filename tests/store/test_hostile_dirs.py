@@ -62,9 +62,15 @@ def _cli(base: Path, *args: str, umask: int | None = None, plugin_dir: Path | No
     exec_dir.mkdir(exist_ok=True, mode=0o755)
     env.update(NETPLUGIN_PLUGIN_DIR=str(exec_dir), NETPLUGIN_STATE_DIR=str(base / "state"),
                NETPLUGIN_RUN_DIR=str(base / "run"), NETPLUGIN_USE_DAEMON="never", NETPLUGIN_HOST="none")
-    pre = None if umask is None else (lambda: os.umask(umask))
-    return subprocess.run([sys.executable, "-m", "netplugin", *args], env=env, capture_output=True, text=True,
-                          timeout=60, preexec_fn=pre)
+    # The child inherits the umask set here around the run, not by a preexec_fn: that would fork() the
+    # pytest process, which holds grpc, whose fork handlers can abort the child before it execs.
+    old = None if umask is None else os.umask(umask)
+    try:
+        return subprocess.run([sys.executable, "-m", "netplugin", *args], env=env, capture_output=True, text=True,
+                              timeout=60)
+    finally:
+        if old is not None:
+            os.umask(old)
 
 
 def _tree(base: Path) -> dict[str, int]:
