@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the real Kubernetes peers the tests run against (containerd 2, critest/crictl, the CNI reference
-# plugins, etcd, kube-apiserver, kube-controller-manager, kube-proxy) from the Go module proxy, with the
-# go.mod/go.sum pins under tests/peers/, and print the directory that holds them.
+# plugins, etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet) from the
+# Go module proxy, with the go.mod/go.sum pins under tests/peers/, and print the directory that holds them.
 #   scripts/build-peers.sh            build what is missing, print DIR (the binaries are DIR/NAME)
 # The cache lives outside the clone, keyed by the pins and the Go version:
 #   ${NETPLUGIN_PEERS_CACHE:-/var/cache/netplugin-peers}/<key>/bin
@@ -33,6 +33,8 @@ peers=(
     "kube:k8s.io/kubernetes/cmd/kube-apiserver:kube-apiserver"
     "kube:k8s.io/kubernetes/cmd/kube-controller-manager:kube-controller-manager"
     "kube:k8s.io/kubernetes/cmd/kube-proxy:kube-proxy"
+    "kube:k8s.io/kubernetes/cmd/kube-scheduler:kube-scheduler"
+    "kube:k8s.io/kubernetes/cmd/kubelet:kubelet"
 )
 
 if ! command -v go >/dev/null; then
@@ -59,6 +61,20 @@ mkdir -p "$bin" "$root/log"
 exec 9>"$root/lock"
 flock 9
 
+# A dependency's build is not stamped with its version: give the Kubernetes commands the pinned one,
+# which `--version` and a kubelet's Node (status.nodeInfo.kubeletVersion) report.
+ldflags_of() {
+    local flags='-s -w' version minor
+    if [ "$1" = kube ]; then
+        version=$(cd "$pins/kube" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+        minor=${version#v1.}
+        minor=${minor%%.*}
+        flags+=" -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1"
+        flags+=" -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+    fi
+    echo "$flags"
+}
+
 missing=()
 for entry in "${peers[@]}"; do
     IFS=: read -r group pkg name kind <<<"$entry"
@@ -70,7 +86,7 @@ for entry in "${peers[@]}"; do
     start=$(date +%s)
     # Into a temporary name, renamed once complete: a killed build never leaves a half binary that looks cached.
     mkdir -p "$(dirname "$bin/$name")" "$(dirname "$log")"
-    if (cd "$pins/$group" && go "${build[@]}" -p "$jobs" -ldflags='-s -w' -o "$bin/$name.tmp" "$pkg") >"$log" 2>&1; then
+    if (cd "$pins/$group" && go "${build[@]}" -p "$jobs" -ldflags="$(ldflags_of "$group")" -o "$bin/$name.tmp" "$pkg") >"$log" 2>&1; then
         mv -f "$bin/$name.tmp" "$bin/$name"
         echo "build-peers: built $name in $(($(date +%s) - start)) s" >&2
     else

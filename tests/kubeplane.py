@@ -1,11 +1,14 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-controller-manager.
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager and,
+for kubelets, kube-scheduler.
 
 The binaries come from ``scripts/build-peers.sh`` (:mod:`gopeers`); etcd is the embedded server of
 ``tests/peers/kube/etcd``. Everything listens on 127.0.0.1 at free ports and lives under one
-directory: openssl makes the CA, the serving certificate, the admin and controller-manager client
-certificates and the service-account signing key. kube-controller-manager runs the ``nodeipam``
-controller with ``--allocate-node-cidrs``: it, not the test, gives each Node its ``podCIDRs``
-(one per family of :data:`CLUSTER_CIDRS`), and the ``serviceaccount`` controllers.
+directory: openssl makes the CA, the serving certificate, the client certificates (admin,
+controller-manager, scheduler, kube-proxy, and one per kubelet: :meth:`ControlPlane.node_kubeconfig`)
+and the service-account signing key. kube-controller-manager runs the ``nodeipam`` controller with
+``--allocate-node-cidrs``: it, not the test, gives each Node its ``podCIDRs`` (one per family of
+:data:`CLUSTER_CIDRS`), and the ``serviceaccount`` controllers; a plane for kubelets adds the
+controllers real Nodes and Pods need (:data:`KUBELET_CONTROLLERS`) and kube-scheduler.
 
 :class:`ControlPlane` talks to the API as the admin (a client certificate in ``system:masters``);
 :meth:`ControlPlane.service_account_kubeconfig` writes a kubeconfig whose user is a ServiceAccount
@@ -26,10 +29,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CLUSTER_CIDRS", "KUBE_PEERS", "SERVICE_CIDR", "ApiError", "ControlPlane"]
+__all__ = ["CLUSTER_CIDRS", "KUBELET_CONTROLLERS", "KUBE_PEERS", "SERVICE_CIDR", "ApiError", "ControlPlane"]
 
-#: the peers this needs (paths under the peer dir)
+#: the peers this needs (paths under the peer dir); with ``scheduler=True`` kube-scheduler too
 KUBE_PEERS = ("etcd", "kube-apiserver", "kube-controller-manager")
+#: the controllers that Nodes registered by kubelets and their Pods need besides node IPAM: the
+#: lifecycle controller lifts the not-ready taint once a kubelet reports Ready (the scheduler
+#: places nothing before), and the root CA publisher writes the ``kube-root-ca.crt`` ConfigMap
+#: that every Pod's service-account volume projects
+KUBELET_CONTROLLERS = ("node-lifecycle-controller", "root-ca-certificate-publisher-controller")
 #: the simulated cluster's pod CIDRs (tests/cluster, README's table): the controller-manager
 #: carves a /24 and a /64 per Node out of them
 CLUSTER_CIDRS = ("10.206.128.0/17", "fd6e:7031:1a00:8000::/49")
@@ -58,23 +66,27 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise RuntimeError(f"openssl {' '.join(args)}: {done.stderr}")
 
 
+def make_cert(d: Path, name: str, subject: str, ext: list[str] | None = None) -> None:
+    """``d/name.crt`` and ``.key`` for ``subject``, signed by the CA in ``d`` (``ext``: openssl's -extfile)."""
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", subject,
+             "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-out", f"{name}.crt", *(ext or []), cwd=d)  # fmt: skip
+
+
 def make_pki(d: Path, san_ips: tuple[str, ...] = ()) -> None:
-    """CA, serving cert for 127.0.0.1 (and ``san_ips``), client certs (admin, controller-manager), SA key pair."""
+    """CA, serving cert for 127.0.0.1 (and ``san_ips``), the components' client certs, SA key pair."""
     d.mkdir(parents=True, exist_ok=True)
     ips = ",".join(f"IP:{a}" for a in ("127.0.0.1", *san_ips))
     _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
              "-subj", "/CN=netplugin-test-ca", "-keyout", "ca.key", "-out", "ca.crt", cwd=d)  # fmt: skip
     (d / "san.ext").write_text(f"subjectAltName={ips},DNS:localhost,DNS:kubernetes.default.svc\n")
+    # the identities Kubernetes' default RBAC binds to the components' roles
     subjects = {"apiserver": "/CN=kube-apiserver", "admin": "/O=system:masters/CN=netplugin-test-admin",
-                "kcm": "/CN=system:kube-controller-manager",
-                # the identity Kubernetes' default RBAC binds to system:node-proxier
+                "kcm": "/CN=system:kube-controller-manager", "kube-scheduler": "/CN=system:kube-scheduler",
                 "kube-proxy": "/CN=system:kube-proxy"}  # fmt: skip
     for name, subject in subjects.items():
-        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", subject,
-                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
-        ext = ["-extfile", "san.ext"] if name == "apiserver" else []
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-days", "2", "-out", f"{name}.crt", *ext, cwd=d)  # fmt: skip
+        make_cert(d, name, subject, ["-extfile", "san.ext"] if name == "apiserver" else None)
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 
@@ -82,9 +94,13 @@ def make_pki(d: Path, san_ips: tuple[str, ...] = ()) -> None:
 class ControlPlane:
     """etcd, kube-apiserver and kube-controller-manager under ``root``, from the peer dir ``peers``."""
 
-    def __init__(self, root: Path, peers: Path, *, san_ips: tuple[str, ...] = ()) -> None:
-        """``san_ips``: addresses besides 127.0.0.1 its certificate names (where a relay exposes it)."""
+    def __init__(
+        self, root: Path, peers: Path, *, san_ips: tuple[str, ...] = (), for_kubelets: bool = False
+    ) -> None:
+        """``san_ips``: addresses besides 127.0.0.1 its certificate names (where a relay exposes it);
+        ``for_kubelets``: also kube-scheduler and :data:`KUBELET_CONTROLLERS`."""
         self.root, self.peers, self.san_ips = root, peers, san_ips
+        self.for_kubelets = for_kubelets
         self.pki = root / "pki"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.port = free_port()
@@ -139,6 +155,9 @@ class ControlPlane:
             f"--audit-policy-file={self._audit_policy()}", f"--audit-log-path={self.audit_log}",
         ])  # fmt: skip
         self.wait_ready(120.0)
+        controllers = ["node-ipam-controller", "serviceaccount-controller", "serviceaccount-token-controller"]
+        if self.for_kubelets:
+            controllers += KUBELET_CONTROLLERS
         kubeconfig = self.write_kubeconfig(self.root / "kcm.kubeconfig", cert="kcm")
         self._spawn("kube-controller-manager", [
             str(self.peers / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
@@ -146,12 +165,19 @@ class ControlPlane:
             "--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false",
             # each controller as its own ServiceAccount, with the rights Kubernetes' default RBAC gives it
             "--use-service-account-credentials",
-            "--controllers=node-ipam-controller,serviceaccount-controller,serviceaccount-token-controller",
+            f"--controllers={','.join(controllers)}",
             "--allocate-node-cidrs", f"--cluster-cidr={','.join(CLUSTER_CIDRS)}",
             "--node-cidr-mask-size-ipv4=24", "--node-cidr-mask-size-ipv6=64",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             f"--service-account-private-key-file={p / 'sa.key'}", f"--root-ca-file={p / 'ca.crt'}",
         ])  # fmt: skip
+        if self.for_kubelets:
+            kubeconfig = self.write_kubeconfig(self.root / "scheduler.kubeconfig", cert="kube-scheduler")
+            # no serving port (it would need its own certificate): nothing here scrapes it
+            self._spawn("kube-scheduler", [
+                str(self.peers / "kube-scheduler"), f"--kubeconfig={kubeconfig}", "--leader-elect=false",
+                "--bind-address=127.0.0.1", "--secure-port=0",
+            ])  # fmt: skip
 
     def _audit_policy(self) -> Path:
         """Every request of a ServiceAccount, by verb and resource (what least privilege is judged on)."""
@@ -188,7 +214,7 @@ class ControlPlane:
             time.sleep(0.5)
 
     def close(self) -> None:
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
                 continue
@@ -288,6 +314,12 @@ class ControlPlane:
         }
         path.write_text(json.dumps(doc, indent=1))
         return path
+
+    def node_kubeconfig(self, path: Path, node: str, *, server: str | None = None) -> Path:
+        """A kubelet's kubeconfig: a client certificate of ``system:node:<node>`` in ``system:nodes``, the
+        identity to which the Node authorizer gives a node's rights (its Node, its Pods, their tokens)."""
+        make_cert(self.pki, f"kubelet-{node}", f"/O=system:nodes/CN=system:node:{node}")
+        return self.write_kubeconfig(path, cert=f"kubelet-{node}", server=server)
 
 
 #: kind -> (API group path, plural, namespaced)

@@ -1,0 +1,304 @@
+"""Real pods: a kubelet per node, the scheduler places them, containerd 2 runs them, netplugin networks them.
+
+Two nodes (tests/cluster/kubeletnodes.py), each a network namespace holding containerd 2, netplugin
+installed as the shipped DaemonSet installs it (its daemon started with the container's command), and
+a kubelet (1.37, from scripts/build-peers.sh) that registers its Node with the real control plane of
+tests/kubeplane.py, where kube-controller-manager allocates each Node's pod CIDRs and kube-scheduler
+runs. Everything after the nodes joined goes through the API only: Pods with no ``nodeName``, spread
+over both nodes by a topology spread constraint; the scheduler binds them, each kubelet runs its own
+through containerd, whose CNI calls reach netplugin's daemon. Then they are deleted through the API
+and netplugin must have torn each down. The tests run in file order on one cluster.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gopeers import require
+from kubeplane import KUBE_PEERS, ControlPlane
+
+from netplugin.frontends.lab.simcluster.cluster import UNDERLAY_V4, SimNode
+from netplugin.frontends.lab.simcluster.nsexec import ip_json
+from tests.cluster.kubecluster import apply_shipped_rbac
+from tests.cluster.kubeletnodes import KERNEL_TUNABLES, KUBELET_PEERS, WEB_IMAGE, KubeletCluster
+from tests.cluster.labnodes import cluster_unavailable_reason, scrape_metrics
+from tests.frontends.cni.containerd import unavailable_reason
+
+pytestmark = [pytest.mark.kernel, pytest.mark.containerd]
+
+NAMESPACE = "default"
+APP = "kubelet-web"
+PODS = 4  # two per node: the spread constraint allows no other placement
+PORT = 8080
+#: generous bounds for two kubelets and a control plane on two shared cores; only a failure waits them out
+RUNNING_WITHIN = 120.0
+GONE_WITHIN = 60.0
+#: paths a kubelet uses by default on a real node: none of them may appear on this machine
+KUBELET_DEFAULT_PATHS = (
+    "/var/lib/kubelet",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/usr/libexec/kubernetes/kubelet-plugins/volume",
+)
+# The container: its pod's name as the page httpd serves, and an exit on SIGTERM (as PID 1, the shell
+# would ignore it and the kubelet would wait out the grace period).
+#: what the kubelet's service-account volume puts in every container
+SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+SERVE = 'trap "exit 0" TERM; mkdir -p /www; echo "$POD_NAME" > /www/index.html; httpd -f -p 8080 -h /www & wait'
+
+
+def _tunables() -> dict[str, str]:
+    return {p: Path("/proc/sys", p).read_text().strip() for p in KERNEL_TUNABLES}
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    reason = cluster_unavailable_reason() or unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    peers = require(*KUBE_PEERS, *KUBELET_PEERS)
+    root: Path = tmp_path_factory.mktemp("kubeplane")
+    with ControlPlane(root, peers, san_ips=(str(UNDERLAY_V4.network_address + 1),), for_kubelets=True) as cp:
+        apply_shipped_rbac(cp)  # the daemons' identity and rights, as shipped
+        cp.wait_for("ServiceAccount default/default", lambda: cp.objects("ServiceAccount", NAMESPACE))
+        yield cp
+
+
+@pytest.fixture(scope="module")
+def cluster(plane: ControlPlane) -> Iterator[KubeletCluster]:
+    before = _tunables()
+    existed = {p for p in KUBELET_DEFAULT_PATHS if os.path.lexists(p)}
+    with KubeletCluster(plane, plane.peers) as c:
+        for _ in range(2):
+            c.join()
+        c.wait_routes(30.0)
+        yield c
+    # The kubelets changed nothing of the machine's own: its sysctls, its default paths.
+    assert _tunables() == before
+    assert [p for p in KUBELET_DEFAULT_PATHS if os.path.lexists(p) and p not in existed] == []
+
+
+@dataclass
+class RunningPod:
+    """A Pod as the API reports it once Running, and where its sandbox is on its node."""
+
+    name: str
+    uid: str
+    node: SimNode
+    ips: list[str]
+    seconds_to_running: float
+    sandbox_id: str
+    netns: str
+    container_id: str
+
+
+def _web_pod(name: str) -> dict[str, Any]:
+    """A Pod with no nodeName: the scheduler chooses, spreading the app's pods evenly over the nodes."""
+    container = {
+        "name": "web",
+        "image": WEB_IMAGE,
+        "imagePullPolicy": "Never",  # imported into each node's containerd: no registry is reachable
+        "command": ["/bin/sh", "-c", SERVE],
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "ports": [{"containerPort": PORT}],
+        # probed by the kubelet from its node: node -> pod through netplugin's bridge
+        "readinessProbe": {"httpGet": {"path": "/", "port": PORT}, "periodSeconds": 1},
+    }
+    spread = {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"app": APP}},
+    }
+    spec = {
+        "containers": [container],
+        "topologySpreadConstraints": [spread],
+        "dnsPolicy": "Default",
+        "terminationGracePeriodSeconds": 5,
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": APP}}, "spec": spec}
+
+
+def _crictl(cluster: KubeletCluster, node: SimNode, *args: str, timeout: float = 60) -> str:
+    sock = f"unix://{cluster.containerds[node.name].socket}"
+    argv = [str(cluster.plane.peers / "crictl"), f"--runtime-endpoint={sock}", f"--image-endpoint={sock}"]
+    argv += ["--timeout=30s", *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, f"crictl {' '.join(args)} on {node.name}: {done.stderr}"
+    return done.stdout.strip()
+
+
+def _wait_running(cluster: KubeletCluster, created: dict[str, float]) -> dict[str, tuple[dict[str, Any], float]]:
+    """Each created Pod once Running and Ready, with the seconds from its create to the first Running seen."""
+    plane = cluster.plane
+    running: dict[str, float] = {}
+    deadline = time.monotonic() + RUNNING_WITHIN
+    while True:
+        pods = {p["metadata"]["name"]: p for p in plane.objects("Pod", NAMESPACE) if p["metadata"]["name"] in created}
+        now = time.monotonic()
+        for name, pod in pods.items():
+            if pod["status"].get("phase") == "Running" and name not in running:
+                running[name] = now - created[name]
+        ready = {
+            name
+            for name, pod in pods.items()
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+        }
+        if ready == set(created) and set(running) == set(created):
+            return {name: (pods[name], running[name]) for name in created}
+        if now > deadline:
+            states = {n: (p["spec"].get("nodeName"), p["status"]) for n, p in pods.items() if n not in ready}
+            logs = "\n".join(f"--- {n.name}:\n{cluster.kubelet_log(n)}" for n in cluster.nodes.values())
+            raise AssertionError(f"Pods not Running and Ready within {RUNNING_WITHIN:g} s: {states}\n{logs}")
+        time.sleep(0.1)
+
+
+def _sandbox(cluster: KubeletCluster, node: SimNode, uid: str) -> tuple[str, str, str]:
+    """(sandbox id, its netns path, the web container's id) of the Pod ``uid`` on ``node``'s containerd."""
+    sandbox_id = _crictl(cluster, node, "pods", "-q", "--state", "ready", "--label", f"io.kubernetes.pod.uid={uid}")
+    assert sandbox_id and "\n" not in sandbox_id, f"one sandbox for pod {uid} on {node.name}: {sandbox_id!r}"
+    sandbox = cluster.containerds[node.name].status(sandbox_id)
+    container_id = _crictl(cluster, node, "ps", "-q", "--pod", sandbox_id, "--name", "web")
+    return sandbox_id, sandbox.netns, container_id
+
+
+@pytest.fixture(scope="module")
+def pods(cluster: KubeletCluster) -> dict[str, RunningPod]:
+    created = {}
+    for i in range(PODS):
+        name = f"web-{i}"
+        created[name] = time.monotonic()
+        cluster.plane.apply(_web_pod(name))
+    out = {}
+    for name, (pod, seconds) in _wait_running(cluster, created).items():
+        node = cluster.nodes[pod["spec"]["nodeName"]]
+        ips = [a["ip"] for a in pod["status"]["podIPs"]]
+        sandbox_id, netns, container_id = _sandbox(cluster, node, pod["metadata"]["uid"])
+        out[name] = RunningPod(name, pod["metadata"]["uid"], node, ips, seconds, sandbox_id, netns, container_id)
+    print("\nPod create -> Running (s):", {n: round(p.seconds_to_running, 2) for n, p in out.items()})
+    return out
+
+
+def test_each_kubelet_registers_its_node_which_is_ready_once_netplugin_answers(cluster: KubeletCluster) -> None:
+    for node in cluster.nodes.values():
+        obj = cluster.node_object(node.name)
+        assert obj is not None
+        info = obj["status"]["nodeInfo"]
+        assert info["kubeletVersion"] == "v1.37.2" and info["containerRuntimeVersion"].startswith("containerd://2."), (
+            info
+        )
+        # registered by its kubelet (the test never created it), its addresses the kubelet's --node-ip
+        assert {m["manager"] for m in obj["metadata"]["managedFields"]} >= {"kubelet"}, obj["metadata"]["managedFields"]
+        internal = [a["address"] for a in obj["status"]["addresses"] if a["type"] == "InternalIP"]
+        assert internal == [node.ipv4, node.ipv6]
+        # one pod CIDR per family from the controller-manager, and the daemon serves exactly those
+        assert obj["spec"]["podCIDRs"] == list(node.pod_cidrs) and len(node.pod_cidrs) == 2
+        assert cluster.health(node)["node"]["pod_cidrs"] == list(node.pod_cidrs)
+        # Before netplugin's daemon ran, containerd's CNI STATUS failed and the kubelet said why.
+        before = cluster.not_ready[node.name]
+        assert before["status"] == "False" and "NetworkReady=false" in before["message"], before
+
+
+def test_the_scheduler_places_the_pods_and_each_runs_on_its_nodes_network(
+    cluster: KubeletCluster, pods: dict[str, RunningPod]
+) -> None:
+    for pod in pods.values():
+        obj = cluster.plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod.name}")
+        assert any(c["type"] == "PodScheduled" and c["status"] == "True" for c in obj["status"]["conditions"])
+        # every IP in its own node's pod CIDR of its family, one per family
+        cidrs = {ipaddress.ip_network(c).version: ipaddress.ip_network(c) for c in pod.node.pod_cidrs}
+        assert sorted(ipaddress.ip_address(a).version for a in pod.ips) == [4, 6], pod.ips
+        assert all(ipaddress.ip_address(a) in cidrs[ipaddress.ip_address(a).version] for a in pod.ips), pod
+        assert obj["status"]["podIP"] == pod.ips[0]
+        # the addresses really are on the pod's eth0, inside the sandbox's netns
+        shown = subprocess.run(
+            ["nsenter", f"--net={pod.netns}", "ip", "-j", "addr", "show", "dev", "eth0"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        on_eth0 = {a["local"] for link in json.loads(shown) for a in link["addr_info"]}
+        assert set(pod.ips) <= on_eth0, (pod.name, on_eth0)
+        # the kubelet's service-account volume reached the container (its root dir is a shared mount)
+        ns = _crictl(cluster, pod.node, "exec", "-s", pod.container_id, "cat", SA_NAMESPACE_FILE)
+        assert ns == NAMESPACE
+    # The scheduler chose, the test never did: two pods on each node, and it says so in events.
+    per_node = sorted(sum(1 for p in pods.values() if p.node is n) for n in cluster.nodes.values())
+    assert per_node == [PODS // 2, PODS // 2], {p.name: p.node.name for p in pods.values()}
+    events = cluster.plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")["items"]
+    scheduled = {
+        e["involvedObject"]["name"]
+        for e in events
+        if e["reason"] == "Scheduled"
+        and "default-scheduler" in (e.get("reportingComponent"), e["source"].get("component"))
+    }
+    assert scheduled >= set(pods), scheduled
+    # Each node's daemon knows its pods by name (the shim forwarded every ADD to it).
+    for node in cluster.nodes.values():
+        listing = cluster.netplugin(node, "pods")
+        mine = sorted(p.name for p in pods.values() if p.node is node)
+        assert sorted(p["name"] for p in listing["pods"]) == mine, listing
+
+
+def test_a_container_reaches_the_pods_of_the_other_node_over_both_families(
+    cluster: KubeletCluster, pods: dict[str, RunningPod]
+) -> None:
+    failures = []
+    for src in pods.values():
+        for dst in pods.values():
+            if dst.node is src.node:
+                continue
+            for address in dst.ips:
+                host = f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
+                url = f"http://{host}:{PORT}/"
+                answer = _crictl(
+                    cluster, src.node, "exec", "-s", src.container_id, "wget", "-q", "-O", "-", "-T", "5", url
+                )
+                if answer != dst.name:
+                    failures.append(f"{src.name}@{src.node.name} -> {dst.name} {url}: {answer!r}")
+    assert failures == []
+
+
+def _operations(cluster: KubeletCluster, node: SimNode) -> dict[str, float]:
+    """The daemon's kubelet_network_plugin_operations_total by operation."""
+    out = {}
+    for line in scrape_metrics(cluster, node).splitlines():
+        if line.startswith("kubelet_network_plugin_operations_total{"):
+            out[line.split('operation_type="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_pods_deleted_through_the_api_are_torn_down_by_netplugin(
+    cluster: KubeletCluster, pods: dict[str, RunningPod]
+) -> None:
+    for name in pods:
+        cluster.plane.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    started = time.monotonic()
+    deadline = started + GONE_WITHIN
+    while names := {p["metadata"]["name"] for p in cluster.plane.objects("Pod", NAMESPACE)} & set(pods):
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {n.name}:\n{cluster.kubelet_log(n)}" for n in cluster.nodes.values())
+            raise AssertionError(f"Pods {sorted(names)} still in the API after {GONE_WITHIN:g} s\n{logs}")
+        time.sleep(0.1)
+    print(f"\nPods deleted -> gone from the API: {time.monotonic() - started:.2f} s")
+    # The kubelet removes a Pod from the API once its sandbox is stopped: the CNI DEL has run.
+    for node in cluster.nodes.values():
+        veths = [link["ifname"] for link in ip_json("-n", node.netns, "link", "show", "type", "veth")]
+        assert veths == ["eth0"], f"pod veths left on {node.name}: {veths}"
+        ipam = node.root / "state" / "bridge"
+        held = sorted(p.name for p in ipam.rglob("*") if p.is_file() and p.parent.name in ("ips", "pods"))
+        assert held == [], f"addresses still allocated on {node.name}: {held}"
+        listing = cluster.netplugin(node, "pods")
+        assert listing["pods"] == [] and listing["corrupt"] == [], listing
+        mine = sum(1 for p in pods.values() if p.node is node)
+        ops = _operations(cluster, node)
+        assert ops["set_up_pod"] == mine and ops["tear_down_pod"] >= mine, ops
+    for pod in pods.values():
+        assert not os.path.exists(pod.netns), f"{pod.name}'s netns {pod.netns} is left"
