@@ -13,12 +13,13 @@ Everything the kubelet writes stays inside the test's namespaces and temp dirs:
 
 * ``--root-dir`` and ``--cert-dir`` under the node's temp root, ``podLogsDir`` too; the volume plugin
   dir (default /usr/libexec/...) under it as well.
-* The kubelet runs in a mount namespace of its own (``unshare --mount``), where ``/var/log`` (it
-  makes ``/var/log/containers`` there, a fixed path) is a temp dir, and where the kernel settings it
-  checks at start (:data:`KERNEL_TUNABLES`) are files holding the values it wants: those are
-  machine-wide sysctls, which it would otherwise write. ``protectKernelDefaults`` makes it only read
-  them. Its root dir is a shared mount, so the volumes it mounts there (a pod's service-account
-  token) reach containerd, which runs in the machine's mount namespace.
+* The kubelet runs in a mount namespace of its own (``unshare --mount``), where ``/var/log`` and
+  ``/var/lib`` are temp dirs (:data:`FIXED_DIRS`: it writes there whatever its flags say), and
+  where the kernel settings it checks at start (:data:`KERNEL_TUNABLES`) are files holding the
+  values it wants: those are machine-wide sysctls, which it would otherwise write.
+  ``protectKernelDefaults`` makes it only read them. Its root dir is a shared mount, so the volumes
+  it mounts there (a pod's service-account token) reach containerd, which runs in the machine's
+  mount namespace.
 * ``cgroupsPerQOS: false``: two kubelets share this machine's cgroups, so neither builds a
   ``kubepods`` hierarchy; containerd puts each container in a cgroup of its own, removed with it.
   The cgroups are v1 (hybrid) here, which kubelet 1.37 refuses unless ``failCgroupV1: false``.
@@ -51,7 +52,7 @@ __all__ = ["KUBELET_PEERS", "WEB_IMAGE", "KubeletCluster"]
 
 #: the peers a kubelet node needs besides the control plane's (paths under the peer dir)
 KUBELET_PEERS = ("kubelet", "kube-scheduler", "containerd", "ctr", "containerd-shim-runc-v2", "cni/loopback", "crictl")
-#: the pods' image: busybox-static with a shell, httpd and wget, imported into each containerd
+#: the pods' image: busybox-static with a shell, httpd and nc, imported into each containerd
 WEB_IMAGE = "localhost/netplugin-test-web:1"
 #: the machine-wide settings kubelet checks at start (setupKernelTunables in
 #: pkg/kubelet/cm/container_manager_linux.go), with the values it wants, as /proc/sys paths
@@ -66,19 +67,26 @@ KERNEL_TUNABLES = {
 #: bounds of the waits below: generous, for two kubelets and a control plane on two shared cores
 JOIN_TIMEOUT = 120.0
 
+#: the fixed paths the kubelet writes whatever its flags say, each made a temp dir (of the node's
+#: root) in its mount namespace: /var/log/containers (the log symlinks), and
+#: /var/lib/kubelet/device-plugins/kubelet.sock (the device plugin API's socket)
+FIXED_DIRS = {"/var/log": "var-log", "/var/lib": "var-lib"}
+
 # Run in the kubelet's own mount namespace (``unshare --mount --propagation unchanged``), then exec
-# the kubelet: argv is TUNABLES_DIR LOG_DIR KUBELET [ARGS...]. The root mount and /proc are made
-# private first, so that nothing mounted here reaches the machine's namespace.
+# the kubelet: argv is TUNABLES_DIR (SOURCE TARGET)... -- KUBELET [ARGS...]. The root mount and /proc
+# are made private first, so that nothing mounted here reaches the machine's namespace.
 _LAUNCH = r"""
 import os, subprocess, sys
-tunables, logs, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+end = sys.argv.index("--")
+tunables, binds, argv = sys.argv[1], sys.argv[2:end], sys.argv[end + 1:]
 def mount(*args):
     subprocess.run(["mount", *args], check=True)
 mount("--make-private", "/")
 mount("--make-rprivate", "/proc")
 for name in sorted(os.listdir(tunables)):
     mount("--bind", os.path.join(tunables, name), "/proc/sys/" + name.replace(".", "/"))
-mount("--bind", logs, "/var/log")
+for source, target in zip(binds[::2], binds[1::2]):
+    mount("--bind", source, target)
 os.execv(argv[0], argv)
 """
 
@@ -117,7 +125,7 @@ class KubeletCluster(ShippedNodes, KubeCluster):
 
     def import_web_image(self, node: SimNode) -> None:
         archive = node.root / "web-image.tar"
-        image_archive(WEB_IMAGE, archive, ["/bin/sh"], ("sh", "httpd", "wget", "sleep", "cat", "mkdir", "echo"))
+        image_archive(WEB_IMAGE, archive, ["/bin/sh"], ("sh", "httpd", "nc", "tail", "cat", "mkdir", "echo", "printf"))
         self.containerds[node.name].import_image(archive)
 
     def kubelet_dir(self, node: SimNode) -> Path:
@@ -170,7 +178,8 @@ class KubeletCluster(ShippedNodes, KubeCluster):
 
     def start_kubelet(self, node: SimNode) -> subprocess.Popen[bytes]:
         kdir = self.kubelet_dir(node)
-        for d in (kdir, node.root / "var-log", node.root / "pod-logs", node.root / "tunables"):
+        binds = [a for target, sub in FIXED_DIRS.items() for a in (str(node.root / sub), target)]
+        for d in (kdir, node.root / "pod-logs", node.root / "tunables", *(node.root / s for s in FIXED_DIRS.values())):
             d.mkdir(mode=0o755)
         for path, value in KERNEL_TUNABLES.items():
             (node.root / "tunables" / path.replace("/", ".")).write_text(f"{value}\n")
@@ -187,7 +196,7 @@ class KubeletCluster(ShippedNodes, KubeCluster):
         ]  # fmt: skip
         argv = [
             "nsenter", f"--net={NETNS_DIR}/{node.netns}", "unshare", "--mount", "--propagation", "unchanged",
-            sys.executable, "-c", _LAUNCH, str(node.root / "tunables"), str(node.root / "var-log"), *kubelet,
+            sys.executable, "-c", _LAUNCH, str(node.root / "tunables"), *binds, "--", *kubelet,
         ]  # fmt: skip
         with open(node.root / "kubelet.log", "ab") as log:
             # Its own session: a Ctrl-C of pytest must not stop it before close() runs.

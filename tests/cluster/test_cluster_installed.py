@@ -79,8 +79,12 @@ def test_nodes_are_installed_as_shipped(cluster: InstalledCluster) -> None:
     for node in cluster.nodes.values():
         conflist = json.loads((node.root / "cni-conf" / "10-netplugin.conflist").read_text())
         assert conflist["plugins"] == [
-            {"type": "netplugin-cni", "configFile": str(node.config_path), "runDir": str(node.root / "run"),
-             "capabilities": {"portMappings": True}}
+            {
+                "type": "netplugin-cni",
+                "configFile": str(node.config_path),
+                "runDir": str(node.root / "run"),
+                "capabilities": {"portMappings": True},
+            }
         ]
         health = cluster.health(node)
         assert (health["plugin"], health["plugin_problem"]) == ("netplugin.io/bridge", None)

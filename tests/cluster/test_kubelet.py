@@ -51,6 +51,9 @@ KUBELET_DEFAULT_PATHS = (
 )
 # The container: its pod's name as the page httpd serves, and an exit on SIGTERM (as PID 1, the shell
 # would ignore it and the kubelet would wait out the grace period).
+# From inside a container: the page at $0, port 8080, over HTTP/1.0 (busybox-static's wget crashes
+# without the libc files of a full image; its nc needs none).
+FETCH = 'set -o pipefail; printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 5 "$0" 8080 | tail -n 1'
 #: what the kubelet's service-account volume puts in every container
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 SERVE = 'trap "exit 0" TERM; mkdir -p /www; echo "$POD_NAME" > /www/index.html; httpd -f -p 8080 -h /www & wait'
@@ -125,7 +128,8 @@ def _web_pod(name: str) -> dict[str, Any]:
         "dnsPolicy": "Default",
         "terminationGracePeriodSeconds": 5,
     }
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": APP}}, "spec": spec}
+    metadata = {"name": name, "namespace": NAMESPACE, "labels": {"app": APP}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def _crictl(cluster: KubeletCluster, node: SimNode, *args: str, timeout: float = 60) -> str:
@@ -256,13 +260,9 @@ def test_a_container_reaches_the_pods_of_the_other_node_over_both_families(
             if dst.node is src.node:
                 continue
             for address in dst.ips:
-                host = f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
-                url = f"http://{host}:{PORT}/"
-                answer = _crictl(
-                    cluster, src.node, "exec", "-s", src.container_id, "wget", "-q", "-O", "-", "-T", "5", url
-                )
+                answer = _crictl(cluster, src.node, "exec", "-s", src.container_id, "/bin/sh", "-c", FETCH, address)
                 if answer != dst.name:
-                    failures.append(f"{src.name}@{src.node.name} -> {dst.name} {url}: {answer!r}")
+                    failures.append(f"{src.name}@{src.node.name} -> {dst.name} {address}: {answer!r}")
     assert failures == []
 
 
