@@ -210,6 +210,7 @@ def test_each_kubelet_registers_its_node_which_is_ready_once_netplugin_answers(c
         # Before netplugin's daemon ran, containerd's CNI STATUS failed and the kubelet said why.
         before = cluster.not_ready[node.name]
         assert before["status"] == "False" and "NetworkReady=false" in before["message"], before
+        print(f"\n{node.name} NotReady before its daemon ran: {before['message']}")
 
 
 def test_the_scheduler_places_the_pods_and_each_runs_on_its_nodes_network(
