@@ -51,12 +51,12 @@ KUBELET_DEFAULT_PATHS = (
 )
 # The container: its pod's name as the page httpd serves, and an exit on SIGTERM (as PID 1, the shell
 # would ignore it and the kubelet would wait out the grace period).
-# From inside a container: the page at $0, port 8080, over HTTP/1.0 (busybox-static's wget crashes
+# From inside a container: the page at $0 on PORT, over HTTP/1.0 (busybox-static's wget crashes
 # without the libc files of a full image; its nc needs none).
-FETCH = 'set -o pipefail; printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 5 "$0" 8080 | tail -n 1'
+FETCH = f'set -o pipefail; printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 5 "$0" {PORT} | tail -n 1'
 #: what the kubelet's service-account volume puts in every container
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-SERVE = 'trap "exit 0" TERM; mkdir -p /www; echo "$POD_NAME" > /www/index.html; httpd -f -p 8080 -h /www & wait'
+SERVE = f'trap "exit 0" TERM; mkdir -p /www; echo "$POD_NAME" > /www/index.html; httpd -f -p {PORT} -h /www & wait'
 
 
 def _tunables() -> dict[str, str]:
