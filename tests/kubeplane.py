@@ -31,7 +31,7 @@ from typing import Any
 
 __all__ = ["CLUSTER_CIDRS", "KUBELET_CONTROLLERS", "KUBE_PEERS", "SERVICE_CIDR", "ApiError", "ControlPlane"]
 
-#: the peers this needs (paths under the peer dir); with ``scheduler=True`` kube-scheduler too
+#: the peers this needs (paths under the peer dir); with ``for_kubelets`` kube-scheduler too
 KUBE_PEERS = ("etcd", "kube-apiserver", "kube-controller-manager")
 #: the controllers that Nodes registered by kubelets and their Pods need besides node IPAM: the
 #: lifecycle controller lifts the not-ready taint once a kubelet reports Ready (the scheduler
@@ -92,7 +92,7 @@ def make_pki(d: Path, san_ips: tuple[str, ...] = ()) -> None:
 
 
 class ControlPlane:
-    """etcd, kube-apiserver and kube-controller-manager under ``root``, from the peer dir ``peers``."""
+    """etcd, kube-apiserver, kube-controller-manager (and kube-scheduler) under ``root``, from ``peers``."""
 
     def __init__(
         self, root: Path, peers: Path, *, san_ips: tuple[str, ...] = (), for_kubelets: bool = False
