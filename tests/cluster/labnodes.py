@@ -14,7 +14,7 @@ from typing import TypeVar
 from netplugin.frontends.lab.simcluster.cluster import SimCluster, SimNode
 from tests.nettest import kernel_unavailable_reason
 
-__all__ = ["cluster_unavailable_reason", "scrape_metrics", "started"]
+__all__ = ["cluster_unavailable_reason", "plugin_operations", "scrape_metrics", "started"]
 
 C = TypeVar("C", bound=SimCluster)
 
@@ -39,3 +39,12 @@ def scrape_metrics(cluster: SimCluster, node: SimNode) -> str:
     done = cluster.exec_in(node.netns, [sys.executable, "-c", code])
     assert done.returncode == 0, done.stderr
     return done.stdout.decode()
+
+
+def plugin_operations(cluster: SimCluster, node: SimNode) -> dict[str, float]:
+    """The node daemon's kubelet_network_plugin_operations_total by operation."""
+    out = {}
+    for line in scrape_metrics(cluster, node).splitlines():
+        if line.startswith("kubelet_network_plugin_operations_total{"):
+            out[line.split('operation_type="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out

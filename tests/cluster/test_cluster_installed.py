@@ -26,7 +26,7 @@ from gopeers import require
 
 from netplugin.frontends.lab.simcluster.apiserver import make_node, make_pod
 from netplugin.frontends.lab.simcluster.cluster import SimNode
-from tests.cluster.labnodes import cluster_unavailable_reason, scrape_metrics
+from tests.cluster.labnodes import cluster_unavailable_reason, plugin_operations
 from tests.cluster.shippednodes import ShippedNodes
 from tests.frontends.cni.containerd import Sandbox, unavailable_reason
 
@@ -53,15 +53,6 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[InstalledCluster]:
             c.start_containerd(node)
         c.wait_routes(10.0)
         yield c
-
-
-def _operations(cluster: InstalledCluster, node: SimNode) -> dict[str, float]:
-    """The daemon's kubelet_network_plugin_operations_total, scraped inside the node (metrics on its loopback)."""
-    out = {}
-    for line in scrape_metrics(cluster, node).splitlines():
-        if line.startswith("kubelet_network_plugin_operations_total{"):
-            out[line.split('operation_type="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def _run_pod(cluster: InstalledCluster, node: SimNode, name: str) -> Sandbox:
@@ -107,7 +98,7 @@ def test_pods_get_their_nodes_cidr_and_reach_the_other_node(cluster: InstalledCl
             ctd.stop_remove(sb.id)
         # Served by the node's daemon: it counted every ADD and DEL (alone, the shim of a cluster
         # node refuses with CNI error 11: use_daemon: always).
-        ops = _operations(cluster, node)
+        ops = plugin_operations(cluster, node)
         assert ops["set_up_pod"] == 2 and ops["tear_down_pod"] >= 2, ops
 
 

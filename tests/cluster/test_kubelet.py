@@ -30,7 +30,7 @@ from netplugin.frontends.lab.simcluster.cluster import UNDERLAY_V4, SimNode
 from netplugin.frontends.lab.simcluster.nsexec import ip_json
 from tests.cluster.kubecluster import apply_shipped_rbac
 from tests.cluster.kubeletnodes import KERNEL_TUNABLES, KUBELET_PEERS, WEB_IMAGE, KubeletCluster
-from tests.cluster.labnodes import cluster_unavailable_reason, scrape_metrics
+from tests.cluster.labnodes import cluster_unavailable_reason, plugin_operations
 from tests.frontends.cni.containerd import unavailable_reason
 
 pytestmark = [pytest.mark.kernel, pytest.mark.containerd]
@@ -267,15 +267,6 @@ def test_a_container_reaches_the_pods_of_the_other_node_over_both_families(
     assert failures == []
 
 
-def _operations(cluster: KubeletCluster, node: SimNode) -> dict[str, float]:
-    """The daemon's kubelet_network_plugin_operations_total by operation."""
-    out = {}
-    for line in scrape_metrics(cluster, node).splitlines():
-        if line.startswith("kubelet_network_plugin_operations_total{"):
-            out[line.split('operation_type="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
-    return out
-
-
 def test_pods_deleted_through_the_api_are_torn_down_by_netplugin(
     cluster: KubeletCluster, pods: dict[str, RunningPod]
 ) -> None:
@@ -299,7 +290,7 @@ def test_pods_deleted_through_the_api_are_torn_down_by_netplugin(
         listing = cluster.netplugin(node, "pods")
         assert listing["pods"] == [] and listing["corrupt"] == [], listing
         mine = sum(1 for p in pods.values() if p.node is node)
-        ops = _operations(cluster, node)
+        ops = plugin_operations(cluster, node)
         assert ops["set_up_pod"] == mine and ops["tear_down_pod"] >= mine, ops
     for pod in pods.values():
         assert not os.path.exists(pod.netns), f"{pod.name}'s netns {pod.netns} is left"
