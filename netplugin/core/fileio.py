@@ -156,7 +156,9 @@ def start_writeback(fd: int) -> None:
     """
     try:
         # POSIX_FADV_DONTNEED starts asynchronous writeback of the dirty pages (WB_SYNC_NONE) and
-        # drops only clean ones; sync_file_range would do the same but is not in the os module.
+        # drops only clean ones: pages still under writeback stay cached, a page whose write has
+        # already finished is dropped (a later read goes to disk). sync_file_range would keep it,
+        # but is not in the os module, and ctypes would cost every CLI call its import.
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except OSError:
         pass

@@ -170,7 +170,8 @@ def test_stop_is_prompt_even_mid_stream(api: ApiServer, nodes: tuple[Informer, R
     inf, _ = nodes
     start = time.monotonic()
     inf.stop()
-    assert time.monotonic() - start < 1.0
+    # Stuck in the stream, stop() would wait out its 5 s join and leave the thread alive.
+    assert time.monotonic() - start < 3.0
     assert inf._thread is not None and not inf._thread.is_alive()
 
 
