@@ -35,9 +35,17 @@ __all__ = ["CLUSTER_CIDRS", "KUBELET_CONTROLLERS", "KUBE_PEERS", "SERVICE_CIDR",
 KUBE_PEERS = ("etcd", "kube-apiserver", "kube-controller-manager")
 #: the controllers that Nodes registered by kubelets and their Pods need besides node IPAM: the
 #: lifecycle controller lifts the not-ready taint once a kubelet reports Ready (the scheduler
-#: places nothing before), and the root CA publisher writes the ``kube-root-ca.crt`` ConfigMap
-#: that every Pod's service-account volume projects
-KUBELET_CONTROLLERS = ("node-lifecycle-controller", "root-ca-certificate-publisher-controller")
+#: places nothing before), the root CA publisher writes the ``kube-root-ca.crt`` ConfigMap that
+#: every Pod's service-account volume projects; and what runs a Deployment as a user's would: its
+#: controller, the ReplicaSets' controller, and the garbage collector that removes a deleted
+#: Deployment's ReplicaSets and Pods
+KUBELET_CONTROLLERS = (
+    "node-lifecycle-controller",
+    "root-ca-certificate-publisher-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "garbage-collector-controller",
+)
 #: the simulated cluster's pod CIDRs (tests/cluster, README's table): the controller-manager
 #: carves a /24 and a /64 per Node out of them
 CLUSTER_CIDRS = ("10.206.128.0/17", "fd6e:7031:1a00:8000::/49")
@@ -330,6 +338,7 @@ KINDS = {
     "ServiceAccount": ("/api/v1", "serviceaccounts", True),
     "Namespace": ("/api/v1", "namespaces", False),
     "ConfigMap": ("/api/v1", "configmaps", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
     "EndpointSlice": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),

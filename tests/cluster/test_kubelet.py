@@ -4,10 +4,12 @@ Two nodes (tests/cluster/kubeletnodes.py), each a network namespace holding cont
 installed as the shipped DaemonSet installs it (its daemon started with the container's command), and
 a kubelet (1.37, from scripts/build-peers.sh) that registers its Node with the real control plane of
 tests/kubeplane.py, where kube-controller-manager allocates each Node's pod CIDRs and kube-scheduler
-runs. Everything after the nodes joined goes through the API only: Pods with no ``nodeName``, spread
-over both nodes by a topology spread constraint; the scheduler binds them, each kubelet runs its own
-through containerd, whose CNI calls reach netplugin's daemon. Then they are deleted through the API
-and netplugin must have torn each down. The tests run in file order on one cluster.
+runs. Everything after the nodes joined goes through the API only, as a user deploys an app: a
+Deployment whose Pods are spread over both nodes by a topology spread constraint; its ReplicaSet
+creates them, the scheduler binds them, each kubelet runs its own through containerd, whose CNI
+calls reach netplugin's daemon. A rollout then replaces every Pod, and the Deployment is deleted;
+netplugin must have torn each replaced or deleted Pod down. The tests run in file order on one
+cluster.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from tests.frontends.cni.containerd import unavailable_reason
 pytestmark = [pytest.mark.kernel, pytest.mark.containerd]
 
 NAMESPACE = "default"
-APP = "kubelet-web"
+APP = "kubelet-web"  # the Deployment's name and its Pods' app label
 PODS = 4  # two per node: the spread constraint allows no other placement
 PORT = 8080
 #: generous bounds for two kubelets and a control plane on two shared cores; only a failure waits them out
@@ -104,8 +106,20 @@ class RunningPod:
     container_id: str
 
 
-def _web_pod(name: str) -> dict[str, Any]:
-    """A Pod with no nodeName: the scheduler chooses, spreading the app's pods evenly over the nodes."""
+@dataclass
+class Fleet:
+    """The Deployment's Pods: those running now, and every one that ever ran (a rollout replaces them)."""
+
+    current: dict[str, RunningPod]
+    ever: dict[str, RunningPod]
+
+    def take(self, pods: dict[str, RunningPod]) -> None:
+        self.current = pods
+        self.ever.update(pods)
+
+
+def _deployment(revision: int) -> dict[str, Any]:
+    """The app's Deployment; a new ``revision`` changes its Pod template, so it rolls out new Pods."""
     container = {
         "name": "web",
         "image": WEB_IMAGE,
@@ -116,20 +130,31 @@ def _web_pod(name: str) -> dict[str, Any]:
         # probed by the kubelet from its node: node -> pod through netplugin's bridge
         "readinessProbe": {"httpGet": {"path": "/", "port": PORT}, "periodSeconds": 1},
     }
+    # No nodeName anywhere: the scheduler chooses, evenly over the nodes. matchLabelKeys counts only
+    # the Pods of one template, so a rollout's new Pods are spread among themselves, not around the old.
     spread = {
         "maxSkew": 1,
         "topologyKey": "kubernetes.io/hostname",
         "whenUnsatisfiable": "DoNotSchedule",
         "labelSelector": {"matchLabels": {"app": APP}},
+        "matchLabelKeys": ["pod-template-hash"],
     }
-    spec = {
-        "containers": [container],
-        "topologySpreadConstraints": [spread],
-        "dnsPolicy": "Default",
-        "terminationGracePeriodSeconds": 5,
+    template = {
+        "metadata": {"labels": {"app": APP}, "annotations": {"netplugin.test/revision": str(revision)}},
+        "spec": {
+            "containers": [container],
+            "topologySpreadConstraints": [spread],
+            "dnsPolicy": "Default",
+            "terminationGracePeriodSeconds": 5,
+        },
     }
-    metadata = {"name": name, "namespace": NAMESPACE, "labels": {"app": APP}}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+    spec = {"replicas": PODS, "selector": {"matchLabels": {"app": APP}}, "template": template}
+    metadata = {"name": APP, "namespace": NAMESPACE}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec}
+
+
+def _deployment_path() -> str:
+    return f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{APP}"
 
 
 def _crictl(cluster: KubeletCluster, node: SimNode, *args: str, timeout: float = 60) -> str:
@@ -141,28 +166,48 @@ def _crictl(cluster: KubeletCluster, node: SimNode, *args: str, timeout: float =
     return done.stdout.strip()
 
 
-def _wait_running(cluster: KubeletCluster, created: dict[str, float]) -> dict[str, tuple[dict[str, Any], float]]:
-    """Each created Pod once Running and Ready, with the seconds from its create to the first Running seen."""
+def _kubelet_logs(cluster: KubeletCluster) -> str:
+    return "\n".join(f"--- {n.name}:\n{cluster.kubelet_log(n)}" for n in cluster.nodes.values())
+
+
+def _app_pods(cluster: KubeletCluster) -> dict[str, dict[str, Any]]:
+    return {
+        p["metadata"]["name"]: p
+        for p in cluster.plane.objects("Pod", NAMESPACE)
+        if (p["metadata"].get("labels") or {}).get("app") == APP
+    }
+
+
+def _wait_rolled_out(cluster: KubeletCluster, since: float, gone: set[str]) -> dict[str, tuple[dict[str, Any], float]]:
+    """The Deployment's Pods once its latest generation is fully rolled out (every Pod of the new
+    template Running and Ready, none of the old left in the API, ``gone`` among them), with the
+    seconds from ``since`` to each Pod's first Running seen."""
     plane = cluster.plane
     running: dict[str, float] = {}
     deadline = time.monotonic() + RUNNING_WITHIN
     while True:
-        pods = {p["metadata"]["name"]: p for p in plane.objects("Pod", NAMESPACE) if p["metadata"]["name"] in created}
+        deployment = plane.request("GET", _deployment_path())
+        status = deployment["status"]
+        pods = _app_pods(cluster)
         now = time.monotonic()
         for name, pod in pods.items():
             if pod["status"].get("phase") == "Running" and name not in running:
-                running[name] = now - created[name]
+                running[name] = now - since
         ready = {
             name
             for name, pod in pods.items()
             if any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
         }
-        if ready == set(created) and set(running) == set(created):
-            return {name: (pods[name], running[name]) for name in created}
+        counts = [status.get(k, 0) for k in ("replicas", "updatedReplicas", "readyReplicas", "availableReplicas")]
+        done = status.get("observedGeneration") == deployment["metadata"]["generation"] and counts == [PODS] * 4
+        if done and len(pods) == PODS and ready == set(pods) <= set(running) and not gone & set(pods):
+            return {name: (pod, running[name]) for name, pod in pods.items()}
         if now > deadline:
             states = {n: (p["spec"].get("nodeName"), p["status"]) for n, p in pods.items() if n not in ready}
-            logs = "\n".join(f"--- {n.name}:\n{cluster.kubelet_log(n)}" for n in cluster.nodes.values())
-            raise AssertionError(f"Pods not Running and Ready within {RUNNING_WITHIN:g} s: {states}\n{logs}")
+            raise AssertionError(
+                f"Deployment {APP} not rolled out within {RUNNING_WITHIN:g} s: status {status}; "
+                f"Pods not Ready {states}; old Pods left {sorted(gone & set(pods))}\n{_kubelet_logs(cluster)}"
+            )
         time.sleep(0.1)
 
 
@@ -175,21 +220,37 @@ def _sandbox(cluster: KubeletCluster, node: SimNode, uid: str) -> tuple[str, str
     return sandbox_id, sandbox.netns, container_id
 
 
-@pytest.fixture(scope="module")
-def pods(cluster: KubeletCluster) -> dict[str, RunningPod]:
-    created = {}
-    for i in range(PODS):
-        name = f"web-{i}"
-        created[name] = time.monotonic()
-        cluster.plane.apply(_web_pod(name))
+def _running_pods(cluster: KubeletCluster, since: float, gone: set[str]) -> dict[str, RunningPod]:
     out = {}
-    for name, (pod, seconds) in _wait_running(cluster, created).items():
+    for name, (pod, seconds) in _wait_rolled_out(cluster, since, gone).items():
         node = cluster.nodes[pod["spec"]["nodeName"]]
         ips = [a["ip"] for a in pod["status"]["podIPs"]]
         sandbox_id, netns, container_id = _sandbox(cluster, node, pod["metadata"]["uid"])
         out[name] = RunningPod(name, pod["metadata"]["uid"], node, ips, seconds, sandbox_id, netns, container_id)
-    print("\nPod create -> Running (s):", {n: round(p.seconds_to_running, 2) for n, p in out.items()})
     return out
+
+
+def _assert_node_holds_exactly(cluster: KubeletCluster, pods: dict[str, RunningPod]) -> None:
+    """Each node has a veth, an address lease and a daemon record for its ``pods``, and nothing more."""
+    for node in cluster.nodes.values():
+        mine = sorted(p.name for p in pods.values() if p.node is node)
+        listing = cluster.netplugin(node, "pods")
+        assert sorted(p["name"] for p in listing["pods"]) == mine and listing["corrupt"] == [], listing
+        veths = [link["ifname"] for link in ip_json("-n", node.netns, "link", "show", "type", "veth")]
+        assert len(veths) == len(mine) + 1 and "eth0" in veths, f"{node.name}: veths {veths} for pods {mine}"
+        ipam = node.root / "state" / "bridge"
+        leases = sorted(p.name for p in ipam.rglob("*") if p.parent.name == "ips" and not p.name.startswith("."))
+        held = sorted(a for p in pods.values() if p.node is node for a in p.ips)
+        assert leases == held, f"addresses allocated on {node.name}: {leases}, pods hold {held}"
+
+
+@pytest.fixture(scope="module")
+def fleet(cluster: KubeletCluster) -> Fleet:
+    started = time.monotonic()
+    cluster.plane.apply(_deployment(1))
+    pods = _running_pods(cluster, started, set())
+    print("\nDeployment create -> each Pod Running (s):", {n: round(p.seconds_to_running, 2) for n, p in pods.items()})
+    return Fleet(current=pods, ever=dict(pods))
 
 
 def test_each_kubelet_registers_its_node_which_is_ready_once_netplugin_answers(cluster: KubeletCluster) -> None:
@@ -214,10 +275,13 @@ def test_each_kubelet_registers_its_node_which_is_ready_once_netplugin_answers(c
 
 
 def test_the_scheduler_places_the_pods_and_each_runs_on_its_nodes_network(
-    cluster: KubeletCluster, pods: dict[str, RunningPod]
+    cluster: KubeletCluster, fleet: Fleet
 ) -> None:
+    pods = fleet.current
     for pod in pods.values():
         obj = cluster.plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod.name}")
+        # made by the Deployment's ReplicaSet, bound by the scheduler
+        assert [o["kind"] for o in obj["metadata"]["ownerReferences"]] == ["ReplicaSet"], obj["metadata"]
         assert any(c["type"] == "PodScheduled" and c["status"] == "True" for c in obj["status"]["conditions"])
         # every IP in its own node's pod CIDR of its family, one per family
         cidrs = {ipaddress.ip_network(c).version: ipaddress.ip_network(c) for c in pod.node.pod_cidrs}
@@ -245,16 +309,13 @@ def test_the_scheduler_places_the_pods_and_each_runs_on_its_nodes_network(
         and "default-scheduler" in (e.get("reportingComponent"), e["source"].get("component"))
     }
     assert scheduled >= set(pods), scheduled
-    # Each node's daemon knows its pods by name (the shim forwarded every ADD to it).
-    for node in cluster.nodes.values():
-        listing = cluster.netplugin(node, "pods")
-        mine = sorted(p.name for p in pods.values() if p.node is node)
-        assert sorted(p["name"] for p in listing["pods"]) == mine, listing
+    # Each node's daemon knows its pods by name (the shim forwarded every ADD to it), and holds
+    # one veth and one lease per address for them.
+    _assert_node_holds_exactly(cluster, pods)
 
 
-def test_a_container_reaches_the_pods_of_the_other_node_over_both_families(
-    cluster: KubeletCluster, pods: dict[str, RunningPod]
-) -> None:
+def _cross_node_failures(cluster: KubeletCluster, pods: dict[str, RunningPod]) -> list[str]:
+    """Each pod fetches the page of every pod on the other node, at each of its addresses."""
     failures = []
     for src in pods.values():
         for dst in pods.values():
@@ -264,33 +325,61 @@ def test_a_container_reaches_the_pods_of_the_other_node_over_both_families(
                 answer = _crictl(cluster, src.node, "exec", "-s", src.container_id, "/bin/sh", "-c", FETCH, address)
                 if answer != dst.name:
                     failures.append(f"{src.name}@{src.node.name} -> {dst.name} {address}: {answer!r}")
-    assert failures == []
+    return failures
 
 
-def test_pods_deleted_through_the_api_are_torn_down_by_netplugin(
-    cluster: KubeletCluster, pods: dict[str, RunningPod]
+def test_a_container_reaches_the_pods_of_the_other_node_over_both_families(
+    cluster: KubeletCluster, fleet: Fleet
 ) -> None:
-    for name in pods:
-        cluster.plane.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    assert _cross_node_failures(cluster, fleet.current) == []
+
+
+def test_a_rollout_replaces_every_pod_and_netplugin_tears_the_old_ones_down(
+    cluster: KubeletCluster, fleet: Fleet
+) -> None:
+    old = fleet.current
+    deployment = cluster.plane.request("GET", _deployment_path())
+    deployment["spec"]["template"] = _deployment(2)["spec"]["template"]
+    started = time.monotonic()
+    cluster.plane.request("PUT", _deployment_path(), deployment)
+    # The rolling update creates and deletes Pods a few at a time; it is over when only new ones are left.
+    new = _running_pods(cluster, started, set(old))
+    fleet.take(new)
+    print(f"\nRollout -> every Pod replaced, the old gone from the API: {time.monotonic() - started:.2f} s")
+    assert not set(new) & set(old)
+    per_node = sorted(sum(1 for p in new.values() if p.node is n) for n in cluster.nodes.values())
+    assert per_node == [PODS // 2, PODS // 2], {p.name: p.node.name for p in new.values()}
+    # The kubelet removes a Pod from the API once its sandbox is stopped: each old Pod's CNI DEL has
+    # run, and netplugin released what it held; each address a node hands out again is one it freed.
+    _assert_node_holds_exactly(cluster, new)
+    for pod in old.values():
+        assert not os.path.exists(pod.netns), f"{pod.name}'s netns {pod.netns} is left"
+    assert _cross_node_failures(cluster, new) == []
+
+
+def test_the_deleted_deployments_pods_are_torn_down_by_netplugin(cluster: KubeletCluster, fleet: Fleet) -> None:
+    # As kubectl deletes: the Deployment at once, the garbage collector its ReplicaSets and their Pods.
+    cluster.plane.request(
+        "DELETE", _deployment_path(), {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    )
     started = time.monotonic()
     deadline = started + GONE_WITHIN
-    while names := {p["metadata"]["name"] for p in cluster.plane.objects("Pod", NAMESPACE)} & set(pods):
+    while names := set(_app_pods(cluster)):
         if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {n.name}:\n{cluster.kubelet_log(n)}" for n in cluster.nodes.values())
-            raise AssertionError(f"Pods {sorted(names)} still in the API after {GONE_WITHIN:g} s\n{logs}")
+            raise AssertionError(
+                f"Pods {sorted(names)} still in the API after {GONE_WITHIN:g} s\n{_kubelet_logs(cluster)}"
+            )
         time.sleep(0.1)
-    print(f"\nPods deleted -> gone from the API: {time.monotonic() - started:.2f} s")
-    # The kubelet removes a Pod from the API once its sandbox is stopped: the CNI DEL has run.
+    print(f"\nDeployment deleted -> its Pods gone from the API: {time.monotonic() - started:.2f} s")
+    _assert_node_holds_exactly(cluster, {})
     for node in cluster.nodes.values():
-        veths = [link["ifname"] for link in ip_json("-n", node.netns, "link", "show", "type", "veth")]
-        assert veths == ["eth0"], f"pod veths left on {node.name}: {veths}"
-        ipam = node.root / "state" / "bridge"
-        held = sorted(p.name for p in ipam.rglob("*") if p.is_file() and p.parent.name in ("ips", "pods"))
-        assert held == [], f"addresses still allocated on {node.name}: {held}"
-        listing = cluster.netplugin(node, "pods")
-        assert listing["pods"] == [] and listing["corrupt"] == [], listing
-        mine = sum(1 for p in pods.values() if p.node is node)
+        held = sorted(
+            p.name for p in (node.root / "state" / "bridge").rglob("*") if p.is_file() and p.parent.name == "pods"
+        )
+        assert held == [], f"pod records of the IPAM left on {node.name}: {held}"
+        # one setup and at least one teardown for every Pod the node ever ran (both templates)
+        ran = sum(1 for p in fleet.ever.values() if p.node is node)
         ops = plugin_operations(cluster, node)
-        assert ops["set_up_pod"] == mine and ops["tear_down_pod"] >= mine, ops
-    for pod in pods.values():
+        assert ops["set_up_pod"] == ran and ops["tear_down_pod"] >= ran, ops
+    for pod in fleet.current.values():
         assert not os.path.exists(pod.netns), f"{pod.name}'s netns {pod.netns} is left"
