@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import ssl
@@ -29,7 +30,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CLUSTER_CIDRS", "KUBELET_CONTROLLERS", "KUBE_PEERS", "SERVICE_CIDR", "ApiError", "ControlPlane"]
+__all__ = [
+    "CLUSTER_CIDRS",
+    "KUBELET_CONTROLLERS",
+    "KUBE_PEERS",
+    "SERVICE_CIDR",
+    "ApiError",
+    "ControlPlane",
+    "stop_session",
+]
 
 #: the peers this needs (paths under the peer dir); with ``for_kubelets`` kube-scheduler too
 KUBE_PEERS = ("etcd", "kube-apiserver", "kube-controller-manager")
@@ -51,6 +60,21 @@ KUBELET_CONTROLLERS = (
 CLUSTER_CIDRS = ("10.206.128.0/17", "fd6e:7031:1a00:8000::/49")
 #: Services' cluster IPs (README's table: 10.206.64.0/20, inside the simulated cluster's /16)
 SERVICE_CIDR = "10.206.64.0/20"
+
+
+def stop_session(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
+    """Stop a peer started in a session of its own, with whatever it started: SIGTERM to the
+    session's group, then SIGKILL if it is not gone within ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(grace)
 
 
 class ApiError(Exception):
@@ -224,14 +248,8 @@ class ControlPlane:
     def close(self) -> None:
         for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self.procs.get(name)
-            if proc is None or proc.poll() is not None:
-                continue
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            if proc is not None:
+                stop_session(proc)
 
     # --- the API, as the admin -----------------------------------------------------------------------
 

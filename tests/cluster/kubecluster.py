@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import socket
 import subprocess
 import threading
@@ -28,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubeplane import CLUSTER_CIDRS, ApiError, ControlPlane
+from kubeplane import CLUSTER_CIDRS, ApiError, ControlPlane, stop_session
 
 from netplugin.frontends.lab.simcluster.apiobjects import make_node
 from netplugin.frontends.lab.simcluster.cluster import UNDERLAY_V4, SimCluster, SimNode
@@ -127,9 +125,7 @@ class KubeCluster(SimCluster):
 
     def close(self) -> None:
         for proc in self.kube_proxies:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(20)
+            stop_session(proc)
         self.api = None
         super().close()
         if self.relay is not None:

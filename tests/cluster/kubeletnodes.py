@@ -33,15 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from kubeplane import ApiError, ControlPlane
+from kubeplane import ApiError, ControlPlane, stop_session
 
 from netplugin.frontends.lab.simcluster.cluster import SimNode
 from tests.cluster.kubecluster import KubeCluster
@@ -236,22 +234,19 @@ class KubeletCluster(ShippedNodes, KubeCluster):
 
     def stop_kubelets(self) -> None:
         for proc in self.kubelets.values():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(30)
+            stop_session(proc, grace=30.0)
         self.kubelets.clear()
 
     def unmount_kubelets(self) -> None:
-        """Unmount what the kubelets mounted (pods' volumes) and their shared root-dir mounts."""
+        """Unmount what the kubelets mounted (pods' volumes) and their shared root-dir mounts; every
+        one is tried, and any that stays mounted fails the close."""
+        failed = []
         for node in self.nodes.values():
             for point in _mounts_under(self.kubelet_dir(node)):
-                subprocess.run(["umount", "-l", point], check=False, timeout=30, capture_output=True)
+                done = subprocess.run(["umount", "-l", point], timeout=30, capture_output=True, text=True)
+                if done.returncode != 0 and point in _mounts_under(self.kubelet_dir(node)):
+                    failed.append(f"{point}: {done.stderr.strip()}")
+        assert failed == [], f"left mounted: {failed}"
 
     def close(self) -> None:
         try:
