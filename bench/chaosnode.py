@@ -7,6 +7,10 @@ itself and a peer, so the daemon keeps a ``proto 78`` route and the egress table
 hostPort table exists. The daemon is ``python -m netplugin serve`` as the unit runs it. Nothing
 here touches the machine's own namespace: every command runs in the node's or a pod's namespace.
 
+A dual-stack node (``dual_stack=True``) adds IPv6: the bridge's second subnet (:data:`POD_CIDR6`, in
+the egress tests' fd00:10:206::/48), an underlay address (:data:`UNDERLAY6`), and each pod's IPv6
+address (:attr:`ChaosNode.ip6`).
+
 Each breakage (:data:`BREAKAGES`) is what an admin or a firewall reload does; :meth:`ChaosNode.
 time_to_repair` breaks it and waits (polling the namespace's kernel state, generously bounded)
 until it is back.
@@ -29,12 +33,29 @@ from typing import Any
 
 from netplugin.frontends.wire.client import NotSent, exchange
 
-__all__ = ["BREAKAGES", "BUILTIN_CHAIN", "EXEC_CHAIN", "ChaosNode", "veth_of"]
+__all__ = [
+    "BREAKAGES",
+    "BUILTIN_CHAIN",
+    "EXEC_CHAIN",
+    "GATEWAY4",
+    "GATEWAY6",
+    "UNDERLAY4",
+    "UNDERLAY6",
+    "ChaosNode",
+    "veth_of",
+]
 
 REPO = Path(__file__).resolve().parents[1]
-_UNDERLAY = "10.206.0.71/24"
+#: the node's underlay address (its own, not on the bridge) and the bridge's gateway
+UNDERLAY4 = "10.206.0.71"
+GATEWAY4 = "10.206.143.1"
+_UNDERLAY = f"{UNDERLAY4}/24"
 _POD_CIDR = "10.206.143.0/24"
-_GATEWAY = "10.206.143.1/24"
+_GATEWAY = f"{GATEWAY4}/24"
+#: a dual-stack node's IPv6 pod subnet (the /64 named after the IPv4 /24's third octet, 143 = 0x8f)
+_POD_CIDR6 = "fd00:10:206:8f::/64"
+GATEWAY6 = "fd00:10:206:8f::1"
+UNDERLAY6 = "fd00:10:206::71"
 _PEER_CIDR = "10.206.144.0/24"
 _HOST_PORT = 18080
 _SHAPED = "kubernetes.io/ingress-bandwidth"
@@ -62,14 +83,18 @@ def _run(*argv: str, check: bool = True) -> str:
 class ChaosNode:
     """The node (``with ChaosNode(pods=3) as node``): daemon up, pods set up, all removed at exit."""
 
-    def __init__(self, pods: int = 3, chain: tuple[str, ...] = BUILTIN_CHAIN, tag: str | None = None) -> None:
+    def __init__(
+        self, pods: int = 3, chain: tuple[str, ...] = BUILTIN_CHAIN, tag: str | None = None, dual_stack: bool = False
+    ) -> None:
         #: every netns and link name starts with it (a bench run's tag: its leftover check finds them)
         self.tag = tag or f"npc{secrets.token_hex(3)}"
         self.ns = f"{self.tag}-node"
         self.bridge = f"{self.tag}b"
         self.npods = pods
         self.chain = chain
-        self.pods: list[tuple[str, str]] = []  #: (infra id = its netns name, its IP)
+        self.pods: list[tuple[str, str]] = []  #: (infra id = its netns name, its IPv4 address)
+        self.dual_stack = dual_stack
+        self.ip6: dict[str, str] = {}  #: infra id -> its IPv6 address (a dual-stack node's)
         self.dir = Path(tempfile.mkdtemp(prefix="netplugin-chaos-"))
         self.sock = str(self.dir / "run" / "netplugin.sock")
         self.log = self.dir / "daemon.log"
@@ -107,6 +132,8 @@ class ChaosNode:
         self.ip("link", "add", "ul0", "type", "veth", "peer", "name", "ul1")  # no dummy module everywhere
         self.ip("link", "set", "ul1", "up")
         self.ip("addr", "add", _UNDERLAY, "dev", "ul0")
+        if self.dual_stack:
+            self.ip("addr", "add", f"{UNDERLAY6}/64", "dev", "ul0", "nodad")
         self.ip("link", "set", "ul0", "up")
         nodes, pods = self.dir / "nodes", self.dir / "pods"
         nodes.mkdir()
@@ -125,9 +152,19 @@ class ChaosNode:
             f"state_dir: {self.dir}/state\nrun_dir: {self.dir}/run\nplugin_dir: {REPO / 'exec_plugins'}\nhost: static\n"
             f"pods_dir: {pods}\nnodes_dir: {nodes}\nnode_name: me\nmetrics_address: none\n"
             f"cluster_cidrs: [10.206.128.0/17]\nplugins: [{', '.join(self.chain)}]\n"
-            f"env:\n  NETPLUGIN_BRIDGE_NAME: {self.bridge}\n  NETPLUGIN_BRIDGE_SUBNET: {_POD_CIDR}\n"
+            f"env:\n  NETPLUGIN_BRIDGE_NAME: {self.bridge}\n  NETPLUGIN_BRIDGE_SUBNET: '{self.subnet}'\n"
             f"  NETPLUGIN_BRIDGE_STATE_DIR: {self.dir}/bridge\n  NETPLUGIN_BRIDGE_MTU: '1500'\n"
         )
+
+    @property
+    def subnet(self) -> str:
+        """The bridge's SUBNET setting."""
+        return f"{_POD_CIDR},{_POD_CIDR6}" if self.dual_stack else _POD_CIDR
+
+    @property
+    def gateways(self) -> set[str]:
+        """The bridge's gateway addresses (CIDR form)."""
+        return {_GATEWAY, f"{GATEWAY6}/64"} if self.dual_stack else {_GATEWAY}
 
     def _start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
@@ -147,8 +184,11 @@ class ChaosNode:
         answer = self.request({"op": "setup", "namespace": "chaos", "pod": f"p{i}", "infra_id": infra})
         if not answer.get("ok", True) or "error" in answer:
             raise RuntimeError(f"setup of pod p{i}: {answer}")
-        ip = json.loads(_run("ip", "-n", infra, "-j", "-4", "addr", "show", "dev", "eth0"))[0]["addr_info"][0]
-        self.pods[i] = (infra, ip["local"])
+        addrs = json.loads(_run("ip", "-n", infra, "-j", "addr", "show", "dev", "eth0", "scope", "global"))
+        by_family = {a["family"]: a["local"] for a in addrs[0]["addr_info"] if "local" in a}  # filtered out: {}
+        self.pods[i] = (infra, by_family["inet"])
+        if self.dual_stack:
+            self.ip6[infra] = by_family["inet6"]
 
     # --- talking to it ------------------------------------------------------------------------------
 
@@ -169,8 +209,10 @@ class ChaosNode:
     def nft_tables(self) -> str:
         return _run("ip", "netns", "exec", self.ns, "nft", "list", "tables")
 
-    def ping(self, src: str, dst: str, count: int = 1) -> bool:
-        argv = ["ip", "netns", "exec", src, "ping", "-q", "-c", str(count), "-i", "0.05", "-W", "1", dst]
+    def ping(self, src: str, dst: str, count: int = 1, source: str | None = None) -> bool:
+        """Whether ``dst`` answers from the netns ``src`` (from its address ``source``, else the kernel's pick)."""
+        argv = ["ip", "netns", "exec", src, "ping", "-q", "-c", str(count), "-i", "0.05", "-W", "1"]
+        argv += [*(["-I", source] if source else []), dst]
         return subprocess.run(argv, capture_output=True, timeout=60).returncode == 0
 
     @staticmethod
@@ -196,12 +238,15 @@ class ChaosNode:
         return link is not None and link.get("master") == self.bridge and bool(slave.get("hairpin"))
 
     def bridge_ok(self) -> bool:
+        """The bridge is up with its MTU and gateway addresses (and, with IPv6, a link-local address:
+        the source of the neighbour solicitations for what the node forwards to pods), every port on it."""
         link = self._link(self.bridge)
         if link is None or "UP" not in link.get("flags", []) or link.get("mtu") != 1500:
             return False
-        addrs = json.loads(self.ip("-j", "-4", "addr", "show", "dev", self.bridge))
+        addrs = json.loads(self.ip("-j", "addr", "show", "dev", self.bridge))
         have = {f"{a['local']}/{a['prefixlen']}" for x in addrs for a in x.get("addr_info", [])}
-        return _GATEWAY in have and all(self.port_ok(infra) for infra, _ in self.pods)
+        link_local = not self.dual_stack or any(a.startswith("fe80:") for a in have)
+        return self.gateways <= have and link_local and all(self.port_ok(infra) for infra, _ in self.pods)
 
     def tables_ok(self) -> bool:
         tables = self.nft_tables()
@@ -228,6 +273,12 @@ def _tc_del(node: ChaosNode) -> None:
     _run("ip", "netns", "exec", node.ns, "tc", "qdisc", "del", "dev", veth_of(node.pods[0][0]), "root")
 
 
+def _link_local_del(node: ChaosNode) -> None:
+    addrs = json.loads(node.ip("-j", "-6", "addr", "show", "dev", node.bridge, "scope", "link"))[0]["addr_info"]
+    [link_local] = [f"{a['local']}/{a['prefixlen']}" for a in addrs if "local" in a]  # filtered out: {}
+    node.ip("addr", "del", link_local, "dev", node.bridge)
+
+
 def _hairpin_off(node: ChaosNode) -> None:
     node.ip("link", "set", "dev", veth_of(node.pods[0][0]), "type", "bridge_slave", "hairpin", "off")
 
@@ -236,6 +287,10 @@ def _hairpin_off(node: ChaosNode) -> None:
 BREAKAGES: dict[str, tuple[Callable[[ChaosNode], object], Callable[[ChaosNode], bool]]] = {
     "hairpin": (_hairpin_off, lambda n: n.port_ok(n.pods[0][0])),
     "bridge": (lambda n: n.ip("link", "del", n.bridge), ChaosNode.bridge_ok),
+    "ipv4 flush": (lambda n: n.ip("-4", "addr", "flush", "dev", n.bridge), ChaosNode.bridge_ok),
+    # dual-stack only:
+    "ipv6 flush": (lambda n: n.ip("-6", "addr", "flush", "dev", n.bridge), ChaosNode.bridge_ok),
+    "link-local del": (_link_local_del, ChaosNode.bridge_ok),
     "nft flush": (lambda n: _run("ip", "netns", "exec", n.ns, "nft", "flush", "ruleset"), ChaosNode.tables_ok),
     "route flush": (lambda n: n.ip("route", "flush", "proto", "78"), ChaosNode.routes_ok),
     "qdisc": (_tc_del, ChaosNode.qdisc_ok),  # the exec chain only: bandwidth shapes the first pod

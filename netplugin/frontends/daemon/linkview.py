@@ -3,19 +3,18 @@
 :class:`LinkView` keeps, from the notifications themselves (seeded by one link dump at start), each
 link's name, master, MTU, up flag and hairpin. From each message it tells the interfaces that
 *lost* something a plugin may have made: a link deleted, a port that lost its master or its
-hairpin, a master (a bridge) deleted, downed, re-sized or stripped of an address (then each of its
-ports), a qdisc deleted. Gains (a link created, a port attached, hairpin turned on: what every
-setup does) are not losses, so pod setups do not wake the pod repairer. The kernel state is never
-read here: only messages are parsed, so an idle node costs nothing.
+hairpin, a master (a bridge) deleted, downed, re-sized or stripped of an address (its IPv6
+link-local one too; then each of its ports), a qdisc deleted. Gains (a link created, a port
+attached, hairpin turned on: what every setup does) are not losses, so pod setups do not wake the
+pod repairer. The kernel state is never read here: only messages are parsed, so an idle node costs
+nothing.
 """
 
 from __future__ import annotations
 
-import socket
 import struct
 
 from netplugin.core.nlwire import (
-    IFA_ADDRESS,
     IFADDR,
     IFINFO,
     IFLA_BRPORT_MODE,
@@ -146,8 +145,7 @@ class LinkView:
             if index in self.links:
                 lost.damaged.add(self.links[index].name)
             return
-        family, _, _, _, index = IFADDR.unpack_from(body)
-        addr = find_attr(body, IFADDR.size, IFA_ADDRESS) or b""
-        if family == socket.AF_INET6 and addr[:2] == b"\xfe\x80":
-            return  # a link-local address goes with its link (a pod's veth being deleted): not a loss
+        # Any address of a master, its IPv6 link-local one too: the node needs it to resolve the pods
+        # it forwards to, and the kernel makes none again while the bridge stays up.
+        index = IFADDR.unpack_from(body)[4]
         lost.damaged |= self.ports_of(index)

@@ -53,6 +53,7 @@ from netplugin.core.extras import require
 from netplugin.core.names import PodRef
 from netplugin.core.netlink import KernelError, RawNetlink, drop_root_netlink, netns_netlink, root_netlink
 from netplugin.core.netns import netns_socket, open_netns
+from netplugin.core.nlwire import IFA_F_NODAD
 from netplugin.core.plugin import CallContext, PodNetworkStatus
 from netplugin.plugins.bridge.mtu import DEFAULT_MTU, IPV6_MIN_MTU, node_links, read_record, underlay_mtu, write_record
 from netplugin.plugins.bridge.podipam import PodIPAM
@@ -137,7 +138,7 @@ def _configure_bridge(s: BridgeSettings, step: _Step) -> int:
             # which would invalidate the pods' ARP entries for the gateway.
             ipr.link("set", index=index, address=link.get("IFLA_ADDRESS"), mtu=mtu)
             for gw, net in zip(s.gateways, s.subnets, strict=True):
-                flags = _IFA_F_NODAD if net.version == 6 else 0
+                flags = IFA_F_NODAD if net.version == 6 else 0
                 ipr.addr("replace", index=index, address=str(gw), prefixlen=net.prefixlen, flags=flags)
             ipr.link("set", index=index, state="up")
             return index
@@ -147,7 +148,6 @@ def _configure_bridge(s: BridgeSettings, step: _Step) -> int:
 
 # --- the plugin ----------------------------------------------------------------------------------------
 
-_IFA_F_NODAD = 0x02
 _ACTIONS = frozenset({"setup", "teardown", "status", "repair"})
 #: the modules whose code makes the plugin: a change to any of them runs init again
 _CODE = (

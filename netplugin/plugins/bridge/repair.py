@@ -8,10 +8,12 @@ intact costs two netlink reads. pyroute2 is fine here: repairs are rare, readabi
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 from collections.abc import Callable
 
 from netplugin.core.netlink import KernelError, root_netlink
+from netplugin.core.nlwire import IFA_F_NODAD
 from netplugin.core.plaindata import dataclass
 from netplugin.plugins.bridge.settings import BridgeError, BridgeSettings
 
@@ -23,13 +25,16 @@ class _Link:
     index: int
     mtu: int
     up: bool
+    #: operationally up (carrier): the kernel has made its IPv6 link-local address by then
+    running: bool
+    mac: str
     master: int | None
     hairpin: bool
     is_bridge: bool
 
 
 def _read(name: str) -> tuple[_Link | None, set[str]]:
-    """The link ``name`` (None when absent) and its global addresses."""
+    """The link ``name`` (None when absent) and its addresses (``ADDRESS/PREFIXLEN``)."""
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
@@ -49,6 +54,8 @@ def _read(name: str) -> tuple[_Link | None, set[str]]:
         index=index,
         mtu=int(msg.get("IFLA_MTU") or 0),
         up=bool(int(msg["flags"]) & 1),
+        running=msg.get("IFLA_OPERSTATE") == "UP",
+        mac=str(msg.get("IFLA_ADDRESS") or ""),
         master=msg.get("IFLA_MASTER"),
         hairpin=bool(msg.get(("IFLA_LINKINFO", "IFLA_INFO_SLAVE_DATA", "IFLA_BRPORT_MODE"))),
         is_bridge=msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "bridge",
@@ -58,22 +65,48 @@ def _read(name: str) -> tuple[_Link | None, set[str]]:
 
 def repair_bridge(s: BridgeSettings, mtu: int, configure: Callable[[], int]) -> tuple[int, list[str]]:
     """The bridge is there, up, with its gateway addresses and ``mtu``; ``configure`` (init's
-    bridge step, idempotent) runs only when something differs. Returns (its ifindex, what changed)."""
+    bridge step, idempotent) runs only when something differs. With IPv6 it also has a link-local
+    address. Returns (its ifindex, what changed)."""
     link, addrs = _read(s.name)
     want = {f"{g}/{n.prefixlen}" for g, n in zip(s.gateways, s.subnets, strict=True)}
     if link is not None and not link.is_bridge:
         raise BridgeError(f"{s.name} exists but is not a bridge")
-    if link is not None and link.up and link.mtu == mtu and want <= addrs:
-        return link.index, []
-    index = configure()
-    if link is None:
-        return index, [f"bridge: {s.name} recreated with {', '.join(sorted(want))}, mtu {mtu}"]
-    lines = [f"bridge: {s.name} address {a} re-added" for a in sorted(want - addrs)]
-    if link.mtu != mtu:
-        lines.append(f"bridge: {s.name} mtu {link.mtu} -> {mtu}")
-    if not link.up:
-        lines.append(f"bridge: {s.name} set up")
-    return index, lines
+    lines: list[str] = []
+    if link is None or not link.up or link.mtu != mtu or not want <= addrs:
+        index = configure()
+        if link is None:  # a new bridge gets its link-local address from the kernel, with carrier
+            return index, [f"bridge: {s.name} recreated with {', '.join(sorted(want))}, mtu {mtu}"]
+        lines += [f"bridge: {s.name} address {a} re-added" for a in sorted(want - addrs)]
+        if link.mtu != mtu:
+            lines.append(f"bridge: {s.name} mtu {link.mtu} -> {mtu}")
+        if not link.up:
+            lines.append(f"bridge: {s.name} set up")
+    if s.subnet_of(6) is not None and link.running and not any(_link_local(a) for a in addrs):
+        lines.append(f"bridge: {s.name} address {_add_link_local(link)} re-added")
+    return link.index, lines
+
+
+def _link_local(cidr: str) -> bool:
+    return ipaddress.ip_interface(cidr).is_link_local
+
+
+def _add_link_local(bridge: _Link) -> str:
+    """Give ``bridge`` back the link-local address the kernel gave it (EUI-64 of its MAC) and return
+    it. The kernel makes one only when a link comes up or gets carrier, so after an address flush on
+    a running bridge nobody would: and without one the node sends no neighbour solicitation for
+    what it forwards to a pod (their source address must be the bridge's own)."""
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    mac = bytes.fromhex(bridge.mac.replace(":", ""))
+    iid = bytes([mac[0] ^ 2]) + mac[1:3] + b"\xff\xfe" + mac[3:]
+    address = ipaddress.IPv6Address(b"\xfe\x80" + bytes(6) + iid)
+    try:
+        with IPRoute(groups=0) as ipr:
+            ipr.addr("replace", index=bridge.index, address=str(address), prefixlen=64, flags=IFA_F_NODAD)
+    except NetlinkError as e:
+        raise KernelError(e.code, os.strerror(e.code) if e.code else str(e)) from e
+    return f"{address}/64"
 
 
 def repair_port(host: str, bridge: int, bridge_name: str, mtu: int) -> list[str]:

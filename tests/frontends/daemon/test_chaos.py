@@ -7,6 +7,11 @@ then ``netplugin.io/hostport`` and three pods, the first with a hostPort
 test waits for it with a generous bound, it does not time it; the bench reports the times),
 traffic flows again, and pods the breakage did not touch see no drop while it is repaired. A
 pod whose host veth is gone is reported broken, and stops being so when it is torn down.
+
+Dual-stack (an IPv4 and an IPv6 subnet on the bridge), for both bridge plugins: a deleted bridge and
+one family's addresses flushed come back, and pods reach each other, the gateway and the node over
+both families, also from an address that is not the bridge's (what the node forwards from other
+nodes), which the node resolves with the bridge's link-local address.
 """
 
 from __future__ import annotations
@@ -19,7 +24,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.chaosnode import EXEC_CHAIN, ChaosNode, veth_of
+from bench.chaosnode import (
+    BUILTIN_CHAIN,
+    EXEC_CHAIN,
+    GATEWAY4,
+    GATEWAY6,
+    UNDERLAY4,
+    UNDERLAY6,
+    ChaosNode,
+    veth_of,
+)
 from netplugin.core.config import load_config
 from netplugin.frontends.checks import Node, check_repairs
 from tests.nettest import kernel_gate
@@ -168,3 +182,69 @@ def test_setups_do_not_wake_the_pod_repairer_and_an_idle_node_wakes_nothing(node
     node.wait(lambda: node.health()["node"]["kernel_wakeups"] > before, 10, "the teardown's notifications")
     time.sleep(0.5)
     assert node.health()["node"]["pod_repair_calls"] == 0  # a pod in teardown is its action's, not repaired
+
+
+# --- dual-stack: both plugins' bridge with 10.206.143.0/24 and fd00:10:206:8f::/64 ------------------
+
+
+@pytest.fixture(scope="module", params=[BUILTIN_CHAIN, EXEC_CHAIN], ids=["built-in", "bash"])
+def dual_node(request: pytest.FixtureRequest) -> Iterator[ChaosNode]:
+    """A dual-stack node; its cases run in a row on it (each leaves it repaired)."""
+    kernel_gate(request)
+    with ChaosNode(pods=3, chain=request.param, dual_stack=True) as n:
+        # the kernel adds the bridge's link-local address once a port gives it carrier
+        n.wait(n.bridge_ok, 10, "the bridge with its link-local address")
+        yield n
+
+
+#: breakage -> (the repair kinds it is counted under, what the bridge repair's log lines say, whether
+#: pod -> pod traffic over the bridge is untouched while it lasts)
+DUAL_BREAKAGES = {
+    "bridge": ({"bridge", "port"}, [" recreated with "], False),
+    "ipv6 flush": ({"bridge"}, [f" address {GATEWAY6}/64 re-added", " address fe80:"], True),
+    "link-local del": ({"bridge"}, [" address fe80:"], True),
+    "ipv4 flush": ({"bridge"}, [f" address {GATEWAY4}/24 re-added"], True),
+}
+
+
+def _flows_over_both_families(node: ChaosNode) -> None:
+    (p0, ip0), (p1, ip1), (p2, _) = node.pods
+    six = node.ip6
+    for src, dst in [
+        (p0, ip1), (p0, six[p1]), (p2, ip0), (p2, six[p0]),  # pod -> pod
+        (p1, GATEWAY4), (p1, GATEWAY6), (p1, UNDERLAY4), (p1, UNDERLAY6),  # pod -> gateway, pod -> node
+    ]:  # fmt: skip
+        assert node.ping(src, dst), f"{src} -> {dst}"
+    # From an address not on the bridge (forwarded traffic's source), with no neighbour entry left:
+    # the node's neighbour solicitation needs the bridge's link-local address as its source.
+    node.ip("-6", "neigh", "flush", "dev", node.bridge)
+    assert node.ping(node.ns, six[p2], source=UNDERLAY6), f"{UNDERLAY6} -> {six[p2]}"
+    assert node.ping(node.ns, node.pods[2][1], source=UNDERLAY4)
+
+
+@pytest.mark.parametrize("kind", list(DUAL_BREAKAGES))
+def test_a_dual_stack_bridge_comes_back_with_both_families(dual_node: ChaosNode, kind: str) -> None:
+    node = dual_node
+    kinds, said, unrelated = DUAL_BREAKAGES[kind]
+    (_, _), (p1, _), (p2, ip2) = node.pods
+    _flows_over_both_families(node)
+    before: dict[str, int] = node.health()["node"]["repairs"]
+    logged = len(node.log.read_text())
+    pings = [_pinging(node, p1, ip2), _pinging(node, p1, node.ip6[p2])] if unrelated else []
+    took = node.time_to_repair(kind)  # both gateways, a link-local address, every port with hairpin
+    print(f"\ntime to repair ({kind}, {node.chain[0]}): {took * 1000:.0f} ms")
+    for ping in pings:
+        _no_drop(ping)
+
+    def grown() -> set[str]:
+        after: dict[str, int] = node.health()["node"]["repairs"]
+        return {k for k, n in after.items() if n > before.get(k, 0)}
+
+    node.wait(lambda: grown() == kinds, 10, f"repairs counted as {kinds}")
+    _flows_over_both_families(node)
+    log = node.log.read_text()[logged:]
+    lines = [line for line in log.splitlines() if "repair (" in line]
+    print("", *lines, sep="\n")  # the repair times, for the record
+    for words in said:
+        assert any("repair (bridge)" in line and words in line for line in lines), (words, log)
+    assert "Traceback" not in log and "failed" not in log, log

@@ -88,6 +88,9 @@ CASES = {
     "the bridge downed": ([BRIDGE, PORT, OTHER, link(1, "cbr0", up=False)], set(), {"veth-a", "veth-b"}),
     "the bridge's MTU changed": ([BRIDGE, PORT, link(1, "cbr0", mtu=1400)], set(), {"veth-a"}),
     "the bridge's gateway deleted": ([BRIDGE, PORT, deladdr(1, "10.1.0.1")], set(), {"veth-a"}),
+    "the bridge's IPv6 gateway deleted": ([BRIDGE, PORT, deladdr(1, "fd00::1")], set(), {"veth-a"}),
+    # the node resolves what it forwards to pods from it, and the kernel does not make it again
+    "the bridge's link-local address deleted": ([BRIDGE, PORT, deladdr(1, "fe80::1")], set(), {"veth-a"}),
     "a port's qdisc deleted": ([BRIDGE, PORT, delqdisc(2)], set(), {"veth-a"}),
     "an unknown link's qdisc deleted": ([BRIDGE, delqdisc(9)], set(), set()),
 }
