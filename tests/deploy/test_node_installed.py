@@ -54,7 +54,9 @@ pytestmark = [
 class InstalledNode:
     """The node's dirs, its daemon started from the installed unit, and its containerd."""
 
-    def __init__(self, root: Path, wheel: Path, netns: str | None = None, plugins: Sequence[str] = ()) -> None:
+    def __init__(
+        self, root: Path, wheel: Path, netns: str | None = None, plugins: Sequence[str] = (), dual_stack: bool = False
+    ) -> None:
         self.root, self.wheel = root, wheel
         #: the node's network namespace (daemon, containerd and the bridge live there), or the machine's
         self.netns = netns
@@ -62,7 +64,10 @@ class InstalledNode:
         self.plugins = tuple(plugins)
         self.tag = secrets.token_hex(3)
         self.bridge = f"np{self.tag}in"
-        self.subnet = f"10.201.{free_third_octet(TEST_RANGE)}.0/24"
+        third = free_third_octet(TEST_RANGE)
+        self.subnet = f"10.201.{third}.0/24"
+        #: a dual-stack node's IPv6 pod subnet (the /64 of fd00:10:201::/48 named after the /24), else None
+        self.subnet6 = f"fd00:10:201:{third:x}::/64" if dual_stack else None
         d = {k: root / k for k in ("prefix", "bin", "man", "systemd", "exec", "cni-bin", "cni-conf", "state", "run")}
         self.dirs = d
         self.config = root / "etc" / "netplugin" / "netplugin.yaml"
@@ -89,7 +94,7 @@ class InstalledNode:
         argv += ["--config", str(self.config), "--cni-log-file", str(self.log)]
         env_pairs = {
             "NETPLUGIN_BRIDGE_NAME": self.bridge,
-            "NETPLUGIN_BRIDGE_SUBNET": self.subnet,
+            "NETPLUGIN_BRIDGE_SUBNET": ",".join(n for n in (self.subnet, self.subnet6) if n),
             "NETPLUGIN_BRIDGE_IP_FORWARD": "false",  # the host's sysctl is not ours
             "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
         }
@@ -228,7 +233,7 @@ CONTAINERD_ROWS = {"params": ["1.6", "2"], "ids": ["containerd1.6", "containerd2
 def installed_node(
     containerd: str, tmp_path_factory: pytest.TempPathFactory, wheel: Path, **kw: Any
 ) -> Iterator[InstalledNode]:
-    """An installed node (``kw``: :class:`InstalledNode`'s netns and plugins) with its containerd up."""
+    """An installed node (``kw``: :class:`InstalledNode`'s netns, plugins and dual_stack) with its containerd up."""
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)

@@ -6,9 +6,13 @@ the test's own, where the daemon and containerd are entered with ``nsenter --net
 chain ``bridge`` then ``hostport`` (the shipped bash plugins) installed with ``--config-from``. Its
 log file is named by ``JOURNAL_STREAM``, as systemd names the journal, so its lines carry the
 journal's priority prefixes. Pods run through containerd (RunPodSandbox), the first with a hostPort.
+The node is dual-stack (its bridge's SUBNET an IPv4 and an IPv6 network), so every case covers both
+families.
 
 Each breakage is made in the node netns; the test waits (generously bounded, never timed) until
-the kernel object is back, then checks that pod -> pod and pod -> node traffic flows, that
+the kernel object is back, then checks that pod -> pod, pod -> gateway and pod -> node traffic
+flows over IPv4 and IPv6, and node -> pod from the node's underlay address (what the node forwards
+from other nodes, resolved with the bridge's link-local address) with no neighbour entry left, that
 ``netplugin -o json health`` and ``/metrics`` count the repair by kind, and that the log has the
 repair's line. Last, a pod's host veth deleted: ``netplugin pods`` shows it ``broken`` and
 ``netplugin health`` names it. The cases run in file order on one node per containerd.
@@ -16,6 +20,7 @@ repair's line. Last, a pod's host veth deleted: ``netplugin pods`` shows it ``br
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -37,7 +42,8 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files and runs containerd; run as root"),
 ]
 
-NODE_IP = "10.206.0.81"  # the node's underlay address, inside its own netns
+NODE_IP = "10.206.0.81"  # the node's underlay addresses, inside its own netns
+NODE_IP6 = "fd00:10:206::81"
 HOST_PORT = 18081
 WITHIN = 30.0  # generous: the repair takes well under a second; this only bounds a failing wait
 
@@ -84,6 +90,18 @@ class RepairNode:
     def log(self) -> str:
         return (self.node.root / "daemon.log").read_text()
 
+    @property
+    def gateways(self) -> set[str]:
+        """The bridge's gateway addresses (CIDR form): the first host of each subnet."""
+        nets = [ipaddress.ip_network(n) for n in (self.node.subnet, self.node.subnet6) if n]
+        return {f"{n[1]}/{n.prefixlen}" for n in nets}
+
+    def ip6(self, sb: Sandbox) -> str:
+        """The pod's IPv6 address, read in its netns (the CRI reports the primary, IPv4, one)."""
+        out = ip_in(sb.netns_name, "-j", "-6", "addr", "show", "dev", "eth0", "scope", "global")
+        [addr] = [a["local"] for a in json.loads(out)[0]["addr_info"] if "local" in a]  # filtered out: {}
+        return str(addr)
+
 
 def wait(pred: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + WITHIN
@@ -92,9 +110,26 @@ def wait(pred: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
-def _ping(sb: Sandbox, ip: str) -> bool:
-    argv = ["ip", "netns", "exec", sb.netns_name, "ping", "-c", "1", "-W", "3", ip]
+def _ping(sb: Sandbox | str, ip: str, source: str | None = None) -> bool:
+    """Whether ``ip`` answers from the pod ``sb`` (or a netns named so), from ``source`` if given."""
+    netns = sb.netns_name if isinstance(sb, Sandbox) else sb
+    argv = ["ip", "netns", "exec", netns, "ping", "-c", "1", "-W", "3", *(["-I", source] if source else []), ip]
     return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+
+
+def _flows(rn: RepairNode) -> None:
+    """Pod -> pod, pod -> gateway, pod -> node over both families, and node -> pod from its underlay."""
+    web6, peer6 = rn.ip6(rn.web), rn.ip6(rn.peer)
+    gateways = [g.split("/")[0] for g in sorted(rn.gateways)]
+    for sb, dst in [
+        (rn.web, rn.peer.ip), (rn.web, peer6), (rn.peer, rn.web.ip), (rn.peer, web6),
+        (rn.web, NODE_IP), (rn.web, NODE_IP6), *((rn.peer, g) for g in gateways),
+    ]:  # fmt: skip
+        assert _ping(sb, dst), f"{sb.name} -> {dst}"
+    # the source of forwarded traffic is not the bridge's: its neighbour solicitation needs the
+    # bridge's link-local address
+    ip_in(rn.ns, "-6", "neigh", "flush", "dev", rn.node.bridge)
+    assert _ping(rn.ns, web6, source=NODE_IP6), f"{NODE_IP6} -> {web6}"
 
 
 @pytest.fixture(scope="module", **CONTAINERD_ROWS)
@@ -102,9 +137,10 @@ def repair_node(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, dists: dict[str, Path]
 ) -> Iterator[RepairNode]:
     kernel_gate(request)
+    chain = ("bridge", "hostport")
     with (
-        underlay_netns("r", [f"{NODE_IP}/24"]) as ns,
-        installed_node(request.param, tmp_path_factory, dists["wheel"], netns=ns, plugins=("bridge", "hostport")) as n,
+        underlay_netns("r", [f"{NODE_IP}/24", f"{NODE_IP6}/64"]) as ns,
+        installed_node(request.param, tmp_path_factory, dists["wheel"], netns=ns, plugins=chain, dual_stack=True) as n,
     ):
         n.start_daemon()
         web = n.run_pod("web", ports=[PortMap(HOST_PORT, 8080)])
@@ -123,11 +159,19 @@ def _port_ok(rn: RepairNode) -> bool:
 
 
 def _bridge_ok(rn: RepairNode) -> bool:
+    """Up, both gateway addresses and a link-local one, both ports on it (the web pod's with hairpin)."""
     link = rn.link(rn.node.bridge)
+    if link is None:
+        return False
     peer = rn.link(host_veth_name(rn.peer.id))
+    done = subprocess.run(["ip", "-n", rn.ns, "-j", "addr", "show", "dev", rn.node.bridge],
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    addrs = json.loads(done.stdout or "[]") if done.returncode == 0 else []
+    have = {f"{a['local']}/{a['prefixlen']}" for x in addrs for a in x.get("addr_info", [])}
     return (
-        link is not None
-        and "UP" in link.get("flags", [])
+        "UP" in link.get("flags", [])
+        and rn.gateways <= have
+        and any(a.startswith("fe80:") for a in have)
         and _port_ok(rn)
         and peer is not None
         and peer.get("master") == rn.node.bridge
@@ -143,20 +187,29 @@ def _hairpin_off(rn: RepairNode) -> None:
     ip_in(rn.ns, "link", "set", "dev", host_veth_name(rn.web.id), "type", "bridge_slave", "hairpin", "off")
 
 
-#: name -> (the breakage, whether the kernel object is back, the repair kinds it is counted under)
-BREAKAGES: dict[str, tuple[Callable[[RepairNode], object], Callable[[RepairNode], bool], set[str]]] = {
-    "hairpin off": (_hairpin_off, _port_ok, {"port"}),
-    "nft flush ruleset": (lambda rn: rn.in_ns("nft", "flush", "ruleset"), _tables_ok, {"hostport"}),
-    "bridge deleted": (lambda rn: ip_in(rn.ns, "link", "del", rn.node.bridge), _bridge_ok, {"bridge", "port"}),
+def _ipv6_flush(rn: RepairNode) -> None:
+    ip_in(rn.ns, "-6", "addr", "flush", "dev", rn.node.bridge)
+
+
+#: name -> (the breakage, whether the kernel object is back, the repair kinds it is counted under,
+#: what the repair's log lines say)
+BREAKAGES: dict[str, tuple[Callable[[RepairNode], object], Callable[[RepairNode], bool], set[str], list[str]]] = {
+    "hairpin off": (_hairpin_off, _port_ok, {"port"}, ["hairpin on"]),
+    "nft flush ruleset": (lambda rn: rn.in_ns("nft", "flush", "ruleset"), _tables_ok, {"hostport"}, [" rebuilt"]),
+    "bridge deleted": (
+        lambda rn: ip_in(rn.ns, "link", "del", rn.node.bridge), _bridge_ok, {"bridge", "port"}, [" recreated with "]
+    ),
+    # the gateway and the link-local address, which the kernel does not make again on a running bridge
+    "ipv6 flush": (_ipv6_flush, _bridge_ok, {"bridge"}, [":1/64 re-added", " address fe80:"]),
 }
 
 
 @pytest.mark.parametrize("breakage", list(BREAKAGES))
 def test_a_breakage_in_the_node_is_repaired_counted_and_logged(repair_node: RepairNode, breakage: str) -> None:
     rn = repair_node
-    breaks, back, kinds = BREAKAGES[breakage]
-    assert back(rn), f"{breakage}: not intact before"
-    assert _ping(rn.web, rn.peer.ip) and _ping(rn.peer, NODE_IP)
+    breaks, back, kinds, said = BREAKAGES[breakage]
+    wait(lambda: back(rn), f"{breakage}: intact before")  # the bridge's link-local address comes with carrier
+    _flows(rn)
     counted = rn.repairs()
     logged = len(rn.log())
     breaks(rn)
@@ -164,13 +217,15 @@ def test_a_breakage_in_the_node_is_repaired_counted_and_logged(repair_node: Repa
     # the count follows the repair's own log line; wait for both kinds (a bridge repair re-attaches ports)
     wait(lambda: all(rn.repairs().get(k, 0) > counted.get(k, 0) for k in kinds), f"repairs of {kinds} counted")
     # pod -> node: the gateway's MAC in the pods' neighbour entries is still the bridge's
-    assert _ping(rn.web, rn.peer.ip) and _ping(rn.peer, rn.web.ip) and _ping(rn.web, NODE_IP)
+    _flows(rn)
     health = rn.health_json()["node"]
     assert all(health["repairs"].get(k, 0) >= rn.repairs()[k] for k in kinds), health
     lines = rn.log()[logged:].splitlines()
     for kind in kinds:  # journal-style: the warning priority prefix, no timestamp of its own
         assert any(line.startswith(f"<4>repair ({kind})") for line in lines), lines
     print("", *(line for line in lines if line.startswith("<4>repair (")), sep="\n")  # the times, for the record
+    for words in said:
+        assert any(line.startswith("<4>repair (") and words in line for line in lines), (words, lines)
     assert "Traceback" not in rn.log()
 
 
