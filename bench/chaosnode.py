@@ -287,6 +287,7 @@ def _hairpin_off(node: ChaosNode) -> None:
 BREAKAGES: dict[str, tuple[Callable[[ChaosNode], object], Callable[[ChaosNode], bool]]] = {
     "hairpin": (_hairpin_off, lambda n: n.port_ok(n.pods[0][0])),
     "bridge": (lambda n: n.ip("link", "del", n.bridge), ChaosNode.bridge_ok),
+    "bridge down": (lambda n: n.ip("link", "set", "dev", n.bridge, "down"), ChaosNode.bridge_ok),
     "ipv4 flush": (lambda n: n.ip("-4", "addr", "flush", "dev", n.bridge), ChaosNode.bridge_ok),
     # dual-stack only:
     "ipv6 flush": (lambda n: n.ip("-6", "addr", "flush", "dev", n.bridge), ChaosNode.bridge_ok),

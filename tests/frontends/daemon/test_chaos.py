@@ -203,6 +203,8 @@ def dual_node(request: pytest.FixtureRequest) -> Iterator[ChaosNode]:
 DUAL_BREAKAGES = {
     "hairpin": ({"port"}, [" hairpin on"], True),
     "bridge": ({"bridge", "port"}, ["bridge: {bridge} recreated with "], False),
+    # a downed link loses its IPv6 addresses (link-local and gateway): the kernel makes the first again
+    "bridge down": ({"bridge"}, ["bridge: {bridge} set up"], False),
     "ipv6 flush": ({"bridge"}, [f"bridge: {{bridge}} address {GATEWAY6}/64 re-added", " address fe80:"], True),
     "link-local del": ({"bridge"}, ["bridge: {bridge} address fe80:"], True),
     "ipv4 flush": ({"bridge"}, [f"bridge: {{bridge}} address {GATEWAY4}/24 re-added"], True),
