@@ -108,6 +108,8 @@ class ChaosNode:
             self._start()
             for i in range(self.npods):
                 self._pod(i)
+            if self.dual_stack:  # the kernel adds the bridge's link-local address once a port gives it carrier
+                self.wait(self.bridge_ok, 10, "the bridge with its link-local address")
         except BaseException:
             self.__exit__()
             raise

@@ -4,7 +4,8 @@ On a node of its own (:class:`bench.chaosnode.ChaosNode`: a network namespace, t
 ``netplugin serve``, a static cluster and three pods), each breakage is made again and again, and
 timed from the breaking command's return until the namespace's kernel state is back (polled every
 2 ms, so a time is at most about 2 ms late). Two chains: the built-in members (bridge, hostport)
-and the shipped bash plugins (bridge, bandwidth shaping one pod, whose qdisc is the extra kind).
+and the shipped bash plugins (bridge, bandwidth shaping one pod, whose qdisc is the extra kind),
+each also on a dual-stack node for the bridge's IPv6 addresses flushed.
 The daemon's idle CPU over a quiet spell is the proof that the watch costs nothing while nothing
 changes (it blocks on netlink; only a static host's node files are re-read every 2 s).
 """
@@ -22,14 +23,19 @@ from .util import BenchError
 
 __all__ = ["REPAIR_KEYS", "fig_repair"]
 
-#: row key -> (chain, breakage of bench.chaosnode.BREAKAGES, label)
+#: the nodes the rows run on: (chain, dual-stack)
+_BUILTIN, _BASH = (BUILTIN_CHAIN, False), (EXEC_CHAIN, False)
+_BUILTIN_DUAL, _BASH_DUAL = (BUILTIN_CHAIN, True), (EXEC_CHAIN, True)
+#: row key -> (node, breakage of bench.chaosnode.BREAKAGES, label)
 _ROWS = {
-    "nft": (BUILTIN_CHAIN, "nft flush", "nft flush ruleset: egress and hostPort tables reinstalled"),
-    "route": (BUILTIN_CHAIN, "route flush", "ip route flush proto 78: the route to the peer re-added"),
-    "hairpin": (BUILTIN_CHAIN, "hairpin", "one port's hairpin off: back on (built-in bridge's repair)"),
-    "bridge": (BUILTIN_CHAIN, "bridge", "ip link del of the bridge: recreated, 3 ports re-attached (built-in)"),
-    "bridge-bash": (EXEC_CHAIN, "bridge", "ip link del of the bridge: the same, by the bash bridge's repair"),
-    "qdisc": (EXEC_CHAIN, "qdisc", "a shaped pod's tbf deleted: re-applied by the bash bandwidth's repair"),
+    "nft": (_BUILTIN, "nft flush", "nft flush ruleset: egress and hostPort tables reinstalled"),
+    "route": (_BUILTIN, "route flush", "ip route flush proto 78: the route to the peer re-added"),
+    "hairpin": (_BUILTIN, "hairpin", "one port's hairpin off: back on (built-in bridge's repair)"),
+    "bridge": (_BUILTIN, "bridge", "ip link del of the bridge: recreated, 3 ports re-attached (built-in)"),
+    "bridge-bash": (_BASH, "bridge", "ip link del of the bridge: the same, by the bash bridge's repair"),
+    "qdisc": (_BASH, "qdisc", "a shaped pod's tbf deleted: re-applied by the bash bandwidth's repair"),
+    "ipv6": (_BUILTIN_DUAL, "ipv6 flush", "ip -6 addr flush of a dual-stack bridge: gateway, link-local (built-in)"),
+    "ipv6-bash": (_BASH_DUAL, "ipv6 flush", "ip -6 addr flush of a dual-stack bridge: the same, by the bash bridge"),
 }
 REPAIR_KEYS = tuple(_ROWS)
 _COLS = ["median", "p90", "min", "max"]
@@ -62,12 +68,13 @@ def fig_repair(ctx: RunContext, plan: Plan) -> list[Figure]:
     live = Live(ctx, "repair", list(REPAIR_KEYS))
     samples: dict[str, list[float]] = {k: [] for k in REPAIR_KEYS}
     idle = None
-    for chain in (BUILTIN_CHAIN, EXEC_CHAIN):
-        keys = [k for k, (c, _, _) in _ROWS.items() if c == chain]
-        ctx.progress(f"  repair: {', '.join(chain)}: {len(keys)} breakages x {rounds}")
+    for chain, dual in dict.fromkeys(n for n, _, _ in _ROWS.values()):
+        keys = [k for k, (n, _, _) in _ROWS.items() if n == (chain, dual)]
+        stack = ", dual-stack" if dual else ""
+        ctx.progress(f"  repair: {', '.join(chain)}{stack}: {len(keys)} breakages x {rounds}")
         try:
-            with ChaosNode(pods=3, chain=chain, tag=ctx.tag) as node:
-                if chain == BUILTIN_CHAIN:
+            with ChaosNode(pods=3, chain=chain, tag=ctx.tag, dual_stack=dual) as node:
+                if (chain, dual) == _BUILTIN:
                     idle = _idle_cpu(node, idle_for)
                 for _ in range(rounds):
                     for k in keys:
@@ -75,7 +82,7 @@ def fig_repair(ctx: RunContext, plan: Plan) -> list[Figure]:
                         if took is not None:
                             samples[k].append(took * 1000)
         except (RuntimeError, OSError) as e:  # the node could not be made (a setup, the daemon)
-            raise BenchError(f"repair node with {', '.join(chain)}: {e}") from e
+            raise BenchError(f"repair node with {', '.join(chain)}{stack}: {e}") from e
     f = Figure(
         "repair",
         f"Self-repair: time from the breakage until the kernel state is back ({rounds} rounds, 3 pods)",

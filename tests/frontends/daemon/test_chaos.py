@@ -192,8 +192,6 @@ def dual_node(request: pytest.FixtureRequest) -> Iterator[ChaosNode]:
     """A dual-stack node; its cases run in a row on it (each leaves it repaired)."""
     kernel_gate(request)
     with ChaosNode(pods=3, chain=request.param, dual_stack=True) as n:
-        # the kernel adds the bridge's link-local address once a port gives it carrier
-        n.wait(n.bridge_ok, 10, "the bridge with its link-local address")
         yield n
 
 
