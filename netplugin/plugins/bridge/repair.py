@@ -72,6 +72,7 @@ def repair_bridge(s: BridgeSettings, mtu: int, configure: Callable[[], int]) -> 
     if link is not None and not link.is_bridge:
         raise BridgeError(f"{s.name} exists but is not a bridge")
     lines: list[str] = []
+    index = link.index if link is not None else 0
     if link is None or not link.up or link.mtu != mtu or not want <= addrs:
         index = configure()
         if link is None:  # a new bridge gets its link-local address from the kernel, with carrier
@@ -83,7 +84,7 @@ def repair_bridge(s: BridgeSettings, mtu: int, configure: Callable[[], int]) -> 
             lines.append(f"bridge: {s.name} set up")
     if s.subnet_of(6) is not None and link.running and not any(_link_local(a) for a in addrs):
         lines.append(f"bridge: {s.name} address {_add_link_local(link)} re-added")
-    return link.index, lines
+    return index, lines
 
 
 def _link_local(cidr: str) -> bool:
