@@ -4,8 +4,9 @@
 link's name, master, MTU, up flag and hairpin. From each message it tells the interfaces that
 *lost* something a plugin may have made: a link deleted, a port that lost its master or its
 hairpin, a master (a bridge) deleted, downed, re-sized or stripped of an address (its IPv6
-link-local one too; then each of its ports), a qdisc deleted. Gains (a link created, a port
-attached, hairpin turned on: what every setup does) are not losses, so pod setups do not wake the
+link-local one too; then each of its ports), a qdisc deleted (not a kernel default that a setup
+replaces). Gains (a link created, a port attached, hairpin turned on, a default qdisc replaced:
+what every setup does) are not losses, so pod setups do not wake the
 pod repairer. The kernel state is never read here: only messages are parsed, so an idle node costs
 nothing.
 """
@@ -140,9 +141,12 @@ class LinkView:
         link.hairpin = on
 
     def _other(self, kind: int, body: bytes, lost: Lost) -> None:
-        if kind == _RTM_DELQDISC:  # struct tcmsg: family, pad, pad, ifindex
-            index = struct.unpack_from("=i", body, 4)[0]
-            if index in self.links:
+        if kind == _RTM_DELQDISC:  # struct tcmsg: family, pad, pad, ifindex, handle
+            index, handle = struct.unpack_from("=iI", body, 4)
+            # Handle 0 is a qdisc the kernel attached by default (noqueue, pfifo_fast...), which
+            # no plugin made: a shaping setup replacing it is a gain. Every qdisc tc adds gets a
+            # handle, so deleting or replacing a plugin's own is still a loss.
+            if handle != 0 and index in self.links:
                 lost.damaged.add(self.links[index].name)
             return
         # Any address of a master, its IPv6 link-local one too: the node needs it to resolve the pods

@@ -163,9 +163,21 @@ def test_the_shipped_bash_plugins_repair_their_own(request: pytest.FixtureReques
         assert "by bridge: bridge: " in log, log
 
 
-def test_setups_do_not_wake_the_pod_repairer_and_an_idle_node_wakes_nothing(node: ChaosNode) -> None:
-    """Creating links and attaching ports (every setup) is no loss: no pod repair runs. And with
-    nothing changing the kernel watch never wakes: it blocks on netlink, it does not poll."""
+@pytest.mark.parametrize("chain", [BUILTIN_CHAIN, EXEC_CHAIN], ids=["built-in", "bash"])
+def test_setups_do_not_wake_the_pod_repairer_and_an_idle_node_wakes_nothing(
+    request: pytest.FixtureRequest, chain: tuple[str, ...]
+) -> None:
+    """Creating links, attaching ports and shaping (the bash chain's bandwidth replaces the kernel's
+    default qdiscs) is what every setup does, no loss: no pod repair runs. And with nothing
+    changing the kernel watch never wakes: it blocks on netlink, it does not poll."""
+    kernel_gate(request)
+    with ChaosNode(pods=3, chain=chain) as node:
+        _setups_then_idle(node)
+
+
+def _setups_then_idle(node: ChaosNode) -> None:
+    if node.chain == EXEC_CHAIN:
+        assert node.qdisc_ok()  # its setups did shape the first pod
     st = node.health()["node"]
     assert st["pod_repair_calls"] == 0 and st["repairs"] == {}, st
     # The kernel's own follow-ups of the setups end first (IPv6 DAD finishing on the bridge's

@@ -59,8 +59,9 @@ def deladdr(index: int, address: str) -> bytes:
     return _msg(21, IFADDR.pack(family, 24, 0, 0, index) + attr(IFA_ADDRESS, raw))
 
 
-def delqdisc(index: int) -> bytes:
-    return _msg(37, struct.pack("=BxxxiIII", 0, index, 0, 0, 0))
+def delqdisc(index: int, handle: int = 0x80010000) -> bytes:
+    """RTM_DELQDISC of a root qdisc; handle 0 is the kernel's default one (noqueue, pfifo_fast)."""
+    return _msg(37, struct.pack("=BxxxiIII", 0, index, handle, 0xFFFFFFFF, 0))
 
 
 BRIDGE = link(1, "cbr0")
@@ -92,6 +93,9 @@ CASES = {
     # the node resolves what it forwards to pods from it, and the kernel does not make it again
     "the bridge's link-local address deleted": ([BRIDGE, PORT, deladdr(1, "fe80::1")], set(), {"veth-a"}),
     "a port's qdisc deleted": ([BRIDGE, PORT, delqdisc(2)], set(), {"veth-a"}),
+    "a port's ingress qdisc deleted": ([BRIDGE, PORT, delqdisc(2, 0xFFFF0000)], set(), {"veth-a"}),
+    # a shaping setup's "tc qdisc replace ... root": the kernel deletes the default it replaces
+    "a port's default qdisc replaced": ([BRIDGE, PORT, delqdisc(2, 0)], set(), set()),
     "an unknown link's qdisc deleted": ([BRIDGE, delqdisc(9)], set(), set()),
 }
 
