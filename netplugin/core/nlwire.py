@@ -33,8 +33,10 @@ __all__ = [
     "IFLA_MASTER",
     "IFLA_MTU",
     "IFLA_NET_NS_FD",
+    "IFLA_PROTINFO",
     "NETNSA_FD",
     "NETNSA_NSID",
+    "NLA_F_NESTED",
     "NLHDR",
     "NLMSG_DONE",
     "NLMSG_ERROR",
@@ -49,7 +51,9 @@ __all__ = [
     "RTA_OIF",
     "RTA_TABLE",
     "RTMSG",
+    "RTM_DELADDR",
     "RTM_DELLINK",
+    "RTM_DELQDISC",
     "RTM_GETADDR",
     "RTM_GETLINK",
     "RTM_GETNSID",
@@ -61,6 +65,7 @@ __all__ = [
     "RTPROT_BOOT",
     "RT_SCOPE_UNIVERSE",
     "RT_TABLE_MAIN",
+    "TCMSG",
     "U32",
     "VETH_INFO_PEER",
     "attr",
@@ -79,9 +84,11 @@ RTM_NEWLINK = 16
 RTM_DELLINK = 17
 RTM_GETLINK = 18
 RTM_NEWADDR = 20
+RTM_DELADDR = 21
 RTM_GETADDR = 22
 RTM_NEWROUTE = 24
 RTM_GETROUTE = 26
+RTM_DELQDISC = 37
 RTM_GETNSID = 90
 NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
@@ -89,6 +96,7 @@ NLM_F_DUMP = 0x300
 NLM_F_REPLACE = 0x100
 NLM_F_EXCL = 0x200
 NLM_F_CREATE = 0x400
+NLA_F_NESTED = 0x8000
 
 # links (linux/if.h, linux/if_link.h, linux/veth.h)
 IFF_UP = 1
@@ -97,6 +105,7 @@ IFLA_IFNAME = 3
 IFLA_MTU = 4
 IFLA_LINK = 5
 IFLA_MASTER = 10
+IFLA_PROTINFO = 12  # an AF_BRIDGE message's port flags (IFLA_BRPORT_*)
 IFLA_LINKINFO = 18
 IFLA_AF_SPEC = 26
 IFLA_GROUP = 27
@@ -124,11 +133,12 @@ RT_SCOPE_UNIVERSE = 0
 RTPROT_BOOT = 3  # what `ip route` uses: routes look the same whichever bridge plugin made them
 RTN_UNICAST = 1
 
-# headers: nlmsghdr, ifinfomsg, ifaddrmsg, rtmsg
+# headers: nlmsghdr, ifinfomsg, ifaddrmsg, rtmsg, tcmsg
 NLHDR = struct.Struct("=IHHII")
 IFINFO = struct.Struct("=BxHiII")
 IFADDR = struct.Struct("=BBBBI")
 RTMSG = struct.Struct("=BBBBBBBBI")
+TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
 
 
 def attr(kind: int, payload: bytes) -> bytes:

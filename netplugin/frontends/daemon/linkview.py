@@ -13,10 +13,11 @@ nothing.
 
 from __future__ import annotations
 
-import struct
+import socket
 
 from netplugin.core.nlwire import (
     IFADDR,
+    IFF_UP,
     IFINFO,
     IFLA_BRPORT_MODE,
     IFLA_IFNAME,
@@ -24,20 +25,22 @@ from netplugin.core.nlwire import (
     IFLA_LINKINFO,
     IFLA_MASTER,
     IFLA_MTU,
+    IFLA_PROTINFO,
     NLHDR,
+    RTM_DELADDR,
     RTM_DELLINK,
+    RTM_DELQDISC,
     RTM_NEWLINK,
+    TCMSG,
+    U32,
     find_attr,
 )
 from netplugin.core.plaindata import dataclass
 
 __all__ = ["LinkView", "Lost"]
 
-_RTM_DELADDR = 21
-_RTM_DELQDISC = 37
-_IFLA_PROTINFO = 12
-_IFF_UP = 1
-_AF_BRIDGE = 7
+#: the other messages that can tell a loss, with the size of their header
+_OTHER_HEADER = {RTM_DELADDR: IFADDR.size, RTM_DELQDISC: TCMSG.size}
 
 
 @dataclass
@@ -66,7 +69,7 @@ class Lost:
 
 
 def _u32(data: bytes | None) -> int:
-    return struct.unpack("=I", data[:4])[0] if data is not None and len(data) >= 4 else 0
+    return U32.unpack(data[:4])[0] if data is not None and len(data) >= 4 else 0
 
 
 def _name(data: bytes | None) -> str:
@@ -95,7 +98,7 @@ class LinkView:
             body = data[offset + NLHDR.size : offset + length]
             if kind in (RTM_NEWLINK, RTM_DELLINK) and len(body) >= IFINFO.size:
                 self._link(kind, body, lost)
-            elif kind in (_RTM_DELADDR, _RTM_DELQDISC) and len(body) >= 8:
+            elif kind in _OTHER_HEADER and len(body) >= _OTHER_HEADER[kind]:
                 self._other(kind, body, lost)
             offset += (length + 3) & ~3
         return lost
@@ -104,7 +107,7 @@ class LinkView:
         family, _, index, flags, _ = IFINFO.unpack_from(body)
         old = self.links.get(index)
         if kind == RTM_DELLINK:
-            if family == _AF_BRIDGE:  # a port leaving its bridge: its AF_UNSPEC message says the rest
+            if family == socket.AF_BRIDGE:  # a port leaving its bridge: its AF_UNSPEC message says the rest
                 return
             self.links.pop(index, None)
             if old is not None:
@@ -112,14 +115,14 @@ class LinkView:
                 lost.damaged |= self.former_ports_of(index)
             return
         attrs = IFINFO.size
-        if family == _AF_BRIDGE:  # a bridge port's flags (sysfs or `bridge link set` changed them)
-            mode = find_attr(find_attr(body, attrs, _IFLA_PROTINFO) or b"", 0, IFLA_BRPORT_MODE)
+        if family == socket.AF_BRIDGE:  # a bridge port's flags (sysfs or `bridge link set` changed them)
+            mode = find_attr(find_attr(body, attrs, IFLA_PROTINFO) or b"", 0, IFLA_BRPORT_MODE)
             if old is not None and mode is not None:
                 self._hairpin(old, bool(mode[0]), lost)
             return
         name = _name(find_attr(body, attrs, IFLA_IFNAME)) or (old.name if old else "")
         new = _Link(name, _u32(find_attr(body, attrs, IFLA_MASTER)), _u32(find_attr(body, attrs, IFLA_MTU)))
-        new.up = bool(flags & _IFF_UP)
+        new.up = bool(flags & IFF_UP)
         slave = find_attr(find_attr(body, attrs, IFLA_LINKINFO) or b"", 0, IFLA_INFO_SLAVE_DATA)
         mode = find_attr(slave, 0, IFLA_BRPORT_MODE) if slave is not None else None
         new.hairpin = old.hairpin if old is not None and new.master == old.master else None
@@ -141,8 +144,8 @@ class LinkView:
         link.hairpin = on
 
     def _other(self, kind: int, body: bytes, lost: Lost) -> None:
-        if kind == _RTM_DELQDISC:  # struct tcmsg: family, pad, pad, ifindex, handle
-            index, handle = struct.unpack_from("=iI", body, 4)
+        if kind == RTM_DELQDISC:
+            _, index, handle, _, _ = TCMSG.unpack_from(body)
             # Handle 0 is a qdisc the kernel attached by default (noqueue, pfifo_fast...), which
             # no plugin made: a shaping setup replacing it is a gain. Every qdisc tc adds gets a
             # handle, so deleting or replacing a plugin's own is still a loss.

@@ -7,13 +7,13 @@ lost. The kernel tests (``test_chaos.py``) show the same against real notificati
 from __future__ import annotations
 
 import socket
-import struct
 
 import pytest
 
 from netplugin.core.nlwire import (
     IFA_ADDRESS,
     IFADDR,
+    IFF_UP,
     IFINFO,
     IFLA_BRPORT_MODE,
     IFLA_IFNAME,
@@ -21,16 +21,19 @@ from netplugin.core.nlwire import (
     IFLA_LINKINFO,
     IFLA_MASTER,
     IFLA_MTU,
+    IFLA_PROTINFO,
+    NLA_F_NESTED,
     NLHDR,
+    RTM_DELADDR,
     RTM_DELLINK,
+    RTM_DELQDISC,
     RTM_NEWLINK,
+    TCMSG,
     attr,
     str_attr,
     u32_attr,
 )
 from netplugin.frontends.daemon.linkview import LinkView
-
-_UP = 1
 
 
 def _msg(kind: int, body: bytes) -> bytes:
@@ -44,24 +47,24 @@ def link(index: int, name: str, *, master: int = 0, mtu: int = 1500, up: bool = 
         attrs += u32_attr(IFLA_MASTER, master)
     if hairpin is not None:
         attrs += attr(IFLA_LINKINFO, attr(IFLA_INFO_SLAVE_DATA, attr(IFLA_BRPORT_MODE, bytes([hairpin]))))
-    return _msg(kind, IFINFO.pack(0, 0, index, _UP if up else 0, 0) + attrs)
+    return _msg(kind, IFINFO.pack(0, 0, index, IFF_UP if up else 0, 0) + attrs)
 
 
 def brport(index: int, hairpin: bool) -> bytes:
     """An AF_BRIDGE RTM_NEWLINK (what sysfs's hairpin_mode or `bridge link set` sends)."""
-    protinfo = attr(12 | 0x8000, attr(IFLA_BRPORT_MODE, bytes([hairpin])))
-    return _msg(RTM_NEWLINK, IFINFO.pack(7, 0, index, 0, 0) + protinfo)
+    protinfo = attr(IFLA_PROTINFO | NLA_F_NESTED, attr(IFLA_BRPORT_MODE, bytes([hairpin])))
+    return _msg(RTM_NEWLINK, IFINFO.pack(socket.AF_BRIDGE, 0, index, 0, 0) + protinfo)
 
 
 def deladdr(index: int, address: str) -> bytes:
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     raw = socket.inet_pton(family, address)
-    return _msg(21, IFADDR.pack(family, 24, 0, 0, index) + attr(IFA_ADDRESS, raw))
+    return _msg(RTM_DELADDR, IFADDR.pack(family, 24, 0, 0, index) + attr(IFA_ADDRESS, raw))
 
 
 def delqdisc(index: int, handle: int = 0x80010000) -> bytes:
     """RTM_DELQDISC of a root qdisc; handle 0 is the kernel's default one (noqueue, pfifo_fast)."""
-    return _msg(37, struct.pack("=BxxxiIII", 0, index, handle, 0xFFFFFFFF, 0))
+    return _msg(RTM_DELQDISC, TCMSG.pack(0, index, handle, 0xFFFFFFFF, 0))
 
 
 BRIDGE = link(1, "cbr0")
