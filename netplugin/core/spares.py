@@ -37,7 +37,7 @@ from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import NetpluginError
 from netplugin.core.fileio import replace_file, start_writeback, temp_name, write_all
 
-__all__ = ["CAP", "SPARE_DIR", "NoSpare", "Spares", "spares_for"]
+__all__ = ["CAP", "SPARE_DIR", "NoSpare", "Spares", "discard", "spares_for"]
 
 #: spare inodes kept per directory (a burst of that many removals is recycled), and how many
 #: :meth:`Spares.fill` makes ahead (the daemon at start: that many pod starts make no file)
@@ -230,6 +230,18 @@ def spares_for(directory: str, base: str | None) -> Spares:
         if got is None:
             got = _registry[directory] = Spares(directory, base)
         return got
+
+
+def discard(path: str, spares: Spares | None = None) -> None:
+    """Remove ``path`` if it is there, its inode kept among ``spares`` when given; raises OSError,
+    which each caller turns into its own error."""
+    try:
+        if spares is not None:
+            spares.remove(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _unlink(path: str) -> None:

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import SystemFailure
 from netplugin.core.names import PodRef
-from netplugin.core.spares import NoSpare, Spares, spares_for
+from netplugin.core.spares import NoSpare, Spares, discard, spares_for
 
 __all__ = ["PodLock", "flocked", "hold", "pod_lock_path", "pod_locked", "release", "stock_pod_locks"]
 
@@ -118,10 +118,7 @@ def release(fd: int, path: str, *, keep: bool = False, spares: Spares | None = N
         try:
             st, now = os.fstat(fd), os.lstat(path)
             if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
-                if spares is not None:
-                    spares.remove(path)
-                else:
-                    os.unlink(path)
+                discard(path, spares)
         except FileNotFoundError:
             pass
         except OSError as e:

@@ -55,7 +55,7 @@ from netplugin.core.fileio import TMP_INFIX, FileRefused, atomic_write, read_bou
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass, field, replace
 from netplugin.core.procs import proc_start
-from netplugin.core.spares import SPARE_DIR, spares_for
+from netplugin.core.spares import SPARE_DIR, discard, spares_for
 from netplugin.store.records import (
     MAX_RECORD,
     READY,
@@ -429,9 +429,7 @@ class StateStore:
         if not self._checked_dir(create=False):
             return
         try:
-            spares_for(self.dir, self.state_dir).remove(path)
-        except FileNotFoundError:
-            return
+            discard(path, spares_for(self.dir, self.state_dir))
         except OSError as e:
             raise StateError(path, f"cannot remove: {e.strerror or e}") from e
 

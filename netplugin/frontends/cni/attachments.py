@@ -341,16 +341,14 @@ def forget_attachment(cfg: Config, network: str, container_id: str, ifname: str,
     the namespace it indexes; the record's inode then becomes a spare (:mod:`netplugin.core.spares`).
     A record still linked from the index is unlinked (the index entry goes at the next CNI GC)."""
     from netplugin.core.errors import SystemFailure
-    from netplugin.core.spares import spares_for
+    from netplugin.core.spares import discard, spares_for
 
     path = attachment_path(cfg.state_dir, network, container_id, ifname)
     try:
         if netns:
             _unindex(cfg.state_dir, path, netns)
-        if os.lstat(path).st_nlink == 1:
-            spares_for(attachment_dir(cfg.state_dir, network), cfg.state_dir).remove(path)
-        else:
-            os.unlink(path)
+        linked = os.lstat(path).st_nlink > 1  # still in the index: its inode is no spare
+        discard(path, None if linked else spares_for(attachment_dir(cfg.state_dir, network), cfg.state_dir))
     except FileNotFoundError:
         pass
     except OSError as e:

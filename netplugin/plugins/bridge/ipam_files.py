@@ -20,7 +20,7 @@ from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.fileio import FileRefused, read_bounded, replace_file, start_writeback, write_all
 from netplugin.core.names import validate_infra_id
-from netplugin.core.spares import NoSpare, Spares
+from netplugin.core.spares import NoSpare, Spares, discard
 
 __all__ = ["DirLock", "IPAMError", "listdir", "read_owner", "read_text", "unlink", "write_record"]
 
@@ -196,12 +196,7 @@ def write_record(path: str, text: str, *, mode: str = "atomic", spares: Spares |
 def unlink(path: str, spares: Spares | None = None) -> None:
     """Remove a record if it is there (its inode kept among ``spares`` when given)."""
     try:
-        if spares is not None:
-            spares.remove(path)
-        else:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
+        discard(path, spares)
     except OSError as e:
         raise IPAMError(f"cannot remove {path}: {e.strerror or e}", path=path) from e
 
