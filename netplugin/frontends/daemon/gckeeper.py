@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from netplugin.core.errors import NetpluginError
 from netplugin.frontends.daemon.metrics import GC_FREED, GC_RUNS, make_metric
+from netplugin.frontends.daemon.worker import Worker
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -45,12 +46,10 @@ class GcKeeper:
     def __init__(self, manager: Callable[[], Manager], registry: CollectorRegistry) -> None:
         self._manager = manager  #: the daemon's manager now (a reload may swap it)
         self._lock = threading.Lock()  # one run at a time, whatever started it
-        self._wake = threading.Event()
         self._lock_due = threading.Lock()
-        self._stop = threading.Event()
+        self._worker = Worker("netplugin-gc", self._loop)
         #: when each deleted pod's run is due (monotonic); one run serves every pod due by then
         self._due_deleted: list[float] = []
-        self._thread: threading.Thread | None = None
         self.last: dict[str, object] | None = None  #: the last run, for health
         self.runs = make_metric(GC_RUNS, registry)
         self.freed = make_metric(GC_FREED, registry)
@@ -92,28 +91,24 @@ class GcKeeper:
         log.debug("pod %s/%s deleted: gc after %.0fs unless its teardown came", namespace, name, due - time.monotonic())
         with self._lock_due:
             self._due_deleted.append(due)
-        self._wake.set()
+        self._worker.wake()
 
     def kick(self) -> None:
         """Look at the settings again (a reload may have changed ``gc_interval``)."""
-        self._wake.set()
+        self._worker.wake()
 
     def start(self) -> None:
         """The run at start (pods lost in a reboot give their addresses back before the daemon takes
         its first ADD), then the thread of the later runs."""
         self.run("start")
-        self._thread = threading.Thread(target=self._loop, name="netplugin-gc", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(10)
+        self._worker.stop()
 
     def _loop(self) -> None:
         last = time.monotonic()
-        while not self._stop.is_set():
+        while not self._worker.stopping:
             interval = self._manager().config.gc_interval
             now = time.monotonic()
             with self._lock_due:
@@ -121,8 +116,7 @@ class GcKeeper:
             if interval > 0:
                 waits.append(last + interval - now)
             if not waits or min(waits) > 0:
-                self._wake.wait(min(waits) if waits else None)
-                self._wake.clear()
+                self._worker.sleep(min(waits) if waits else None)
                 continue
             with self._lock_due:
                 deleted = bool(self._due_deleted) and min(self._due_deleted) <= now

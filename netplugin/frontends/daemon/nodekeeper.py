@@ -51,6 +51,7 @@ from netplugin.core.node import NodeInfo
 from netplugin.core.plugin import REPAIR_KINDS
 from netplugin.frontends.daemon import metrics
 from netplugin.frontends.daemon.metrics import family
+from netplugin.frontends.daemon.worker import Worker
 from netplugin.hosts.base import ClusterHost
 from netplugin.nodenet.egress import Egress
 from netplugin.nodenet.routes import PROBLEM_KINDS, RouteTable
@@ -139,10 +140,8 @@ class NodeKeeper:
             from netplugin.frontends.daemon.podrepair import PodRepairer
 
             self.pods = PodRepairer(pods, self.repairs, self._lock, self._incident)
-        self._kick = threading.Event()
+        self._worker = Worker("netplugin-nodes", self._loop)
         self._first = threading.Event()  #: the first pass is over (whatever it found)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # --- life cycle ------------------------------------------------------------------------------
 
@@ -167,8 +166,7 @@ class NodeKeeper:
                 log.warning("cannot watch the kernel's route changes (%s): no self-repair", e)
         if self.pods is not None:
             self.pods.start()
-        self._thread = threading.Thread(target=self._loop, name="netplugin-nodes", daemon=True)
-        self._thread.start()
+        self._worker.start()
         if not self.watching:
             self._first.wait(FIRST_PASS_WAIT)
 
@@ -177,10 +175,7 @@ class NodeKeeper:
             self._watch.stop()
         if self.pods is not None:
             self.pods.stop()
-        self._stop.set()
-        self._kick.set()
-        if self._thread is not None:
-            self._thread.join(10)
+        self._worker.stop()
         if self.cluster is not None:
             self.cluster.stop_watching()
         if self.routes is not None:
@@ -196,13 +191,13 @@ class NodeKeeper:
 
     def kick(self) -> None:
         """Something changed: look again now (called on watch threads)."""
-        self._kick.set()
+        self._worker.wake()
 
     def repair(self, kinds: set[str]) -> None:
         """The kernel changed where netplugin's ``kinds`` ("route", "egress", "hostport") live: check them now."""
         with self._lock:
             self._repair |= kinds
-        self._kick.set()
+        self._worker.wake()
 
     def _repair_now(self, kinds: set[str]) -> None:
         """Put back what a kernel change removed (on the keeper's thread, which owns the routes)."""
@@ -265,16 +260,15 @@ class NodeKeeper:
     def _loop(self) -> None:
         poll = self.config.node_resync if self.watching else min(self.config.node_resync, STATIC_POLL)
         last_full = 0.0
-        while not self._stop.is_set():
+        while not self._worker.stopping:
             with self._lock:
                 repair, self._repair = self._repair, set()
             if repair:
                 self._repair_now(repair)
             if self.watching and not self._synced():
-                self._kick.wait(0.2)  # until the first LIST is in: never act on an empty view
+                self._worker.sleep(0.2)  # until the first LIST is in: never act on an empty view
                 continue
             due = time.monotonic() - last_full >= self.config.node_resync
-            self._kick.clear()
             # A kick (any Node event, status heartbeats included) acts only when a node's name, pod
             # CIDRs or InternalIPs changed; the periodic pass re-checks the kernel regardless.
             try:
@@ -282,7 +276,7 @@ class NodeKeeper:
                     last_full = time.monotonic()
             finally:
                 self._first.set()
-            self._kick.wait(poll)
+            self._worker.sleep(poll)
 
     # --- one pass ----------------------------------------------------------------------------------
 

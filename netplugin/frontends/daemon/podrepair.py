@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from netplugin.core.errors import NetpluginError, StateError
 from netplugin.core.fileio import TMP_INFIX
 from netplugin.frontends.daemon.linkview import Lost
+from netplugin.frontends.daemon.worker import Worker
 from netplugin.manager.repair import repair_kind, repair_pod
 from netplugin.store.listing import link_gone
 from netplugin.store.records import READY, RECORD_SUFFIX
@@ -74,36 +75,29 @@ class PodRepairer:
         self._pending = Lost(set(), set())
         #: record path -> ((inode, mtime, size), record): a pass re-reads only the files that changed
         self._records: dict[str, tuple[tuple[int, int, int], PodRecord]] = {}
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = Worker("netplugin-pod-repair", self._loop)
 
     def start(self) -> None:
         self._pending.damaged.add("")  # the first pass: every ready pod's host interface checked once
-        self._wake.set()
-        self._thread = threading.Thread(target=self._loop, name="netplugin-pod-repair", daemon=True)
-        self._thread.start()
+        self._worker.wake()
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(10)
+        self._worker.stop()
 
     def lost(self, lost: Lost) -> None:
         """The kernel watch's report (on its thread): look at these interfaces' pods soon."""
         with self._lock:
             self._pending.gone |= lost.gone
             self._pending.damaged |= lost.damaged
-        self._wake.set()
+        self._worker.wake()
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait()
-            self._wake.clear()
+        while not self._worker.stopping:
+            self._worker.sleep()
             with self._lock:
                 pending, self._pending = self._pending, Lost(set(), set())
-            if self._stop.is_set():
+            if self._worker.stopping:
                 return
             try:
                 self.run(pending.gone | pending.damaged, every="" in pending.damaged)
