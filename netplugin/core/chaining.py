@@ -36,7 +36,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from netplugin.core.errors import PluginOutputError
+from netplugin.core.errors import TAIL, PluginOutputError
 from netplugin.core.plaindata import dataclass, field
 
 __all__ = [
@@ -66,7 +66,6 @@ CHAIN_ENV = (ENV_CHAIN, ENV_CHAIN_INDEX, ENV_PREV_RESULT, ENV_PREV_IPS, ENV_PREV
 ALL_POD_ACTIONS = frozenset({"setup", "teardown", "status"})
 #: pod actions a member handles only when its mask names them (plugins written before them never declare them)
 OPT_IN_POD_ACTIONS = frozenset({"repair"})
-_TAIL = 2048
 _IFNAME = re.compile(r"[^\s/:]{1,15}\Z")
 
 
@@ -75,7 +74,7 @@ def _bad(plugin: str, action: str, msg: str, out: bytes) -> PluginOutputError:
         f"network plugin {plugin!r} {action}: {msg}",
         plugin=plugin,
         action=action,
-        stdout_tail=out[-_TAIL:].decode("utf-8", "replace"),
+        stdout_tail=out[-TAIL:].decode("utf-8", "replace"),
     )
 
 

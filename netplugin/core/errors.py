@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "TAIL",
     "ChainInvalid",
     "ConfigError",
     "DaemonUnavailable",
@@ -34,6 +35,9 @@ __all__ = [
     "error_from_dict",
     "short_repr",
 ]
+
+#: how many bytes (or characters) of a command's output an error quotes: its last ones, where the reason is
+TAIL = 2048
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

@@ -30,6 +30,7 @@ __all__ = [
     "CLONE_NEWNET",
     "NSFS_MAGIC",
     "entered",
+    "in_netns",
     "netns_identity",
     "netns_problem",
     "netns_socket",
@@ -47,6 +48,13 @@ _libc: Any = None
 
 #: statfs(2) f_type of the filesystem holding namespace files (linux/magic.h)
 NSFS_MAGIC = 0x6E736673
+
+def in_netns(argv: list[str], netns: str | None) -> list[str]:
+    """The argv that runs ``argv`` in the network namespace at path ``netns`` (``nsenter``; a command
+    that must change a namespace's firewall or routes runs there, the caller's threads stay put);
+    ``argv`` itself when ``netns`` is None or empty."""
+    return ["nsenter", f"--net={netns}", *argv] if netns else argv
+
 
 #: where this process's and the node's (init's) network namespaces are
 _OWN = ("/proc/thread-self/ns/net", "/proc/self/ns/net", "/proc/1/ns/net")

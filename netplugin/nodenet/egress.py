@@ -47,16 +47,16 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
 
+from netplugin.core.netns import in_netns
 from netplugin.core.plaindata import dataclass
 
-from ..core.errors import InvalidArgument, NetpluginError
+from ..core.errors import TAIL, InvalidArgument, NetpluginError
 
 __all__ = ["DEFAULT_TABLE", "Egress", "EgressError", "EgressRules", "parse_cidrs"]
 
 DEFAULT_TABLE = "netplugin"
 _TABLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}\Z")
 _COMMENT = "netplugin pod egress"
-_TAIL = 2048
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -205,9 +205,7 @@ class Egress:
                 f"cannot {verb}: {self.nft} not found (install the nftables package, e.g. apt-get install nftables)",
                 table=self.table,
             )
-        argv = [self.nft, *args]
-        if self.netns:
-            argv = ["nsenter", f"--net={self.netns}", *argv]
+        argv = in_netns([self.nft, *args], self.netns)
         try:
             done = subprocess.run(
                 argv,
@@ -227,7 +225,7 @@ class Egress:
         except OSError as e:
             raise EgressError(f"cannot {verb}: cannot run {argv[0]}: {e.strerror or e}", table=self.table) from e
         if done.returncode != 0:
-            tail = done.stderr.strip()[-_TAIL:]
+            tail = done.stderr.strip()[-TAIL:]
             raise EgressError(
                 f"cannot {verb}: nft exited with status {done.returncode}: {tail or '(no message)'}",
                 table=self.table,

@@ -32,7 +32,8 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
 
-from netplugin.core.errors import InvalidArgument, NetpluginError
+from netplugin.core.errors import TAIL, InvalidArgument, NetpluginError
+from netplugin.core.netns import in_netns
 from netplugin.core.plaindata import dataclass
 
 __all__ = ["CHAIN", "COMMENT", "Forward", "ForwardError", "ForwardState"]
@@ -41,7 +42,6 @@ CHAIN = "NETPLUGIN-FORWARD"
 COMMENT = "netplugin pod forwarding"
 _CHAIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,27}\Z")
 _COMMANDS = {4: "iptables", 6: "ip6tables"}
-_TAIL = 2048
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -130,8 +130,7 @@ class Forward:
         if shutil.which("nft") is None:
             return
         argv = ["nft", "-j", "list", "table", family, "filter"]
-        if self.netns:
-            argv = ["nsenter", f"--net={self.netns}", *argv]
+        argv = in_netns(argv, self.netns)
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout, check=False)
             items = json.loads(done.stdout or "{}").get("nftables", []) if done.returncode == 0 else None
@@ -169,8 +168,7 @@ class Forward:
         wait: bool = True,
     ) -> subprocess.CompletedProcess[str]:
         argv = [cmd, "-w", *args] if wait else [cmd, *args]  # -w: wait for the xtables lock another writer holds
-        if self.netns:
-            argv = ["nsenter", f"--net={self.netns}", *argv]
+        argv = in_netns(argv, self.netns)
         what = f"{cmd} {' '.join(args)}"
         try:
             done = subprocess.run(
@@ -181,7 +179,7 @@ class Forward:
         except OSError as e:
             raise ForwardError(f"cannot run {what}: {e.strerror or e}", chain=self.chain) from e
         if done.returncode not in ok_codes:
-            tail = done.stderr.strip()[-_TAIL:]
+            tail = done.stderr.strip()[-TAIL:]
             raise ForwardError(
                 f"{what} exited with status {done.returncode}: {tail or '(no message)'}",
                 chain=self.chain,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from netplugin.core.errors import NetpluginError, SystemFailure
 from netplugin.core.hostports import HOSTPORT_TABLE
+from netplugin.core.netns import in_netns
 from netplugin.core.plaindata import dataclass
 from netplugin.nodenet.egress import DEFAULT_TABLE, Egress
 from netplugin.nodenet.forward import Forward
@@ -73,7 +74,7 @@ def _forward_remove(netns: str | None) -> None:
 
 def _run(netns: str | None, *argv: str, ok: tuple[int, ...] = (0,)) -> bool:
     """Run ``argv`` (in ``netns``): True on exit 0, False on another code in ``ok``; else raises."""
-    full = list(argv) if netns is None else ["nsenter", f"--net={netns}", *argv]
+    full = in_netns(list(argv), netns)
     try:
         done = subprocess.run(full, capture_output=True, text=True, timeout=_TIMEOUT, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -84,7 +85,7 @@ def _run(netns: str | None, *argv: str, ok: tuple[int, ...] = (0,)) -> bool:
 
 
 def _ip(netns: str | None, *args: str) -> str:
-    argv = ["ip", *args] if netns is None else ["nsenter", f"--net={netns}", "ip", *args]
+    argv = in_netns(["ip", *args], netns)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -8,10 +8,10 @@ import signal as _signal
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.chaining import parse_actions, repair_lines
-from netplugin.core.errors import PluginFailed, PluginOutputError, PluginTimeout
+from netplugin.core.errors import TAIL, PluginFailed, PluginOutputError, PluginTimeout
 from netplugin.core.execplugin import calls
 from netplugin.core.execplugin.environ import call_env
-from netplugin.core.execplugin.status import TAIL, parse_setup_document, parse_status
+from netplugin.core.execplugin.status import parse_setup_document, parse_status
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import Action, CallContext, PodNetworkStatus
 

@@ -11,14 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 from netplugin.core.chaining import host_interface
-from netplugin.core.errors import PluginOutputError
+from netplugin.core.errors import TAIL, PluginOutputError
 from netplugin.core.plaindata import replace
 from netplugin.core.plugin import PodNetworkStatus
 
-__all__ = ["TAIL", "parse_setup_document", "parse_status"]
-
-#: how many bytes of a plugin's output an error quotes
-TAIL = 2048
+__all__ = ["parse_setup_document", "parse_status"]
 
 
 def parse_status(stdout: bytes, *, plugin: str, pod: str = "", action: str = "status") -> PodNetworkStatus | None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from netplugin.core.config import ENV_VARS, Config
-from netplugin.core.errors import InvalidArgument, PluginFailed, PluginOutputError, PluginTimeout
+from netplugin.core.errors import TAIL, InvalidArgument, PluginFailed, PluginOutputError, PluginTimeout
 from netplugin.core.execplugin.environ import base_env, call_env
 from netplugin.core.execplugin.exec_plugin import ExecPlugin
 from netplugin.core.execplugin.status import parse_status
@@ -271,7 +271,7 @@ def test_stderr_tail_is_bounded_and_keeps_the_end(fake_runner: Any) -> None:
     with pytest.raises(PluginFailed) as info:
         ExecPlugin("p", "/x/p/p", runner=fake_runner).teardown(POD, ctx())
     assert info.value.stderr_tail.endswith("the real reason")
-    assert len(info.value.stderr_tail) <= 2048
+    assert len(info.value.stderr_tail) <= TAIL
 
 
 @pytest.mark.parametrize("err", [errno.ENOENT, errno.EACCES, errno.ENOEXEC])
