@@ -24,11 +24,13 @@ import signal
 import socket
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from tests.waits import WITHIN, wait_for
 
 __all__ = [
     "CLUSTER_CIDRS",
@@ -60,6 +62,8 @@ KUBELET_CONTROLLERS = (
 CLUSTER_CIDRS = ("10.206.128.0/17", "fd6e:7031:1a00:8000::/49")
 #: Services' cluster IPs (README's table: 10.206.64.0/20, inside the simulated cluster's /16)
 SERVICE_CIDR = "10.206.64.0/20"
+
+T = TypeVar("T")
 
 
 def stop_session(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
@@ -233,17 +237,16 @@ class ControlPlane:
         return list(mine.values())
 
     def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        def ready() -> bool:
             with contextlib.suppress(OSError, ApiError):
                 if self.request("GET", "/readyz") == "ok":
-                    return
+                    return True
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited ({proc.returncode}):\n{self.log_tail(name)}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"kube-apiserver not ready in {timeout} s:\n{self.log_tail('kube-apiserver')}")
-            time.sleep(0.5)
+            return False
+
+        wait_for(ready, "kube-apiserver ready", timeout, detail=lambda: self.log_tail("kube-apiserver"), interval=0.5)
 
     def close(self) -> None:
         for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
@@ -296,15 +299,9 @@ class ControlPlane:
         )["items"]
         return items
 
-    def wait_for(self, what: str, check: Any, timeout: float = 60.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = check()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what} not within {timeout} s:\n{self.log_tail('kube-controller-manager')}")
-            time.sleep(0.2)
+    def wait_for(self, what: str, check: Callable[[], T], timeout: float = WITHIN) -> T:
+        """:func:`tests.waits.wait_for`, with the controller manager's log tail: it makes what is waited for."""
+        return wait_for(check, what, timeout, detail=lambda: self.log_tail("kube-controller-manager"), interval=0.2)
 
     def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
         """A token for ServiceAccount ``namespace/name`` from the TokenRequest API."""

@@ -35,7 +35,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from netplugin.frontends.lab.simcluster.cluster import SimNode
 from tests.cluster.kubecluster import KubeCluster
 from tests.cluster.shippednodes import ShippedNodes
 from tests.frontends.cni.containerd import NETNS_DIR, image_archive
+from tests.waits import wait_for
 
 __all__ = ["KUBELET_PEERS", "WEB_IMAGE", "KubeletCluster"]
 
@@ -210,8 +210,9 @@ class KubeletCluster(ShippedNodes, KubeCluster):
 
     def wait_ready(self, node: SimNode, status: str, timeout: float = JOIN_TIMEOUT) -> dict[str, Any]:
         """The Node's Ready condition once its status is ``status`` (and, for "True", its taints gone)."""
-        deadline = time.monotonic() + timeout
-        while True:
+        seen: dict[str, Any] = {}  # the last Ready condition and taints, for the failure
+
+        def ready() -> dict[str, Any] | None:
             proc = self.kubelets[node.name]
             if proc.poll() is not None:
                 raise AssertionError(
@@ -219,16 +220,20 @@ class KubeletCluster(ShippedNodes, KubeCluster):
                 )
             obj = self.node_object(node.name) or {}
             conditions = (obj.get("status") or {}).get("conditions") or []
-            ready = next((c for c in conditions if c["type"] == "Ready"), None)
+            cond = next((c for c in conditions if c["type"] == "Ready"), None)
             taints = (obj.get("spec") or {}).get("taints") or []
-            if ready is not None and ready["status"] == status and (status != "True" or not taints):
-                return dict(ready)
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"Node {node.name}: Ready is not {status} (and untainted) within {timeout:g} s: "
-                    f"{ready}, taints {taints}\nkubelet log:\n{self.kubelet_log(node)}"
-                )
-            time.sleep(0.2)
+            seen.update(ready=cond, taints=taints)
+            if cond is not None and cond["status"] == status and (status != "True" or not taints):
+                return dict(cond)
+            return None
+
+        return wait_for(
+            ready,
+            f"Node {node.name}: Ready {status} (and untainted)",
+            timeout,
+            detail=lambda: f"last seen: {seen}\nkubelet log:\n{self.kubelet_log(node)}",
+            interval=0.2,
+        )
 
     # --- leaving -----------------------------------------------------------------------------------
 

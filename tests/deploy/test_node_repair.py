@@ -24,7 +24,6 @@ import ipaddress
 import json
 import os
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from nettest import host_veth_name, ip_in, kernel_gate, underlay_netns
 
 from tests.deploy.test_node_installed import CONTAINERD_ROWS, InstalledNode, installed_node
 from tests.frontends.cni.containerd import PortMap, Sandbox
+from tests.waits import WITHIN, wait_for
 
 pytestmark = [
     pytest.mark.containerd,
@@ -45,7 +45,6 @@ pytestmark = [
 NODE_IP = "10.206.0.81"  # the node's underlay addresses, inside its own netns
 NODE_IP6 = "fd00:10:206::81"
 HOST_PORT = 18081
-WITHIN = 30.0  # generous: the repair takes well under a second; this only bounds a failing wait
 
 
 @dataclass
@@ -101,13 +100,6 @@ class RepairNode:
         out = ip_in(sb.netns_name, "-j", "-6", "addr", "show", "dev", "eth0", "scope", "global")
         [addr] = [a["local"] for a in json.loads(out)[0]["addr_info"] if "local" in a]  # filtered out: {}
         return str(addr)
-
-
-def wait(pred: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WITHIN
-    while not pred():
-        assert time.monotonic() < deadline, f"not so after {WITHIN:.0f}s: {what}"
-        time.sleep(0.05)
 
 
 def _ping(sb: Sandbox | str, ip: str, source: str | None = None) -> bool:
@@ -208,14 +200,17 @@ BREAKAGES: dict[str, tuple[Callable[[RepairNode], object], Callable[[RepairNode]
 def test_a_breakage_in_the_node_is_repaired_counted_and_logged(repair_node: RepairNode, breakage: str) -> None:
     rn = repair_node
     breaks, back, kinds, said = BREAKAGES[breakage]
-    wait(lambda: back(rn), f"{breakage}: intact before")  # the bridge's link-local address comes with carrier
+    # the bridge's link-local address comes with carrier
+    wait_for(lambda: back(rn), f"{breakage}: intact before", WITHIN)
     _flows(rn)
     counted = rn.repairs()
     logged = len(rn.log())
     breaks(rn)
-    wait(lambda: back(rn), f"{breakage}: the kernel object back")
+    wait_for(lambda: back(rn), f"{breakage}: the kernel object back", WITHIN)
     # the count follows the repair's own log line; wait for both kinds (a bridge repair re-attaches ports)
-    wait(lambda: all(rn.repairs().get(k, 0) > counted.get(k, 0) for k in kinds), f"repairs of {kinds} counted")
+    wait_for(
+        lambda: all(rn.repairs().get(k, 0) > counted.get(k, 0) for k in kinds), f"repairs of {kinds} counted", WITHIN
+    )
     # pod -> node: the gateway's MAC in the pods' neighbour entries is still the bridge's
     _flows(rn)
     health = rn.health_json()["node"]
@@ -238,7 +233,7 @@ def test_a_pod_whose_host_veth_is_gone_is_shown_broken(repair_node: RepairNode) 
         assert done.returncode == 0, done.stdout + done.stderr
         return {p["name"]: p["condition"] for p in json.loads(done.stdout)["pods"]}
 
-    wait(lambda: rows().get(rn.peer.name) == "broken", "the peer pod shown broken")
+    wait_for(lambda: rows().get(rn.peer.name) == "broken", "the peer pod shown broken", WITHIN)
     assert rows()[rn.web.name] == "ready"
     health = rn.cli("health")
     assert health.returncode == 0 and "1 pod(s) broken" in health.stdout, health

@@ -11,7 +11,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from netplugin.manager.gc import run_gc
 from netplugin.manager.manager import Manager
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN
 from netplugin.store.state import StateStore
+from tests.waits import WITHIN, wait_for
 
 POD = PodRef("default", "web-0", "infra0")
 ARGV = "default web-0 infra0"
@@ -390,13 +390,6 @@ def _spawn(cli_env: dict[str, str], c: Chain, netns_dir: Path) -> subprocess.Pop
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _wait(cond: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + 30
-    while not cond():
-        assert time.monotonic() < end, f"gave up waiting for {what}"
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize(
     ("where", "ran"),
     [
@@ -418,9 +411,9 @@ def test_a_kill_between_or_inside_members_then_gc_tears_down_exactly_those_that_
     p = _spawn(cli_env, c, netns_dir)
     try:
         if kind == "after":
-            _wait(lambda: psutil.Process(p.pid).status() == psutil.STATUS_STOPPED, "the stopped caller")
+            wait_for(lambda: psutil.Process(p.pid).status() == psutil.STATUS_STOPPED, "the stopped caller", WITHIN)
         else:
-            _wait(lambda: (c.member(int(k)).dir / "events.log").exists(), f"m{k} running")
+            wait_for(lambda: (c.member(int(k)).dir / "events.log").exists(), f"m{k} running", WITHIN)
         p.send_signal(signal.SIGKILL)
         p.wait()
     finally:

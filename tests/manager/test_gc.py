@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from netplugin.store.orphans import plugin_processes
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, record_filename
 from netplugin.store.state import StateStore
 from tests.fakehost import DownHost, FakeHost
+from tests.waits import WITHIN, wait_for
 
 POD = PodRef("default", "web-0", "infra0")
 ARGV = "default web-0 infra0"
@@ -81,14 +81,6 @@ def netns(netns_dir: Path, ref: PodRef = POD) -> Path:
     p = netns_dir / ref.infra_id
     p.touch()
     return p
-
-
-def wait_for(cond: Callable[[], bool], what: str, within: float = 20.0) -> None:
-    """Synchronise with a background process (not an assertion about time)."""
-    end = time.monotonic() + within
-    while not cond():
-        assert time.monotonic() < end, f"gave up waiting for {what}"
-        time.sleep(0.01)
 
 
 def alive(pid: int) -> bool:
@@ -337,7 +329,7 @@ def test_gc_after_a_killed_setup_stops_its_orphans_and_tears_down(
     sc.set("setup", spawn=2, sleep=1)
     p = background("setup", *ARGV.split())
     wait_for(lambda: (sc.dir / "children.pids").exists()
-             and len((sc.dir / "children.pids").read_text().split()) == 2, "the plugin's children")
+             and len((sc.dir / "children.pids").read_text().split()) == 2, "the plugin's children", WITHIN)
     children = [int(x) for x in (sc.dir / "children.pids").read_text().split()]
     p.send_signal(signal.SIGKILL)
     p.wait()
@@ -364,7 +356,7 @@ def test_orphans_of_a_pod_without_a_record_are_stopped(sc: Any, background: Any,
     sc.set("teardown", spawn=1, sleep=30)
     p = background("teardown", *ARGV.split())
     pids_file = sc.dir / "children.pids"  # created by the redirection before the pid is written: wait for it
-    wait_for(lambda: pids_file.exists() and pids_file.read_text().strip() != "", "the plugin's child")
+    wait_for(lambda: pids_file.exists() and pids_file.read_text().strip() != "", "the plugin's child", WITHIN)
     child = int((sc.dir / "children.pids").read_text().split()[0])
     p.send_signal(signal.SIGKILL)
     p.wait()
@@ -394,7 +386,7 @@ exit 0
                          env=cli_env_sc, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     wait_for(lambda: (d.dir / "daemon.pid").exists() and (d.dir / "daemon.pid").read_text().strip() != "",
-             "the daemon")
+             "the daemon", WITHIN)
     daemon = int((d.dir / "daemon.pid").read_text())
     reaper.append(daemon)
     p.kill()
@@ -411,7 +403,7 @@ def test_gc_never_overlaps_an_action_on_the_same_pod(sc: Any, background: Any, m
     sc.set("setup", block=1)
     sc.set("teardown", block=0)
     p = background("setup", *ARGV.split())
-    wait_for(lambda: any(e.startswith("start") for e in sc.events()), "the setup to start")
+    wait_for(lambda: any(e.startswith("start") for e in sc.events()), "the setup to start", WITHIN)
     ns.unlink()  # the pod goes away while its setup still runs
     m = mgr()
     dry = run_gc(m, dry_run=True)

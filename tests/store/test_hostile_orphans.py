@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from netplugin.core.execplugin.calls import call_key, make_token, verify_token
 from netplugin.core.names import PodRef
 from netplugin.manager.gc import run_gc
 from netplugin.store.orphans import plugin_processes
+from tests.waits import WITHIN, wait_for
 
 POD = PodRef("default", "web-0", "infra0")
 ARGV = ["default", "web-0", "infra0"]
@@ -55,14 +55,6 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
-
-
-def _wait_for(pred: Any, what: str, within: float = 20.0) -> None:
-    end = time.monotonic() + within
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _dead_owner_record(state_dir: str) -> None:
@@ -107,7 +99,7 @@ def _planted_pid(starter: subprocess.Popen[bytes], argv_tail: list[str]) -> int:
                 continue
         return False
 
-    _wait_for(look, "the planted process")
+    wait_for(look, "the planted process", WITHIN)
     return found[0]
 
 
@@ -170,7 +162,7 @@ def _kill_cli_during_setup(cli_env: dict[str, str], sc: Any, script: str) -> sub
     env = dict(cli_env, NETPLUGIN_PLUGIN="sc")
     p = subprocess.Popen([sys.executable, "-m", "netplugin", "setup", *ARGV], env=env,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for(lambda: (sc.dir / "ready").exists(), "the plugin to start its children")
+    wait_for(lambda: (sc.dir / "ready").exists(), "the plugin to start its children", WITHIN)
     p.kill()
     p.wait()
     return p
@@ -190,8 +182,8 @@ sleep 0.5
     _kill_cli_during_setup(cli_env, sc, script)
     daemon = int((sc.dir / "daemon").read_text())
     reaper.append(daemon)
-    _wait_for(lambda: not any(p.call_leader for p in plugin_processes(cli_env["NETPLUGIN_STATE_DIR"])),
-              "the call's leader to exit")
+    wait_for(lambda: not any(p.call_leader for p in plugin_processes(cli_env["NETPLUGIN_STATE_DIR"])),
+              "the call's leader to exit", WITHIN)
     assert daemon not in [p.pid for p in plugin_processes(cli_env["NETPLUGIN_STATE_DIR"])]
     report = run_gc(make_manager(plugin="sc", timeouts={"setup": 120}))
     assert [a.reason for a in report.actions] == ["its setup was interrupted"]
@@ -240,7 +232,7 @@ exit 0
         make_manager(plugin="sc").setup(POD)
     kids = [int(x) for x in (sc.dir / "kids").read_text().split()]
     reaper.extend(kids)
-    _wait_for(lambda: not any(_alive(k) for k in kids), "the leftovers to die", within=5)
+    wait_for(lambda: not any(_alive(k) for k in kids), "the leftovers to die", within=5)
 
 
 def test_the_call_token_binds_the_calls_identity(tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +21,9 @@ from typing import Any
 import pytest
 
 from netplugin.frontends.wire.client import request
+from tests.waits import WITHIN, wait_for
 
 GATE = Path(__file__).resolve().parents[2] / "testplugins" / "gate"
-READY_WITHIN = 60.0  # a bound for a hung start, not a performance expectation
 
 
 class Daemon:
@@ -41,18 +40,18 @@ class Daemon:
     def pid(self) -> int:
         return self.proc.pid
 
-    def wait_note(self, prefix: str, within: float = READY_WITHIN) -> str:
+    def wait_note(self, prefix: str, within: float = WITHIN) -> str:
         """Wait for an sd_notify message starting with ``prefix`` (READY=1, STOPPING=1)."""
-        end = time.monotonic() + within
-        while time.monotonic() < end:
-            for note in self.notes:
-                if note.startswith(prefix):
-                    return note
-            if self.proc.poll() is not None and not select.select([self.notify], [], [], 0)[0]:
+
+        def note() -> str | None:
+            found = next((n for n in self.notes if n.startswith(prefix)), None)
+            if found is None and self.proc.poll() is not None and not select.select([self.notify], [], [], 0)[0]:
                 raise AssertionError(f"daemon exited ({self.proc.returncode}) before {prefix}:\n{self.output()}")
-            if select.select([self.notify], [], [], 0.2)[0]:
+            if found is None and select.select([self.notify], [], [], 0.2)[0]:
                 self.notes.append(self.notify.recv(4096).decode())
-        raise AssertionError(f"no {prefix} from the daemon within {within}s:\n{self.output()}")
+            return found
+
+        return wait_for(note, f"{prefix} from the daemon", within, detail=self.output, interval=0)
 
     def output(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
@@ -82,16 +81,6 @@ class Daemon:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-
-
-def wait_for(predicate: Any, what: str, within: float = 60.0) -> None:
-    """Poll ``predicate`` until it is true; fail (after a bound, not a timing claim) if it never is."""
-    end = time.monotonic() + within
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

@@ -18,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, PluginFailed
 from netplugin.core.spares import CAP, SPARE_DIR
+from tests.waits import WITHIN, wait_for
 
-from .conftest import GATE, wait_for
+from .conftest import GATE
 
 POD = ("default", "web-0", "infra0")
 OPERATION_TYPES = ("set_up_pod", "tear_down_pod", "get_pod_network_status")
@@ -154,14 +155,14 @@ def test_same_pod_never_overlaps_across_daemon_and_cli_and_pods_run_in_parallel(
         return result
 
     first = cli_popen(*env_args, "setup", "default", "a", "a1")  # through the daemon
-    wait_for(lambda: "start a daemon" in events(), "the daemon's setup of pod a to start")
+    wait_for(lambda: "start a daemon" in events(), "the daemon's setup of pod a to start", WITHIN)
     same = cli_popen(*env_args, "setup", "default", "a", "a2", mode="never")  # same pod, no daemon
     other = cli_popen(*env_args, "setup", "default", "b", "b1")  # another pod, through the daemon
     # Pod b gets set up while pod a's setup is still in flight in the daemon.
-    wait_for(lambda: "start b daemon" in events(), "pod b's setup to start while pod a's runs")
+    wait_for(lambda: "start b daemon" in events(), "pod b's setup to start while pod a's runs", WITHIN)
     assert "end a daemon" not in events()
     (p.dir / "go-b").touch()
-    wait_for(lambda: "end b daemon" in events(), "pod b's setup to end")
+    wait_for(lambda: "end b daemon" in events(), "pod b's setup to end", WITHIN)
     assert [e for e in events() if e.split()[1] == "a"] == ["start a daemon"]  # the CLI's waits for the lock
     (p.dir / "go-a").touch()
     for proc in (first, same, other):
@@ -336,11 +337,11 @@ def test_sigterm_waits_for_the_setup_in_flight_then_exits_0(
     env = {"NETPLUGIN_PLUGIN": "gate"}
     d = start_daemon(env=env)
     setup = cli_popen("--plugin", "gate", "-o", "json", "setup", "default", "slow", "s1")
-    wait_for(lambda: "start slow daemon" in p.events(), "the daemon's setup to start")
+    wait_for(lambda: "start slow daemon" in p.events(), "the daemon's setup to start", WITHIN)
     d.signal(signal.SIGTERM)
     d.wait_note("STOPPING=1")
     # Draining: the socket is gone at once, so new callers work alone meanwhile...
-    wait_for(lambda: not os.path.exists(d.socket), "the socket to be removed")
+    wait_for(lambda: not os.path.exists(d.socket), "the socket to be removed", WITHIN)
     r = cli("teardown", "default", "other", "o1", env=env)
     assert r.returncode == 0, r.stderr
     assert origin(p, "teardown") == "cli"
@@ -367,14 +368,14 @@ def test_sighup_rescans_the_plugins(start_daemon: Any, cli: Any, plugin_dir: Any
     new.chmod(0o755)
     new.rename(p.exe)
     d.signal(signal.SIGHUP)
-    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish")
+    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish", WITHIN)
     assert p.calls() == ["init", "init"]
 
     # The selected plugin became unsafe (world-writable): the reload is refused, and each call
     # still checks the plugin it runs.
     p.exe.chmod(0o757)
     d.signal(signal.SIGHUP)
-    wait_for(lambda: d.health()["reloads"] == 2, "the second reload to finish")
+    wait_for(lambda: d.health()["reloads"] == 2, "the second reload to finish", WITHIN)
     assert "world-writable" in d.health()["refused"]
     r = cli("setup", *POD, env=env, mode="always")
     assert r.returncode == 3
@@ -383,7 +384,7 @@ def test_sighup_rescans_the_plugins(start_daemon: Any, cli: Any, plugin_dir: Any
     # Fixed, and picked up by the next rescan.
     p.exe.chmod(0o755)
     d.signal(signal.SIGHUP)
-    wait_for(lambda: d.health()["reloads"] == 3, "the third reload to finish")
+    wait_for(lambda: d.health()["reloads"] == 3, "the third reload to finish", WITHIN)
     assert d.health()["plugin_problem"] is None and d.health()["refused"] is None
     r = cli("setup", *POD, env=env, mode="always")
     assert r.returncode == 0, r.stderr

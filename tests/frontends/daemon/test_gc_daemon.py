@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from netplugin.frontends.wire.client import exchange
-
-from .conftest import wait_for
+from tests.waits import WITHIN, wait_for
 
 
 def _sample(text: str, name: str, **labels: str) -> float:
@@ -54,9 +53,9 @@ def test_gc_at_start_and_periodically_frees_lost_pods_only(
     assert _sample(text, "netplugin_gc_freed_total", kind="teardown") == 1
 
     (netns / "i-later").unlink()
-    wait_for(lambda: len(_pods(np_dirs["state_dir"])) == 1, "the periodic gc to free the second lost pod")
+    wait_for(lambda: len(_pods(np_dirs["state_dir"])) == 1, "the periodic gc to free the second lost pod", WITHIN)
     assert any("live" in n for n in _pods(np_dirs["state_dir"]))  # the live pod, never touched
-    wait_for(lambda: _sample(d.metrics(), "netplugin_gc_freed_total", kind="teardown") == 2, "the count")
+    wait_for(lambda: _sample(d.metrics(), "netplugin_gc_freed_total", kind="teardown") == 2, "the count", WITHIN)
     assert _sample(d.metrics(), "netplugin_gc_runs_total", trigger="periodic", outcome="ok") >= 1
     assert d.health()["gc"]["trigger"] == "periodic"
 
@@ -73,7 +72,7 @@ def test_gc_interval_zero_runs_only_at_start(
     d = start_daemon(env={**env, "NETPLUGIN_GC_INTERVAL": "0"})
     assert "gc (start): nothing to free (1 record(s) checked)" in d.output(), d.output()
     (netns / "i-a").unlink()
-    wait_for(lambda: d.health()["uptime_seconds"] > 2.5, "a few seconds of the daemon")
+    wait_for(lambda: d.health()["uptime_seconds"] > 2.5, "a few seconds of the daemon", WITHIN)
     assert len(_pods(np_dirs["state_dir"])) == 1  # nobody ran gc
     assert _sample(d.metrics(), "netplugin_gc_runs_total", trigger="periodic", outcome="ok") == 0
 
@@ -124,9 +123,9 @@ def test_a_deleted_pod_whose_teardown_never_came_is_collected(
         d = start_daemon(env=env)
         assert len(_pods(np_dirs["state_dir"])) == 2
         api.delete("Pod", "doomed", "default")  # the runtime's teardown never comes
-        wait_for(lambda: len(_pods(np_dirs["state_dir"])) == 1, "the deleted pod's record to be collected")
+        wait_for(lambda: len(_pods(np_dirs["state_dir"])) == 1, "the deleted pod's record to be collected", WITHIN)
         assert any("kept" in n for n in _pods(np_dirs["state_dir"]))
-        wait_for(lambda: "gc (pod-deleted): freed 1" in d.output(), "the run's log line")
+        wait_for(lambda: "gc (pod-deleted): freed 1" in d.output(), "the run's log line", WITHIN)
         assert "the host says the pod no longer exists" in d.output(), d.output()
     finally:
         api.close()
@@ -148,7 +147,7 @@ def test_gc_through_the_daemon_streams_each_pod_it_waits_for(
 
     slow = popen("setup", "default", "web-0", "infra0")
     try:
-        wait_for(lambda: "setup" in " ".join(p.calls()), "the slow setup to start")
+        wait_for(lambda: "setup" in " ".join(p.calls()), "the slow setup to start", WITHIN)
         gc = popen("gc")
         assert gc.stderr is not None
         first = gc.stderr.readline()

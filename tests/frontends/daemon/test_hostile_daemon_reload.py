@@ -14,8 +14,7 @@ from typing import Any
 
 from netplugin.core.names import PodRef
 from netplugin.store.state import StateStore
-
-from .conftest import wait_for
+from tests.waits import WITHIN, wait_for
 
 POD = PodRef("default", "web-0", "infra0")
 
@@ -44,7 +43,7 @@ def test_a_sighup_that_drops_a_plugin_in_use_is_taken_and_named_in_health(
     assert d.health()["plugins_still_needed"] == {}
     _configure(config, ["b"], netns_dir, log)
     d.signal(signal.SIGHUP)
-    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish")
+    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish", WITHIN)
     health = d.health()
     assert health["plugin"] == "b"  # the reload is taken
     assert health["plugins_still_needed"] == {"a": [str(POD)]}

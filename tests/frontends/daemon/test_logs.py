@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import wait_for
+from tests.waits import WITHIN, wait_for
 
 POD = ("default", "web-0", "infra0")
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
@@ -139,7 +139,7 @@ def test_a_reload_applies_the_log_settings(
     d = start_daemon("--config", str(config))
     config.write_text("plugin: scripted\n" + edited)
     d.signal(signal.SIGHUP)
-    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish")
+    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish", WITHIN)
     assert "taken" in d.health()["settings"]
     env = {"NETPLUGIN_CONFIG": str(config)}
     for action in ("setup", "status"):

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from tests.nettest import ip_in as ip
 from tests.nettest import kernel_gate, underlay_netns
+from tests.waits import WITHIN, wait_for
 
 pytestmark = pytest.mark.kernel
 
@@ -38,13 +38,6 @@ def node_file(d: Path, name: str, cidr: str, addr: str) -> None:
         "status": {"addresses": [{"type": "InternalIP", "address": addr}]},
     }
     (d / f"{name}.json").write_text(json.dumps(doc))
-
-
-def wait_for(pred: object, timeout: float = 8.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "not in time"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -78,15 +71,17 @@ def test_static_node_files_drive_the_routes(netns: str, tmp_path: Path) -> None:
         )
     try:
         # the first pass is done before the socket opens, with no error on the way
-        wait_for(lambda: (tmp_path / "run" / "netplugin.sock").exists(), timeout=60)
+        wait_for(lambda: (tmp_path / "run" / "netplugin.sock").exists(), "the socket", WITHIN, detail=log.read_text)
         assert routes(netns) == {"10.206.130.0/24": "10.206.0.12"}, log.read_text()
         assert "cannot reconcile" not in log.read_text() and "ERROR" not in log.read_text(), log.read_text()
         node_file(nodes, "peer", "10.206.130.0/24", "10.206.0.22")  # the peer moved
         node_file(nodes, "far", "10.206.131.0/24", "10.206.7.7")  # not on our segment
-        wait_for(lambda: routes(netns) == {"10.206.130.0/24": "10.206.0.22"})
-        wait_for(lambda: "no route to node far pod CIDR 10.206.131.0/24" in log.read_text())
+        moved = {"10.206.130.0/24": "10.206.0.22"}
+        wait_for(lambda: routes(netns) == moved, "the moved route", WITHIN, detail=log.read_text)
+        far = "no route to node far pod CIDR 10.206.131.0/24"
+        wait_for(lambda: far in log.read_text(), "the far node's problem", WITHIN)
         (nodes / "peer.json").unlink()
-        wait_for(lambda: routes(netns) == {})
+        wait_for(lambda: routes(netns) == {}, "the removed route", WITHIN, detail=log.read_text)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()
@@ -139,8 +134,8 @@ def test_hostile_node_files_are_refused_and_shown_everywhere(netns: str, tmp_pat
             [*cli, "serve"], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
         )
     try:
-        wait_for(lambda: routes(netns) == {"10.206.130.0/24": "10.206.0.12"})
-        wait_for(lambda: "no route to node wider" in log.read_text())
+        wait_for(lambda: routes(netns) == {"10.206.130.0/24": "10.206.0.12"}, "the route", WITHIN, detail=log.read_text)
+        wait_for(lambda: "no route to node wider" in log.read_text(), "the wider node's problem", WITHIN)
         shown = subprocess.run([*cli, "-o", "json", "nodes"], capture_output=True, text=True, env=env, timeout=60)
         assert shown.returncode == 0, shown.stderr
         problems = {p["node"]: p for p in json.loads(shown.stdout)["problems"]}

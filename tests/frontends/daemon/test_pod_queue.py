@@ -16,8 +16,9 @@ from typing import Any
 
 from netplugin.frontends.daemon.podqueue import MAX_WAITING_PER_POD
 from netplugin.frontends.daemon.server import MAX_WORKERS
+from tests.waits import WITHIN, wait_for
 
-from .conftest import GATE, wait_for
+from .conftest import GATE
 
 QUEUED = MAX_WORKERS + 6  # more than the worker pool: each used to hold a thread
 
@@ -47,14 +48,14 @@ def test_requests_queued_on_a_stuck_pod_hold_no_worker(start_daemon: Any, plugin
     d = start_daemon(env={"NETPLUGIN_PLUGIN": "gate"})
     (p.dir / "go-free").touch()
     first = _send(d.socket, "stuck", "s0")
-    wait_for(lambda: "start stuck daemon" in p.events(), "the stuck pod's setup to start")
+    wait_for(lambda: "start stuck daemon" in p.events(), "the stuck pod's setup to start", WITHIN)
     queued = [_send(d.socket, "stuck", f"s{i}") for i in range(1, QUEUED)]
     # Every request is in the daemon: one runs, the rest wait (or were refused: the per-pod cap).
     expected_waiting = min(QUEUED - 1, MAX_WAITING_PER_POD)
-    wait_for(lambda: d.health()["waiting"] == expected_waiting, f"{expected_waiting} queued requests")
+    wait_for(lambda: d.health()["waiting"] == expected_waiting, f"{expected_waiting} queued requests", WITHIN)
     # The requests past the cap were answered at once (which ones depends on arrival order).
     n_refused = QUEUED - 1 - expected_waiting
-    wait_for(lambda: len(select.select(queued, [], [], 0)[0]) == n_refused, f"{n_refused} refusals")
+    wait_for(lambda: len(select.select(queued, [], [], 0)[0]) == n_refused, f"{n_refused} refusals", WITHIN)
     refused = select.select(queued, [], [], 0)[0]
     for s in refused:
         doc = _answer(s)
@@ -84,9 +85,9 @@ def test_sigterm_answers_queued_requests_not_run_and_finishes_the_running_one(
     p = plugin_dir.install("gate", script=GATE)
     d = start_daemon(env={"NETPLUGIN_PLUGIN": "gate"})
     first = _send(d.socket, "stuck", "s0")
-    wait_for(lambda: "start stuck daemon" in p.events(), "the stuck pod's setup to start")
+    wait_for(lambda: "start stuck daemon" in p.events(), "the stuck pod's setup to start", WITHIN)
     queued = [_send(d.socket, "stuck", f"s{i}") for i in range(1, 4)]
-    wait_for(lambda: d.health()["waiting"] == 3, "3 queued requests")
+    wait_for(lambda: d.health()["waiting"] == 3, "3 queued requests", WITHIN)
     d.signal(signal.SIGTERM)
     d.wait_note("STOPPING=1")
     (p.dir / "go-stuck").touch()

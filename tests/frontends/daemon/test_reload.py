@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import wait_for
+from tests.waits import WITHIN, wait_for
 
 BASE = "plugin: scripted\nenv:\n  NP_A: one\n"
 
@@ -53,7 +53,7 @@ def test_sighup_rereads_the_config_file(
     assert before["config_path"] == str(config) and before["config"]["env"] == {"NP_A": "one"}
     config.write_text(edited)
     d.signal(signal.SIGHUP)
-    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish")
+    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish", WITHIN)
     after = d.health()
     assert said in after["settings"], after["settings"]
     assert after["config"]["env"] == env_after
@@ -81,7 +81,7 @@ def test_a_reload_that_cannot_be_served_is_refused_whole(
     assert cli("health").returncode == 0
     config.write_text(edited)
     d.signal(signal.SIGHUP)
-    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish")
+    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish", WITHIN)
     after = d.health()
     assert after["config"] == before["config"] and after["plugin"] == "scripted" and after["plugin_problem"] is None
     assert after["refused"].startswith("config on disk refused at ") and key in after["refused"], after["refused"]
@@ -94,6 +94,6 @@ def test_a_reload_that_cannot_be_served_is_refused_whole(
     # fixed: taken, and the refusal is over
     config.write_text(BASE + "  NP_B: two\n")
     d.signal(signal.SIGHUP)
-    wait_for(lambda: d.health()["reloads"] == 2, "the second reload to finish")
+    wait_for(lambda: d.health()["reloads"] == 2, "the second reload to finish", WITHIN)
     assert d.health()["refused"] is None and d.health()["config"]["env"] == {"NP_A": "one", "NP_B": "two"}
     assert cli("health").returncode == 0

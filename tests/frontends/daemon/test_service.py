@@ -24,8 +24,7 @@ from netplugin.core.errors import InvalidArgument
 from netplugin.core.logs import LineFormatter
 from netplugin.frontends.daemon.metrics import SERIES
 from netplugin.frontends.daemon.systemd import Watchdog, stderr_is_journal
-
-from .conftest import wait_for
+from tests.waits import WITHIN, wait_for
 
 POD = ("default", "web-0", "infra0")
 
@@ -50,7 +49,7 @@ def test_sighup_says_reloading_then_ready(start_daemon: Any, plugin_dir: Any) ->
     d = start_daemon(env={"NETPLUGIN_PLUGIN": "scripted"})
     ready = len(d.notes)
     d.signal(signal.SIGHUP)
-    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish")
+    wait_for(lambda: d.health()["reloads"] == 1, "the reload to finish", WITHIN)
     notes = _notes_after(d, ready + 2)[ready:]
     assert notes[0].startswith("RELOADING=1\nMONOTONIC_USEC=")
     usec = int(re.search(r"MONOTONIC_USEC=(\d+)", notes[0]).group(1))  # type: ignore[union-attr]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import wait_for
+from tests.waits import wait_for
 
 RUNS = 50
 
