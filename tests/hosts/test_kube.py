@@ -180,14 +180,6 @@ class ApiServer:
         self.server.server_close()
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A developer's or CI's proxy must never see 127.0.0.1 traffic (lightkube reads these too).
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-
-
 @pytest.fixture
 def api() -> Iterator[ApiServer]:
     server = ApiServer()

@@ -8,7 +8,7 @@ down included.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,35 +16,12 @@ import pytest
 from netplugin.core.errors import HostError
 from netplugin.core.node import NodeInfo
 from netplugin.frontends.lab.simcluster.apiserver import ApiServer, make_node, make_pod
-from netplugin.hosts.kube import KubeHost
-from netplugin.hosts.kubeconfig import KubeSettings
 from netplugin.hosts.watch import Backoff, Informer, object_key
+from tests.waits import WITHIN, wait_for
+
+from .conftest import host_for
 
 Event = tuple[str, str]
-
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-
-
-@pytest.fixture
-def api() -> Iterator[ApiServer]:
-    server = ApiServer(bookmark_interval=0.2)
-    yield server
-    server.close()
-
-
-def host_for(api: ApiServer, node: str = "n1") -> KubeHost:
-    return KubeHost(settings=KubeSettings(server=api.url, source="test"), proxies={}, environ={}, node_name=node)
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 class Recorder:
@@ -84,7 +61,7 @@ def test_list_then_watch_follows_every_change(api: ApiServer, nodes: tuple[Infor
     api.apply(make_node("n3", [], []))
     api.apply(make_node("n1", ["10.206.140.0/24"], ["10.206.0.11"]))
     api.delete("Node", "n2")
-    wait_for(lambda: len(rec.events) == 5)
+    wait_for(lambda: len(rec.events) == 5, "the five events", WITHIN)
     assert rec.events[2:] == [("ADDED", "n3"), ("MODIFIED", "n1"), ("DELETED", "n2")]
     assert names(inf) == ["n1", "n3"]
     assert inf.get(("", "n1"))["spec"]["podCIDRs"] == ["10.206.140.0/24"]  # type: ignore[index]
@@ -95,7 +72,9 @@ def test_list_then_watch_follows_every_change(api: ApiServer, nodes: tuple[Infor
 def test_bookmarks_keep_the_revision_fresh(api: ApiServer, nodes: tuple[Informer, Recorder]) -> None:
     inf, rec = nodes
     api.apply(make_pod("d", "p", "elsewhere"))  # moves the revision, not the nodes
-    wait_for(lambda: inf.resource_version == str(api.resource_version))
+    wait_for(
+        lambda: inf.resource_version == str(api.resource_version), "the informer's resource version to catch up", WITHIN
+    )
     assert inf.stats.bookmarks >= 1 and len(rec.events) == 2
 
 
@@ -106,7 +85,7 @@ def test_broken_stream_resumes_from_its_revision_without_losing_events(
     api.break_watches()
     api.apply(make_node("n3", [], []))  # while the watch is down
     api.delete("Node", "n1")
-    wait_for(lambda: names(inf) == ["n2", "n3"])
+    wait_for(lambda: names(inf) == ["n2", "n3"], "nodes n2 and n3 alone", WITHIN)
     assert rec.events[2:] == [("ADDED", "n3"), ("DELETED", "n1")]
     assert inf.stats.failures >= 1 and inf.stats.lists == 1  # resumed, not relisted
     last = api.requests[-1]
@@ -130,7 +109,11 @@ def test_410_gone_relists_and_delivers_what_was_missed(
     again._store, again._rv = dict(inf._store), inf._rv  # resume where the first one stopped
     again.start()
     try:
-        wait_for(lambda: again.stats.relists == 1 and names(again) == server_names(api))
+        wait_for(
+            lambda: again.stats.relists == 1 and names(again) == server_names(api),
+            "one relist, then the server's nodes",
+            WITHIN,
+        )
         assert sorted(rec.events[2:]) == [("ADDED", "n3"), ("DELETED", "n1"), ("MODIFIED", "n2")]
         assert api.count("list") == 2
     finally:
@@ -144,7 +127,7 @@ def test_api_down_then_back_backs_off_and_recovers(api: ApiServer) -> None:
     inf = Informer(host, "/api/v1/nodes", backoff=Backoff(0.05, 0.2))
     inf.start()
     try:
-        wait_for(lambda: inf.stats.failures >= 2)
+        wait_for(lambda: inf.stats.failures >= 2, "two failures", WITHIN)
         assert not inf.synced.is_set()
         assert "connection refused" in (inf.stats.last_error or "")
     finally:
@@ -197,7 +180,7 @@ def test_cache_answers_pods_and_nodes_without_requests(api: ApiServer) -> None:
         assert api.requests[-1][:2] == ("get", "pods")
         assert host.requests[("get", "pods")] == 1
         api.apply(make_node("n3", [], []))
-        wait_for(lambda: len(changes) >= 3)
+        wait_for(lambda: len(changes) >= 3, "three changes", WITHIN)
     finally:
         host.stop_watching()
     assert host.cache is None

@@ -13,41 +13,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 
 from netplugin.core._yaml import MAX_NODES
 from netplugin.frontends.lab.simcluster.apiserver import ApiServer, kubelet_node, make_node, make_pod
-from netplugin.hosts.kube import KubeHost
-from netplugin.hosts.kubeconfig import KubeSettings
 from netplugin.hosts.kubewire import MAX_OBJECT_NODES, WatchStream
 from netplugin.hosts.watch import Backoff, Informer, relist_backoff
+from tests.waits import WITHIN, wait_for
 
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-
-
-@pytest.fixture
-def api() -> Iterator[ApiServer]:
-    server = ApiServer(bookmark_interval=0.2)
-    yield server
-    server.close()
-
-
-def host_for(api: ApiServer, node: str = "n1") -> KubeHost:
-    return KubeHost(settings=KubeSettings(server=api.url, source="test"), proxies={}, environ={}, node_name=node)
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
+from .conftest import host_for
 
 
 def node(i: int) -> dict[str, Any]:
@@ -120,7 +97,7 @@ def test_bad_objects_are_left_out_and_logged_once_per_change(api: ApiServer, cap
             api.answer_next_watches_410(2)  # the nodes' and the pods' watches
             api.break_watches()
             lists = cache.nodes.stats.lists
-            wait_for(lambda: cache.nodes.stats.lists > lists)  # noqa: B023
+            wait_for(lambda: cache.nodes.stats.lists > lists, "another list", WITHIN)  # noqa: B023
         for _ in range(20):
             listed = host.list_nodes()
         assert [n.name for n in listed] == [f"n{i:05d}" for i in range(5)]
@@ -133,7 +110,11 @@ def test_bad_objects_are_left_out_and_logged_once_per_change(api: ApiServer, cap
         assert sum("n00006" in m for m in said) == 1, said
         broken["spec"]["podCIDRs"] = ["still wrong"]  # a new revision with a new fault: said again, once
         rv = api.apply(broken)["metadata"]["resourceVersion"]
-        wait_for(lambda: (cache.nodes.get(("", "n00006")) or {})["metadata"]["resourceVersion"] == rv)
+        wait_for(
+            lambda: (cache.nodes.get(("", "n00006")) or {})["metadata"]["resourceVersion"] == rv,
+            "node n00006 at the new resource version",
+            WITHIN,
+        )
         for _ in range(5):
             host.list_nodes()
         said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -169,12 +150,12 @@ def test_a_broken_watch_shows_in_health_then_recovers(api: ApiServer, attack: st
         assert inf.wait_synced(10) and api.wait_watching(1)
         ATTACKS[attack](api)()
         if "connection" not in attack:
-            wait_for(lambda: inf.status()["failing"])
+            wait_for(lambda: inf.status()["failing"], "the informer to report failing", WITHIN)
             st = inf.status()
             assert st["synced"] is False and st["last_error"] and st["alive"], st
         api.apply(node(2))  # made while the loop was down: must still arrive
-        wait_for(lambda: len(inf.items()) == 2)
-        wait_for(lambda: inf.status()["synced"] is True)
+        wait_for(lambda: len(inf.items()) == 2, "two items", WITHIN)
+        wait_for(lambda: inf.status()["synced"] is True, "the informer synced", WITHIN)
         st = inf.status()
         assert st["alive"] and st["failing"] is False
         assert st["failures"] >= 1 or "connection" in attack  # a dropped stream is a failure only when cut mid-event
@@ -202,7 +183,7 @@ def test_a_change_handler_that_raises_does_not_stop_the_cache(api: ApiServer, ra
     try:
         assert inf.wait_synced(10)
         api.apply(node(2))
-        wait_for(lambda: "n00002" in seen and len(inf.items()) == 2)
+        wait_for(lambda: "n00002" in seen and len(inf.items()) == 2, "node n00002 seen and two items", WITHIN)
         assert inf.status()["alive"]
     finally:
         inf.stop()
@@ -224,10 +205,10 @@ def test_a_transport_bug_is_a_failure_not_a_dead_thread(api: ApiServer) -> None:
     inf = Informer(host, "/api/v1/nodes", backoff=Backoff(0.3, 0.3))
     inf.start()
     try:
-        wait_for(lambda: inf.stats.failures == 1)
+        wait_for(lambda: inf.stats.failures == 1, "one failure", WITHIN)
         assert inf.status()["synced"] is False and "TypeError" in (inf.status()["last_error"] or "")
         assert inf.wait_synced(10)
-        wait_for(lambda: inf.status()["synced"] is True)
+        wait_for(lambda: inf.status()["synced"] is True, "the informer synced again", WITHIN)
         assert len(inf.items()) == 1 and inf.status()["alive"]
     finally:
         inf.stop()
@@ -294,7 +275,11 @@ def test_relists_are_counted_in_metrics_promtool_accepts(api: ApiServer) -> None
     try:
         assert host.cache is not None
         cache = host.cache
-        wait_for(lambda: cache.nodes.stats.relists == 1 and cache.pods.stats.relists == 1)
+        wait_for(
+            lambda: cache.nodes.stats.relists == 1 and cache.pods.stats.relists == 1,
+            "one relist of nodes and of pods",
+            WITHIN,
+        )
         registry = CollectorRegistry()
         keeper.register(registry)
         text = generate_latest(registry).decode()
