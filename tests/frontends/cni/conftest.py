@@ -12,13 +12,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.frontends.cni.daemonworld import REPO, World
 
 
 @dataclass
@@ -116,6 +117,16 @@ class Shim:
             else:
                 conf[key] = value
         return conf
+
+
+@pytest.fixture
+def world(tmp_path: Path, np_dirs: dict[str, str], plugin_dir: Any) -> Iterator[World]:
+    """A daemon's world (test_cni_hostile_node and test_cni_writes_and_inputs use hostworld's instead)."""
+    w = World(tmp_path, np_dirs, plugin_dir)
+    try:
+        yield w
+    finally:
+        w.stop_daemon()
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from netplugin.frontends.wire.protocol import MAX_STDIN
-from tests.frontends.cni.test_daemon_path import World, world  # noqa: F401 (fixture)
+from tests.frontends.cni.daemonworld import World
 from tests.frontends.cni.test_native_shim import shims  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
@@ -52,7 +52,7 @@ def test_a_variable_that_is_not_utf8_is_cni_error_4_on_add_and_del(
 
 
 @pytest.mark.parametrize("size", [MAX_STDIN + 1, 5 << 20])
-def test_a_huge_network_config_is_too_large_not_not_json(world: World, plugin_dir: Any, size: int) -> None:  # noqa: F811
+def test_a_huge_network_config_is_too_large_not_not_json(world: World, plugin_dir: Any, size: int) -> None:
     plugin_dir.install("fake")
     body = b'{"cniVersion": "1.1.0", "name": "n", "type": "netplugin-cni", "pad": "' + b"x" * size + b'"}'
     done = subprocess.run(
@@ -72,7 +72,7 @@ def test_a_huge_network_config_is_too_large_not_not_json(world: World, plugin_di
 
 
 def test_del_after_a_plain_edit_tears_down_the_plugin_the_pod_was_added_with(
-    world: World, plugin_dir: Any  # noqa: F811
+    world: World, plugin_dir: Any
 ) -> None:
     old, new = plugin_dir.install("fake"), plugin_dir.install("other")
     env = {"NETPLUGIN_USE_DAEMON": "never"}

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,8 @@ import pytest
 from hostworld import World, world  # noqa: F401 (fixture)
 from nettest import host_veth_name
 
-from netplugin.frontends.wire.client import NotSent, exchange
+from netplugin.frontends.wire.client import exchange
+from tests.frontends.cni.daemonworld import wait_answering
 
 from .test_podman import BRIDGE
 
@@ -68,15 +68,7 @@ class Node:
     def start_daemon(self) -> None:
         self.use_daemon = "always"  # never a local fallback: that would run outside the daemon
         proc = self.world.start([sys.executable, "-m", "netplugin", "serve"], env=self.env, log=self.tmp / "daemon.log")
-        end = time.monotonic() + 60
-        while True:
-            try:
-                if exchange(self.socket, {"v": 1, "op": "health"}, timeout=10)["ok"]:
-                    return
-            except NotSent:
-                pass
-            assert proc.poll() is None and time.monotonic() < end, (self.tmp / "daemon.log").read_text()
-            time.sleep(0.05)
+        wait_answering(self.socket, proc, self.tmp / "daemon.log")
 
     def cni(self, command: str, container: str, netns: str, ifname: str = "eth0",
             args: str = ARGS) -> subprocess.CompletedProcess[bytes]:

@@ -12,126 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from netplugin.frontends.wire.client import NotSent, exchange
+from tests.frontends.cni.daemonworld import World
 from tests.frontends.fastpath import outside_allowed
-
-REPO = Path(__file__).resolve().parents[3]
-
-class World:
-    """A daemon's config file, its process, and shim calls under the same settings."""
-
-    def __init__(self, tmp: Path, np_dirs: dict[str, str], plugin_dir: Any) -> None:
-        self.tmp = tmp
-        self.run_dir = np_dirs["run_dir"]
-        self.state_dir = np_dirs["state_dir"]
-        self.socket = os.path.join(self.run_dir, "netplugin.sock")
-        self.config = tmp / "daemon.yaml"
-        self.config.write_text(
-            "\n".join(
-                [
-                    "plugin: fake",
-                    f"plugin_dir: {plugin_dir.path}",
-                    f"state_dir: {self.state_dir}",
-                    f"run_dir: {self.run_dir}",
-                    "host: none",
-                    "metrics_address: 127.0.0.1:0",
-                    "env:",
-                    "  NETPLUGIN_BRIDGE_SUBNET: 10.201.5.0/24",
-                    "",
-                ]
-            )
-        )
-        self.netns = tmp / "netns-stand-in"
-        self.netns.write_text("")
-        self.base_env = {k: v for k, v in os.environ.items() if not k.startswith(("NETPLUGIN_", "CNI_"))}
-        self.base_env.update(PYTHONPATH=str(REPO), NETPLUGIN_CONFIG=str(self.config))
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = tmp / "daemon.log"
-
-    def conf(self, **changes: Any) -> dict[str, Any]:
-        conf: dict[str, Any] = {
-            "cniVersion": "1.1.0",
-            "name": "nptest",
-            "type": "netplugin-cni",
-            "configFile": str(self.config),
-            "runDir": self.run_dir,
-            "logFile": str(self.tmp / "cni.log"),
-        }
-        conf.update(changes)
-        return conf
-
-    def start_daemon(self) -> None:
-        env = {**self.base_env, "NP_TEST_ORIGIN": "daemon"}
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "netplugin", "serve"], env=env, stdout=out, stderr=subprocess.STDOUT
-            )
-        end = time.monotonic() + 60
-        while True:
-            try:
-                if exchange(self.socket, {"v": 1, "op": "health"}, timeout=10)["ok"]:
-                    return
-            except NotSent:
-                pass
-            assert self.proc.poll() is None and time.monotonic() < end, self.log.read_text()
-            time.sleep(0.05)
-
-    def health(self) -> dict[str, Any]:
-        result: dict[str, Any] = exchange(self.socket, {"v": 1, "op": "health"}, timeout=10)["result"]
-        return result
-
-    def stop_daemon(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(60)
-
-    def shim(self, command: str, conf: dict[str, Any], argv: list[str] | None = None, **env: str) -> Any:
-        full = {
-            **self.base_env,
-            "NP_TEST_ORIGIN": "shim",
-            "CNI_COMMAND": command,
-            "CNI_CONTAINERID": "c0ffee0123456789",
-            "CNI_IFNAME": "eth0",
-            "CNI_NETNS": str(self.netns),
-            "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=web;K8S_POD_NAME=web-0",
-            "CNI_PATH": "/opt/cni/bin",
-            **env,
-        }
-        done = subprocess.run(
-            argv or [sys.executable, "-m", "netplugin.frontends.cni"],
-            input=json.dumps(conf).encode(),
-            env=full,
-            capture_output=True,
-            timeout=120,
-        )
-        return done
-
-    def log_entries(self) -> list[dict[str, Any]]:
-        path = self.tmp / "cni.log"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-@pytest.fixture
-def world(tmp_path: Path, np_dirs: dict[str, str], plugin_dir: Any) -> Iterator[World]:
-    w = World(tmp_path, np_dirs, plugin_dir)
-    try:
-        yield w
-    finally:
-        w.stop_daemon()
-
-
-@pytest.fixture
-def fake(plugin_dir: Any) -> Any:
-    p = plugin_dir.install("fake")
-    p.set("status", stdout='{"apiVersion":"v1beta1","kind":"PodNetworkStatus","ip":"10.201.5.7"}')
-    return p
+from tests.waits import WITHIN, wait_for
 
 
 def test_add_and_del_run_in_the_daemon_when_it_has_the_same_settings(world: World, fake: Any) -> None:
@@ -183,10 +69,7 @@ def test_an_edit_on_disk_waits_for_the_daemon_to_take_it(world: World, fake: Any
     assert fake.env_of("setup")["NP_TEST_ORIGIN"] == "daemon"
     assert world.proc is not None
     world.proc.send_signal(signal.SIGHUP)
-    end = time.monotonic() + 60
-    while world.health()["reloads"] < 1:
-        assert time.monotonic() < end, world.log.read_text()
-        time.sleep(0.05)
+    wait_for(lambda: world.health()["reloads"] >= 1, "the reload", WITHIN, detail=world.log.read_text)
     assert "config on disk refused at " in world.health()["refused"] and "plugn" in world.health()["refused"]
     done = world.shim("DEL", world.conf())
     assert done.returncode == 0, done

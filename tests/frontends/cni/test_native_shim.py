@@ -10,14 +10,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from netplugin.frontends.cni.native import build_native, install_built, slots
-from tests.frontends.cni.test_daemon_path import REPO, World
+from tests.frontends.cni.daemonworld import REPO, World
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
@@ -35,22 +34,6 @@ def shims(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "native": Path(build_native(str(bin_dir / "netplugin-cni"), fallback=str(python))),
         "cluster": Path(build_native(str(bin_dir / "netplugin-cni-cluster"), fallback="")),
     }
-
-
-@pytest.fixture
-def world(tmp_path: Path, np_dirs: dict[str, str], plugin_dir: Any) -> Iterator[World]:
-    w = World(tmp_path, np_dirs, plugin_dir)
-    try:
-        yield w
-    finally:
-        w.stop_daemon()
-
-
-@pytest.fixture
-def fake(plugin_dir: Any) -> Any:
-    p = plugin_dir.install("fake")
-    p.set("status", stdout='{"apiVersion":"v1beta1","kind":"PodNetworkStatus","ip":"10.201.5.7"}')
-    return p
 
 
 def _call(
