@@ -21,18 +21,15 @@ class Worker:
     """Runs ``loop`` on a daemon thread named ``name``; the loop sleeps with :meth:`sleep`."""
 
     def __init__(self, name: str, loop: Callable[[], None]) -> None:
-        self.name = name
-        self._loop = loop
+        self._thread = threading.Thread(target=loop, name=name, daemon=True)
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self._thread.start()
 
     def wake(self) -> None:
@@ -47,5 +44,5 @@ class Worker:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
+        if self._thread.ident is not None:  # started
             self._thread.join(JOIN_TIMEOUT)
