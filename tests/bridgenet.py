@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from nettest import free_third_octet, host_veth_name, kernel_unavailable_reason, link_exists
+from nettest import close_all, free_third_octet, host_veth_name, kernel_unavailable_reason, link_exists
 
 __all__ = [
     "AUDIT",
@@ -291,14 +291,7 @@ def bridge_net_factory(tmp_path: Path) -> Iterator[Callable[..., BridgeNet]]:
         return net
 
     yield make
-    errors = []
-    for net in made:
-        try:
-            net.close()
-        except Exception as e:  # keep cleaning the others
-            errors.append(e)
-    if errors:
-        raise errors[0]
+    close_all(made)
 
 
 @pytest.fixture

@@ -14,11 +14,13 @@ import random
 import secrets
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
 import pytest
 
 __all__ = [
+    "close_all",
     "free_third_octet",
     "host_veth_name",
     "kernel_gate",
@@ -27,6 +29,22 @@ __all__ = [
     "run",
     "tcp_rate",
 ]
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def close_all(made: Iterable[Closable]) -> None:
+    """Close each of a factory fixture's networks, the rest too when one fails; then raise the first error."""
+    errors: list[Exception] = []
+    for net in made:
+        try:
+            net.close()
+        except Exception as e:  # keep cleaning the others
+            errors.append(e)
+    if errors:
+        raise errors[0]
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess[str]:

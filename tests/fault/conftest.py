@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nettest import free_third_octet, host_veth_name, kernel_gate, link_exists
+from nettest import close_all, free_third_octet, host_veth_name, kernel_gate, link_exists
 
 REPO = Path(__file__).resolve().parents[2]
 BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"
@@ -217,11 +217,4 @@ def fault_net_factory(tmp_path: Path) -> Iterator[Callable[..., FaultNet]]:
         return net
 
     yield make
-    errors: list[BaseException] = []
-    for net in made:
-        try:
-            net.close()
-        except Exception as e:  # keep cleaning the others
-            errors.append(e)
-    if errors:
-        raise errors[0]
+    close_all(made)
