@@ -7,6 +7,7 @@ when the daemon ran them, ``cli`` when a CLI process did, so a test can tell who
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -14,7 +15,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ import pytest
 
 from netplugin.frontends.wire.client import request
 from tests.waits import WITHIN, wait_for
+
+REPO = Path(__file__).resolve().parents[3]
 
 GATE = Path(__file__).resolve().parents[2] / "testplugins" / "gate"
 
@@ -167,3 +170,77 @@ def cli_popen(cli_env: dict[str, str]) -> Iterator[Any]:
         if p.poll() is None:
             p.kill()
         p.communicate()
+
+
+# --- a node of its own: `netplugin serve` in a network namespace, its cluster from Node files -----
+
+
+def node_file(d: Path, name: str, cidr: str, addr: str) -> None:
+    """Node ``name`` (pod CIDR ``cidr``, InternalIP ``addr``) as a file of the static host's ``nodes_dir``."""
+    doc = {
+        "kind": "Node",
+        "metadata": {"name": name},
+        "spec": {"podCIDRs": [cidr]},
+        "status": {"addresses": [{"type": "InternalIP", "address": addr}]},
+    }
+    (d / f"{name}.json").write_text(json.dumps(doc))
+
+
+class StaticNode:
+    """``netplugin serve`` run inside ``netns`` as node ``me`` of the Node files in :attr:`nodes`
+    (``host: static``, cluster CIDR 10.206.128.0/17); :meth:`start` after writing them."""
+
+    def __init__(self, netns: str, root: Path, metrics_address: str) -> None:
+        self.netns = netns
+        self.nodes = root / "nodes"
+        self.nodes.mkdir()
+        self.log = root / "daemon.log"
+        self.socket = str(root / "run" / "netplugin.sock")
+        config = root / "netplugin.yaml"
+        config.write_text(
+            f"state_dir: {root}/state\nrun_dir: {root}/run\nplugin_dir: {root}\nhost: static\n"
+            f"pods_dir: {root}/pods\nnodes_dir: {self.nodes}\nnode_name: me\nmetrics_address: {metrics_address}\n"
+            "cluster_cidrs: [10.206.128.0/17]\n"
+        )
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+        self.env.update(NETPLUGIN_CONFIG=str(config), PYTHONPATH=str(REPO))
+        #: the CLI run in the node's netns, with its settings
+        self.cli = ["ip", "netns", "exec", netns, sys.executable, "-m", "netplugin"]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [*self.cli, "serve"], env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def stop(self) -> int | None:
+        """SIGTERM and its exit status (None: it never ran, or it was stopped already)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def static_node(tmp_path: Path) -> Iterator[Callable[..., StaticNode]]:
+    """static_node(netns, metrics_address="none"): a :class:`StaticNode`, stopped at the end if still running."""
+    made: list[StaticNode] = []
+
+    def make(netns: str, metrics_address: str = "none") -> StaticNode:
+        root = tmp_path / f"node{len(made)}"
+        root.mkdir()
+        node = StaticNode(netns, root, metrics_address)
+        made.append(node)
+        return node
+
+    yield make
+    for node in made:
+        try:
+            node.stop()
+        except subprocess.TimeoutExpired:
+            assert node.proc is not None
+            node.proc.kill()
