@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from nodebridge import NodeBridge
 from netplugin.core.execplugin.invoke import Completed, SpawnError
 from netplugin.manager.manager import Manager
 from netplugin.store.state import StateStore
+from tests.procs import pid_alive, read_pids, still_alive
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTABLE = Path(__file__).resolve().parent / "testplugins" / "scriptable"
@@ -299,32 +300,6 @@ def fake_runner() -> FakeRunner:
     return FakeRunner()
 
 
-def pid_alive(pid: int) -> bool:
-    """True if ``pid`` runs (a zombie is dead: it only waits for its parent to reap it)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def still_alive(pids: Iterable[int], within: float = 5.0) -> list[int]:
-    """The pids that are still alive after waiting up to ``within`` s for SIGKILL to be delivered."""
-    pids = list(pids)
-    end = time.monotonic() + within
-    while True:
-        alive = [p for p in pids if pid_alive(p)]
-        if not alive or time.monotonic() > end:
-            return alive
-        time.sleep(0.02)
-
-
-def read_pids(path: Any) -> list[int]:
-    with open(path) as f:
-        return [int(line) for line in f.read().split()]
-
-
 class Procs:
     """Process-liveness helpers for tests (a fixture, since conftest modules are not importable)."""
 
@@ -336,6 +311,18 @@ class Procs:
 @pytest.fixture
 def procs() -> type[Procs]:
     return Procs
+
+
+@pytest.fixture
+def reaper() -> Iterator[list[int]]:
+    """Pids a test wants dead at the end whatever happens (processes a test left on purpose)."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 # --- shared by the state and gc tests: the scriptable plugin "sc" with netns paths in a temp dir ---

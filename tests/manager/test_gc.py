@@ -7,7 +7,6 @@ process while its plugin runs. "Network namespaces" are plain files under a tmp 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from netplugin.core.errors import PluginFailed
@@ -28,6 +26,7 @@ from netplugin.store.orphans import plugin_processes
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, record_filename
 from netplugin.store.state import StateStore
 from tests.fakehost import DownHost, FakeHost
+from tests.procs import pid_alive
 from tests.waits import WITHIN, wait_for
 
 POD = PodRef("default", "web-0", "infra0")
@@ -65,29 +64,10 @@ def background(cli_env_sc: dict[str, str]) -> Any:
         p.communicate()
 
 
-@pytest.fixture
-def reaper() -> Any:
-    """Pids a test wants dead at the end whatever happens (processes a test left on purpose)."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def netns(netns_dir: Path, ref: PodRef = POD) -> Path:
     p = netns_dir / ref.infra_id
     p.touch()
     return p
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def teardowns(sc: Any) -> list[str]:
@@ -333,7 +313,7 @@ def test_gc_after_a_killed_setup_stops_its_orphans_and_tears_down(
     children = [int(x) for x in (sc.dir / "children.pids").read_text().split()]
     p.send_signal(signal.SIGKILL)
     p.wait()
-    assert all(alive(c) for c in children), "the plugin outlives a killed netplugin"
+    assert all(pid_alive(c) for c in children), "the plugin outlives a killed netplugin"
     rec = store.get(POD)
     assert rec is not None and rec.state == SETTING_UP
 
@@ -343,7 +323,7 @@ def test_gc_after_a_killed_setup_stops_its_orphans_and_tears_down(
     [action] = json.loads(r.stdout)["actions"]
     assert action["reason"] == "its setup was interrupted"
     assert set(children) <= set(action["pids"])
-    assert not any(alive(c) for c in children)
+    assert not any(pid_alive(c) for c in children)
     assert plugin_processes(np_dirs["state_dir"]) == []
     assert sc.calls()[-1] == f"teardown {ARGV}"
     assert store.get(POD) is None
@@ -366,7 +346,7 @@ def test_orphans_of_a_pod_without_a_record_are_stopped(sc: Any, background: Any,
     r = cli("--timeout", "0.5", "gc")
     assert r.returncode == 0, r.stderr
     assert "stopped orphaned plugin process(es)" in r.stdout and "of default/web-0 (infra infra0)" in r.stdout
-    assert not alive(child) and not alive(leader[0].pid)
+    assert not pid_alive(child) and not pid_alive(leader[0].pid)
     assert plugin_processes(np_dirs["state_dir"]) == []
 
 
@@ -393,7 +373,7 @@ exit 0
     p.wait()
     report = run_gc(make_manager(plugin="dm"))
     assert [a.reason for a in report.actions] == ["its setup was interrupted"]
-    assert alive(daemon), "a process that detached into its own session is not the call's leftover"
+    assert pid_alive(daemon), "a process that detached into its own session is not the call's leftover"
     assert daemon not in [x.pid for x in plugin_processes(np_dirs["state_dir"])]  # never a call process
 
 

@@ -11,7 +11,6 @@ even when the call's leader is gone; processes that left the call's process grou
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from netplugin.core.execplugin.calls import call_key, make_token, verify_token
 from netplugin.core.names import PodRef
 from netplugin.manager.gc import run_gc
 from netplugin.store.orphans import plugin_processes
+from tests.procs import pid_alive
 from tests.waits import WITHIN, wait_for
 
 POD = PodRef("default", "web-0", "infra0")
@@ -36,25 +36,6 @@ ARGV = ["default", "web-0", "infra0"]
 @pytest.fixture
 def user() -> Iterator[HostileUser]:
     yield from hostile_user()
-
-
-@pytest.fixture
-def reaper() -> Iterator[list[int]]:
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def _dead_owner_record(state_dir: str) -> None:
@@ -115,7 +96,7 @@ def test_a_users_planted_lookalike_never_stalls_a_setup_nor_is_signalled(np_dirs
     m = make_manager(plugin="sc", timeouts={"setup": 120})
     assert m.state.mark_teardown(POD) == []  # nothing waited for, nothing stopped
     m.setup(POD)
-    assert _alive(planted)
+    assert pid_alive(planted)
 
 
 def test_a_root_process_with_a_copied_environment_and_forged_token_is_ignored(
@@ -139,7 +120,7 @@ def test_a_root_process_with_a_copied_environment_and_forged_token_is_ignored(
     assert plugin_processes(state_dir) == []
     report = run_gc(make_manager(plugin="sc"))
     assert not [a for a in report.actions if a.kind == "settle"]
-    assert all(_alive(pid) for pid in reaper)
+    assert all(pid_alive(pid) for pid in reaper)
 
 
 def test_gc_is_not_stalled_by_a_users_lookalike(np_dirs: dict[str, str], make_manager: Any, sc: Any,
@@ -151,7 +132,7 @@ def test_gc_is_not_stalled_by_a_users_lookalike(np_dirs: dict[str, str], make_ma
     planted = _planted_pid(planter, ["setup", *ARGV])
     report = run_gc(make_manager(plugin="sc", timeouts={"setup": 120}))
     assert [a for a in report.actions if a.kind == "settle"] == []
-    assert _alive(planted)
+    assert pid_alive(planted)
 
 
 # --- real orphans: the call's session, not its group or environment; never a setsid daemon ---------------
@@ -187,7 +168,7 @@ sleep 0.5
     assert daemon not in [p.pid for p in plugin_processes(cli_env["NETPLUGIN_STATE_DIR"])]
     report = run_gc(make_manager(plugin="sc", timeouts={"setup": 120}))
     assert [a.reason for a in report.actions] == ["its setup was interrupted"]
-    assert _alive(daemon)
+    assert pid_alive(daemon)
 
 
 def test_gc_kills_what_left_the_group_or_the_environment_once_the_leader_exits(
@@ -212,7 +193,7 @@ sleep 1
     assert set(kids) <= found  # the env -i one through the call's session
     report = run_gc(make_manager(plugin="sc", timeouts={"setup": 120}))
     assert "its setup was interrupted" in [a.reason for a in report.actions]
-    assert not any(_alive(k) for k in kids)
+    assert not any(pid_alive(k) for k in kids)
 
 
 def test_a_live_call_kills_what_left_its_group_or_environment(make_manager: Any, sc: Any,
@@ -232,7 +213,7 @@ exit 0
         make_manager(plugin="sc").setup(POD)
     kids = [int(x) for x in (sc.dir / "kids").read_text().split()]
     reaper.extend(kids)
-    wait_for(lambda: not any(_alive(k) for k in kids), "the leftovers to die", within=5)
+    wait_for(lambda: not any(pid_alive(k) for k in kids), "the leftovers to die", within=5)
 
 
 def test_the_call_token_binds_the_calls_identity(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.procs import pid_alive
 from tests.waits import wait_for
 
 RUNS = 50
@@ -35,14 +36,6 @@ if [ "$1" = setup ]; then
 fi
 exit 0
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -78,7 +71,7 @@ def test_a_naive_setsid_daemon_survives_50_setups_in_a_row(cli: Any, start_daemo
         if r.returncode != 0:
             failed.append(r.stderr)
     pids = [int(x) for x in (p.dir / "daemons").read_text().split()]
-    dead = [pid for pid in pids if not _alive(pid)]
+    dead = [pid for pid in pids if not pid_alive(pid)]
     assert (failed, len(pids), dead) == ([], RUNS, []), f"{len(failed)} of {RUNS} setups failed: {failed[:2]}"
 
 
@@ -87,7 +80,7 @@ def test_a_child_that_stays_in_the_session_is_still_swept(cli: Any, daemons: Any
     r = cli("setup", "default", "web-0", "infra0", mode="never", env={"NETPLUGIN_PLUGIN": "stay"})
     assert r.returncode == 1 and "left 1 process(es) running" in r.stderr, r
     (pid,) = [int(x) for x in (p.dir / "daemons").read_text().split()]
-    assert not _alive(pid)
+    assert not pid_alive(pid)
 
 
 # The daemon is a subreaper (it finds a call's stragglers among its children, not in all of
@@ -133,4 +126,4 @@ def test_through_the_daemon_a_child_that_stays_in_the_session_is_swept(cli: Any,
     r = cli("setup", "default", "web-0", "infra0", mode="always", env=env)
     assert r.returncode == 1 and "left 1 process(es) running" in r.stderr, r
     (pid,) = [int(x) for x in (p.dir / "daemons").read_text().split()]
-    assert not _alive(pid)
+    assert not pid_alive(pid)
