@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from netplugin.core import config as npconfig
+from netplugin.core import defaults as npdefaults
 from netplugin.core.defaults import SOCKET_NAME
 
 REPO = Path(__file__).resolve().parent.parent
@@ -182,15 +183,15 @@ def test_daemonset_shape(ds: dict[str, Any], pod_spec: dict[str, Any], main_cont
     assert {"operator": "Exists"} in pod_spec["tolerations"]
     assert main_container["securityContext"]["privileged"] is True
     argv = [*main_container.get("command", []), *main_container.get("args", [])]
-    assert argv == ["netplugin", "serve", "--config", npconfig.DEFAULT_CONFIG]
+    assert argv == ["netplugin", "serve", "--config", npdefaults.DEFAULT_CONFIG]
     images = {c["image"] for c in pod_spec["containers"] + pod_spec["initContainers"]}
     assert len(images) == 1, "the installer and the daemon must come from the same image"
 
 
 HOST_DIRS = [
-    pytest.param(npconfig.DEFAULT_PLUGIN_DIR, id="exec-dir"),
-    pytest.param(npconfig.DEFAULT_STATE_DIR, id="state-dir"),
-    pytest.param(npconfig.DEFAULT_RUN_DIR, id="run-dir"),
+    pytest.param(npdefaults.DEFAULT_PLUGIN_DIR, id="exec-dir"),
+    pytest.param(npdefaults.DEFAULT_STATE_DIR, id="state-dir"),
+    pytest.param(npdefaults.DEFAULT_RUN_DIR, id="run-dir"),
     pytest.param(_run_dir(os.path.dirname(npconfig.Config().netns_template)), id="netns-dir"),
     pytest.param("/etc/cni/net.d", id="cni-conf-dir"),
     pytest.param("/opt/cni/bin", id="cni-bin-dir"),
@@ -228,9 +229,9 @@ def test_config_is_installed_on_the_node_where_daemon_and_shim_read_it(
     cm_mount = _mounts(init_container)[config_volume["name"]]
     argv = [*init_container.get("command", []), *init_container.get("args", [])]
     assert argv[argv.index("--config-from") + 1] == f"{cm_mount['mountPath']}/{items[0]['path']}"
-    assert argv[argv.index("--config") + 1] == npconfig.DEFAULT_CONFIG
+    assert argv[argv.index("--config") + 1] == npdefaults.DEFAULT_CONFIG
     # ... a host dir, so that the shim on the host reads the very file the daemon reads.
-    host_dir = os.path.dirname(npconfig.DEFAULT_CONFIG)
+    host_dir = os.path.dirname(npdefaults.DEFAULT_CONFIG)
     assert _mount_for_host_path(pod_spec, init_container, host_dir)["mountPath"] == host_dir
     daemon_mount = _mount_for_host_path(pod_spec, main_container, host_dir)
     assert (daemon_mount["mountPath"], daemon_mount.get("readOnly")) == (host_dir, True)
@@ -247,9 +248,9 @@ def test_configmap_config_loads_and_matches_the_mounts(
     for directory in (cfg.plugin_dir, cfg.state_dir, cfg.run_dir, _run_dir(os.path.dirname(cfg.netns_template))):
         assert directory in mount_paths, directory
     assert (cfg.plugin_dir, cfg.state_dir, cfg.run_dir) == (
-        npconfig.DEFAULT_PLUGIN_DIR,
-        npconfig.DEFAULT_STATE_DIR,
-        npconfig.DEFAULT_RUN_DIR,
+        npdefaults.DEFAULT_PLUGIN_DIR,
+        npdefaults.DEFAULT_STATE_DIR,
+        npdefaults.DEFAULT_RUN_DIR,
     )
     # The probes ask the daemon on its socket, which lives in a mounted dir (the CLI and shim use it).
     assert os.path.dirname(cfg.socket_path) in mount_paths
@@ -263,7 +264,7 @@ def test_init_container_installs_into_the_mounted_dirs(
     rest = [a for a in argv[script_at + 1 :] if a != "--no-venv"]
     assert "--no-venv" in argv  # the image's netplugin stays in the image; the node gets plugins and shim
     flags = dict(zip(rest[::2], rest[1::2], strict=True))
-    assert flags["--exec-dir"] == npconfig.DEFAULT_PLUGIN_DIR
+    assert flags["--exec-dir"] == npdefaults.DEFAULT_PLUGIN_DIR
     mounts = [m["mountPath"] for m in init_container["volumeMounts"]]
     for flag in ("--exec-dir", "--cni-bin-dir", "--cni-conf-dir", "--lib-dir"):
         target = flags[flag]
@@ -272,12 +273,12 @@ def test_init_container_installs_into_the_mounted_dirs(
     assert flags["--cni-bin-dir"] == "/opt/cni/bin"
     assert flags["--cni-conf-dir"] == "/etc/cni/net.d"
     # ... and point the conflist at the daemon's dirs.
-    assert (flags["--state-dir"], flags["--run-dir"]) == (npconfig.DEFAULT_STATE_DIR, npconfig.DEFAULT_RUN_DIR)
+    assert (flags["--state-dir"], flags["--run-dir"]) == (npdefaults.DEFAULT_STATE_DIR, npdefaults.DEFAULT_RUN_DIR)
 
 
 def test_install_sh_defaults_match_config_and_daemonset() -> None:
     text = INSTALL.read_text()
-    assert f"NETPLUGIN_PLUGIN_DIR:-{npconfig.DEFAULT_PLUGIN_DIR}" in text
+    assert f"NETPLUGIN_PLUGIN_DIR:-{npdefaults.DEFAULT_PLUGIN_DIR}" in text
     assert "NETPLUGIN_CNI_BIN_DIR:-/opt/cni/bin" in text
     assert "NETPLUGIN_CNI_CONF_DIR:-/etc/cni/net.d" in text
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from netplugin.core.configkeys import ENV_VARS, PARSERS
 from netplugin.core.defaults import (
-    ACTIONS,
     DEFAULT_CONFIG,
     DEFAULT_GC_INTERVAL,
     DEFAULT_KILL_GRACE,
@@ -28,7 +27,6 @@ from netplugin.core.defaults import (
     DEFAULT_PLUGIN_DIR,
     DEFAULT_PODS_DIR,
     DEFAULT_RUN_DIR,
-    DEFAULT_SOCKET,
     DEFAULT_STATE_DIR,
     DEFAULT_TIMEOUTS,
     LIMIT_OF,
@@ -38,14 +36,6 @@ from netplugin.core.errors import ConfigError
 from netplugin.core.plaindata import dataclass, field, fields, replace
 
 __all__ = [
-    "ACTIONS",
-    "DEFAULT_CONFIG",
-    "DEFAULT_NODES_DIR",
-    "DEFAULT_PLUGIN_DIR",
-    "DEFAULT_PODS_DIR",
-    "DEFAULT_RUN_DIR",
-    "DEFAULT_SOCKET",
-    "DEFAULT_STATE_DIR",
     "ENV_VARS",
     "Config",
     "FileSnapshot",

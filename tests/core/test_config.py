@@ -12,7 +12,8 @@ import pytest
 import netplugin.core.config as config_mod
 from netplugin.core import plaindata
 from netplugin.core._yaml import load_yaml
-from netplugin.core.config import DEFAULT_TIMEOUTS, Config, load_config
+from netplugin.core.config import Config, load_config
+from netplugin.core.defaults import DEFAULT_PLUGIN_DIR, DEFAULT_STATE_DIR, DEFAULT_TIMEOUTS
 from netplugin.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,12 +58,12 @@ def no_default_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         (
             "plugin_dir",
             "NETPLUGIN_PLUGIN_DIR",
-            {"default": config_mod.DEFAULT_PLUGIN_DIR, "file": "/f", "env": "/e", "flag": "/l"},
+            {"default": DEFAULT_PLUGIN_DIR, "file": "/f", "env": "/e", "flag": "/l"},
         ),
         (
             "state_dir",
             "NETPLUGIN_STATE_DIR",
-            {"default": config_mod.DEFAULT_STATE_DIR, "file": "/f", "env": "/e", "flag": "/l"},
+            {"default": DEFAULT_STATE_DIR, "file": "/f", "env": "/e", "flag": "/l"},
         ),
         ("plugin", "NETPLUGIN_PLUGIN", {"default": None, "file": "from-file", "env": "from-env", "flag": "x.io/f"}),
         ("timeout", "NETPLUGIN_TIMEOUT", {"default": None, "file": 5.0, "env": 6.0, "flag": 7.0}),

@@ -26,7 +26,8 @@ import pytest
 import yaml
 from shipped import REPO, configmap_settings, init_install_argv, main_container, run_install, unit_command
 
-from netplugin.core.config import DEFAULT_CONFIG, DEFAULT_RUN_DIR, load_config
+from netplugin.core.config import load_config
+from netplugin.core.defaults import DEFAULT_CONFIG, DEFAULT_RUN_DIR
 from netplugin.core.errors import ConfigError
 from netplugin.frontends.cni.native import build_native, install_built, slots
 from netplugin.frontends.cni.netconf import build_config
