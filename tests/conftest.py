@@ -18,6 +18,7 @@ from gopeers import MARK, uses_peers
 from nettest import kernel_gate
 from nodebridge import NodeBridge
 
+from netplugin.core.defaults import DEFAULT_KILL_GRACE, DEFAULT_MAX_OUTPUT
 from netplugin.core.execplugin.invoke import Completed, SpawnError
 from netplugin.manager.manager import Manager
 from netplugin.store.state import StateStore
@@ -274,8 +275,8 @@ class FakeRunner:
         env: Mapping[str, str],
         stdin: bytes | None,
         timeout: float,
-        max_output: int = 1 << 20,
-        kill_grace: float = 2.0,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        kill_grace: float = DEFAULT_KILL_GRACE,
         exe_fd: int | None = None,
     ) -> Completed:
         call = RunnerCall(list(argv), dict(env), stdin, timeout, max_output, kill_grace)
