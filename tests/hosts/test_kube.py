@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from netplugin.core.errors import HostError
+from netplugin.frontends.lab.simcluster.apiobjects import status as status_json
 from netplugin.hosts.kube import KubeHost
 from netplugin.hosts.kubeconfig import KubeSettings, load_kubeconfig, resolve_settings
 
@@ -69,21 +70,6 @@ def pod_json(namespace: str = NS, name: str = NAME) -> dict[str, Any]:
             "conditions": [{"type": "PodScheduled", "status": "True"}],
         },
     }
-
-
-def status_json(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    if details is not None:
-        doc["details"] = details
-    return doc
 
 
 FORBIDDEN_MSG = (
