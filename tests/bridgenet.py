@@ -31,6 +31,9 @@ __all__ = [
     "LOOPBACK",
     "BridgeNet",
     "Pod",
+    "bash_config",
+    "bash_settings",
+    "bridge_env",
     "host_veth_name",
     "kernel_unavailable_reason",
     "link_exists",
@@ -73,6 +76,26 @@ for addr in sys.argv[2:]:
         out[addr] = "error: %s" % e
 print(json.dumps(out))
 """
+
+
+def bridge_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a settings check: no outer ``NETPLUGIN_*``, state under ``tmp_path``, then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+    env["NETPLUGIN_STATE_DIR"] = str(tmp_path / "state")
+    env.update(extra)
+    return env
+
+
+def bash_config(env: Mapping[str, str], exe: Path = BRIDGE) -> subprocess.CompletedProcess[str]:
+    """The bash bridge plugin's ``config`` action: its settings as KEY=VALUE lines, or its refusal on stderr."""
+    return subprocess.run([str(exe), "config"], env=env, capture_output=True, text=True, timeout=30)
+
+
+def bash_settings(env: Mapping[str, str], exe: Path = BRIDGE) -> dict[str, str]:
+    """The settings the bash bridge plugin takes from ``env`` (it must accept them)."""
+    r = bash_config(env, exe)
+    assert r.returncode == 0, r.stderr
+    return dict(line.split("=", 1) for line in r.stdout.splitlines())
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from bridgenet import BRIDGE, TCP_PORT, BridgeNet, Pod, link_exists
+from bridgenet import BRIDGE, TCP_PORT, BridgeNet, Pod, bash_config, bash_settings, bridge_env, link_exists
 from bridgenet import host_veth_name as mirror_veth_name
 from nettest import free_third_octet
 
@@ -178,17 +178,6 @@ def test_host_veth_name_known_vectors() -> None:
     assert all(int(bridge_mac(name)[:2], 16) & 3 == 2 for name in ("cni0", "netplugin0", "np62c45bin"))
 
 
-def _bash_config(env: dict[str, str], exe: Path = BRIDGE) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(exe), "config"], env=env, capture_output=True, text=True, timeout=30)
-
-
-def _plain_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
-    env["NETPLUGIN_STATE_DIR"] = str(tmp_path / "state")
-    env.update(extra)
-    return env
-
-
 @pytest.mark.parametrize(
     "extra",
     [
@@ -201,11 +190,8 @@ def _plain_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     ],
 )
 def test_settings_match_the_bash_plugin(tmp_path: Path, extra: dict[str, str]) -> None:
-    env = _plain_env(tmp_path, **extra)
-    r = _bash_config(env)
-    assert r.returncode == 0, r.stderr
-    bash = dict(line.split("=", 1) for line in r.stdout.splitlines())
-    assert load_settings(env).to_env() == bash
+    env = bridge_env(tmp_path, **extra)
+    assert load_settings(env).to_env() == bash_settings(env)
 
 
 def test_settings_files_match_the_bash_plugin(tmp_path: Path) -> None:
@@ -218,10 +204,8 @@ def test_settings_files_match_the_bash_plugin(tmp_path: Path) -> None:
     (install / "bridge.conf").write_text("# beside\n\nNAME = npbeside\r\nSUBNET=10.204.1.0/24\nIFNAME='ethb'\n")
     conf = tmp_path / "override.conf"
     conf.write_text('  SUBNET="10.204.2.0/24"\nNETPLUGIN_BRIDGE_MTU=1300\nGATEWAY=10.204.2.254')
-    env = _plain_env(tmp_path, NETPLUGIN_BRIDGE_CONF=str(conf), NETPLUGIN_BRIDGE_MTU="1200", NETPLUGIN_BRIDGE_IFNAME="")
-    r = _bash_config(env, exe)
-    assert r.returncode == 0, r.stderr
-    bash = dict(line.split("=", 1) for line in r.stdout.splitlines())
+    env = bridge_env(tmp_path, NETPLUGIN_BRIDGE_CONF=str(conf), NETPLUGIN_BRIDGE_MTU="1200", NETPLUGIN_BRIDGE_IFNAME="")
+    bash = bash_settings(env, exe)
     plugin = NativeBridgePlugin(state_dir=env["NETPLUGIN_STATE_DIR"], plugin_dir=str(tmp_path / "exec"))
     assert plugin.settings(env).to_env() == bash
     assert bash["NETPLUGIN_BRIDGE_NAME"] == "npbeside" and bash["NETPLUGIN_BRIDGE_MTU"] == "1200"
@@ -248,8 +232,8 @@ def test_settings_files_match_the_bash_plugin(tmp_path: Path) -> None:
     ],
 )
 def test_invalid_settings_are_rejected_like_the_bash_plugin(tmp_path: Path, key: str, value: str, message: str) -> None:
-    env = _plain_env(tmp_path, **{"NETPLUGIN_BRIDGE_SUBNET": "10.204.1.0/24", f"NETPLUGIN_BRIDGE_{key}": value})
-    r = _bash_config(env)
+    env = bridge_env(tmp_path, **{"NETPLUGIN_BRIDGE_SUBNET": "10.204.1.0/24", f"NETPLUGIN_BRIDGE_{key}": value})
+    r = bash_config(env)
     assert r.returncode == 1 and message in r.stderr
     with pytest.raises(SettingsError) as exc:
         load_settings(env)

@@ -9,13 +9,12 @@ run both plugins on one bridge and IPAM directory, both ways.
 from __future__ import annotations
 
 import ipaddress
-import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bridgenet import BRIDGE, BridgeNet, Pod
+from bridgenet import BridgeNet, Pod, bash_config, bash_settings, bridge_env
 from dualnet import DualNet, pod_addrs, pod_default_routes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,17 +26,6 @@ from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
 from netplugin.plugins.bridge.settings import SettingsError, load_settings
 
 kernel = pytest.mark.kernel
-
-
-def _bash_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BRIDGE), "config"], env=env, capture_output=True, text=True, timeout=30)
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
-    env["NETPLUGIN_STATE_DIR"] = str(tmp_path / "state")
-    env.update(extra)
-    return env
 
 
 # --- settings: identical to the bash plugin -------------------------------------------------------------
@@ -56,10 +44,8 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     ],
 )
 def test_dual_settings_match_the_bash_plugin(tmp_path: Path, extra: dict[str, str]) -> None:
-    env = _env(tmp_path, **extra)
-    r = _bash_config(env)
-    assert r.returncode == 0, r.stderr
-    assert load_settings(env).to_env() == dict(line.split("=", 1) for line in r.stdout.splitlines())
+    env = bridge_env(tmp_path, **extra)
+    assert load_settings(env).to_env() == bash_settings(env)
 
 
 BAD = [
@@ -87,9 +73,9 @@ BAD = [
 
 @pytest.mark.parametrize(("key", "value", "message"), BAD, ids=[f"{k}={v}" for k, v, _ in BAD])
 def test_bad_dual_settings_are_rejected_like_bash(tmp_path: Path, key: str, value: str, message: str) -> None:
-    env = _env(tmp_path, NETPLUGIN_BRIDGE_SUBNET="10.205.3.0/24,fd00:10:205:3::/64")
+    env = bridge_env(tmp_path, NETPLUGIN_BRIDGE_SUBNET="10.205.3.0/24,fd00:10:205:3::/64")
     env[f"NETPLUGIN_BRIDGE_{key}"] = value
-    r = _bash_config(env)
+    r = bash_config(env)
     assert r.returncode == 1 and message in r.stderr, r.stderr
     with pytest.raises(SettingsError) as exc:
         load_settings(env)
@@ -97,8 +83,8 @@ def test_bad_dual_settings_are_rejected_like_bash(tmp_path: Path, key: str, valu
 
 
 def test_gateway_of_a_missing_family_names_the_subnets(tmp_path: Path) -> None:
-    env = _env(tmp_path, NETPLUGIN_BRIDGE_SUBNET="10.205.3.0/24", NETPLUGIN_BRIDGE_GATEWAY="fd00::1")
-    r = _bash_config(env)
+    env = bridge_env(tmp_path, NETPLUGIN_BRIDGE_SUBNET="10.205.3.0/24", NETPLUGIN_BRIDGE_GATEWAY="fd00::1")
+    r = bash_config(env)
     with pytest.raises(SettingsError) as exc:
         load_settings(env)
     assert str(exc.value) == (
@@ -118,8 +104,8 @@ def test_gateway_of_a_missing_family_names_the_subnets(tmp_path: Path) -> None:
     ],
 )
 def test_subnet_node_errors_like_the_bash_plugin(tmp_path: Path, cidrs: str, message: str) -> None:
-    env = _env(tmp_path, NETPLUGIN_BRIDGE_SUBNET="node", NETPLUGIN_NODE_POD_CIDRS=cidrs)
-    r = _bash_config(env)
+    env = bridge_env(tmp_path, NETPLUGIN_BRIDGE_SUBNET="node", NETPLUGIN_NODE_POD_CIDRS=cidrs)
+    r = bash_config(env)
     assert r.returncode == 1
     with pytest.raises(SettingsError) as exc:
         load_settings(env)
@@ -277,10 +263,8 @@ def test_ipv6_parsing_and_formatting_match_the_bash_plugin(
     # The bash plugin parses and prints IPv6 in pure bash; Python's ipaddress is the reference.
     gw = net.network_address + offset % (net.num_addresses - 1) + 1
     text = {"exploded": gw.exploded, "compressed": str(gw), "upper": str(gw).upper()}[form]
-    env = _env(tmp_path, NETPLUGIN_BRIDGE_SUBNET=f"10.205.3.0/24,{net.exploded}", NETPLUGIN_BRIDGE_GATEWAY=text)
-    r = _bash_config(env)
-    assert r.returncode == 0, r.stderr
-    bash = dict(line.split("=", 1) for line in r.stdout.splitlines())
+    env = bridge_env(tmp_path, NETPLUGIN_BRIDGE_SUBNET=f"10.205.3.0/24,{net.exploded}", NETPLUGIN_BRIDGE_GATEWAY=text)
+    bash = bash_settings(env)
     assert bash["NETPLUGIN_BRIDGE_SUBNET"] == f"10.205.3.0/24,{net}"
     assert bash["NETPLUGIN_BRIDGE_GATEWAY"] == f"10.205.3.1,{gw}"
     assert load_settings(env).to_env() == bash
