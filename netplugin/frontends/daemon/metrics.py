@@ -236,30 +236,34 @@ class Metrics:
 
     def timed(self, op: str, fn: Callable[[], Any]) -> Any:
         """Run a pod operation, recording its duration, failure and presence (kubelet semantics)."""
-        gauge, total, errors, duration = self._children[op]
-        gauge.inc()
-        total.inc()
-        start = time.monotonic()
-        try:
+        with self._recorded(op):
             return fn()
-        except BaseException:
-            errors.inc()
-            raise
-        finally:
-            duration.observe(time.monotonic() - start)
-            gauge.dec()
 
     async def timed_async(self, op: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         """:meth:`timed` for a coroutine: the time waiting for the pod's turn counts, as in the kubelet."""
-        gauge, total, errors, duration = self._children[op]
+        with self._recorded(op):
+            return await fn()
+
+    def _recorded(self, op: str) -> _Recording:
+        return _Recording(*self._children[op])
+
+
+class _Recording:
+    """One pod operation in progress: counted, in flight (the gauge), timed, and an error if it raises."""
+
+    __slots__ = ("duration", "errors", "gauge", "start")
+
+    def __init__(self, gauge: Any, total: Any, errors: Any, duration: Any) -> None:
+        self.gauge, self.errors, self.duration = gauge, errors, duration
         gauge.inc()
         total.inc()
-        start = time.monotonic()
-        try:
-            return await fn()
-        except BaseException:
-            errors.inc()
-            raise
-        finally:
-            duration.observe(time.monotonic() - start)
-            gauge.dec()
+        self.start = time.monotonic()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None:
+            self.errors.inc()
+        self.duration.observe(time.monotonic() - self.start)
+        self.gauge.dec()
