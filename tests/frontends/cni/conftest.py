@@ -119,6 +119,29 @@ class Shim:
         return conf
 
 
+def bridge_shim_conf(
+    *, exec_dir: Path, state: Path, run_dir: Path, log: Path, bridge: str, subnet: object, plugin: str = "bridge"
+) -> dict[str, Any]:
+    """The ``netplugin-cni`` entry of a runtime suite's network: the exec ``plugin`` (the bash bridge by
+    default) on bridge ``bridge`` with ``subnet``, no cluster host, and nothing of the host's changed:
+    ip_forward and br_netfilter are the host's, and pods on one bridge need neither."""
+    return {
+        "type": "netplugin-cni",
+        "plugin": plugin,
+        "pluginDir": str(exec_dir),
+        "stateDir": str(state),
+        "runDir": str(run_dir),
+        "logFile": str(log),
+        "netplugin": {"host": "none"},
+        "env": {
+            "NETPLUGIN_BRIDGE_NAME": bridge,
+            "NETPLUGIN_BRIDGE_SUBNET": str(subnet),
+            "NETPLUGIN_BRIDGE_IP_FORWARD": "false",
+            "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
+        },
+    }
+
+
 @pytest.fixture
 def world(tmp_path: Path, np_dirs: dict[str, str], plugin_dir: Any) -> Iterator[World]:
     """A daemon's world (test_cni_hostile_node and test_cni_writes_and_inputs use hostworld's instead)."""

@@ -45,6 +45,7 @@ from nettest import free_third_octet
 from netplugin.core.spares import SPARE_DIR
 from netplugin.frontends.wire.client import NotSent, exchange
 
+from .conftest import bridge_shim_conf
 from .containerd import Containerd, Sandbox, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[3]
@@ -115,23 +116,8 @@ class CniNet:
         os.chmod(exe, 0o755)
 
     def conflist(self, plugin: str = "bridge", **extra: Any) -> dict[str, Any]:
-        conf: dict[str, Any] = {
-            "type": "netplugin-cni",
-            "plugin": plugin,
-            "pluginDir": str(self.exec_dir),
-            "stateDir": str(self.state),
-            "runDir": str(self.run_dir),
-            "logFile": str(self.log),
-            "netplugin": {"host": "none"},
-            "env": {
-                "NETPLUGIN_BRIDGE_NAME": self.bridge,
-                "NETPLUGIN_BRIDGE_SUBNET": str(self.subnet),
-                # ip_forward is the host's; pods on one bridge do not need it
-                "NETPLUGIN_BRIDGE_IP_FORWARD": "false",
-                "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
-            },
-            **extra,
-        }
+        dirs = {"exec_dir": self.exec_dir, "state": self.state, "run_dir": self.run_dir, "log": self.log}
+        conf = {**bridge_shim_conf(**dirs, bridge=self.bridge, subnet=self.subnet, plugin=plugin), **extra}
         # As the shipped etc/cni/10-netplugin.conflist: 1.0.0 for runtimes whose libcni
         # predates 1.1 (containerd 1.6), and cniVersions so newer ones use 1.1.0.
         return {"cniVersion": "1.0.0", "cniVersions": ["1.0.0", "1.1.0"], "name": self.name, "plugins": [conf]}

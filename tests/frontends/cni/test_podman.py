@@ -30,6 +30,8 @@ from nettest import free_third_octet
 from netplugin.core.spares import SPARE_DIR
 from netplugin.frontends.cni.native import build_native
 
+from .conftest import bridge_shim_conf
+
 REPO = Path(__file__).resolve().parents[3]
 BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"
 IMAGE = "localhost/netplugin-busybox"
@@ -103,22 +105,14 @@ class PodmanNet:
             "cniVersion": "1.0.0",  # podman 4.3's libcni cannot read 1.1.0 results
             "name": self.network,
             "plugins": [
-                {
-                    "type": "netplugin-cni",
-                    "plugin": "bridge",
-                    "pluginDir": str(self.exec_dir),
-                    "stateDir": str(self.state),
-                    "runDir": str(self.run_dir),
-                    "logFile": str(self.log),
-                    "netplugin": {"host": "none"},
-                    "env": {
-                        "NETPLUGIN_BRIDGE_NAME": self.bridge,
-                        "NETPLUGIN_BRIDGE_SUBNET": str(self.subnet),
-                        # ip_forward is the host's; two pods on one bridge do not need it
-                        "NETPLUGIN_BRIDGE_IP_FORWARD": "false",
-                        "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
-                    },
-                }
+                bridge_shim_conf(
+                    exec_dir=self.exec_dir,
+                    state=self.state,
+                    run_dir=self.run_dir,
+                    log=self.log,
+                    bridge=self.bridge,
+                    subnet=self.subnet,
+                )
             ],
         }
         (self.netd / f"{self.network}.conflist").write_text(json.dumps(conflist, indent=1))
