@@ -6,11 +6,15 @@ a claim about how fast anything is. Speed is measured by the benchmarks, never a
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["POLL", "WITHIN", "wait_for"]
+from netplugin.frontends.wire.client import NotSent, exchange
+
+__all__ = ["POLL", "WITHIN", "wait_answering", "wait_for"]
 
 T = TypeVar("T")
 
@@ -44,3 +48,18 @@ def wait_for(
             more = f"\n{detail()}" if detail is not None else ""
             raise AssertionError(f"gave up waiting for {what} after {within:g} s (last: {value!r}){more}")
         time.sleep(interval)
+
+
+def wait_answering(socket: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Until the daemon ``proc`` answers ``health`` on ``socket``; its exit fails at once, with ``log``."""
+
+    def answers() -> bool:
+        try:
+            if exchange(socket, {"v": 1, "op": "health"}, timeout=10)["ok"]:
+                return True
+        except NotSent:
+            pass
+        assert proc.poll() is None, f"the daemon exited ({proc.returncode}):\n{log.read_text()}"
+        return False
+
+    wait_for(answers, "the daemon to answer", WITHIN, detail=log.read_text)

@@ -14,14 +14,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from netplugin.frontends.wire.client import NotSent, exchange
 from tests.nettest import kernel_gate, underlay_netns
+from tests.waits import wait_answering
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL = REPO / "scripts" / "install.sh"
@@ -73,18 +72,6 @@ def _node(root: Path) -> tuple[list[str], Path]:
     return [*flags, "--config", str(config)], config
 
 
-def _wait_daemon(socket: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    end = time.monotonic() + 60
-    while True:
-        try:
-            if exchange(socket, {"v": 1, "op": "health"}, timeout=10)["ok"]:
-                return
-        except NotSent:
-            pass
-        assert proc.poll() is None and time.monotonic() < end, log.read_text()
-        time.sleep(0.05)
-
-
 def test_uninstall_purge_leaves_the_node_as_before(netns: str, tmp_path: Path) -> None:
     root = tmp_path / "node"
     root.mkdir()
@@ -114,7 +101,7 @@ def test_uninstall_purge_leaves_the_node_as_before(netns: str, tmp_path: Path) -
             stderr=subprocess.STDOUT,
         )
     try:
-        _wait_daemon(str(root / "run" / "netplugin.sock"), daemon, log)
+        wait_answering(str(root / "run" / "netplugin.sock"), daemon, log)
         for i in range(2):
             cli = [sys.executable, "-m", "netplugin", "--config", str(config)]
             pod = _in(netns, *cli, "setup", "default", f"w{i}", f"i{i}")

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.waits import WITHIN, wait_answering, wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -192,7 +194,6 @@ def test_a_socket_refused_for_permission_asks_for_root_not_a_start(tmp_path: Pat
 
 def test_doctor_says_the_daemon_refused_the_config_on_disk(node: DoctorNode) -> None:
     import signal
-    import time
 
     node.config.write_text(node.config.read_text() + "metrics_address: none\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
@@ -202,17 +203,14 @@ def test_doctor_says_the_daemon_refused_the_config_on_disk(node: DoctorNode) -> 
         daemon = subprocess.Popen([sys.executable, "-m", "netplugin", "serve", "--config", str(node.config)],
                                   env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     try:
-        end = time.monotonic() + 60
-        while not (node.run / "netplugin.sock").exists():
-            assert daemon.poll() is None and time.monotonic() < end, log.read_text()
-            time.sleep(0.05)
+        wait_answering(str(node.run / "netplugin.sock"), daemon, log)
         _, checks = node.doctor()
         assert checks["settings"]["ok"] and checks["repairs"]["ok"], checks
         node.config.write_text(node.config.read_text().replace("kubernetes.io/no-op", "brdge"))
         daemon.send_signal(signal.SIGHUP)
-        while "reload refused" not in log.read_text():
-            assert time.monotonic() < end + 60, log.read_text()
-            time.sleep(0.05)
+        wait_for(
+            lambda: "reload refused" in log.read_text(), "the refused reload's log line", WITHIN, detail=log.read_text
+        )
         code, checks = node.doctor()
         assert code == 7
         problem = checks["settings"]["problem"]

@@ -12,11 +12,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.waits import wait_answering
 
 pytestmark = pytest.mark.kernel
 
@@ -60,11 +61,7 @@ def _serve(ns: str, tmp_path: Path, cluster: str, path: str | None = None) -> tu
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "run" / "netplugin.sock").exists():
-        assert proc.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)
+    wait_answering(str(tmp_path / "run" / "netplugin.sock"), proc, log)
     return proc, log
 
 

@@ -13,27 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from netplugin.frontends.wire.client import NotSent, exchange
-from tests.waits import WITHIN, wait_for
+from netplugin.frontends.wire.client import exchange
+from tests.waits import wait_answering
 
 REPO = Path(__file__).resolve().parents[3]
 
-__all__ = ["World", "wait_answering"]
-
-
-def wait_answering(socket: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    """Until the daemon ``proc`` answers ``health`` on ``socket``; its exit fails at once, with ``log``."""
-
-    def answers() -> bool:
-        try:
-            if exchange(socket, {"v": 1, "op": "health"}, timeout=10)["ok"]:
-                return True
-        except NotSent:
-            pass
-        assert proc.poll() is None, f"the daemon exited ({proc.returncode}):\n{log.read_text()}"
-        return False
-
-    wait_for(answers, "the daemon to answer", WITHIN, detail=log.read_text)
+__all__ = ["World"]
 
 
 class World:

@@ -21,7 +21,7 @@ from hostworld import World, world  # noqa: F401 (fixture)
 from nettest import host_veth_name
 
 from netplugin.frontends.wire.client import exchange
-from tests.frontends.cni.daemonworld import wait_answering
+from tests.waits import wait_answering
 
 from .test_podman import BRIDGE
 

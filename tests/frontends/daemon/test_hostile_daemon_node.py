@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from netplugin.frontends.wire.client import NotSent, exchange
+from netplugin.frontends.wire.client import exchange
+from tests.waits import wait_answering
 
 LAUNCHER = """
 import os, runpy, sys
@@ -69,15 +69,7 @@ def hang_daemon(daemon_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
         proc = subprocess.Popen([sys.executable, str(launcher)], env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT)
     try:
-        end = time.monotonic() + 60
-        while True:
-            try:
-                if exchange(sock, {"v": 1, "op": "health"}, timeout=10)["ok"]:
-                    break
-            except NotSent:
-                pass
-            assert proc.poll() is None and time.monotonic() < end, (tmp_path / "daemon.log").read_text()
-            time.sleep(0.05)
+        wait_answering(sock, proc, tmp_path / "daemon.log")
         yield sock
     finally:
         proc.kill()
