@@ -8,6 +8,7 @@ CHECK ``CNI_NETNS`` only has to exist, so a plain file stands in for the namespa
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -119,23 +120,32 @@ class Shim:
         return conf
 
 
-def bridge_shim_conf(
-    *, exec_dir: Path, state: Path, run_dir: Path, log: Path, bridge: str, subnet: object, plugin: str = "bridge"
-) -> dict[str, Any]:
-    """The ``netplugin-cni`` entry of a runtime suite's network: the exec ``plugin`` (the bash bridge by
-    default) on bridge ``bridge`` with ``subnet``, no cluster host, and nothing of the host's changed:
-    ip_forward and br_netfilter are the host's, and pods on one bridge need neither."""
+class ShimNet(Protocol):
+    """A runtime suite's network: where its exec plugin, state, socket and log are, its bridge and subnet."""
+
+    exec_dir: Path
+    state: Path
+    run_dir: Path
+    log: Path
+    bridge: str
+    subnet: ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def bridge_shim_conf(net: ShimNet, plugin: str = "bridge") -> dict[str, Any]:
+    """The ``netplugin-cni`` entry of ``net``'s conflist: the exec ``plugin`` (the bash bridge by
+    default), no cluster host, and nothing of the host's changed: ip_forward and br_netfilter are
+    the host's, and pods on one bridge need neither."""
     return {
         "type": "netplugin-cni",
         "plugin": plugin,
-        "pluginDir": str(exec_dir),
-        "stateDir": str(state),
-        "runDir": str(run_dir),
-        "logFile": str(log),
+        "pluginDir": str(net.exec_dir),
+        "stateDir": str(net.state),
+        "runDir": str(net.run_dir),
+        "logFile": str(net.log),
         "netplugin": {"host": "none"},
         "env": {
-            "NETPLUGIN_BRIDGE_NAME": bridge,
-            "NETPLUGIN_BRIDGE_SUBNET": str(subnet),
+            "NETPLUGIN_BRIDGE_NAME": net.bridge,
+            "NETPLUGIN_BRIDGE_SUBNET": str(net.subnet),
             "NETPLUGIN_BRIDGE_IP_FORWARD": "false",
             "NETPLUGIN_BRIDGE_BR_NETFILTER": "false",
         },

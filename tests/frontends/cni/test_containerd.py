@@ -116,8 +116,7 @@ class CniNet:
         os.chmod(exe, 0o755)
 
     def conflist(self, plugin: str = "bridge", **extra: Any) -> dict[str, Any]:
-        dirs = {"exec_dir": self.exec_dir, "state": self.state, "run_dir": self.run_dir, "log": self.log}
-        conf = {**bridge_shim_conf(**dirs, bridge=self.bridge, subnet=self.subnet, plugin=plugin), **extra}
+        conf = {**bridge_shim_conf(self, plugin), **extra}
         # As the shipped etc/cni/10-netplugin.conflist: 1.0.0 for runtimes whose libcni
         # predates 1.1 (containerd 1.6), and cniVersions so newer ones use 1.1.0.
         return {"cniVersion": "1.0.0", "cniVersions": ["1.0.0", "1.1.0"], "name": self.name, "plugins": [conf]}

@@ -104,16 +104,7 @@ class PodmanNet:
         conflist = {
             "cniVersion": "1.0.0",  # podman 4.3's libcni cannot read 1.1.0 results
             "name": self.network,
-            "plugins": [
-                bridge_shim_conf(
-                    exec_dir=self.exec_dir,
-                    state=self.state,
-                    run_dir=self.run_dir,
-                    log=self.log,
-                    bridge=self.bridge,
-                    subnet=self.subnet,
-                )
-            ],
+            "plugins": [bridge_shim_conf(self)],
         }
         (self.netd / f"{self.network}.conflist").write_text(json.dumps(conflist, indent=1))
         conf = root / "containers.conf"
