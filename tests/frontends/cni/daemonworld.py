@@ -18,7 +18,19 @@ from tests.waits import wait_answering
 
 REPO = Path(__file__).resolve().parents[3]
 
-__all__ = ["World"]
+__all__ = ["World", "daemon_config"]
+
+
+def daemon_config(
+    path: Path, np_dirs: dict[str, str], plugin_dir: Any, plugin: str, env: dict[str, str], **settings: str
+) -> Path:
+    """A config file the shim, the daemon and the CLI share: ``plugin`` from ``plugin_dir``, the
+    test's dirs, no cluster host, ``settings`` and the plugin's ``env``."""
+    lines = [f"plugin: {plugin}", f"plugin_dir: {plugin_dir.path}", f"state_dir: {np_dirs['state_dir']}"]
+    lines += [f"run_dir: {np_dirs['run_dir']}", "host: none", *(f"{k}: {v}" for k, v in settings.items())]
+    lines += ["env:", *(f"  {k}: '{v}'" for k, v in env.items()), ""]
+    path.write_text("\n".join(lines))
+    return path
 
 
 class World:
@@ -29,22 +41,10 @@ class World:
         self.run_dir = np_dirs["run_dir"]
         self.state_dir = np_dirs["state_dir"]
         self.socket = os.path.join(self.run_dir, "netplugin.sock")
-        self.config = tmp / "daemon.yaml"
-        self.config.write_text(
-            "\n".join(
-                [
-                    "plugin: fake",
-                    f"plugin_dir: {plugin_dir.path}",
-                    f"state_dir: {self.state_dir}",
-                    f"run_dir: {self.run_dir}",
-                    "host: none",
-                    "metrics_address: 127.0.0.1:0",
-                    "env:",
-                    "  NETPLUGIN_BRIDGE_SUBNET: 10.201.5.0/24",
-                    "",
-                ]
-            )
-        )
+        self.config = daemon_config(
+            tmp / "daemon.yaml", np_dirs, plugin_dir, "fake", {"NETPLUGIN_BRIDGE_SUBNET": "10.201.5.0/24"},
+            metrics_address="127.0.0.1:0",
+        )  # fmt: skip
         self.netns = tmp / "netns-stand-in"
         self.netns.write_text("")
         self.base_env = {k: v for k, v in os.environ.items() if not k.startswith(("NETPLUGIN_", "CNI_"))}

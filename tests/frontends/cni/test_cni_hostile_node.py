@@ -21,6 +21,7 @@ from hostworld import World, world  # noqa: F401 (fixture)
 from nettest import host_veth_name
 
 from netplugin.frontends.wire.client import exchange
+from tests.frontends.cni.daemonworld import daemon_config
 from tests.waits import wait_answering
 
 from .test_podman import BRIDGE
@@ -43,24 +44,9 @@ class Node:
         self.run_dir = np_dirs["run_dir"]
         self.state_dir = np_dirs["state_dir"]
         self.socket = os.path.join(self.run_dir, "netplugin.sock")
-        self.config = tmp / "node.yaml"
-        self.config.write_text(
-            "\n".join(
-                [
-                    f"plugin: {PLUGINS[plugin]}",
-                    f"plugin_dir: {plugin_dir.path}",
-                    f"state_dir: {np_dirs['state_dir']}",
-                    f"run_dir: {self.run_dir}",
-                    "host: none",
-                    "env:",
-                    f"  NETPLUGIN_BRIDGE_NAME: {self.bridge}",
-                    f"  NETPLUGIN_BRIDGE_SUBNET: {w.bridge_subnet}",
-                    "  NETPLUGIN_BRIDGE_IP_FORWARD: 'false'",
-                    "  NETPLUGIN_BRIDGE_BR_NETFILTER: 'false'",
-                    "",
-                ]
-            )
-        )
+        env = {"NETPLUGIN_BRIDGE_NAME": self.bridge, "NETPLUGIN_BRIDGE_SUBNET": str(w.bridge_subnet)}
+        env.update(NETPLUGIN_BRIDGE_IP_FORWARD="false", NETPLUGIN_BRIDGE_BR_NETFILTER="false")
+        self.config = daemon_config(tmp / "node.yaml", np_dirs, plugin_dir, PLUGINS[plugin], env)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("NETPLUGIN_", "CNI_"))}
         self.env.update(PYTHONPATH=os.environ.get("PYTHONPATH", ""), NETPLUGIN_CONFIG=str(self.config))
         self.use_daemon = "never"
