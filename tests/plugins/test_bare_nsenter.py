@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 
 from netplugin.plugins.bridge.settings import host_veth_name
 from netplugin.plugins.hostport import TABLE, chain_name
+from tests.waits import wait_answering
 
 pytestmark = pytest.mark.kernel
 REPO = Path(__file__).resolve().parents[2]
@@ -70,11 +70,8 @@ def daemon_in(tmp_path: Path, plugin_dir: Any) -> Iterator[Callable[[str, tuple[
         argv = ["nsenter", f"--net=/run/netns/{node}", sys.executable, "-m", "netplugin", "serve"]
         procs.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log))
         log.close()
-        deadline = time.monotonic() + 60
-        while not list((tmp_path / "run").glob("*.sock")):
-            assert procs[-1].poll() is None, (tmp_path / "daemon.log").read_text()
-            assert time.monotonic() < deadline, "the daemon did not open its socket"
-            time.sleep(0.1)
+        sock = str(tmp_path / "run" / "netplugin.sock")
+        wait_answering(sock, procs[-1], tmp_path / "daemon.log")
         return env
 
     yield start

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from tests.waits import WITHIN, wait_for
 
 POD = ("default", "web-0", "infra0")
 
@@ -52,10 +53,8 @@ def test_gc_says_which_pod_it_waits_for(plugin_dir: Any, cli_env: dict[str, str]
         [sys.executable, "-m", "netplugin", "setup", *POD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
-        end = time.monotonic() + 60
-        while "setup" not in " ".join(p.calls()):
-            assert time.monotonic() < end and slow.poll() is None
-            time.sleep(0.05)
+        wait_for(lambda: "setup" in " ".join(p.calls()) or slow.poll() is not None, "the slow setup to start", WITHIN)
+        assert slow.poll() is None, slow.communicate()
         gc = run_cli("gc", env={"NETPLUGIN_PLUGIN": "p"})
         assert gc.returncode == 0, gc
         assert "gc: waiting for default/web-0 (infra infra0): an action on it is in progress" in gc.stderr, gc.stderr

@@ -21,6 +21,7 @@ from netplugin.frontends.daemon.metrics import SERIES
 from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 from netplugin.nodenet.routes import Route, RouteProblem, RouteReport
 from tests.fakehost import FakeHost
+from tests.waits import WITHIN, wait_for
 
 ME = NodeInfo("fake-node", ("10.206.129.0/24",), ("10.206.0.11",))
 PEER = NodeInfo("peer", ("10.206.130.0/24",), ("10.206.0.12",))
@@ -190,14 +191,11 @@ def test_watching_host_waits_for_its_first_list_then_follows_kicks() -> None:
         assert routes.calls == []  # not synced: an empty view must never remove routes
         assert host.cache is not None
         host.cache.nodes.synced.set()
-        deadline = time.monotonic() + 3
-        while not routes.calls and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: routes.calls, "the first pass once synced", WITHIN)
         assert routes.calls == [["fake-node", "peer"]]
         del host.nodes["peer"]
         host.kick()
-        while len(routes.calls) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: len(routes.calls) >= 2, "the pass after the kick", WITHIN)
         assert routes.calls[-1] == ["fake-node"]
         assert routes.fresh == [True, False]  # a Node event works from the last pass's view
     finally:
