@@ -49,15 +49,15 @@ _libc: Any = None
 #: statfs(2) f_type of the filesystem holding namespace files (linux/magic.h)
 NSFS_MAGIC = 0x6E736673
 
+#: where this process's and the node's (init's) network namespaces are
+_OWN = ("/proc/thread-self/ns/net", "/proc/self/ns/net", "/proc/1/ns/net")
+
+
 def in_netns(argv: list[str], netns: str | None) -> list[str]:
     """The argv that runs ``argv`` in the network namespace at path ``netns`` (``nsenter``; a command
     that must change a namespace's firewall or routes runs there, the caller's threads stay put);
     ``argv`` itself when ``netns`` is None or empty."""
     return ["nsenter", f"--net={netns}", *argv] if netns else argv
-
-
-#: where this process's and the node's (init's) network namespaces are
-_OWN = ("/proc/thread-self/ns/net", "/proc/self/ns/net", "/proc/1/ns/net")
 
 
 def _libc_handle() -> Any:
