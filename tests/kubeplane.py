@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -30,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from netplugin.frontends.lab.simcluster.sessions import stop_session
 from tests.waits import WITHIN, wait_for
 
 __all__ = [
@@ -39,7 +38,6 @@ __all__ = [
     "SERVICE_CIDR",
     "ApiError",
     "ControlPlane",
-    "stop_session",
 ]
 
 #: the peers this needs (paths under the peer dir); with ``for_kubelets`` kube-scheduler too
@@ -64,21 +62,6 @@ CLUSTER_CIDRS = ("10.206.128.0/17", "fd6e:7031:1a00:8000::/49")
 SERVICE_CIDR = "10.206.64.0/20"
 
 T = TypeVar("T")
-
-
-def stop_session(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    """Stop a peer started in a session of its own, with whatever it started: SIGTERM to the
-    session's group, then SIGKILL if it is not gone within ``grace`` seconds."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(grace)
 
 
 class ApiError(Exception):

@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubeplane import CLUSTER_CIDRS, ApiError, ControlPlane, stop_session
+from kubeplane import CLUSTER_CIDRS, ApiError, ControlPlane
 
 from netplugin.frontends.lab.simcluster.apiobjects import make_node
 from netplugin.frontends.lab.simcluster.cluster import UNDERLAY_V4, SimCluster, SimNode
 from netplugin.frontends.lab.simcluster.nsexec import socket_in_netns
+from netplugin.frontends.lab.simcluster.sessions import stop_session
 
 __all__ = ["SA_USER", "KubeCluster", "Relay", "apply_shipped_rbac"]
 

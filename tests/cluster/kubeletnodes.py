@@ -38,9 +38,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kubeplane import ApiError, ControlPlane, stop_session
+from kubeplane import ApiError, ControlPlane
 
 from netplugin.frontends.lab.simcluster.cluster import SimNode
+from netplugin.frontends.lab.simcluster.sessions import stop_session
 from tests.cluster.kubecluster import KubeCluster
 from tests.cluster.shippednodes import ShippedNodes
 from tests.frontends.cni.containerd import NETNS_DIR, image_archive

@@ -42,6 +42,7 @@ from netplugin.core.plaindata import dataclass, field
 from netplugin.frontends.lab.demo import find_plugin_source
 from netplugin.frontends.lab.simcluster.apiserver import ApiServer, make_node, make_pod
 from netplugin.frontends.lab.simcluster.nsexec import ip, ip_json, netns_exists, socket_in_netns
+from netplugin.frontends.lab.simcluster.sessions import stop_session
 from netplugin.frontends.wire.client import request
 
 __all__ = ["CLUSTER_CIDRS", "OUTSIDE_V4", "OUTSIDE_V6", "SimCluster", "SimNode", "SimPod"]
@@ -335,16 +336,7 @@ class SimCluster:
         proc, node.daemon = node.daemon, None
         if proc is None:
             return None
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        return proc.returncode
+        return stop_session(proc, timeout)
 
     def stop_daemon(self, node: SimNode) -> int | None:
         return self._stop_daemon(node)
