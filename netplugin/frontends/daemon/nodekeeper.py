@@ -43,22 +43,19 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError, NetpluginError
 from netplugin.core.node import NodeInfo
-from netplugin.core.plugin import REPAIR_KINDS
-from netplugin.frontends.daemon import metrics
-from netplugin.frontends.daemon.metrics import family
+from netplugin.frontends.daemon.nodemetrics import NodeCollector
 from netplugin.frontends.daemon.worker import Worker
 from netplugin.hosts.base import ClusterHost
 from netplugin.nodenet.egress import Egress
-from netplugin.nodenet.routes import PROBLEM_KINDS, RouteTable
+from netplugin.nodenet.routes import RouteTable
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
-    from prometheus_client.core import Metric
 
     from netplugin.core.config import Config
     from netplugin.frontends.daemon.kernelwatch import KernelWatch
@@ -448,43 +445,7 @@ class NodeKeeper:
 
     def register(self, registry: CollectorRegistry) -> None:
         """Export the node metrics on the daemon's registry (read at each scrape)."""
-        registry.register(_Collector(self))
-
-
-class _Collector:
-    """Prometheus collector over the keeper's state, the host's request counts and its watches."""
-
-    def __init__(self, keeper: NodeKeeper) -> None:
-        self.keeper = keeper
-
-    def describe(self) -> list[Metric]:
-        return []  # collected lazily; describing nothing keeps registration cheap
-
-    def collect(self) -> Iterator[Metric]:
-
-        k = self.keeper
-        with k._lock:
-            report, nodes, syncs = k.report, k.nodes, k.syncs
-        routes = family(metrics.NODE_ROUTES)
-        for fam in ("4", "6"):
-            count = sum(1 for r in report.routes if (":" in r.dst) == (fam == "6")) if report else 0
-            routes.add_metric([fam], count)
-        yield routes
-        yield family(metrics.NODE_ROUTE_PROBLEMS, value=len(report.problems) if report else 0)
-        by_kind = family(metrics.NODE_PROBLEMS)
-        kinds = Counter(p["kind"] for p in k.problems())
-        for kind in (*PROBLEM_KINDS, "bad_node", "watch", "broken_pod"):
-            by_kind.add_metric([kind], kinds.get(kind, 0))
-        yield by_kind
-        yield family(metrics.NODES, value=len(nodes or []))
-        yield family(metrics.NODE_SYNCS, value=syncs)
-        repairs = family(metrics.REPAIRS)
-        with k._lock:
-            for kind in REPAIR_KINDS:
-                repairs.add_metric([kind], k.repairs[kind])
-        yield repairs
-        if k.cluster is not None:
-            yield from _cluster_metrics(k.cluster)
+        registry.register(NodeCollector(self))
 
 
 def problem_text(p: Mapping[str, str]) -> str:
@@ -494,21 +455,3 @@ def problem_text(p: Mapping[str, str]) -> str:
     if p.get("node"):
         return f"node {p['node']}: {p['reason']}"
     return str(p["reason"])
-
-
-def _cluster_metrics(cluster: ClusterHost) -> Iterator[Metric]:
-    """The metrics of a host that watches the cluster: its API requests and its list+watch caches."""
-    req = family(metrics.KUBE_REQUESTS)
-    for (verb, resource), n in sorted(dict(cluster.requests).items()):
-        req.add_metric([verb, resource], n)
-    yield req
-    cache = cluster.cache
-    if cache is not None:
-        watch = family(metrics.KUBE_WATCH_EVENTS)
-        relists = family(metrics.KUBE_RELISTS)
-        for resource, st in cache.status().items():
-            for kind in ("lists", "watches", "relists", "failures", "events", "bookmarks"):
-                watch.add_metric([resource, kind], st[kind])
-            relists.add_metric([resource], st["relists"])
-        yield watch
-        yield relists

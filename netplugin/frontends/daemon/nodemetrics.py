@@ -1,0 +1,96 @@
+"""The node keeper's Prometheus metrics: its routes, problems and repairs, and the host's API use.
+
+:class:`NodeCollector` is read at each scrape of the daemon's registry
+(:meth:`netplugin.frontends.daemon.nodekeeper.NodeKeeper.register`); every family is a row of
+:data:`.metrics.SERIES`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+
+from netplugin.core.plugin import REPAIR_KINDS
+from netplugin.frontends.daemon import metrics
+from netplugin.frontends.daemon.metrics import family
+from netplugin.nodenet.routes import PROBLEM_KINDS
+
+if TYPE_CHECKING:
+    import threading
+
+    from prometheus_client.core import Metric
+
+    from netplugin.core.node import NodeInfo
+    from netplugin.hosts.base import ClusterHost
+    from netplugin.nodenet.routes import RouteReport
+
+__all__ = ["KeptNodes", "NodeCollector"]
+
+
+class KeptNodes(Protocol):
+    """What the collector reads of a :class:`~netplugin.frontends.daemon.nodekeeper.NodeKeeper`
+    (a protocol, not the class: the keeper imports this module)."""
+
+    _lock: threading.Lock
+    report: RouteReport | None
+    nodes: list[NodeInfo] | None
+    syncs: int
+    repairs: Counter[str]
+    cluster: ClusterHost | None
+
+    def problems(self) -> list[dict[str, str]]: ...
+
+
+class NodeCollector:
+    """Prometheus collector over the keeper's state, the host's request counts and its watches."""
+
+    def __init__(self, keeper: KeptNodes) -> None:
+        self.keeper = keeper
+
+    def describe(self) -> list[Metric]:
+        return []  # collected lazily; describing nothing keeps registration cheap
+
+    def collect(self) -> Iterator[Metric]:
+
+        k = self.keeper
+        with k._lock:
+            report, nodes, syncs = k.report, k.nodes, k.syncs
+        routes = family(metrics.NODE_ROUTES)
+        for fam in ("4", "6"):
+            count = sum(1 for r in report.routes if (":" in r.dst) == (fam == "6")) if report else 0
+            routes.add_metric([fam], count)
+        yield routes
+        yield family(metrics.NODE_ROUTE_PROBLEMS, value=len(report.problems) if report else 0)
+        by_kind = family(metrics.NODE_PROBLEMS)
+        kinds = Counter(p["kind"] for p in k.problems())
+        for kind in (*PROBLEM_KINDS, "bad_node", "watch", "broken_pod"):
+            by_kind.add_metric([kind], kinds.get(kind, 0))
+        yield by_kind
+        yield family(metrics.NODES, value=len(nodes or []))
+        yield family(metrics.NODE_SYNCS, value=syncs)
+        repairs = family(metrics.REPAIRS)
+        with k._lock:
+            for kind in REPAIR_KINDS:
+                repairs.add_metric([kind], k.repairs[kind])
+        yield repairs
+        if k.cluster is not None:
+            yield from _cluster_metrics(k.cluster)
+
+
+def _cluster_metrics(cluster: ClusterHost) -> Iterator[Metric]:
+    """The metrics of a host that watches the cluster: its API requests and its list+watch caches."""
+    req = family(metrics.KUBE_REQUESTS)
+    for (verb, resource), n in sorted(dict(cluster.requests).items()):
+        req.add_metric([verb, resource], n)
+    yield req
+    cache = cluster.cache
+    if cache is not None:
+        watch = family(metrics.KUBE_WATCH_EVENTS)
+        relists = family(metrics.KUBE_RELISTS)
+        for resource, st in cache.status().items():
+            for kind in ("lists", "watches", "relists", "failures", "events", "bookmarks"):
+                watch.add_metric([resource, kind], st[kind])
+            relists.add_metric([resource], st["relists"])
+        yield watch
+        yield relists
