@@ -11,6 +11,7 @@ on a unix socket; see that module for the protocol.
   0600 from the first instant) beside its final path and renamed over it, so a stale socket left
   by a killed daemon is replaced atomically, and only after it proved dead (it does not answer).
   Then it tells systemd ``READY=1`` (``Type=notify``).
+* **Connections** are read and answered by :mod:`.connections` (the base of :class:`Daemon`).
 * **Operations** run in a thread pool, so different pods proceed in parallel; actions on one
   pod serialise on the manager's per-pod flock, which the CLI and the CNI shim take too, so
   daemon and direct callers never overlap (``pods`` and ``gc``: :mod:`.records`). Requests for
@@ -42,44 +43,30 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import os
 import signal
-import socket
-import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from netplugin import __version__
-from netplugin.core._yaml import load_json
-from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
+from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.execplugin.invoke import adopt_orphans, reap_adopted
-from netplugin.core.plaindata import dataclass
-from netplugin.frontends.daemon.actionlog import log_action, log_refusal
-from netplugin.frontends.daemon.cnicalls import check_settings, run_cni, run_cni_call
-from netplugin.frontends.daemon.envelope import check_request, pod_of, pod_text
+from netplugin.frontends.daemon.actionlog import log_action
+from netplugin.frontends.daemon.cnicalls import check_settings, run_cni
+from netplugin.frontends.daemon.connections import Connections, Stats
+from netplugin.frontends.daemon.envelope import pod_of
 from netplugin.frontends.daemon.gckeeper import GcKeeper
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
-from netplugin.frontends.daemon.metrics import INVALID_OP, Metrics
-from netplugin.frontends.daemon.nativecalls import read_frame, run_frame
+from netplugin.frontends.daemon.metrics import Metrics
 from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 from netplugin.frontends.daemon.podqueue import Turns
 from netplugin.frontends.daemon.reconfig import Live, Reread, refused_text, reload_settings
-from netplugin.frontends.daemon.records import PROGRESS, gc_answer, pods_answer, progress_sink, still_needed_answer
+from netplugin.frontends.daemon.records import gc_answer, pods_answer, still_needed_answer
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
-from netplugin.frontends.wire.codes import error_classes
-from netplugin.frontends.wire.protocol import (
-    FRAME_MAGIC,
-    MAX_MESSAGE,
-    OPS,
-    POD_OPS,
-    encode_unavailable,
-    init_result,
-    run_pod_op,
-)
+from netplugin.frontends.wire.protocol import MAX_MESSAGE, OPS, POD_OPS, init_result, run_pod_op
 from netplugin.manager.manager import Manager
 from netplugin.plugins.bounded import stuck_calls
 from netplugin.plugins.hostport import HOSTPORT_NAME
@@ -95,15 +82,7 @@ log = logging.getLogger("netplugin.daemon")
 MAX_WORKERS = 64
 
 
-@dataclass
-class _Stats:
-    started: float
-    requests: int = 0
-    busy: int = 0
-    reloads: int = 0
-
-
-class Daemon:
+class Daemon(Connections):
     """The request handler and the server around it. ``run()`` serves until SIGTERM."""
 
     def __init__(
@@ -133,7 +112,7 @@ class Daemon:
             config, manager.host, on_pod_deleted=self.gc.pod_deleted, pods=lambda: self._live.manager
         )
         self.nodes.register(self.metrics.registry)
-        self.stats = _Stats(started=time.monotonic())
+        self.stats = Stats(started=time.monotonic())
         self._plugin: str | None = None
         self._plugin_problem: str | None = None
         self._chain_changed = False  #: by a reload (health then names dropped plugins pods still need)
@@ -154,9 +133,6 @@ class Daemon:
     @property
     def manager(self) -> Manager:
         return self._live.manager
-    @property
-    def fingerprint(self) -> dict[str, Any]:
-        return self._live.fingerprint
 
     # --- operations (worker threads) --------------------------------------------------------------
 
@@ -257,135 +233,6 @@ class Daemon:
             "stuck": [c.to_dict() for c in stuck_calls()],  # in-process actions past their limits
             "plugins_still_needed": still_needed_answer(self.config) if self._chain_changed else {},
         }
-
-    # --- the server (event loop) -----------------------------------------------------------------
-
-    async def _answer(self, line: bytes) -> dict[str, Any]:
-        op = INVALID_OP
-        req: Any = None
-        try:
-            try:  # bounded depth: a deep line is a clean error, not a RecursionError
-                req = load_json(line, duplicates=True)
-            except ValueError as e:  # DocumentError: not JSON, bad UTF-8, too deep
-                raise InvalidArgument("request", line[:80].decode("utf-8", "replace"), f"not JSON: {e}") from None
-            req = check_request(req, self.fingerprint, self.socket_path)
-            op = req["op"]
-            if self._stopping:
-                raise DaemonUnavailable(self.socket_path, "it is shutting down")
-            if op == "health":
-                result = self.health()
-            else:
-                start = time.monotonic()
-                if op in POD_OPS:
-                    result = await self.metrics.timed_async(op, lambda: self._pod_request(req))
-                elif op == "cni":
-                    result = await self._cni_request(req)
-                else:
-                    result = await asyncio.to_thread(self.dispatch, req)
-                if op not in POD_OPS:  # a pod action has its own line (log_action)
-                    log.debug("%s %s: ok in %.3fs", op, pod_text(req), time.monotonic() - start)
-            self.metrics.requests.labels(op, "ok").inc()
-            return {"ok": True, "result": result}
-        except NetpluginError as e:
-            self.metrics.requests.labels(op, type(e).__name__).inc()
-            log_refusal(req, e)
-            return {"ok": False, "error": e.to_dict(), "classes": error_classes(type(e))}
-        except Exception as e:
-            # A bug: keep serving, and tell the caller exactly what happened.
-            log.exception("internal error in %s", op)
-            self.metrics.requests.labels(op, "InternalError").inc()
-            return {
-                "ok": False,
-                "error": {"error": "InternalError", "message": f"{type(e).__name__}: {e}"},
-                "classes": ["InternalError"],
-            }
-
-    async def _pod_request(self, req: dict[str, Any]) -> Any:
-        """Run a pod request in a worker once the pod's earlier requests are done (see _pod_turn)."""
-        pod = pod_of(req)
-        async with self._turns.turn(pod.key, f"pod {pod}"):
-            return await asyncio.to_thread(self.dispatch, req)
-
-    async def _cni_request(self, req: dict[str, Any]) -> Any:
-        """A forwarded CNI call waits for its container's turn in the event loop, like a pod request.
-
-        Its pod is known only once the shim's code has parsed the call (in the worker), so the
-        turn is the container's: a runtime retrying a stuck sandbox queues here, holding no worker.
-        """
-        environ = req.get("environ")
-        container = environ.get("CNI_CONTAINERID") if isinstance(environ, dict) else None
-        if not isinstance(container, str) or not container:
-            return await asyncio.to_thread(self.dispatch, req)  # the shim's code reports what is missing
-        async with self._turns.turn(f"cni:{container}", f"container {container[:80]}"):
-            return await asyncio.to_thread(self.dispatch, req)
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._conns.add(task)
-        try:
-            sock = writer.get_extra_info("socket")
-            pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-            if uid not in (0, os.geteuid()):
-                log.warning("refused a connection from uid %d (pid %d)", uid, pid)
-                return
-            PROGRESS.set(progress_sink(writer))  # this connection's task (and the workers it starts) only
-            while True:
-                first = await reader.read(1)
-                if first == FRAME_MAGIC[:1]:  # the compiled shim's binary frame (a JSON line starts with "{")
-                    if await self._framed(first, reader, writer, pid):
-                        continue
-                    return
-                try:
-                    line = first if first in (b"", b"\n") else first + await reader.readuntil(b"\n")
-                except asyncio.IncompleteReadError:
-                    return  # the caller is done (or gave up mid-line: nothing to run)
-                except asyncio.LimitOverrunError:
-                    log.warning("request too long from pid %d; closing", pid)
-                    return
-                if not line:
-                    return
-                self._busy(+1)
-                try:
-                    self.stats.requests += 1
-                    response = await self._answer(line)
-                    writer.write(json.dumps(response, separators=(",", ":"), default=str).encode() + b"\n")
-                    await writer.drain()
-                finally:
-                    self._busy(-1)
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            self._conns.discard(task)
-            writer.close()
-
-    async def _framed(self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int) -> bool:
-        """One frame of the compiled shim: read whole (or nothing runs), run as op ``cni``, answer."""
-        body = await read_frame(first, reader, writer, pid)
-        if body is None:
-            return False
-        self._busy(+1)
-        try:
-            self.stats.requests += 1
-            answer, outcome = encode_unavailable("it is shutting down"), "DaemonUnavailable"
-            if not self._stopping:
-                args = (self._live, self.socket_path, self.metrics.timed)
-                answer, outcome = await run_frame(body, pid, self._turns.turn, asyncio.to_thread, run_cni_call, *args)
-                if outcome == "ok":
-                    self._plugin_ok()
-            self.metrics.requests.labels("cni", outcome).inc()
-            writer.write(answer)
-            await writer.drain()
-        finally:
-            self._busy(-1)
-        return True
-
-    def _busy(self, delta: int) -> None:
-        self.stats.busy += delta
-        if self.stats.busy == 0:
-            self._idle.set()
-        else:
-            self._idle.clear()
 
     def drain_bound(self) -> float:
         """How long SIGTERM waits: past the time limits of an init and two queued actions on one pod."""
