@@ -7,7 +7,7 @@ netplugin process on the node (CLI, daemon, CNI shim):
   name: built-ins first, then the exec dir; no name selects ``kubernetes.io/no-op``; a missing
   or invalid member is an error that lists every problem found while looking, for every member;
 * ``init`` runs exactly once per boot and per version of each member before its first other
-  action (a marker under the run dir, written under a file lock), keeping its action mask;
+  action (a marker under the run dir, written under a file lock: :mod:`.initonce`), keeping its action mask;
 * pod actions run across the chain as :mod:`netplugin.manager.chain` says; a teardown runs the
   chain recorded with the pod, whatever the config says now;
 * two actions on the same pod never overlap; different pods run in parallel (a flock'd file each);
@@ -18,17 +18,14 @@ netplugin process on the node (CLI, daemon, CNI shim):
 from __future__ import annotations
 
 import functools
-import json
 import os
 import threading
-import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal
 
-from netplugin.core.chaining import ALL_POD_ACTIONS, OPT_IN_POD_ACTIONS
+from netplugin.core.chaining import ALL_POD_ACTIONS
 from netplugin.core.config import Config
-from netplugin.core.dirs import ensure_dir
 from netplugin.core.discovery import Candidate, scan
 from netplugin.core.errors import (
     ChainInvalid,
@@ -41,20 +38,19 @@ from netplugin.core.errors import (
 )
 from netplugin.core.execplugin.environ import base_env
 from netplugin.core.execplugin.exec_plugin import ExecPlugin
-from netplugin.core.fileio import atomic_write, read_small
 from netplugin.core.hostports import pod_host_ports
-from netplugin.core.names import PodRef, escape_plugin_name, validate_plugin_name
+from netplugin.core.names import PodRef, validate_plugin_name
 from netplugin.core.netns import netns_problem
 from netplugin.core.node import NodeInfo, node_name
 from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNetworkStatus
-from netplugin.core.procs import boot_id
 from netplugin.hosts import Host, make_host
 from netplugin.manager.chain import ChainRun, Member, Observer, attach_failures, fresh_states, recorded_members
+from netplugin.manager.initonce import InitOnce
 from netplugin.manager.reporting import Reporting, reported
 from netplugin.plugins import BUILTINS
 from netplugin.plugins.bounded import BoundedPlugin
-from netplugin.store.locks import PodLock, flocked, pod_locked, stock_pod_locks
+from netplugin.store.locks import PodLock, pod_locked, stock_pod_locks
 from netplugin.store.records import MemberState, PodRecord
 
 if TYPE_CHECKING:
@@ -84,13 +80,7 @@ class CallOptions:
     durable_with: tuple[str, ...] = ()
 
 
-def _version_identity(plugin: Plugin) -> tuple[Any, ...]:
-    """What changes when the plugin's code does: its ``version_key()`` (a stat) if any, else ``version()``."""
-    key = plugin.version_key()
-    return ("key", *key) if key is not None else ("version", plugin.version())
-
-
-class Manager(Reporting):
+class Manager(Reporting, InitOnce):
     """Runs plugin actions with netplugin's guarantees; tells :attr:`on_action` of each pod action. Thread-safe."""
 
     def __init__(
@@ -113,9 +103,7 @@ class Manager(Reporting):
         self.state: StateStore | None = state if state is not False else None
         self._env = base_env(config, environ)
         self._plugins: tuple[Plugin, ...] | None = None
-        #: each member's action mask, from its init (run, or its marker read)
         self._handles: dict[str, frozenset[str]] = {}
-        #: member -> (settings, version identity) whose init is known done this boot (no marker read per action)
         self._init_known: dict[str, tuple[Any, ...]] = {}
         self._select_lock = threading.Lock()
         #: told each chain member call's duration and outcome (the daemon's metrics)
@@ -219,88 +207,6 @@ class Manager(Reporting):
             self._plugins = None
             self._init_known.clear()  # SIGHUP also means "check init again", marker and all
         return self.plugin
-
-    # --- init once --------------------------------------------------------------------------------
-
-    def _marker_path(self, plugin: Plugin) -> str:
-        return os.path.join(self.config.run_dir, "init", escape_plugin_name(plugin.name) + ".json")
-
-    def _settings(self, node: NodeInfo) -> dict[str, str]:
-        """What init prepares for: the config's env and the node (its pod CIDRs may set a bridge's address)."""
-        return {**self.config.env, **node.env()}
-
-    def _marker_ok(self, path: str, boot: str, plugin: Plugin, node: NodeInfo) -> bool:
-        try:
-            marker = json.loads(read_small(path))  # O_NOFOLLOW: a planted link is no marker
-        except FileNotFoundError:
-            return False
-        except (NetpluginError, ValueError):
-            return False  # unreadable or torn marker: run init again, which must be idempotent anyway
-        if not isinstance(marker, dict) or marker.get("boot_id") != boot:
-            return False
-        if marker.get("settings") != self._settings(node):
-            return False  # init prepares for these settings (a bridge name, a subnet): new ones, new init
-        handles = marker.get("actions", sorted(ALL_POD_ACTIONS))
-        if not isinstance(handles, list) or not set(handles) <= ALL_POD_ACTIONS | OPT_IN_POD_ACTIONS:
-            return False
-        key = plugin.version_key()
-        unchanged = key is not None and marker.get("version_key") == list(key)  # no hashing needed
-        if not unchanged and marker.get("version") != plugin.version():
-            return False
-        self._handles[plugin.name] = frozenset(handles)
-        return True
-
-    def init_done(self) -> bool:
-        """Whether init already ran this boot for this plugin's version and settings (nothing runs)."""
-        plugin = self.plugin
-        return self._marker_ok(self._marker_path(plugin), boot_id(), plugin, self.node(strict=False))
-
-    def init(self, *, force: bool = False, node: NodeInfo | None = None) -> bool:
-        """Run each member's init unless it already ran this boot for its version. True if any ran.
-
-        ``node`` is this node as the caller already looked it up (else it is looked up here).
-        """
-        return any(self.init_members(force=force, node=node).values())
-
-    def init_members(self, *, force: bool = False, node: NodeInfo | None = None) -> dict[str, bool]:
-        """Each member's init, in chain order: name -> whether it ran now."""
-        node = node if node is not None else self.node()
-        return {p.name: self.init_member(p, force=force, node=node) for p in self.plugins}
-
-    def init_member(self, plugin: Plugin, *, force: bool = False, node: NodeInfo | None = None) -> bool:
-        """Run one plugin's init unless it already ran this boot for this version. True if it ran."""
-        node = node if node is not None else self.node()
-        known = (self._settings(node), _version_identity(plugin))
-        if not force and self._init_known.get(plugin.name) == known:
-            return False  # this process saw it done this boot, for these settings and this version
-        path = self._marker_path(plugin)
-        boot = boot_id()
-        # Before the marker is read: a symlinked or foreign init/ must not vouch for an init.
-        ensure_dir(os.path.dirname(path), base=self.config.run_dir)
-        if not force and self._marker_ok(path, boot, plugin, node):
-            self._init_known[plugin.name] = known
-            return False
-        with flocked(path[: -len(".json")] + ".lock", base=self.config.run_dir):
-            if not force and self._marker_ok(path, boot, plugin, node):
-                self._init_known[plugin.name] = known
-                return False  # another process ran it while we waited
-            declared = plugin.init(self._context(Action.INIT, None, node=node))
-            handles = ALL_POD_ACTIONS if declared is None else frozenset(declared)
-            self._handles[plugin.name] = handles
-            key = plugin.version_key()
-            marker: dict[str, Any] = {
-                "actions": sorted(handles),
-                "plugin": plugin.name,
-                "boot_id": boot,
-                "version": plugin.version(),
-                "version_key": list(key) if key is not None else None,
-                "settings": self._settings(node),
-                "time": time.time(),
-                "pid": os.getpid(),
-            }
-            atomic_write(path, json.dumps(marker).encode(), mode=0o644)
-            self._init_known[plugin.name] = known
-        return True
 
     # --- the node -------------------------------------------------------------------------------------
 
