@@ -27,7 +27,7 @@ from kubeplane import CLUSTER_CIDRS, KUBE_PEERS, ApiError, ControlPlane
 from netplugin.frontends.lab.simcluster.apiobjects import make_node, make_pod
 from netplugin.frontends.lab.simcluster.cluster import OUTSIDE_V4, OUTSIDE_V6, UNDERLAY_V4, SimNode, SimPod
 from netplugin.frontends.lab.simcluster.nsexec import ip_json, netns_exists
-from netplugin.hosts.kube import USER_AGENT
+from netplugin.hosts.kubehttp import USER_AGENT
 from tests.cluster.kubecluster import SA_NAME, SA_NAMESPACE, SA_USER, KubeCluster, apply_shipped_rbac
 from tests.cluster.labnodes import cluster_unavailable_reason, scrape_metrics, started
 

@@ -329,7 +329,7 @@ def test_connection_refused() -> None:
 
 
 def test_oversized_body_is_refused(api: ApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("netplugin.hosts.kube.MAX_BODY", 1000)
+    monkeypatch.setattr("netplugin.hosts.kubehttp.MAX_BODY", 1000)
     big = pod_json()
     big["metadata"]["annotations"]["filler"] = "x" * 5000
     api.routes[POD_PATH] = Reply(200, big)
