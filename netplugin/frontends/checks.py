@@ -28,24 +28,27 @@ A check that cannot be answered (no daemon to ask) is a problem, with how to fix
 from __future__ import annotations
 
 import glob
-import json
 import os
-import subprocess
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import NetpluginError
 from netplugin.core.plaindata import dataclass
+from netplugin.frontends.cni.installed import (
+    CNI_BIN_DIRS,
+    CONF_SUFFIXES,
+    SHIM_NAME,
+    call_conf_of,
+    inline_differences,
+    load_conflist,
+    safe_call_conf,
+    shim_problem,
+)
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.plugins.bridge.settings import BridgeSettings
 
-__all__ = ["CNI_BIN_DIRS", "SHIM_NAME", "Check", "Node", "inline_differences", "run_checks", "written_by"]
-
-#: where runtimes look for CNI plugins (containerd's default, then Debian's)
-CNI_BIN_DIRS = ("/opt/cni/bin", "/usr/lib/cni")
-_CONF_SUFFIXES = (".conf", ".conflist", ".json")
-SHIM_NAME = "netplugin-cni"
+__all__ = ["Check", "Node", "run_checks"]
 
 
 @dataclass(frozen=True)
@@ -77,41 +80,22 @@ class Node:
     health: dict[str, Any] | None = None
 
 
-def _load_conflist(path: str) -> dict[str, Any]:
-    from netplugin.core._yaml import load_json, read_document
-
-    doc = load_json(read_document(path, 1 << 20))
-    if not isinstance(doc, dict):
-        raise ValueError("not a JSON object")
-    return doc
-
-
-def _call_conf(doc: dict[str, Any]) -> dict[str, Any] | None:
-    """The config a runtime sends netplugin-cni for this network (libcni merges name and version in)."""
-    listed = doc.get("plugins")
-    plugins: list[Any] = listed if isinstance(listed, list) else [doc]
-    for p in plugins:
-        if isinstance(p, dict) and p.get("type") == SHIM_NAME:
-            return {**p, "name": doc.get("name"), "cniVersion": doc.get("cniVersion")}
-    return None
-
-
 def check_conflist(node: Node) -> Check:
     # libcni's ConfFiles skips directories (by lstat: a symbolic link is read, and fails, as a file)
     found = glob.glob(os.path.join(node.conf_dir, "*"))
-    files = sorted(p for p in found if p.endswith(_CONF_SUFFIXES) and not (os.path.isdir(p) and not os.path.islink(p)))
+    files = sorted(p for p in found if p.endswith(CONF_SUFFIXES) and not (os.path.isdir(p) and not os.path.islink(p)))
     fix_install = "install it: scripts/install.sh (or netplugin's conflist into the runtime's conf dir)"
     if not files:
         return Check("conflist", f"no network config in {node.conf_dir}", "the runtime has no network", fix_install)
     try:
-        first = _load_conflist(files[0])
+        first = load_conflist(files[0])
     except (OSError, ValueError) as e:
         return Check(
             "conflist", files[0], f"the runtime picks {files[0]}, which cannot be read: {e}", "fix or remove it"
         )
-    node.call_conf = _call_conf(first)
+    node.call_conf = call_conf_of(first)
     if node.call_conf is None:
-        ours = [f for f in files[1:] if _safe_call_conf(f) is not None]
+        ours = [f for f in files[1:] if safe_call_conf(f) is not None]
         where = f" (netplugin's is {ours[0]})" if ours else ""
         return Check(
             "conflist",
@@ -124,50 +108,12 @@ def check_conflist(node: Node) -> Check:
     return Check("conflist", f"{files[0]} (the runtime picks it{others})")
 
 
-def _safe_call_conf(path: str) -> dict[str, Any] | None:
-    try:
-        return _call_conf(_load_conflist(path))
-    except (OSError, ValueError):
-        return None
-
-
-def written_by(head: bytes) -> str | None:
-    """The netplugin version that wrote a Python entry script (its first bytes); None: not one."""
-    marker = b"(netplugin "
-    if head.startswith(b"#!") and marker in head:
-        return head.split(marker, 1)[1].split(b")", 1)[0].decode(errors="replace")
-    return None
-
-
-def _shim_problem(path: str) -> str | None:
-    from netplugin import __version__
-    from netplugin.frontends.cni.native import MAX_BINARY
-    from netplugin.frontends.wire.protocol import CNI_VERSIONS
-
-    with open(path, "rb") as f:
-        head = f.read(MAX_BINARY)  # a statically linked shim's own strings sit past libc's
-    if b"netplugin" not in head:
-        return f"{path} is not netplugin's shim"
-    version = written_by(head)
-    if version is not None and version != __version__:
-        return f"{path} was written by netplugin {version}, this is {__version__}"
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": "VERSION"}
-    try:
-        done = subprocess.run([path], input=b"", capture_output=True, env=env, timeout=20, check=False)
-        answer = json.loads(done.stdout) if done.returncode == 0 else None
-    except (OSError, ValueError, subprocess.SubprocessError) as e:
-        return f"{path} does not run: {e}"
-    if not isinstance(answer, dict) or answer.get("supportedVersions") != list(CNI_VERSIONS):
-        return f"{path} answers VERSION with {done.stdout[:200]!r} {done.stderr[-200:]!r}"
-    return None
-
-
 def check_shim(node: Node) -> Check:
     found = [os.path.join(d, SHIM_NAME) for d in node.bin_dirs if os.path.isfile(os.path.join(d, SHIM_NAME))]
     fix = "reinstall it: scripts/install.sh, or netplugin install-shim DIR"
     if not found:
         return Check("shim", f"no {SHIM_NAME} in {', '.join(node.bin_dirs)}", "the runtime cannot run netplugin", fix)
-    problem = _shim_problem(found[0]) or _slot_problem(found[0], node)
+    problem = shim_problem(found[0]) or _slot_problem(found[0], node)
     return Check("shim", f"{found[0]}", problem, fix if problem else None)
 
 
@@ -187,19 +133,6 @@ def _slot_problem(path: str, node: Node) -> str | None:
     if written != sock:
         return f"{path} (compiled) calls the daemon at {written}, but the conflist's socket is {sock}"
     return None
-
-
-def inline_differences(call_conf: dict[str, Any]) -> list[str]:
-    """Settings keys in which the conflist's own values make the call's config differ from its config file's."""
-    from netplugin.core.config import load_config
-    from netplugin.frontends.cni.netconf import build_config
-    from netplugin.frontends.cni.spec import CniRequest
-    from netplugin.frontends.wire.fingerprint import fingerprint
-
-    path = call_conf.get("configFile")
-    call = fingerprint(build_config(CniRequest(command="ADD", conf=call_conf), {}))
-    alone = fingerprint(load_config(path if isinstance(path, str) else None, environ={}))
-    return sorted(k for k in set(call) | set(alone) if call.get(k) != alone.get(k))
 
 
 def check_daemon(node: Node) -> Check:

@@ -3,7 +3,8 @@
 Modules: :mod:`.router` (the entry point: the daemon path, stdlib only), :mod:`.spec` (CNI
 requests, versions, error codes), :mod:`.netconf` (network config to netplugin config and pod
 identity), :mod:`.result` (CNI results), :mod:`.attachments` (the per-network attachment index
-behind GC), :mod:`.operations` (the operations, run here or in the daemon).
+behind GC), :mod:`.operations` (the operations, run here or in the daemon), :mod:`.installed`
+(the conflists and the shim installed for the runtime, as doctor and version read them).
 """
 
 __all__ = ["main"]

@@ -53,7 +53,8 @@ def doctor(st: State, cni_conf_dir: str, bin_dirs: tuple[str, ...]) -> None:
       netplugin doctor -o json
     """
     from netplugin.core.errors import ConfigError
-    from netplugin.frontends.checks import CNI_BIN_DIRS, Check, run_checks
+    from netplugin.frontends.checks import Check, run_checks
+    from netplugin.frontends.cni.installed import CNI_BIN_DIRS
 
     try:
         checks = run_checks(st.config, cni_conf_dir, bin_dirs or CNI_BIN_DIRS)

@@ -11,10 +11,11 @@ from netplugin.frontends.cli.options import cni_bin_dirs, command
 
 __all__ = ["version"]
 
+
 def _shim(bin_dirs: tuple[str, ...]) -> dict[str, Any] | None:
     """The first installed shim: its path and kind, and the version that wrote it (a Python entry)
     or built it (the compiled shim)."""
-    from netplugin.frontends.checks import SHIM_NAME, written_by
+    from netplugin.frontends.cni.installed import SHIM_NAME, written_by
 
     for d in bin_dirs:
         path = os.path.join(d, SHIM_NAME)
@@ -88,7 +89,7 @@ def version(st: State, bin_dirs: tuple[str, ...]) -> None:
       netplugin version -o yaml
     """
     from netplugin import __version__
-    from netplugin.frontends.checks import CNI_BIN_DIRS
+    from netplugin.frontends.cni.installed import CNI_BIN_DIRS
 
     chain, problem = _chain(st)
     doc = {
