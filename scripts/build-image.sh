@@ -6,7 +6,8 @@
 #
 #   --tag NAME     the image to build (default localhost/netplugin:VERSION)        [NETPLUGIN_IMAGE]
 #   --suite SUITE  Debian suite of the base (default bookworm)
-#   --mirror URL   Debian mirror for mmdebstrap (default http://deb.debian.org/debian)
+#   --mirror URL   Debian mirror for mmdebstrap (default: the machine's own, the apt source that
+#                  serves SUITE, from `apt-get indextargets`)               [NETPLUGIN_DEBIAN_MIRROR]
 #   --rebuild      build the base and the image again even when cached
 #
 # Steps, each cached by a hash of its inputs:
@@ -29,7 +30,7 @@ umask 022
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 suite=bookworm
-mirror=http://deb.debian.org/debian
+mirror=${NETPLUGIN_DEBIAN_MIRROR:-}
 rebuild=0
 tag=${NETPLUGIN_IMAGE:-}
 python=${PYTHON:-python3}
@@ -67,6 +68,14 @@ while [ $# -gt 0 ]; do
 done
 
 command -v podman >/dev/null || die "podman is not installed (apt-get install podman)"
+# The machine's own Debian mirror: the apt source whose suite is the base's (apt reads
+# sources.list, sources.list.d/*.list and *.sources for us, and knows their syntax).
+if [ -z "$mirror" ]; then
+    command -v apt-get >/dev/null || die "no apt-get to read the machine's Debian mirror from: pass --mirror URL" 2
+    mirror=$(apt-get indextargets --no-release-info --format '$(REPO_URI)' "Release: $suite" 'Identifier: Packages' 2>/dev/null | head -n 1)
+    [ -n "$mirror" ] || die "apt's sources name no mirror for the suite $suite: pass --mirror URL (or set NETPLUGIN_DEBIAN_MIRROR)" 2
+fi
+mirror=${mirror%/}
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$here/netplugin/__init__.py")
 [ -n "$version" ] || die "cannot read the version from $here/netplugin/__init__.py"
 tag=${tag:-localhost/netplugin:$version}

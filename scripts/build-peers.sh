@@ -3,6 +3,7 @@
 # plugins, etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet) from the
 # Go module proxy, with the go.mod/go.sum pins under tests/peers/, and print the directory that holds them.
 #   scripts/build-peers.sh            build what is missing, print DIR (the binaries are DIR/NAME)
+# The proxy is the machine's own (`go env GOPROXY`), or NETPLUGIN_GOPROXY when set (a comma list).
 # The cache lives outside the clone, keyed by the pins and the Go version:
 #   ${NETPLUGIN_PEERS_CACHE:-/var/cache/netplugin-peers}/<key>/bin
 # so a second run, or CI on the same machine, is a cache hit. Nothing is fetched except modules from
@@ -42,8 +43,23 @@ if ! command -v go >/dev/null; then
     exit 2
 fi
 export GOTOOLCHAIN=local
-# The proxy only: "off" after it means a module it lacks is an error, never a direct VCS fetch.
-export GOPROXY=${NETPLUGIN_GOPROXY:-https://proxy.golang.org},off
+# The machine's own module proxies (`go env GOPROXY`: the GOPROXY variable, go's env file, or go's
+# default), unless NETPLUGIN_GOPROXY overrides them. The proxies only: "direct" entries are dropped
+# and "off" ends the list, so a module they lack is an error, never a direct VCS fetch.
+proxies=${NETPLUGIN_GOPROXY:-$(go env GOPROXY)}
+GOPROXY=
+IFS=',|' read -r -a entries <<<"$proxies"
+for entry in "${entries[@]}"; do
+    case $entry in
+    "" | direct | off) ;;
+    *) GOPROXY+=$entry, ;;
+    esac
+done
+if [ -z "$GOPROXY" ]; then
+    echo "build-peers: the Go proxy setting ($proxies) names no module proxy: set GOPROXY (go env -w GOPROXY=URL) or NETPLUGIN_GOPROXY" >&2
+    exit 2
+fi
+export GOPROXY=${GOPROXY}off
 export GOFLAGS="-mod=readonly -buildvcs=false -trimpath"
 export CGO_ENABLED=0
 # Two cores are shared: at most two compile jobs.
