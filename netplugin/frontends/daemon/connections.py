@@ -4,8 +4,8 @@ A connection carries JSON lines (:mod:`netplugin.frontends.wire.protocol`) or th
 binary frames (:mod:`.nativecalls`), told apart by their first byte; only root and the daemon's own
 user are served (``SO_PEERCRED``). A request for a pod, or a forwarded CNI call for a container,
 waits for its turn in the event loop (:mod:`.podqueue`) and then runs in a worker thread. What a
-request does is the subclass's (:class:`netplugin.frontends.daemon.server.Daemon`):
-:meth:`Connections.dispatch` and :meth:`Connections.health`.
+request does is the daemon's (:class:`netplugin.frontends.daemon.server.Daemon`), which builds its
+:class:`Connections` with it: ``dispatch``, ``health`` and ``plugin_ok``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import socket
 import struct
 import time
-from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core._yaml import load_json
@@ -28,13 +28,13 @@ from netplugin.frontends.daemon.cnicalls import run_cni_call
 from netplugin.frontends.daemon.envelope import check_request, pod_of, pod_text
 from netplugin.frontends.daemon.metrics import INVALID_OP
 from netplugin.frontends.daemon.nativecalls import read_frame, run_frame
+from netplugin.frontends.daemon.podqueue import Turns
 from netplugin.frontends.daemon.records import PROGRESS, progress_sink
 from netplugin.frontends.wire.codes import error_classes
 from netplugin.frontends.wire.protocol import FRAME_MAGIC, POD_OPS, encode_unavailable
 
 if TYPE_CHECKING:
     from netplugin.frontends.daemon.metrics import Metrics
-    from netplugin.frontends.daemon.podqueue import Turns
     from netplugin.frontends.daemon.reconfig import Live
 
 __all__ = ["Connections", "Stats"]
@@ -50,33 +50,52 @@ class Stats:
     reloads: int = 0
 
 
-class Connections(ABC):
-    """Serves connections for a daemon: its settings (``_live``), metrics, turns and counters."""
+class Connections:
+    """A daemon's socket connections: each request read, given its turn, run and answered.
 
-    _live: Live
-    socket_path: str
-    metrics: Metrics
-    stats: Stats
-    _stopping: bool
-    _idle: asyncio.Event
-    _conns: set[asyncio.Task[None]]
-    _turns: Turns
+    Built with what serving needs of the daemon: its socket path and metrics, its current settings
+    (``live()``: a reload swaps them), and what a request does: ``dispatch(req)`` (in a worker
+    thread; the result, or a NetpluginError), ``health()`` (in the event loop) and ``plugin_ok()``
+    (a call succeeded: if it ran the plugin, a problem logged at start or reload is over).
+    """
 
-    @property
-    def fingerprint(self) -> dict[str, Any]:
-        return self._live.fingerprint
+    def __init__(
+        self,
+        socket_path: str,
+        metrics: Metrics,
+        live: Callable[[], Live],
+        *,
+        dispatch: Callable[[dict[str, Any]], Any],
+        health: Callable[[], dict[str, Any]],
+        plugin_ok: Callable[[], None],
+    ) -> None:
+        self.socket_path = socket_path
+        self.metrics = metrics
+        self._live = live
+        self._dispatch = dispatch
+        self._health = health
+        self._plugin_ok = plugin_ok
+        self.stats = Stats(started=time.monotonic())
+        #: set by the daemon's drain: requests read from now on are answered DaemonUnavailable
+        self.stopping = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._conns: set[asyncio.Task[None]] = set()
+        #: each pod's turn (and each forwarded CNI call's container's), waited for in the event loop
+        self.turns = Turns(socket_path, lambda: self.stopping)
 
-    @abstractmethod
-    def dispatch(self, req: dict[str, Any]) -> Any:
-        """Run one request (in a worker thread); returns the result or raises NetpluginError."""
+    async def drain(self, bound: float) -> bool:
+        """Wait (at most ``bound`` seconds) for the requests in flight; then close idle connections.
 
-    @abstractmethod
-    def health(self) -> dict[str, Any]:
-        """The answer to ``health`` (run in the event loop)."""
-
-    @abstractmethod
-    def _plugin_ok(self) -> None:
-        """A call succeeded: if it ran the plugin, a problem logged at start or reload is over."""
+        False when requests were still running at the bound (their connections are left as they are).
+        """
+        try:
+            await asyncio.wait_for(self._idle.wait(), bound)
+        except TimeoutError:
+            return False
+        for task in list(self._conns):
+            task.cancel()  # idle connections: nothing in flight
+        return True
 
     async def _answer(self, line: bytes) -> dict[str, Any]:
         op = INVALID_OP
@@ -86,12 +105,12 @@ class Connections(ABC):
                 req = load_json(line, duplicates=True)
             except ValueError as e:  # DocumentError: not JSON, bad UTF-8, too deep
                 raise InvalidArgument("request", line[:80].decode("utf-8", "replace"), f"not JSON: {e}") from None
-            req = check_request(req, self.fingerprint, self.socket_path)
+            req = check_request(req, self._live().fingerprint, self.socket_path)
             op = req["op"]
-            if self._stopping:
+            if self.stopping:
                 raise DaemonUnavailable(self.socket_path, "it is shutting down")
             if op == "health":
-                result = self.health()
+                result = self._health()
             else:
                 start = time.monotonic()
                 if op in POD_OPS:
@@ -99,7 +118,7 @@ class Connections(ABC):
                 elif op == "cni":
                     result = await self._cni_request(req)
                 else:
-                    result = await asyncio.to_thread(self.dispatch, req)
+                    result = await asyncio.to_thread(self._dispatch, req)
                 if op not in POD_OPS:  # a pod action has its own line (log_action)
                     log.debug("%s %s: ok in %.3fs", op, pod_text(req), time.monotonic() - start)
             self.metrics.requests.labels(op, "ok").inc()
@@ -119,10 +138,10 @@ class Connections(ABC):
             }
 
     async def _pod_request(self, req: dict[str, Any]) -> Any:
-        """Run a pod request in a worker once the pod's earlier requests are done (see _pod_turn)."""
+        """Run a pod request in a worker once the pod's earlier requests are done (:mod:`.podqueue`)."""
         pod = pod_of(req)
-        async with self._turns.turn(pod.key, f"pod {pod}"):
-            return await asyncio.to_thread(self.dispatch, req)
+        async with self.turns.turn(pod.key, f"pod {pod}"):
+            return await asyncio.to_thread(self._dispatch, req)
 
     async def _cni_request(self, req: dict[str, Any]) -> Any:
         """A forwarded CNI call waits for its container's turn in the event loop, like a pod request.
@@ -133,11 +152,11 @@ class Connections(ABC):
         environ = req.get("environ")
         container = environ.get("CNI_CONTAINERID") if isinstance(environ, dict) else None
         if not isinstance(container, str) or not container:
-            return await asyncio.to_thread(self.dispatch, req)  # the shim's code reports what is missing
-        async with self._turns.turn(f"cni:{container}", f"container {container[:80]}"):
-            return await asyncio.to_thread(self.dispatch, req)
+            return await asyncio.to_thread(self._dispatch, req)  # the shim's code reports what is missing
+        async with self.turns.turn(f"cni:{container}", f"container {container[:80]}"):
+            return await asyncio.to_thread(self._dispatch, req)
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
@@ -186,9 +205,9 @@ class Connections(ABC):
         try:
             self.stats.requests += 1
             answer, outcome = encode_unavailable("it is shutting down"), "DaemonUnavailable"
-            if not self._stopping:
-                args = (self._live, self.socket_path, self.metrics.timed)
-                answer, outcome = await run_frame(body, pid, self._turns.turn, asyncio.to_thread, run_cni_call, *args)
+            if not self.stopping:
+                args = (self._live(), self.socket_path, self.metrics.timed)
+                answer, outcome = await run_frame(body, pid, self.turns.turn, asyncio.to_thread, run_cni_call, *args)
                 if outcome == "ok":
                     self._plugin_ok()
             self.metrics.requests.labels("cni", outcome).inc()

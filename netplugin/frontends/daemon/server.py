@@ -11,7 +11,7 @@ on a unix socket; see that module for the protocol.
   0600 from the first instant) beside its final path and renamed over it, so a stale socket left
   by a killed daemon is replaced atomically, and only after it proved dead (it does not answer).
   Then it tells systemd ``READY=1`` (``Type=notify``).
-* **Connections** are read and answered by :mod:`.connections` (the base of :class:`Daemon`).
+* **Connections** are read and answered by :mod:`.connections` (a :class:`Connections` the daemon holds).
 * **Operations** run in a thread pool, so different pods proceed in parallel; actions on one
   pod serialise on the manager's per-pod flock, which the CLI and the CNI shim take too, so
   daemon and direct callers never overlap (``pods`` and ``gc``: :mod:`.records`). Requests for
@@ -56,13 +56,12 @@ from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.execplugin.invoke import adopt_orphans, reap_adopted
 from netplugin.frontends.daemon.actionlog import log_action
 from netplugin.frontends.daemon.cnicalls import check_settings, run_cni
-from netplugin.frontends.daemon.connections import Connections, Stats
+from netplugin.frontends.daemon.connections import Connections
 from netplugin.frontends.daemon.envelope import pod_of
 from netplugin.frontends.daemon.gckeeper import GcKeeper
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import Metrics
 from netplugin.frontends.daemon.nodekeeper import NodeKeeper
-from netplugin.frontends.daemon.podqueue import Turns
 from netplugin.frontends.daemon.reconfig import Live, Reread, refused_text, reload_settings
 from netplugin.frontends.daemon.records import gc_answer, pods_answer, still_needed_answer
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
@@ -82,7 +81,7 @@ log = logging.getLogger("netplugin.daemon")
 MAX_WORKERS = 64
 
 
-class Daemon(Connections):
+class Daemon:
     """The request handler and the server around it. ``run()`` serves until SIGTERM."""
 
     def __init__(
@@ -112,17 +111,21 @@ class Daemon(Connections):
             config, manager.host, on_pod_deleted=self.gc.pod_deleted, pods=lambda: self._live.manager
         )
         self.nodes.register(self.metrics.registry)
-        self.stats = Stats(started=time.monotonic())
+        #: the socket's connections: each request read, given its turn, run here and answered
+        self.connections = Connections(
+            self.socket_path,
+            self.metrics,
+            lambda: self._live,
+            dispatch=self.dispatch,
+            health=self.health,
+            plugin_ok=self._plugin_ok,
+        )
+        self.stats = self.connections.stats
         self._plugin: str | None = None
         self._plugin_problem: str | None = None
         self._chain_changed = False  #: by a reload (health then names dropped plugins pods still need)
         self._reload_lock = threading.RLock()
-        self._stopping = False
-        self._idle = asyncio.Event()
         self._stop = asyncio.Event()
-        self._conns: set[asyncio.Task[None]] = set()
-        #: each pod's turn (and each forwarded CNI call's container's), waited for in the event loop
-        self._turns = Turns(self.socket_path, lambda: self._stopping)
         #: set when SIGTERM's drain gave up on operations still running in worker threads
         self.abandoned = False
 
@@ -220,11 +223,11 @@ class Daemon(Connections):
             "uptime_seconds": round(time.monotonic() - self.stats.started, 3),
             "requests": self.stats.requests,
             "in_flight": self.stats.busy - 1,  # not counting this request
-            "waiting": self._turns.waiting,  # for a busy pod's turn
+            "waiting": self.connections.turns.waiting,  # for a busy pod's turn
             "reloads": self.stats.reloads,
             "socket": self.socket_path,
             "metrics_address": self.metrics_address,
-            "config": self.fingerprint,
+            "config": self._live.fingerprint,
             "config_path": self.config.config_path,
             "settings": self.settings_status,
             "refused": self.refused,
@@ -264,7 +267,6 @@ class Daemon(Connections):
         """Serve until SIGTERM/SIGINT; returns the exit status."""
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="netplugin-op"))
-        self._idle.set()
         lock_fd = lock_daemon(self.socket_path + ".lock")
         inode: int | None = None
         server: asyncio.AbstractServer | None = None
@@ -290,7 +292,7 @@ class Daemon(Connections):
             gc.freeze()
             sock = bind_socket(self.socket_path)
             inode = os.lstat(self.socket_path).st_ino  # the file's, not the socket's (fstat): we hold the lock
-            server = await asyncio.start_unix_server(self._connection, sock=sock, limit=MAX_MESSAGE)
+            server = await asyncio.start_unix_server(self.connections.connection, sock=sock, limit=MAX_MESSAGE)
             log.info(
                 "serving on %s (pid %d), metrics on %s",
                 self.socket_path,
@@ -320,18 +322,14 @@ class Daemon(Connections):
 
     async def _drain(self, server: asyncio.AbstractServer, inode: int) -> int:
         """Stop accepting, then wait for the requests in flight (bounded); the exit status."""
-        self._stopping = True
+        self.connections.stopping = True
         sd_notify("STOPPING=1", self.notify_socket)
         server.close()
         unlink_if(self.socket_path, inode)  # from now on new callers work alone
-        try:
-            await asyncio.wait_for(self._idle.wait(), self.drain_bound())
-        except TimeoutError:
+        if not await self.connections.drain(self.drain_bound()):
             log.error("requests still running after %.0fs; exiting without them", self.drain_bound())
             self.abandoned = True
             return 1
-        for task in list(self._conns):
-            task.cancel()  # idle connections: nothing in flight
         log.info("drained; exiting")
         return 0
 
