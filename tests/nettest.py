@@ -26,6 +26,7 @@ __all__ = [
     "kernel_gate",
     "kernel_unavailable_reason",
     "link_exists",
+    "live_netns_file",
     "run",
     "tcp_rate",
 ]
@@ -33,6 +34,25 @@ __all__ = [
 
 class Closable(Protocol):
     def close(self) -> None: ...
+
+
+@functools.cache
+def _spare_netns() -> str:
+    """A network namespace of this test process's own (made once, deleted at its exit) for
+    :func:`live_netns_file` to point at."""
+    import atexit
+
+    name = f"np{secrets.token_hex(4)}live"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, timeout=60)
+    atexit.register(subprocess.run, ["ip", "netns", "del", name], capture_output=True, timeout=60)
+    return f"/run/netns/{name}"
+
+
+def live_netns_file(path: os.PathLike[str] | str) -> str:
+    """Make ``path`` a live pod network namespace as gc sees it (a symlink to a real nsfs file; a
+    plain file counts as gone); unlinking it later makes the pod's namespace gone. Returns the path."""
+    os.symlink(_spare_netns(), path)
+    return os.fspath(path)
 
 
 def close_all(made: Iterable[Closable]) -> None:

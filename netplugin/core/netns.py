@@ -31,6 +31,7 @@ __all__ = [
     "NSFS_MAGIC",
     "entered",
     "in_netns",
+    "netns_gone",
     "netns_identity",
     "netns_problem",
     "netns_socket",
@@ -103,6 +104,22 @@ def netns_identity(path: str) -> tuple[int, int]:
     if st.st_dev != ref.st_dev:
         raise OSError(errno.EINVAL, f"{path} is not a network namespace (not an nsfs file)")
     return st.st_dev, st.st_ino
+
+
+def netns_gone(path: str) -> bool:
+    """Whether no network namespace is at ``path`` any more, as :func:`open_netns` would find it.
+
+    Gone: nothing there, a dangling symlink or a loop, or a file that is not on nsfs (the plain
+    file an unmounted namespace leaves behind, or anything else that is no namespace). A path that
+    cannot be examined for another reason (a permission) is not said to be gone.
+    """
+    try:
+        netns_identity(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError as e:
+        return e.errno in (errno.EINVAL, errno.ELOOP)
+    return False
 
 
 def own_netns(path: str) -> str | None:

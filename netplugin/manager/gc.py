@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError, NetpluginError, PluginFailed, StateError
 from netplugin.core.names import PodRef
+from netplugin.core.netns import netns_gone
 from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import NOOP_NAME
 from netplugin.hosts.base import NullHost
@@ -97,7 +98,7 @@ def _reason(rec: PodRecord, host: Host | None, notes: list[str]) -> str | None:
         return "its setup was interrupted"
     if rec.state == TEARING_DOWN:
         return "its teardown was interrupted"
-    if rec.netns_existed and not os.path.lexists(rec.netns):
+    if rec.netns_existed and netns_gone(rec.netns):
         return f"its network namespace {rec.netns} is gone"
     if host is not None and rec.host_known:
         try:

@@ -27,6 +27,7 @@ from netplugin.manager.gc import run_gc
 from netplugin.manager.manager import Manager
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN
 from netplugin.store.state import StateStore
+from tests.nettest import live_netns_file
 from tests.waits import WITHIN, wait_for
 
 POD = PodRef("default", "web-0", "infra0")
@@ -62,7 +63,7 @@ def chain(plugin_dir: Any, make_manager: Any, netns_dir: Path, tmp_path: Path) -
     def build(n: int) -> Chain:
         members = [plugin_dir.install(f"m{i}") for i in range(1, n + 1)]
         log = tmp_path / "chain.log"
-        (netns_dir / POD.infra_id).touch()
+        live_netns_file(netns_dir / POD.infra_id)
 
         def make(**kw: Any) -> Manager:
             kw.setdefault("plugins", [m.name for m in members])

@@ -26,6 +26,7 @@ from netplugin.store.orphans import plugin_processes
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, record_filename
 from netplugin.store.state import StateStore
 from tests.fakehost import DownHost, FakeHost
+from tests.nettest import live_netns_file
 from tests.procs import pid_alive
 from tests.waits import WITHIN, wait_for
 
@@ -66,7 +67,8 @@ def background(cli_env_sc: dict[str, str]) -> Any:
 
 def netns(netns_dir: Path, ref: PodRef = POD) -> Path:
     p = netns_dir / ref.infra_id
-    p.touch()
+    if not p.is_symlink():
+        live_netns_file(p)
     return p
 
 
@@ -84,6 +86,22 @@ def record_bytes(np_dirs: dict[str, str], ref: PodRef = POD) -> bytes | None:
 
 def _netns_gone(m: Manager, sc: Any, nd: Path) -> None:
     netns(nd).unlink()
+
+
+def _netns_left_a_plain_file(m: Manager, sc: Any, nd: Path) -> None:
+    netns(nd).unlink()
+    netns_dir_file = nd / POD.infra_id
+    netns_dir_file.write_text("")  # what an unmounted namespace's mount point leaves behind
+
+
+def _netns_dangling_symlink(m: Manager, sc: Any, nd: Path) -> None:
+    netns(nd).unlink()
+    (nd / POD.infra_id).symlink_to(nd / "no-such-namespace")
+
+
+def _netns_a_directory(m: Manager, sc: Any, nd: Path) -> None:
+    netns(nd).unlink()
+    (nd / POD.infra_id).mkdir()
 
 
 def _setup_interrupted(m: Manager, sc: Any, nd: Path) -> None:
@@ -110,6 +128,10 @@ def _healthy(m: Manager, sc: Any, nd: Path) -> None:
     ("break_it", "state_before", "reason"),
     [
         pytest.param(_netns_gone, READY, "its network namespace", id="netns-gone"),
+        # not an nsfs file: gone, as opening it for setns would find (and `pods` shows it broken)
+        pytest.param(_netns_left_a_plain_file, READY, "its network namespace", id="netns-plain-file"),
+        pytest.param(_netns_dangling_symlink, READY, "its network namespace", id="netns-dangling-symlink"),
+        pytest.param(_netns_a_directory, READY, "its network namespace", id="netns-directory"),
         pytest.param(_setup_interrupted, SETTING_UP, "its setup failed and so did its rollback", id="rollback-failed"),
         pytest.param(_teardown_interrupted, TEARING_DOWN, "its teardown was interrupted", id="teardown-interrupted"),
         pytest.param(_healthy, READY, None, id="healthy-is-kept"),

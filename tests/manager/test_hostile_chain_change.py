@@ -26,6 +26,7 @@ from netplugin.core.names import PodRef
 from netplugin.manager.gc import run_gc
 from netplugin.store.records import TEARING_DOWN
 from netplugin.store.state import StateStore
+from tests.nettest import live_netns_file
 
 POD = PodRef("default", "web-0", "infra0")
 ARGV = ("default", "web-0", "infra0")
@@ -37,7 +38,7 @@ class Node:
     def __init__(self, plugin_dir: Any, config: Path, netns_dir: Path, log: Path) -> None:
         self.plugin_dir, self.config, self.netns_dir, self.log = plugin_dir, config, netns_dir, log
         self.members: dict[str, Any] = {}
-        (netns_dir / POD.infra_id).touch()
+        live_netns_file(netns_dir / POD.infra_id)
 
     def install(self, *names: str) -> None:
         for n in names:

@@ -18,6 +18,7 @@ import pytest
 from netplugin.core.errors import PluginOutputError
 from netplugin.core.names import PodRef
 from netplugin.store.state import StateStore
+from tests.nettest import live_netns_file
 
 MASKS = [
     pytest.param('{"actions": [["setup"]]}', id="nested-list"),
@@ -52,7 +53,7 @@ def _doc(*ips: str) -> str:
 @pytest.fixture
 def two_pods(plugin_dir: Any, make_manager: Any, netns_dir: Path) -> tuple[Any, Any]:
     for ref in (A, B):
-        (netns_dir / ref.infra_id).touch()
+        live_netns_file(netns_dir / ref.infra_id)
     member = plugin_dir.install("m1")
     plugin_dir.install("m2")
     m = make_manager(plugins=["m1", "m2"], netns_template=str(netns_dir / "{infra_id}"))

@@ -22,6 +22,7 @@ from netplugin.core.spares import SPARE_DIR
 from netplugin.manager.manager import Manager
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, PodRecord, parse_record, record_filename
 from netplugin.store.state import StateStore
+from tests.nettest import live_netns_file
 
 POD = PodRef("default", "web-0", "infra0")
 
@@ -48,7 +49,7 @@ def cli(run_cli: Any, netns_dir: Path, sc: Any, sc_env: dict[str, str]) -> Calla
 
 def make_netns(netns_dir: Path, ref: PodRef) -> str:
     p = netns_dir / ref.infra_id
-    p.touch()
+    live_netns_file(p)
     return str(p)
 
 

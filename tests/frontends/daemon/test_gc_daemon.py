@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from netplugin.frontends.wire.client import exchange
+from tests.nettest import live_netns_file
 from tests.waits import WITHIN, wait_for
 
 
@@ -38,7 +39,7 @@ def test_gc_at_start_and_periodically_frees_lost_pods_only(
     netns.mkdir()
     env = {"NETPLUGIN_PLUGIN": "scripted", "NETPLUGIN_NETNS_TEMPLATE": str(netns / "{infra_id}")}
     for pod in ("lost", "live", "later"):
-        (netns / f"i-{pod}").write_text("")
+        live_netns_file(netns / f"i-{pod}")
         assert cli("setup", "default", pod, f"i-{pod}", mode="never", env=env).returncode == 0
     assert len(_pods(np_dirs["state_dir"])) == 3
     (netns / "i-lost").unlink()  # a reboot took its namespace
@@ -67,7 +68,7 @@ def test_gc_interval_zero_runs_only_at_start(
     netns = tmp_path / "netns"
     netns.mkdir()
     env = {"NETPLUGIN_PLUGIN": "scripted", "NETPLUGIN_NETNS_TEMPLATE": str(netns / "{infra_id}")}
-    (netns / "i-a").write_text("")
+    live_netns_file(netns / "i-a")
     assert cli("setup", "default", "a", "i-a", mode="never", env=env).returncode == 0
     d = start_daemon(env={**env, "NETPLUGIN_GC_INTERVAL": "0"})
     assert "gc (start): nothing to free (1 record(s) checked)" in d.output(), d.output()
@@ -117,7 +118,7 @@ def test_a_deleted_pod_whose_teardown_never_came_is_collected(
         no_proxy = dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"), "")
         env = {"NETPLUGIN_CONFIG": str(config), **no_proxy}
         for pod in ("doomed", "kept"):
-            (netns / f"i-{pod}").write_text("")
+            live_netns_file(netns / f"i-{pod}")
             done = cli("setup", "default", pod, f"i-{pod}", mode="never", env=env)
             assert done.returncode == 0, done.stderr
         d = start_daemon(env=env)
