@@ -1,10 +1,12 @@
 """Whether a config can be served, checked whole before anything takes it.
 
 The daemon's reload and ``netplugin config check`` ask the same question the same way: the
-settings parse (a ConfigError names its key), and the chain they name is selected: each member
-found in the exec dir and trusted (owner, mode, name). The daemon also runs each member's
-``init`` where its version or settings changed, before it swaps; a check from the command line
-runs nothing. What is wrong comes back as a :class:`Refusal`: the key to fix and the reason.
+settings parse (a ConfigError names its key), the chain they name is selected (each member
+found in the exec dir and trusted: owner, mode, name), and each built-in member's own settings
+(``NETPLUGIN_BRIDGE_*``, ``NETPLUGIN_HOSTPORT_LOCALHOST``) are read as its ``init`` reads them.
+The daemon also runs each member's ``init`` where its version or settings changed, before it
+swaps; a check from the command line runs nothing. What is wrong comes back as a
+:class:`Refusal`: the key to fix and the reason.
 """
 
 from __future__ import annotations
@@ -49,10 +51,13 @@ def refusal_of(err: NetpluginError, config: Config | None) -> Refusal:
 def checked_manager(config: Config, *, host: Host | None = None, init: bool = False) -> Manager:
     """A manager of ``config`` whose chain is selected (each member found and trusted) and, with
     ``init``, initialised where needed. Raises the NetpluginError that makes ``config`` unservable."""
+    from netplugin.core.execplugin.environ import base_env
     from netplugin.manager.manager import Manager
+    from netplugin.plugins import check_builtin_settings
 
     manager = Manager(config, host=host)
     _ = manager.plugins
+    check_builtin_settings(config, manager.chain_names, base_env(config))
     if init:
         manager.init()
     return manager

@@ -8,8 +8,10 @@ init, which must stay off every other path.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from netplugin.core.errors import ConfigError, NetpluginError
 from netplugin.core.names import validate_plugin_name
 from netplugin.core.plugin import NOOP_NAME, Plugin, PluginFactory
 from netplugin.plugins.noop import NoopPlugin
@@ -17,20 +19,44 @@ from netplugin.plugins.noop import NoopPlugin
 if TYPE_CHECKING:
     from netplugin.core.config import Config
 
-__all__ = ["BRIDGE_NAME", "BUILTINS", "register_builtin"]
+__all__ = ["BRIDGE_NAME", "BUILTINS", "SETTINGS_CHECKS", "check_builtin_settings", "register_builtin"]
 
 BRIDGE_NAME = "netplugin.io/bridge"
 
 #: Built-in plugins by name; looked up before the exec dir.
 BUILTINS: dict[str, PluginFactory] = {}
 
+#: (config, the environment its calls get) -> None: a built-in's settings read as its ``init`` reads
+#: them, raising what ``init`` would raise for them; touches nothing (no kernel, no file written)
+SettingsCheck = Callable[["Config", Mapping[str, str]], None]
+#: each built-in's settings check, by name (a built-in without settings has none)
+SETTINGS_CHECKS: dict[str, SettingsCheck] = {}
 
-def register_builtin(name: str, factory: PluginFactory) -> None:
-    """Add an in-process plugin under ``name`` (a qualified name). Names are unique."""
+
+def register_builtin(name: str, factory: PluginFactory, *, check: SettingsCheck | None = None) -> None:
+    """Add an in-process plugin under ``name`` (a qualified name), with its settings check. Names are unique."""
     validate_plugin_name(name)
     if name in BUILTINS:
         raise ValueError(f"built-in plugin {name!r} is already registered")
     BUILTINS[name] = factory
+    if check is not None:
+        SETTINGS_CHECKS[name] = check
+
+
+def check_builtin_settings(config: Config, chain: Iterable[str], env: Mapping[str, str]) -> None:
+    """Every built-in member's settings in ``env`` checked as its ``init`` will read them: a bad one
+    is a ConfigError of the ``env`` key whose reason names the variable (the reload and ``netplugin
+    config check`` refuse it before any init runs)."""
+    for name in chain:
+        check = SETTINGS_CHECKS.get(name)
+        if check is None:
+            continue
+        try:
+            check(config, env)
+        except ConfigError:
+            raise
+        except NetpluginError as e:
+            raise ConfigError("env", f"{name}: {e.message}", source=config.config_path) from None
 
 
 def _native_bridge(config: Config) -> Plugin:
@@ -42,6 +68,21 @@ def _native_bridge(config: Config) -> Plugin:
 
 
 register_builtin(NOOP_NAME, lambda config: NoopPlugin())
+
+
+def _bridge_settings(config: Config, env: Mapping[str, str]) -> None:
+    from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
+
+    # The node's pod CIDRs (SUBNET=node) are the node's, known at init: not required here.
+    NativeBridgePlugin.from_config(config).settings(env, config.state_dir, subnets_optional=True)
+
+
+def _hostport_settings(config: Config, env: Mapping[str, str]) -> None:
+    from netplugin.core.hostports import localhost_enabled
+
+    localhost_enabled(env)
+
+
 def _hostport(config: Config) -> Plugin:
     from netplugin.plugins.hostport import HostPortPlugin
 
@@ -49,5 +90,5 @@ def _hostport(config: Config) -> Plugin:
     return plugin
 
 
-register_builtin(BRIDGE_NAME, _native_bridge)
-register_builtin("netplugin.io/hostport", _hostport)
+register_builtin(BRIDGE_NAME, _native_bridge, check=_bridge_settings)
+register_builtin("netplugin.io/hostport", _hostport, check=_hostport_settings)

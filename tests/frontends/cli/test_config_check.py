@@ -24,6 +24,23 @@ import pytest
         pytest.param("plugin: unsafe\n", 3, "refused: plugin: ", id="untrusted-plugin"),
         pytest.param("plugin: scripted\nplugn: x\n", 2, "refused: plugn: unknown key", id="typo"),
         pytest.param("plugin: [unclosed\n", 2, "refused: config: ", id="not-yaml"),
+        # the built-ins' own settings, read as their init (the reload) reads them: the variable named
+        pytest.param(
+            "plugin: netplugin.io/bridge\nenv: {NETPLUGIN_BRIDGE_SUBNET: 10.244.0.1/24}\n",
+            2, "refused: env: netplugin.io/bridge: invalid NETPLUGIN_BRIDGE_SUBNET '10.244.0.1/24': host bits",
+            id="bridge-subnet-host-bits",
+        ),
+        pytest.param(
+            "plugins: [netplugin.io/bridge, netplugin.io/hostport]\n"
+            "env: {NETPLUGIN_BRIDGE_SUBNET: 10.244.0.0/24, NETPLUGIN_HOSTPORT_LOCALHOST: maybe}\n",
+            2, "refused: env: netplugin.io/hostport: invalid NETPLUGIN_HOSTPORT_LOCALHOST 'maybe'",
+            id="hostport-localhost-maybe",
+        ),
+        pytest.param(
+            "plugins: [netplugin.io/bridge, netplugin.io/hostport]\n"
+            "env: {NETPLUGIN_BRIDGE_SUBNET: 10.244.0.0/24, NETPLUGIN_HOSTPORT_LOCALHOST: 'true'}\n",
+            0, "ok: ", id="builtins-good",
+        ),
     ],
 )
 def test_config_check(
