@@ -32,6 +32,7 @@ __all__ = [
     "LOCALHOST_DEFAULT",
     "PROTOCOLS",
     "HostPort",
+    "check_families",
     "from_pod",
     "from_runtime_config",
     "localhost_enabled",
@@ -86,6 +87,9 @@ def _one(field: str, host_port: Any, container_port: Any, protocol: Any, host_ip
         if addr.is_loopback:
             reason = "a loopback hostIP needs route_localnet (CVE-2020-8558): not supported (docs/hostport.md)"
             raise InvalidArgument(f"{field}.hostIP", host_ip, reason)
+        if isinstance(addr, ipaddress.IPv6Address) and addr.scope_id is not None:
+            # a zone names one of the node's links: a hostPort answers on the node's addresses, not a link's
+            raise InvalidArgument(f"{field}.hostIP", host_ip, "a scoped address (with %ZONE) cannot be a hostIP")
         ip = str(addr)
     return HostPort(proto, _port(f"{field}.hostPort", host_port), _port(f"{field}.containerPort", container_port), ip)
 
@@ -146,6 +150,18 @@ def localhost_enabled(env: Mapping[str, str]) -> bool:
     if raw.lower() not in _FLAGS:
         raise InvalidArgument(ENV_LOCALHOST, raw, "expected true or false")
     return _FLAGS[raw.lower()]
+
+
+def check_families(maps: Iterable[HostPort], pod_ips: Iterable[str]) -> None:
+    """Refuse a mapping whose hostIP is of a family none of the pod's addresses has: it would map
+    nothing, yet hold the port (InvalidArgument naming the mapping and the pod's addresses)."""
+    ips = list(pod_ips)
+    versions = {6 if ":" in ip else 4 for ip in ips}
+    for i, m in enumerate(maps):
+        if m.host_ip and ipaddress.ip_address(m.host_ip).version not in versions:
+            version = ipaddress.ip_address(m.host_ip).version
+            reason = f"the pod has no IPv{version} address to map it to (its addresses: {', '.join(ips) or 'none'})"
+            raise InvalidArgument(f"{ENV_HOST_PORTS}[{i}].hostIP", m.host_ip, reason)
 
 
 def to_env(maps: Iterable[HostPort]) -> str:

@@ -32,6 +32,7 @@ from netplugin.core.hostports import (
     HOSTPORT_TABLE,
     LOCALHOST_DEFAULT,
     HostPort,
+    check_families,
     localhost_enabled,
     parse_env,
 )
@@ -322,6 +323,10 @@ class HostPortPlugin:
         ips = [ip for ip in ctx.env.get("NETPLUGIN_PREV_IPS", "").split(",") if ip]
         if not ips:
             raise self._fail("setup", "no pod address to map to: an earlier chain member (a bridge) must report one")
+        try:
+            check_families(maps, ips)
+        except NetpluginError as e:
+            raise self._fail("setup", e.message) from None
         chain, records = chain_name(pod.infra_id), self._records(ctx)
         keys = list(dict.fromkeys(_key(m) for m in maps))
         rules = pod_rules(chain, maps, ips)

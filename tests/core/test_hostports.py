@@ -47,6 +47,9 @@ def test_the_capability_becomes_the_variable(maps: Any, env: str) -> None:
         ([{"hostPort": 80, "containerPort": 80, "hostIP": "node-1"}], "must be an IP address"),
         ([{"hostPort": 80, "containerPort": 80, "hostIP": "127.0.0.1"}], "CVE-2020-8558"),
         ([{"hostPort": 80, "containerPort": 80, "hostIP": "::1"}], "route_localnet"),
+        # a zone names a link, not an address of the node: never handed to nft verbatim
+        ([{"hostPort": 80, "containerPort": 80, "hostIP": "fe80::1%eth0"}], "portMappings[0].hostIP 'fe80::1%eth0'"),
+        ([{"hostPort": 80, "containerPort": 80, "hostIP": "fd00::1%1"}], "scoped address"),
     ],
 )
 def test_a_bad_mapping_is_error_7_naming_it(maps: Any, words: str) -> None:
@@ -74,3 +77,30 @@ def test_a_bad_variable_is_refused(value: str) -> None:
     with pytest.raises(InvalidArgument) as info:
         parse_env(value)
     assert "NETPLUGIN_HOST_PORTS[0]" in info.value.message
+
+
+@pytest.mark.parametrize("value", ["tcp/80/80/fe80::1%eth0", "udp/53/53/fd00::5%lo"])
+def test_a_scoped_host_ip_in_the_variable_is_refused(value: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        parse_env(value)
+    assert "NETPLUGIN_HOST_PORTS[0].hostIP" in info.value.message and "scoped" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("value", "ips", "refused"),
+    [
+        ("tcp/80/80/fd00::1", ["10.201.9.2"], "no IPv6 address"),
+        ("tcp/80/80 udp/53/53/10.0.0.5", ["fd00:10:201:9::2"], "NETPLUGIN_HOST_PORTS[1].hostIP '10.0.0.5'"),
+        ("tcp/80/80/fd00::1", ["10.201.9.2", "fd00:10:201:9::2"], None),
+        ("tcp/80/80", ["10.201.9.2"], None),
+    ],
+)
+def test_a_host_ip_of_a_family_the_pod_lacks_is_refused(value: str, ips: list[str], refused: str | None) -> None:
+    from netplugin.core.hostports import check_families
+
+    if refused is None:
+        check_families(parse_env(value), ips)
+        return
+    with pytest.raises(InvalidArgument) as info:
+        check_families(parse_env(value), ips)
+    assert refused in info.value.message

@@ -94,6 +94,29 @@ def test_repair_puts_back_a_flushed_pods_rules_once(netns: str, tmp_path: Path, 
     assert nft(netns, "list", "table", *TABLE.split()) == before
 
 
+@pytest.mark.parametrize("kind", ["bash", "native"])
+@pytest.mark.parametrize(
+    ("ports", "ips", "said"),
+    [
+        pytest.param("tcp/8080/80/fd00::1", "10.201.9.2", "no IPv6 address", id="ipv6-host-ip-ipv4-pod"),
+        pytest.param("tcp/8080/80/10.0.0.5", "fd00:10:201:9::2", "no IPv4 address", id="ipv4-host-ip-ipv6-pod"),
+        pytest.param("tcp/8080/80/fe80::1%eth0", "fd00:10:201:9::2", "hostIP", id="scoped-host-ip"),
+    ],
+)
+def test_a_mapping_that_would_map_nothing_is_refused_and_holds_no_port(
+    netns: str, tmp_path: Path, kind: str, ports: str, ips: str, said: str
+) -> None:
+    assert call(netns, kind, tmp_path, "init").returncode == 0
+    r = call(netns, kind, tmp_path, "setup", "default", "web", "infra-web",
+             NETPLUGIN_HOST_PORTS=ports, NETPLUGIN_PREV_IPS=ips)  # fmt: skip
+    assert r.returncode != 0 and said in r.stderr, r
+    assert "8080" not in nft(netns, "list", "table", *TABLE.split())  # the port is free for another pod
+    assert not (tmp_path / "hostport" / chain_name("infra-web")).exists()
+    other = call(netns, kind, tmp_path, "setup", "default", "db", "infra-db",
+                 NETPLUGIN_HOST_PORTS="tcp/8080/80", NETPLUGIN_PREV_IPS="10.201.9.3")  # fmt: skip
+    assert other.returncode == 0, other.stderr
+
+
 def test_the_rebuild_of_1000_mappings_is_one_transaction(netns: str, tmp_path: Path) -> None:
     records = tmp_path / "hostport"
     records.mkdir()
