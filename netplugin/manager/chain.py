@@ -39,6 +39,7 @@ __all__ = [
     "ChainRun",
     "Member",
     "Observer",
+    "Recorder",
     "absent_member",
     "attach_failures",
     "fresh_states",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.hosts.base import Host
     from netplugin.manager.manager import Manager
+    from netplugin.manager.reporting import Hooks
 
 __all__ = ["Refusal", "checked_manager", "refusal_of"]
 
@@ -48,14 +49,17 @@ def refusal_of(err: NetpluginError, config: Config | None) -> Refusal:
     return Refusal(_chain_key(config), f"init failed: {err.message}")
 
 
-def checked_manager(config: Config, *, host: Host | None = None, init: bool = False) -> Manager:
-    """A manager of ``config`` whose chain is selected (each member found and trusted) and, with
-    ``init``, initialised where needed. Raises the NetpluginError that makes ``config`` unservable."""
+def checked_manager(
+    config: Config, *, host: Host | None = None, init: bool = False, hooks: Hooks | None = None
+) -> Manager:
+    """A manager of ``config`` (telling ``hooks`` of its work) whose chain is selected (each member
+    found and trusted) and, with ``init``, initialised where needed. Raises the NetpluginError that
+    makes ``config`` unservable."""
     from netplugin.core.execplugin.environ import base_env
     from netplugin.manager.manager import Manager
     from netplugin.plugins import check_builtin_settings
 
-    manager = Manager(config, host=host)
+    manager = Manager(config, host=host, hooks=hooks)
     _ = manager.plugins
     check_builtin_settings(config, manager.chain_names, base_env(config))
     if init:

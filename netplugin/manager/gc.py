@@ -34,7 +34,7 @@ from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import NOOP_NAME
 from netplugin.hosts.base import NullHost
 from netplugin.hosts.static import StaticHost
-from netplugin.manager.chain import ChainRun, recorded_members
+from netplugin.manager.chain import recorded_members
 from netplugin.store.listing import pod_busy
 from netplugin.store.orphans import POD_ACTIONS, plugin_processes, settle
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, PodRecord
@@ -288,15 +288,12 @@ def _teardown(
             members = recorded_members(current.chain, plugins.get, manager.member)
             pod_obj = _pod_object(manager, current)
             action.pids = store.mark_teardown(ref)
-            node = manager.node(strict=False)
-            run = ChainRun(
-                members,
-                ref,
-                lambda a: manager._context(a, ref, pod_obj, node=node),
-                list(current.chain),
-                netns=current.netns,
+            run = manager.recorded_run(
+                current,
+                node=manager.node(strict=False),
+                pod_obj=pod_obj,
+                members=members,
                 record=functools.partial(store.progress, ref) if current.members else None,
-                observe=manager.observe,
                 claims_in=store.state_dir,
             )
             run.teardown(only_ran=True)  # exactly the members that ran, last first

@@ -4,8 +4,8 @@ A marker under the run dir (``init/<plugin>.json``, written under a file lock be
 which boot, version and settings the init ran for and which pod actions it declared; every
 netplugin process on the node reads it before a member's first other action. A marker that is
 missing, torn, planted (a symbolic link) or from another boot, version or settings means: run
-init again (it must be idempotent). :class:`InitOnce` is a base of
-:class:`netplugin.manager.manager.Manager`, which gives it the chain, the node and the call context.
+init again (it must be idempotent). :class:`netplugin.manager.manager.Manager` holds an
+:class:`InitOnce`, built with its config and the call context of an init; it names the members and the node.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.chaining import ALL_POD_ACTIONS, OPT_IN_POD_ACTIONS
@@ -21,13 +21,11 @@ from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import NetpluginError
 from netplugin.core.fileio import atomic_write, read_small
 from netplugin.core.names import escape_plugin_name
-from netplugin.core.plugin import Action
 from netplugin.core.procs import boot_id
 from netplugin.store.locks import flocked
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
-    from netplugin.core.names import PodRef
     from netplugin.core.node import NodeInfo
     from netplugin.core.plugin import CallContext, Plugin
 
@@ -40,32 +38,27 @@ def _version_identity(plugin: Plugin) -> tuple[Any, ...]:
     return ("key", *key) if key is not None else ("version", plugin.version())
 
 
-class InitOnce(ABC):
-    """Runs the chain's inits once; keeps each member's action mask (from its init or its marker)."""
+class InitOnce:
+    """Runs chain members' inits once; keeps each member's action mask (from its init or its marker).
 
-    config: Config
-    #: each member's action mask, from its init (run, or its marker read)
-    _handles: dict[str, frozenset[str]]
-    #: member -> (settings, version identity) whose init is known done this boot (no marker read per action)
-    _init_known: dict[str, tuple[Any, ...]]
+    Built with the config (its run dir and env) and ``context(node)``, the call context of an init.
+    """
 
-    @property
-    @abstractmethod
-    def plugins(self) -> tuple[Plugin, ...]:
-        """The chain's members."""
+    def __init__(self, config: Config, context: Callable[[NodeInfo], CallContext]) -> None:
+        self.config = config
+        self._context = context
+        #: each member's action mask, from its init (run, or its marker read)
+        self._handles: dict[str, frozenset[str]] = {}
+        #: member -> (settings, version identity) whose init is known done this boot (no marker read per action)
+        self._init_known: dict[str, tuple[Any, ...]] = {}
 
-    @property
-    @abstractmethod
-    def plugin(self) -> Plugin:
-        """The chain's first member."""
+    def handles(self, name: str) -> frozenset[str]:
+        """The pod actions member ``name`` handles: all, unless its init declared fewer."""
+        return self._handles.get(name, ALL_POD_ACTIONS)
 
-    @abstractmethod
-    def node(self, *, strict: bool = True) -> NodeInfo:
-        """This node, as the host knows it."""
-
-    @abstractmethod
-    def _context(self, action: Action, pod: PodRef | None, *, node: NodeInfo) -> CallContext:
-        """The context of a plugin call (init's: no pod)."""
+    def forget(self) -> None:
+        """Check every init again, marker and all (the chain was selected again)."""
+        self._init_known.clear()
 
     def _marker_path(self, plugin: Plugin) -> str:
         return os.path.join(self.config.run_dir, "init", escape_plugin_name(plugin.name) + ".json")
@@ -95,26 +88,12 @@ class InitOnce(ABC):
         self._handles[plugin.name] = frozenset(handles)
         return True
 
-    def init_done(self) -> bool:
-        """Whether init already ran this boot for this plugin's version and settings (nothing runs)."""
-        plugin = self.plugin
-        return self._marker_ok(self._marker_path(plugin), boot_id(), plugin, self.node(strict=False))
+    def done(self, plugin: Plugin, node: NodeInfo) -> bool:
+        """Whether ``plugin``'s init already ran this boot for its version and these settings (nothing runs)."""
+        return self._marker_ok(self._marker_path(plugin), boot_id(), plugin, node)
 
-    def init(self, *, force: bool = False, node: NodeInfo | None = None) -> bool:
-        """Run each member's init unless it already ran this boot for its version. True if any ran.
-
-        ``node`` is this node as the caller already looked it up (else it is looked up here).
-        """
-        return any(self.init_members(force=force, node=node).values())
-
-    def init_members(self, *, force: bool = False, node: NodeInfo | None = None) -> dict[str, bool]:
-        """Each member's init, in chain order: name -> whether it ran now."""
-        node = node if node is not None else self.node()
-        return {p.name: self.init_member(p, force=force, node=node) for p in self.plugins}
-
-    def init_member(self, plugin: Plugin, *, force: bool = False, node: NodeInfo | None = None) -> bool:
+    def run(self, plugin: Plugin, node: NodeInfo, *, force: bool = False) -> bool:
         """Run one plugin's init unless it already ran this boot for this version. True if it ran."""
-        node = node if node is not None else self.node()
         known = (self._settings(node), _version_identity(plugin))
         if not force and self._init_known.get(plugin.name) == known:
             return False  # this process saw it done this boot, for these settings and this version
@@ -129,7 +108,7 @@ class InitOnce(ABC):
             if not force and self._marker_ok(path, boot, plugin, node):
                 self._init_known[plugin.name] = known
                 return False  # another process ran it while we waited
-            declared = plugin.init(self._context(Action.INIT, None, node=node))
+            declared = plugin.init(self._context(node))
             handles = ALL_POD_ACTIONS if declared is None else frozenset(declared)
             self._handles[plugin.name] = handles
             key = plugin.version_key()

@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal
 
-from netplugin.core.chaining import ALL_POD_ACTIONS
 from netplugin.core.config import Config
 from netplugin.core.discovery import Candidate, scan
 from netplugin.core.errors import (
@@ -45,9 +44,9 @@ from netplugin.core.node import NodeInfo, node_name
 from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import NOOP_NAME, Action, CallContext, Plugin, PodNetworkStatus
 from netplugin.hosts import Host, make_host
-from netplugin.manager.chain import ChainRun, Member, Observer, attach_failures, fresh_states, recorded_members
+from netplugin.manager.chain import ChainRun, Member, Recorder, attach_failures, fresh_states, recorded_members
 from netplugin.manager.initonce import InitOnce
-from netplugin.manager.reporting import Reporting, reported
+from netplugin.manager.reporting import Hooks, Reporting
 from netplugin.plugins import BUILTINS
 from netplugin.plugins.bounded import BoundedPlugin
 from netplugin.store.locks import PodLock, pod_locked, stock_pod_locks
@@ -80,8 +79,8 @@ class CallOptions:
     durable_with: tuple[str, ...] = ()
 
 
-class Manager(Reporting, InitOnce):
-    """Runs plugin actions with netplugin's guarantees; tells :attr:`on_action` of each pod action. Thread-safe."""
+class Manager:
+    """Runs plugin actions with netplugin's guarantees; tells its :class:`Hooks` of its work. Thread-safe."""
 
     def __init__(
         self,
@@ -91,6 +90,7 @@ class Manager(Reporting, InitOnce):
         runner: Runner | None = None,
         state: StateStore | Literal[False] | None = None,
         environ: dict[str, str] | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.config = config
         self.host = host if host is not None else make_host(config)
@@ -103,11 +103,12 @@ class Manager(Reporting, InitOnce):
         self.state: StateStore | None = state if state is not False else None
         self._env = base_env(config, environ)
         self._plugins: tuple[Plugin, ...] | None = None
-        self._handles: dict[str, frozenset[str]] = {}
-        self._init_known: dict[str, tuple[Any, ...]] = {}
         self._select_lock = threading.Lock()
-        #: told each chain member call's duration and outcome (the daemon's metrics)
-        self.observe: Observer | None = None
+        #: whom this manager tells of its work (the daemon's metrics and log)
+        self.hooks = hooks if hooks is not None else Hooks()
+        self._reporting = Reporting(config, self.hooks.on_action)
+        #: each member's init, once per boot (its marker), and the action mask it declared
+        self.inits = InitOnce(config, lambda node: self._context(Action.INIT, None, node=node))
 
     # --- selection ------------------------------------------------------------------------------
 
@@ -192,7 +193,7 @@ class Manager(Reporting, InitOnce):
 
     def member(self, plugin: Plugin) -> Member:
         """``plugin`` with its action mask (all actions unless its init declared fewer)."""
-        return Member(plugin, self._handles.get(plugin.name, ALL_POD_ACTIONS))
+        return Member(plugin, self.inits.handles(plugin.name))
 
     def recorded_plugin(self, name: str) -> Plugin:
         """The plugin a pod record names: the configured member, else the one installed by that name now."""
@@ -205,7 +206,7 @@ class Manager(Reporting, InitOnce):
         """Forget the selected chain and select again (the daemon does this on SIGHUP)."""
         with self._select_lock:
             self._plugins = None
-            self._init_known.clear()  # SIGHUP also means "check init again", marker and all
+            self.inits.forget()  # SIGHUP also means "check init again", marker and all
         return self.plugin
 
     # --- the node -------------------------------------------------------------------------------------
@@ -222,6 +223,28 @@ class Manager(Reporting, InitOnce):
             if strict:
                 raise
             return NodeInfo(self.host.node_name or node_name(self.config.node_name))
+
+    # --- init once ------------------------------------------------------------------------------------
+
+    def init_done(self) -> bool:
+        """Whether init already ran this boot for the first member's version and settings (nothing runs)."""
+        return self.inits.done(self.plugin, self.node(strict=False))
+
+    def init(self, *, force: bool = False, node: NodeInfo | None = None) -> bool:
+        """Run each member's init unless it already ran this boot for its version. True if any ran.
+
+        ``node`` is this node as the caller already looked it up (else it is looked up here).
+        """
+        return any(self.init_members(force=force, node=node).values())
+
+    def init_members(self, *, force: bool = False, node: NodeInfo | None = None) -> dict[str, bool]:
+        """Each member's init, in chain order: name -> whether it ran now."""
+        node = node if node is not None else self.node()
+        return {p.name: self.inits.run(p, node, force=force) for p in self.plugins}
+
+    def init_member(self, plugin: Plugin, *, force: bool = False, node: NodeInfo | None = None) -> bool:
+        """Run one plugin's init unless it already ran this boot for this version. True if it ran."""
+        return self.inits.run(plugin, node if node is not None else self.node(), force=force)
 
     # --- pod actions ------------------------------------------------------------------------------------
 
@@ -251,6 +274,35 @@ class Manager(Reporting, InitOnce):
             kill_grace=c.kill_grace,
             max_output=c.max_output,
             node=node,
+        )
+
+    def recorded_run(
+        self,
+        rec: PodRecord,
+        *,
+        node: NodeInfo,
+        pod_obj: dict[str, Any] | None = None,
+        members: tuple[Member, ...] | None = None,
+        record: Recorder | None = None,
+        claims_in: str | None = None,
+    ) -> ChainRun:
+        """A run of the chain ``rec`` names, on the pod as it was set up (its netns, its members' progress).
+
+        The caller holds the pod's lock and runs the action it wants (gc a teardown, the repairer a
+        repair). ``members``: the recorded members as the caller selected them (default: each by
+        :meth:`recorded_plugin`); ``record`` persists their progress; ``claims_in`` is the state dir
+        of the IP claims.
+        """
+        ref = rec.ref
+        return ChainRun(
+            members if members is not None else recorded_members(rec.chain, self.recorded_plugin, self.member),
+            ref,
+            lambda a: self._context(a, ref, pod_obj, node=node),
+            list(rec.chain),
+            netns=rec.netns,
+            record=record,
+            observe=self.hooks.observe,
+            claims_in=claims_in,
         )
 
     def _lookup(self, pod: PodRef, action: Action) -> dict[str, Any] | None:
@@ -293,17 +345,19 @@ class Manager(Reporting, InitOnce):
             lambda a: self._context(a, pod, pod_obj, call, node=node),
             list(states),
             netns=netns,
-            observe=self.observe,
+            observe=self.hooks.observe,
             claims_in=self.config.state_dir if self.state is not None else None,
         )
 
-    @reported(Action.SETUP)
     def setup(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
         """Set up the pod's network. Returns its status when the state store wants it recorded.
 
         Before anything runs, a netns that is this process's or the node's own (or a FIFO or
         device) is refused: InvalidArgument ``netns`` (see :func:`netns_problem`).
         """
+        return self._reporting.run(Action.SETUP, pod, lambda: self._setup(pod, call))
+
+    def _setup(self, pod: PodRef, call: CallOptions | None) -> PodNetworkStatus | None:
         netns = call.netns if call is not None and call.netns is not None else self.config.netns_path(pod.infra_id)
         problem = netns_problem(netns)
         if problem is not None:
@@ -368,9 +422,11 @@ class Manager(Reporting, InitOnce):
         if self.state is not None:
             self.state.remove(run.pod)
 
-    @reported(Action.TEARDOWN)
     def teardown(self, pod: PodRef, call: CallOptions | None = None) -> None:
         """Tear down the pod's network (also when netplugin has no record of it)."""
+        self._reporting.run(Action.TEARDOWN, pod, lambda: self._teardown(pod, call))
+
+    def _teardown(self, pod: PodRef, call: CallOptions | None) -> None:
         node = self.node(strict=False)
         init_error: NetpluginError | None = None
         try:
@@ -400,8 +456,11 @@ class Manager(Reporting, InitOnce):
         if self.state is not None:
             self.state.remove(pod)
 
-    @reported(Action.STATUS)
     def status(self, pod: PodRef, call: CallOptions | None = None) -> PodNetworkStatus | None:
+        """The pod's network status, as its chain answers it (None: no member knows an IP)."""
+        return self._reporting.run(Action.STATUS, pod, lambda: self._status(pod, call))
+
+    def _status(self, pod: PodRef, call: CallOptions | None) -> PodNetworkStatus | None:
         node = self.node(strict=False)
         self.init(node=node)
         with self.pod_lock(pod) as hold:

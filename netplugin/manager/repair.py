@@ -14,7 +14,6 @@ from netplugin.core.errors import NetpluginError
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import REPAIR_KINDS
-from netplugin.manager.chain import ChainRun, recorded_members
 from netplugin.store.records import READY
 
 if TYPE_CHECKING:
@@ -54,18 +53,9 @@ def repair_pod(manager: Manager, pod: PodRef) -> PodRepair:
         rec = store.get(pod)
         if rec is None or rec.state != READY:
             return out
-        node = manager.node(strict=False)
-        members = recorded_members(rec.chain, manager.recorded_plugin, manager.member)
-        run = ChainRun(
-            members,
-            pod,
-            lambda a: manager._context(a, pod, None, node=node),
-            list(rec.chain),
-            netns=rec.netns,
-            observe=manager.observe,
-        )
+        run = manager.recorded_run(rec, node=manager.node(strict=False))
         failures, out.unrepairable = run.repair()
         out.ran = True
     out.errors = [e.message for e in failures if isinstance(e, NetpluginError)]
-    out.changes = [(members[i].name, line) for i, lines in sorted(run.repaired.items()) for line in lines]
+    out.changes = [(run.members[i].name, line) for i, lines in sorted(run.repaired.items()) for line in lines]
     return out

@@ -148,11 +148,10 @@ def reload_settings(live: Live, reread: Reread | None) -> Reloaded:
             new = live.config
     try:
         # The host (and so the node watches) stays: its settings are among those that need a restart.
-        manager = checked_manager(new, host=live.manager.host, init=True)
+        # The daemon's per-member metrics and its log of pod actions go on (the hooks).
+        manager = checked_manager(new, host=live.manager.host, init=True, hooks=live.manager.hooks)
     except NetpluginError as e:
         return _refused(live, refusal_of(e, new))
-    manager.observe = live.manager.observe  # the daemon's per-member metrics go on
-    manager.on_action = live.manager.on_action  # and its log of pod actions
     return Reloaded(Live.of(new, manager, snapshot), text, True)
 
 

@@ -67,6 +67,7 @@ from netplugin.frontends.daemon.records import gc_answer, pods_answer, still_nee
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.wire.protocol import MAX_MESSAGE, OPS, POD_OPS, init_result, run_pod_op
 from netplugin.manager.manager import Manager
+from netplugin.manager.reporting import Hooks
 from netplugin.plugins.bounded import stuck_calls
 from netplugin.plugins.hostport import HOSTPORT_NAME
 
@@ -88,6 +89,7 @@ class Daemon:
         self,
         config: Config,
         manager: Manager,
+        metrics: Metrics,
         *,
         notify_socket: str | None = None,
         watchdog: Watchdog | None = None,
@@ -102,9 +104,8 @@ class Daemon:
         self.socket_path = config.socket_path
         self.notify_socket = notify_socket
         self.watchdog = watchdog
-        self.metrics = Metrics()
-        manager.observe = self.metrics.observe_member  # per chain member, of every pod action
-        manager.on_action = log_action  # one log line per pod action
+        #: told by the manager of each chain member's call (built with them as its hooks: :func:`serve`)
+        self.metrics = metrics
         self.metrics_address: str | None = None
         self.gc = GcKeeper(lambda: self._live.manager, self.metrics.registry)
         self.nodes = NodeKeeper(
@@ -352,9 +353,11 @@ def serve(
     env.pop("WATCHDOG_USEC", None)
     env.pop("WATCHDOG_PID", None)
 
-    manager = Manager(config)
+    metrics = Metrics()
+    # per chain member of every pod action, its metrics; per pod action, one log line
+    manager = Manager(config, hooks=Hooks(observe=metrics.observe_member, on_action=log_action))
     configure_logging(env, config)
-    daemon = Daemon(config, manager, notify_socket=notify, watchdog=watchdog, reread=reread, snapshot=snapshot)
+    daemon = Daemon(config, manager, metrics, notify_socket=notify, watchdog=watchdog, reread=reread, snapshot=snapshot)
     with asyncio.Runner() as runner:
         status = runner.run(daemon.run())
         if daemon.abandoned:

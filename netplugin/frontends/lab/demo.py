@@ -34,7 +34,7 @@ from netplugin.core.plaindata import dataclass, field
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.manager import Manager
 
-__all__ = ["DemoPod", "DemoReport", "find_plugin_source", "run_demo"]
+__all__ = ["DemoPod", "DemoReport", "check_prerequisites", "find_plugin_source", "run_demo", "run_ip"]
 
 DEMO_NAMESPACE = "demo"
 DEMO_PORT = 8080
@@ -112,7 +112,8 @@ def find_plugin_source(explicit: str | None = None) -> Path:
     )
 
 
-def _ip(*args: str) -> str:
+def run_ip(*args: str) -> str:
+    """``ip ARGS``' stdout; a SystemFailure when it cannot run or fails (its stderr)."""
     try:
         done = run(["ip", *args], env=os.environ, timeout=20)
     except SpawnError as e:
@@ -135,7 +136,8 @@ def _connect(from_netns: str | None, ip: str) -> str:
         return ""
 
 
-def _check_prerequisites() -> None:
+def check_prerequisites() -> None:
+    """Root, ``ip`` and ``flock``: what a demo needs before it makes anything (SystemFailure: which is missing)."""
     if os.geteuid() != 0:
         raise SystemFailure("netplugin demo", None, "must run as root (it creates network namespaces and a bridge)")
     for tool in ("ip", "flock"):
@@ -194,7 +196,7 @@ class _DemoRun:
                 "spec": {"containers": [{"name": "app", "image": "busybox"}]},
             }
             (self.pods_dir / f"{pod.name}.json").write_text(json.dumps(manifest))
-            _ip("netns", "add", pod.infra_id)
+            run_ip("netns", "add", pod.infra_id)
             self.created_netns.append(pod.infra_id)
         for pod in self.report.pods:
             t0 = time.perf_counter()
@@ -246,7 +248,7 @@ class _DemoRun:
             self.set_up.remove(pod)
             self.progress(f"  teardown {pod.ref}: {pod.teardown_ms:.1f}ms")
         for ns in list(self.created_netns):
-            _ip("netns", "del", ns)
+            run_ip("netns", "del", ns)
             self.created_netns.remove(ns)
 
     def clean_up(self) -> None:
@@ -273,7 +275,7 @@ def run_demo(
     """Run the demo; see the module doc. Raises NetpluginError on a failure (after cleaning up)."""
     if not 1 <= pods <= 200:
         raise InvalidArgument("pods", pods, "must be between 1 and 200")
-    _check_prerequisites()
+    check_prerequisites()
     tag = secrets.token_hex(3)
     bridge = f"npdm{tag}"
     subnet = subnet or f"10.207.{random.randrange(256)}.0/24"
@@ -289,7 +291,7 @@ def run_demo(
         demo.check_connectivity()
         demo.tear_down_pods()
         report.leftovers = _leftovers(report, tmp / "state" / "bridge" / bridge)
-        _ip("link", "del", bridge)
+        run_ip("link", "del", bridge)
     finally:
         if demo is not None:
             demo.clean_up()
@@ -304,10 +306,10 @@ def run_demo(
 
 def _leftovers(report: DemoReport, ipam_dir: Path) -> list[str]:
     found = []
-    ports = _ip("-o", "link", "show", "master", report.bridge).strip()
+    ports = run_ip("-o", "link", "show", "master", report.bridge).strip()
     if ports:
         found.append(f"veths still on {report.bridge}: {ports}")
-    names = set(_ip("netns", "list").split())
+    names = set(run_ip("netns", "list").split())
     stray = [p.infra_id for p in report.pods if p.infra_id in names]
     if stray:
         found.append(f"netns still present: {', '.join(stray)}")

@@ -27,9 +27,10 @@ from netplugin.core.errors import NetpluginError, SystemFailure
 from netplugin.core.execplugin.invoke import run, start
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass, field
-from netplugin.frontends.lab.demo import DEMO_NAMESPACE, _check_prerequisites, _ip, find_plugin_source
+from netplugin.frontends.lab.demo import DEMO_NAMESPACE, check_prerequisites, find_plugin_source, run_ip
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.manager import Manager
+from netplugin.manager.reporting import Hooks
 from netplugin.plugins.bridge.settings import host_veth_name
 
 __all__ = ["ChainDemoReport", "Transfer", "run_chain_demo", "tcp_rate"]
@@ -208,7 +209,7 @@ def run_chain_demo(
     base: Config | None = None,
 ) -> ChainDemoReport:
     """Run the chain demo; see the module doc. Raises NetpluginError on a failure (after cleaning up)."""
-    _check_prerequisites()
+    check_prerequisites()
     tag = secrets.token_hex(3)
     bridge, subnet = f"npdc{tag}", subnet or f"10.207.{random.randrange(256)}.0/24"
     tmp = Path(tempfile.mkdtemp(prefix="netplugin-demo-chain-"))
@@ -219,16 +220,15 @@ def run_chain_demo(
     manager: Manager | None = None
     try:
         cfg = _config(tmp, first, plugin_source, bridge, subnet, base)
-        manager = Manager(cfg, StaticHost(cfg.pods_dir))
-        pods = _pods(tmp, tag)
         current = [""]  # the pod whose action runs (the observer is told the member, not the pod)
-        manager.observe = _observer(report, current)
+        manager = Manager(cfg, StaticHost(cfg.pods_dir), hooks=Hooks(observe=_observer(report, current)))
+        pods = _pods(tmp, tag)
         progress(f"chain {', '.join(report.chain)}; bridge {bridge}, subnet {subnet}")
         progress(f"pod shaped: {INGRESS}={LIMITS[INGRESS][0]}, {EGRESS}={LIMITS[EGRESS][0]}; pod plain: none")
         ips = {"gateway": subnet.split("/")[0].rsplit(".", 1)[0] + ".1"}
         for name, ref in pods.items():
             current[0] = name
-            _ip("netns", "add", ref.infra_id)
+            run_ip("netns", "add", ref.infra_id)
             made.append(ref.infra_id)
             t0 = time.perf_counter()
             status = manager.setup(ref)
@@ -244,7 +244,7 @@ def run_chain_demo(
             manager.teardown(ref)
             up.remove(ref)
         for ns in list(made):
-            _ip("netns", "del", ns)
+            run_ip("netns", "del", ns)
             made.remove(ns)
         report.leftovers = _leftovers(bridge, tmp / "state" / "bridge" / bridge, list(pods.values()))
     finally:
@@ -259,7 +259,7 @@ def run_chain_demo(
 
 def _leftovers(bridge: str, ipam_dir: Path, pods: list[PodRef]) -> list[str]:
     found = []
-    ports = _ip("-o", "link", "show", "master", bridge).strip()
+    ports = run_ip("-o", "link", "show", "master", bridge).strip()
     if ports:
         found.append(f"veths still on {bridge}: {ports}")
     # the bandwidth plugin's ifb: "nbw" + the hash digits the bridge puts in its veth names
