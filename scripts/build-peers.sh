@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the real Kubernetes peers the tests run against (containerd 2, critest/crictl, the CNI reference
-# plugins, etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet) from the
-# Go module proxy, with the go.mod/go.sum pins under tests/peers/, and print the directory that holds them.
+# plugins, etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet, the
+# NetworkPolicy agent kube-network-policies and its upstream manifest) from the Go module proxy, with the go.mod/go.sum pins under tests/peers/, and print the directory that holds them.
 #   scripts/build-peers.sh            build what is missing, print DIR (the binaries are DIR/NAME)
 # The proxy is the machine's own (`go env GOPROXY`), or NETPLUGIN_GOPROXY when set (a comma list).
 # The cache lives outside the clone, keyed by the pins and the Go version:
@@ -16,7 +16,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 pins=$here/tests/peers
 # group directory (under tests/peers) : Go package : binary path under DIR [: test, for a suite built with
-# `go test -c`, as critest is]. The CNI plugins go to DIR/cni:
+# `go test -c`, as critest is; or: file : PATH, that file of the module, copied as is (a manifest)].
+# The CNI plugins go to DIR/cni:
 # their names (bridge, firewall) must not shadow commands when DIR is on a PATH.
 peers=(
     "cni:github.com/containernetworking/plugins/plugins/main/bridge:cni/bridge"
@@ -36,6 +37,8 @@ peers=(
     "kube:k8s.io/kubernetes/cmd/kube-proxy:kube-proxy"
     "kube:k8s.io/kubernetes/cmd/kube-scheduler:kube-scheduler"
     "kube:k8s.io/kubernetes/cmd/kubelet:kubelet"
+    "netpol:sigs.k8s.io/kube-network-policies/cmd:kube-network-policies"
+    "netpol:sigs.k8s.io/kube-network-policies:kube-network-policies.yaml:file:install.yaml"
 )
 
 if ! command -v go >/dev/null; then
@@ -93,7 +96,19 @@ ldflags_of() {
 
 missing=()
 for entry in "${peers[@]}"; do
-    IFS=: read -r group pkg name kind <<<"$entry"
+    IFS=: read -r group pkg name kind file <<<"$entry"
+    if [ "$kind" = file ]; then
+        [ -f "$bin/$name" ] && continue
+        # the module's own copy (its go.sum-checked zip in the module cache), not a fetched URL
+        if dir=$(cd "$pins/$group" && go mod download "$pkg" && go list -m -f '{{.Dir}}' "$pkg") &&
+            [ -f "$dir/$file" ] && install -m 0644 "$dir/$file" "$bin/$name.tmp" && mv -f "$bin/$name.tmp" "$bin/$name"; then
+            echo "build-peers: copied $name ($pkg $file)" >&2
+        else
+            echo "build-peers: FAILED $name: no $file in module $pkg" >&2
+            missing+=("$name")
+        fi
+        continue
+    fi
     build=(build)
     [ "$kind" = test ] && build=(test -c)
     [ -x "$bin/$name" ] && continue
