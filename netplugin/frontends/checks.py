@@ -15,6 +15,9 @@
 ``node``      this node's pod CIDRs and the routes to the other nodes (the daemon's view);
 ``egress``    the egress masquerade table, when ``cluster_cidrs`` asks for one;
 ``bridge_netfilter``  bridge-nf-call-ip(6)tables on while the bridge plugin's bridge serves pods;
+``policy``    the NetworkPolicy agents seen on the node (kube-network-policies' nftables table, ...): while
+              one runs, bridged pod traffic must pass netfilter (bridge-nf-call-ip(6)tables) or it
+              bypasses the agent's rules;
 ``forward``   pod traffic not dropped by an iptables FORWARD policy DROP (netplugin's chain accepts it);
 ``mtu``       the bridge plugin's MTU (configured, or recorded by init) not above the underlay's;
 ``hostport``  with a hostport member in the chain: ``conntrack`` on the plugins' PATH (else stale UDP
@@ -351,6 +354,25 @@ def check_bridge_netfilter(node: Node) -> Check:
     return Check("bridge_netfilter", f"bridged pod traffic passes netfilter ({s.name})")
 
 
+def check_policy(node: Node) -> Check:
+    from netplugin.nodenet.policyagents import KNOWN, seen
+    from netplugin.plugins.bridge.sysctls import bridge_netfilter_off
+
+    agents = seen()
+    if not agents:
+        return Check("policy", f"no NetworkPolicy agent seen (looked for {', '.join(a.name for a in KNOWN)})")
+    found = "; ".join(f"{a.agent} ({a.evidence})" for a in agents)
+    s = _bridge_settings(node)
+    off = bridge_netfilter_off(n.version for n in s.subnets) if s is not None else []
+    if s is not None and off:
+        names = ", ".join(a.agent for a in agents)
+        why = f"{', '.join(off)} off while {names} enforces NetworkPolicy: traffic between pods on bridge {s.name}"
+        why += " is switched past its rules, so policies do not apply between pods of this node"
+        fix = "NETPLUGIN_BRIDGE_BR_NETFILTER=true (the default), then netplugin init"
+        return Check("policy", found, why, fix)
+    return Check("policy", found)
+
+
 def check_forward(node: Node) -> Check:
     from netplugin.nodenet.egress import parse_cidrs
     from netplugin.nodenet.forward import Forward
@@ -412,6 +434,7 @@ CHECKS = (
     check_node,
     check_egress,
     check_bridge_netfilter,
+    check_policy,
     check_forward,
     check_mtu,
     check_hostport,

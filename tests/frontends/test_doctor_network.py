@@ -89,3 +89,40 @@ def test_doctor_names_what_breaks_pod_networking(
     if check == "forward":  # netplugin's chain is the fix
         Forward(netns=f"/run/netns/{node.node}").apply([ipaddress.ip_network(node.subnet)])
         assert doctor(node, tmp_path)["forward"]["ok"]
+
+
+#: what kube-network-policies keeps while it runs (its controller's default table); the real agent's
+#: own table is what tests/cluster/test_networkpolicy.py's doctor sees
+AGENT_TABLE = (
+    "add table inet kube-network-policies",
+    "add chain inet kube-network-policies postrouting { type filter hook postrouting priority srcnat - 5; }",
+)
+
+
+@pytest.mark.parametrize(
+    ("agent", "br_netfilter", "words"),
+    [
+        (False, True, "no NetworkPolicy agent seen (looked for kube-network-policies, "),
+        (True, True, "kube-network-policies (nftables table inet kube-network-policies)"),
+        (True, False, "kube-network-policies (nftables table inet kube-network-policies)"),
+    ],
+    ids=["no-agent", "agent", "agent-without-br-netfilter"],
+)
+def test_doctor_names_the_policy_agent_and_warns_when_bridged_traffic_bypasses_it(
+    node: NodeBridge, tmp_path: Path, agent: bool, br_netfilter: bool, words: str
+) -> None:
+    env = {} if br_netfilter else _br_netfilter_off(node)
+    node.init(**env)
+    node.add_pod("a", **env)
+    if agent:
+        for command in AGENT_TABLE:
+            done = node.in_node("nft", command)
+            assert done.returncode == 0, done.stderr
+    check = doctor(node, tmp_path, **env)["policy"]
+    assert words in check["found"], check
+    if agent and not br_netfilter:
+        assert not check["ok"], check
+        assert "bridge-nf-call-iptables off while kube-network-policies enforces NetworkPolicy" in check["problem"]
+        assert "NETPLUGIN_BRIDGE_BR_NETFILTER=true" in check["fix"]
+    else:
+        assert check["ok"], check
