@@ -34,7 +34,6 @@ node whose API server is down can still wire pods that do not need pod data.
 
 from __future__ import annotations
 
-import http.client
 import logging
 import threading
 import time
@@ -69,7 +68,7 @@ Pod = dict[str, Any]
 # --- the host ------------------------------------------------------------------------------------
 
 
-class KubeHost(KubeTransport):
+class KubeHost:
     """A :class:`~netplugin.hosts.Host` backed by the Kubernetes API.
 
     Settings are resolved on first use, not in the constructor, so that a missing or
@@ -96,18 +95,23 @@ class KubeHost(KubeTransport):
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         self.kubeconfig = kubeconfig
-        self.context = context
         self.timeout = float(timeout)
         self.fallback_on_error = fallback_on_error
-        self.environ = environ
-        self.service_account_dir = service_account_dir
         self.proxies = None if proxies is None else dict(proxies)
+        #: the API's HTTP side: settings resolved once, the opener, each bounded GET
+        self.http = KubeTransport(
+            kubeconfig,
+            context=context,
+            timeout=self.timeout,
+            environ=environ,
+            service_account_dir=service_account_dir,
+            proxies=self.proxies,
+            settings=settings,
+        )
         #: The error of the most recent call, or None when it succeeded (also set when not falling back).
         self.last_error: HostError | None = None
-        self._settings = settings
-        self._opener: urllib.request.OpenerDirector | None = None
         self._client: Any | None = None
-        # The daemon calls from several threads; settings, opener and client are built once.
+        # The daemon calls from several threads; the client is built once.
         self._lock = threading.Lock()
         self._node_name = node_name
         #: requests sent, by (verb, resource): the daemon exports them, the benchmark counts them
@@ -124,6 +128,11 @@ class KubeHost(KubeTransport):
             timeout=float(getattr(config, "kube_timeout", DEFAULT_TIMEOUT)),
             **kwargs,
         )
+
+    @property
+    def settings(self) -> KubeSettings:
+        """The resolved settings (raises HostError when there is no usable configuration)."""
+        return self.http.settings
 
     # -- the Host protocol --
 
@@ -163,7 +172,7 @@ class KubeHost(KubeTransport):
         what = f"pod {namespace}/{name}" if kind == "Pod" else f"{kind.lower()} {name}"
         where = f"cannot get {what} from {url}"
         self.requests[("get", kind.lower() + "s")] += 1
-        status, reason, body, location = self._get(url, where)
+        status, reason, body, location = self.http.get(url, where)
         doc = _json(body)
         if status == 200:
             if not isinstance(doc, dict):
@@ -273,7 +282,7 @@ class KubeHost(KubeTransport):
         resource = path.rsplit("/", 1)[-1]
         where = f"cannot list {resource} from {url}"
         self.requests[("list", resource)] += 1
-        status, reason, body, location = self._get(url, where, max_body=MAX_LIST_BODY)
+        status, reason, body, location = self.http.get(url, where, max_body=MAX_LIST_BODY)
         if status != 200:
             self._raise_status(where, url, status, reason, body, location, allow_404=False, verb="list", kind=resource)
         try:
@@ -288,16 +297,14 @@ class KubeHost(KubeTransport):
         """Open a watch of a collection (``query`` has ``watch=1``); HostError with ``status`` if not 200."""
         from netplugin.hosts.kubewire import WatchStream, keepalive
 
-        s = self.settings
-        url = s.server + path + "?" + urllib.parse.urlencode(query)
+        url = self.settings.server + path + "?" + urllib.parse.urlencode(query)
         resource = path.rsplit("/", 1)[-1]
         where = f"cannot watch {resource} at {url}"
         self.requests[("watch", resource)] += 1
-        request = urllib.request.Request(url, headers=self._headers(s), method="GET")
         try:
             # The socket timeout bounds each read; the server ends the stream after ``timeout``
             # and sends bookmarks meanwhile, so a longer silence means a dead connection.
-            response: Any = self._get_opener(s).open(request, timeout=timeout + 60)
+            response = self.http.open(url, where, timeout + 60)
         except urllib.error.HTTPError as e:
             with e:
                 body = read_body(e, time.monotonic() + self.timeout) or b""
@@ -305,10 +312,6 @@ class KubeHost(KubeTransport):
                 where, url, e.code, str(e.reason), body, None, allow_404=False, verb="watch", kind=resource
             )
             raise AssertionError("unreachable") from None
-        except urllib.error.URLError as e:
-            raise self._transport_error(e.reason, where, url) from e
-        except (OSError, http.client.HTTPException, ValueError) as e:
-            raise self._transport_error(e, where, url) from e
         sock = keepalive(response)
         return WatchStream(response, sock)
 

@@ -1,4 +1,5 @@
-"""The HTTP side of :class:`netplugin.hosts.kube.KubeHost`: one bounded, authenticated GET.
+"""The HTTP side of :class:`netplugin.hosts.kube.KubeHost` (which holds a :class:`KubeTransport`): one
+bounded, authenticated GET.
 
 Settings are resolved once (:mod:`netplugin.hosts.kubeconfig`), on first use; the opener is built
 once, never follows a redirect (that would send the credentials to another host) and uses the
@@ -38,17 +39,34 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 class KubeTransport:
-    """Settings, opener and GET of a host of the Kubernetes API; the host sets these attributes."""
+    """Settings, opener and GET of a host of the Kubernetes API. Thread-safe.
 
-    kubeconfig: str | None
-    context: str | None
-    timeout: float
-    environ: Mapping[str, str] | None
-    service_account_dir: str
-    proxies: dict[str, str] | None
-    _settings: KubeSettings | None
-    _opener: urllib.request.OpenerDirector | None
-    _lock: threading.Lock
+    Built with where the settings come from (``kubeconfig``, ``context``, ``environ``, the
+    service account's dir; or ``settings`` already resolved), the time limit of a GET and the
+    ``proxies`` (None: the environment's).
+    """
+
+    def __init__(
+        self,
+        kubeconfig: str | None,
+        *,
+        context: str | None,
+        timeout: float,
+        environ: Mapping[str, str] | None,
+        service_account_dir: str,
+        proxies: dict[str, str] | None,
+        settings: KubeSettings | None = None,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.context = context
+        self.timeout = timeout
+        self.environ = environ
+        self.service_account_dir = service_account_dir
+        self.proxies = proxies
+        self._settings = settings
+        self._opener: urllib.request.OpenerDirector | None = None
+        # Several threads call (the daemon's); settings and opener are built once.
+        self._lock = threading.Lock()
 
     @property
     def settings(self) -> KubeSettings:
@@ -103,7 +121,7 @@ class KubeTransport:
     def _timed_out(self, where: str, url: str) -> HostError:
         return HostError(f"{where}: timed out after {self.timeout:g}s", url=url)
 
-    def _get(self, url: str, where: str, max_body: int | None = None) -> tuple[int, str, bytes, str | None]:
+    def get(self, url: str, where: str, max_body: int | None = None) -> tuple[int, str, bytes, str | None]:
         """GET url -> (status, reason, body, Location). Transport failures are HostErrors."""
         s = self.settings
         request = urllib.request.Request(url, headers=self._headers(s), method="GET")
@@ -129,6 +147,23 @@ class KubeTransport:
         except (OSError, http.client.HTTPException, ValueError) as e:
             raise self._transport_error(e, where, url) from e
         return status, reason, body, location
+
+    def open(self, url: str, where: str, timeout: float) -> Any:
+        """A GET of ``url`` left open to be read as a stream (a watch): its response.
+
+        ``timeout`` bounds each read. A non-2xx answer raises ``urllib.error.HTTPError`` (its body
+        is the caller's to read); a transport failure, a HostError.
+        """
+        s = self.settings
+        request = urllib.request.Request(url, headers=self._headers(s), method="GET")
+        try:
+            return self._get_opener(s).open(request, timeout=timeout)
+        except urllib.error.HTTPError:
+            raise
+        except urllib.error.URLError as e:
+            raise self._transport_error(e.reason, where, url) from e
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise self._transport_error(e, where, url) from e
 
     def _transport_error(self, reason: object, where: str, url: str) -> HostError:
         if isinstance(reason, TimeoutError):

@@ -302,7 +302,7 @@ def test_relists_are_counted_in_metrics_promtool_accepts(api: ApiServer) -> None
 )
 def test_an_unreadable_list_says_why(api: ApiServer, monkeypatch: pytest.MonkeyPatch, body: bytes, reason: str) -> None:
     host = host_for(api)
-    monkeypatch.setattr(host, "_get", lambda url, where, max_body=None: (200, "OK", body, None))
+    monkeypatch.setattr(host.http, "get", lambda url, where, max_body=None: (200, "OK", body, None))
     with pytest.raises(Exception, match=reason) as info:
         host.list_collection("/api/v1/nodes", {})
     assert type(info.value).__name__ == "HostError"
