@@ -19,7 +19,7 @@
 #   scripts/install.sh [--prefix DIR] [--python PATH] [--wheel FILE] [--source DIR] [--extras LIST]
 #                      [--bin-dir DIR] [--man-dir DIR] [--systemd-dir DIR] [--no-venv | --venv-only] [--lib-dir DIR]
 #                      [--exec-dir DIR] [--cni-bin-dir DIR] [--cni-conf-dir DIR]
-#                      [--state-dir DIR] [--run-dir DIR] [--config FILE] [--plugin NAME]
+#                      [--state-dir DIR] [--run-dir DIR] [--config FILE] [--plugin NAME]... [--plugins LIST]
 #                      [--plugin-env KEY=VALUE]... [--config-from FILE] [--cni-log-file FILE]
 #                      [--native-shim FILE] [--shim-fallback python|none] [--dry-run]
 #
@@ -48,10 +48,14 @@
 #                       installer sets its plugin_dir, state_dir and run_dir from the options
 #                       above on every run, plugin and env when given (first run: the shipped
 #                       example's), and leaves every other key alone; it prints each key it changes
-#   --plugin NAME       the plugin (first run default: bridge)
+#   --plugin NAME       a member of the chain, repeatable: the members in order (first run default:
+#                       the shipped example's chain, bridge then hostport, so pods' hostPorts work)
+#   --plugins LIST      the chain as a comma-separated list (with --plugin: appended in order), e.g.
+#                       --plugins netplugin.io/bridge,netplugin.io/hostport. A bad name, an empty
+#                       member or one named twice is a usage error (exit 2) and nothing is written
 #   --plugin-env KEY=VALUE  the plugin's env, repeatable; given, it replaces the whole env map
 #   --config-from FILE  copy FILE as the config instead (the DaemonSet's ConfigMap); its dirs must
-#                       be the ones given; excludes --plugin and --plugin-env
+#                       be the ones given; excludes --plugin, --plugins and --plugin-env
 #   --cni-log-file FILE the conflist's logFile: the shim appends one JSON line per call
 #   --native-shim FILE  a compiled netplugin-cni built elsewhere (the image's build stage), installed
 #                       with this node's socket and fallback written in, instead of compiling one
@@ -101,7 +105,7 @@ config_from=
 cni_log_file=
 native_shim_from=${NETPLUGIN_NATIVE_SHIM:-}
 shim_fallback_mode=${NETPLUGIN_SHIM_FALLBACK:-python}
-plugin_name=
+plugin_names=()
 plugin_name_given=0
 plugin_env=()
 plugin_env_given=0
@@ -134,7 +138,7 @@ while [ $# -gt 0 ]; do
     esac
     case $arg in
     --prefix | --python | --wheel | --source | --extras | --bin-dir | --man-dir | --systemd-dir | --lib-dir | \
-        --exec-dir | --cni-bin-dir | --cni-conf-dir | --state-dir | --run-dir | --config | --plugin | \
+        --exec-dir | --cni-bin-dir | --cni-conf-dir | --state-dir | --run-dir | --config | --plugin | --plugins | \
         --plugin-env | --config-from | --cni-log-file | --native-shim | --shim-fallback)
         if [ "$has_value" = 0 ]; then
             [ $# -ge 2 ] || die "$arg needs a value" 2
@@ -162,7 +166,13 @@ while [ $# -gt 0 ]; do
         --native-shim) native_shim_from=$value ;;
         --shim-fallback) shim_fallback_mode=$value ;;
         --plugin)
-            plugin_name=$value
+            plugin_names+=("$value")
+            plugin_name_given=1
+            ;;
+        --plugins)
+            # "a,b" -> a b; an empty member ("a,,b", "a,", "") stays one, and is refused below
+            IFS=, read -r -a listed <<<"$value,"
+            plugin_names+=("${listed[@]}")
             plugin_name_given=1
             ;;
         --plugin-env)
@@ -206,11 +216,17 @@ esac
 if [ -n "$config_from" ]; then
     [ -f "$config_from" ] || die "--config-from $config_from: no such file" 2
     if [ "$plugin_name_given" = 1 ] || [ "$plugin_env_given" = 1 ]; then
-        die "--config-from excludes --plugin and --plugin-env (the file says which plugin)" 2
+        die "--config-from excludes --plugin, --plugins and --plugin-env (the file says which plugins)" 2
     fi
 fi
 if [ "$plugin_name_given" = 1 ]; then
-    [[ $plugin_name =~ ^[A-Za-z0-9][A-Za-z0-9._/~-]*$ ]] || die "--plugin must be a plugin name (got '$plugin_name')" 2
+    seen=" "
+    for name in "${plugin_names[@]}"; do
+        [[ $name =~ ^[A-Za-z0-9][A-Za-z0-9._/~-]*$ ]] ||
+            die "--plugin/--plugins: each member must be a plugin name (got '$name')" 2
+        [[ $seen != *" $name "* ]] || die "--plugin/--plugins: $name is named twice in the chain" 2
+        seen+="$name "
+    done
 fi
 for pair in "${plugin_env[@]}"; do
     [[ $pair =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--plugin-env must be KEY=VALUE with KEY a variable name (got '$pair')" 2
@@ -271,7 +287,7 @@ make_config_args() {
         config_args+=(--from "$config_from")
     else
         [ ! -f "$source_dir/etc/netplugin.yaml" ] || config_args+=(--defaults "$source_dir/etc/netplugin.yaml")
-        [ "$plugin_name_given" = 0 ] || config_args+=(--plugin "$plugin_name")
+        for name in "${plugin_names[@]}"; do config_args+=(--plugin "$name"); done
         for pair in "${plugin_env[@]}"; do config_args+=(--plugin-env "$pair"); done
     fi
     [ ! -d "$source_dir/exec_plugins" ] || config_args+=(--plugins-from "$source_dir/exec_plugins")
@@ -641,7 +657,8 @@ if find_config_tool; then
     printf '%s\n' "$config_out"
     case $config_out in unchanged*) ;; *) changed=1 ;; esac
 elif [ "$dry_run" = 1 ]; then
-    say "write $config (plugin_dir, state_dir, run_dir${plugin_name:+, plugin $plugin_name})"
+    chain_text=$(IFS=,; echo "${plugin_names[*]}")
+    say "write $config (plugin_dir, state_dir, run_dir${chain_text:+, plugins $chain_text})"
     changed=1
 else
     die "no interpreter here imports netplugin and yaml to write $config"

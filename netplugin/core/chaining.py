@@ -9,6 +9,9 @@ The action mask
     actions the plugin handles. A member that leaves an action out is never called for it. Empty
     output (every plugin written before chains) means all of them. ``setup`` without
     ``teardown`` is refused: rollback and gc must be able to undo what setup did.
+    The list may also name what the member takes beyond its actions (:data:`DECLARATIONS`):
+    ``"hostports"``, it maps the pod's ``NETPLUGIN_HOST_PORTS`` (a hostport member). A pod with
+    hostPorts whose chain has no member declaring it fails its setup before any member runs.
 
 The prev result
     What a member's ``setup`` reports is the contract's setup document (:mod:`netplugin.core.plugin`,
@@ -42,11 +45,14 @@ from netplugin.core.plaindata import dataclass, field
 __all__ = [
     "ALL_POD_ACTIONS",
     "CHAIN_ENV",
+    "DECLARATIONS",
+    "DECLARES_HOST_PORTS",
     "ENV_CHAIN",
     "ENV_CHAIN_INDEX",
     "ENV_PREV_HOST_INTERFACE",
     "ENV_PREV_IPS",
     "ENV_PREV_RESULT",
+    "MASK_NAMES",
     "OPT_IN_POD_ACTIONS",
     "MemberResult",
     "PrevResult",
@@ -66,6 +72,12 @@ CHAIN_ENV = (ENV_CHAIN, ENV_CHAIN_INDEX, ENV_PREV_RESULT, ENV_PREV_IPS, ENV_PREV
 ALL_POD_ACTIONS = frozenset({"setup", "teardown", "status"})
 #: pod actions a member handles only when its mask names them (plugins written before them never declare them)
 OPT_IN_POD_ACTIONS = frozenset({"repair"})
+#: the mask's word for "this member maps the pod's hostPorts (NETPLUGIN_HOST_PORTS)"
+DECLARES_HOST_PORTS = "hostports"
+#: what a mask may declare besides actions: what the member takes (never an action it is called for)
+DECLARATIONS = frozenset({DECLARES_HOST_PORTS})
+#: every word a mask may hold
+MASK_NAMES = ALL_POD_ACTIONS | OPT_IN_POD_ACTIONS | DECLARATIONS
 _IFNAME = re.compile(r"[^\s/:]{1,15}\Z")
 
 
@@ -92,11 +104,11 @@ def parse_actions(stdout: bytes, *, plugin: str) -> frozenset[str]:
     names = doc["actions"]
     if not all(isinstance(a, str) for a in names):
         raise _bad(plugin, "init", "'actions' must be a list of action names (strings)", text)
-    unknown = [a for a in names if a not in ALL_POD_ACTIONS | OPT_IN_POD_ACTIONS and a != "init"]
+    unknown = [a for a in names if a not in MASK_NAMES and a != "init"]
     if unknown:
-        known = ", ".join(sorted(ALL_POD_ACTIONS | OPT_IN_POD_ACTIONS))
+        known = ", ".join(sorted(MASK_NAMES))
         raise _bad(plugin, "init", f"unknown action(s) {unknown!r:.120} in 'actions' (known: {known})", text)
-    out = frozenset(a for a in names if a in ALL_POD_ACTIONS | OPT_IN_POD_ACTIONS)
+    out = frozenset(a for a in names if a in MASK_NAMES)
     if "setup" in out and "teardown" not in out:
         raise _bad(plugin, "init", "'actions' has setup but not teardown (rollback must undo setup)", text)
     return out

@@ -22,12 +22,13 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from netplugin.core.errors import InvalidArgument
+from netplugin.core.errors import ConfigError, InvalidArgument
 from netplugin.core.plaindata import dataclass
 
 __all__ = [
     "ENV_HOST_PORTS",
     "ENV_LOCALHOST",
+    "HOSTPORT_MEMBERS",
     "HOSTPORT_TABLE",
     "LOCALHOST_DEFAULT",
     "PROTOCOLS",
@@ -39,10 +40,14 @@ __all__ = [
     "parse_env",
     "pod_host_ports",
     "to_env",
+    "unmapped",
 ]
 
 #: the nftables table of hostPort rules (the built-in and the bash `hostport` plugin), which uninstall removes
 HOSTPORT_TABLE = "inet netplugin_hostport"
+
+#: the members netplugin ships that map hostPorts (each declares it in its init mask): the built-in, then the bash one
+HOSTPORT_MEMBERS = ("netplugin.io/hostport", "hostport")
 
 ENV_HOST_PORTS = "NETPLUGIN_HOST_PORTS"
 PROTOCOLS = ("tcp", "udp", "sctp")
@@ -162,6 +167,21 @@ def check_families(maps: Iterable[HostPort], pod_ips: Iterable[str]) -> None:
             version = ipaddress.ip_address(m.host_ip).version
             reason = f"the pod has no IPv{version} address to map it to (its addresses: {', '.join(ips) or 'none'})"
             raise InvalidArgument(f"{ENV_HOST_PORTS}[{i}].hostIP", m.host_ip, reason)
+
+
+def unmapped(chain: Iterable[str], value: str) -> ConfigError:
+    """The error of a pod whose hostPorts (the variable's ``value``) no member of ``chain`` maps: a
+    pod must not start without the ports it asked for, nor a second one on the same port."""
+    names = list(chain)
+    entries = [e.split("/") for e in value.split()]
+    ports = ", ".join(dict.fromkeys(f"{e[1]}/{e[0]}" for e in entries if len(e) >= 3))
+    member, bash = HOSTPORT_MEMBERS
+    reason = (
+        f"the pod asks for hostPorts ({ports}) but no member of the chain ({', '.join(names)}) maps them: "
+        f"the hostport member is missing; add {member} (after netplugin.io/bridge) or {bash} (after bridge) "
+        f"to plugins, e.g. plugins: [{', '.join(names)}, {member if any('/' in n for n in names) else bash}]"
+    )
+    return ConfigError("plugins", reason)
 
 
 def to_env(maps: Iterable[HostPort]) -> str:

@@ -155,7 +155,10 @@ Chains (config ``plugins: [a, b, c]``; ``plugin: a`` is a chain of one)
     runs the chain recorded with the pod, whatever the config says now; a recorded member no
     longer installed fails that teardown (the others still run) and the record is kept.
     A member's ``init`` may declare the pod actions it handles, ``{"actions": ["setup",
-    "teardown"]}``; it is never called for the others. What a member's ``setup`` reports in the
+    "teardown"]}``; it is never called for the others. The list may also declare
+    ``"hostports"``: the member maps the pod's ``NETPLUGIN_HOST_PORTS``; a pod with hostPorts
+    whose chain has no member declaring it fails its setup before any member runs (a ConfigError
+    naming the missing hostport member: CNI error 7). What a member's ``setup`` reports in the
     setup document (above) passes along the chain, as CNI's ``prevResult`` does: later members
     get it in ``NETPLUGIN_PREV_RESULT`` (JSON), ``NETPLUGIN_PREV_IPS`` and
     ``NETPLUGIN_PREV_HOST_INTERFACE``, with ``NETPLUGIN_CHAIN`` and ``NETPLUGIN_CHAIN_INDEX``

@@ -22,6 +22,8 @@
 ``mtu``       the bridge plugin's MTU (configured, or recorded by init) not above the underlay's;
 ``hostport``  with a hostport member in the chain: ``conntrack`` on the plugins' PATH (else stale UDP
               flows are not flushed), and whether 127.0.0.1 hostPorts are on (route_localnet);
+              without one, a conflist declaring ``portMappings`` is a problem (every hostPort pod's
+              ADD fails), with the chain to configure;
 ``dirs``      the state and run dirs are netplugin's own (root's, not group/world-writable, no links).
 
 A check that cannot be answered (no daemon to ask) is a problem, with how to fix it. The CLI
@@ -404,17 +406,46 @@ def check_mtu(node: Node) -> Check:
     return Check("mtu", f"{s.name} mtu {mtu or 'auto (init not run)'}, underlay {underlay}")
 
 
-_HOSTPORTS = ("hostport", "netplugin.io/hostport")
+def _maps_host_ports(cfg: Config, name: str) -> bool:
+    """Whether chain member ``name`` maps hostPorts: one netplugin ships, or one whose init declared it."""
+    import json
+
+    from netplugin.core.chaining import DECLARES_HOST_PORTS
+    from netplugin.core.hostports import HOSTPORT_MEMBERS
+    from netplugin.core.names import escape_plugin_name
+
+    if name in HOSTPORT_MEMBERS:
+        return True
+    try:
+        with open(os.path.join(cfg.run_dir, "init", escape_plugin_name(name) + ".json"), encoding="utf-8") as f:
+            marker = json.load(f)
+    except (OSError, ValueError):
+        return False  # no init ran yet: what it will declare is not known
+    return isinstance(marker, dict) and DECLARES_HOST_PORTS in (marker.get("actions") or [])
 
 
 def check_hostport(node: Node) -> Check:
     import shutil
 
-    from netplugin.core.hostports import ENV_LOCALHOST, localhost_enabled
+    from netplugin.core.hostports import ENV_LOCALHOST, HOSTPORT_MEMBERS, localhost_enabled
 
     cfg = node.config
-    member = next((m for m in cfg.chain if m in _HOSTPORTS), None)
+    member = next((m for m in cfg.chain if _maps_host_ports(cfg, m)), None)
     if member is None:
+        caps = (node.call_conf or {}).get("capabilities")
+        if isinstance(caps, dict) and caps.get("portMappings") is True:
+            chain = list(cfg.chain)
+            add = HOSTPORT_MEMBERS[0] if any("/" in m for m in chain) else HOSTPORT_MEMBERS[1]
+            where = cfg.config_path or "the config file"
+            return Check(
+                "hostport",
+                f"no hostport member in the chain ({', '.join(chain)})",
+                f"{node.picked} declares portMappings, but no member of the chain maps them: every pod with a "
+                "hostPort fails its ADD (a pod without the ports it asked for must not start)",
+                f"add the hostport member after the bridge in {where}: plugins: [{', '.join([*chain, add])}], "
+                "then systemctl reload netplugin (scripts/install.sh --plugins "
+                f"{','.join([*chain, add])})",
+            )
         return Check("hostport", "no hostport member in the chain")
     localhost = localhost_enabled(cfg.env)
     what = f"{member}; 127.0.0.1 hostPorts {'on (route_localnet on the pod bridge)' if localhost else 'off'}"

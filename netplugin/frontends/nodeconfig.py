@@ -5,7 +5,8 @@ shim (the conflist names it as ``configFile``) and the CLI. The installer owns o
 options describe:
 
 * ``plugin_dir``, ``state_dir``, ``run_dir``: where it installed things, set on every run;
-* ``plugin`` and ``env``: set when ``--plugin`` / ``--plugin-env`` are given (``--plugin-env``
+* the chain (``plugin``, or ``plugins`` for more than one member) and ``env``: set when
+  ``--plugin`` (repeatable, in chain order) / ``--plugin-env`` are given (``--plugin-env``
   replaces the whole ``env`` map), and on the first run from the shipped example's values
   (``--defaults``, ``etc/netplugin.yaml``).
 
@@ -78,7 +79,7 @@ def _block(key: str, value: Any, indent: str = "") -> list[str]:
 def render(values: Mapping[str, Any]) -> str:
     """The file's text: the header, the installer's keys first, then every other key as given."""
     lines = [_HEADER.rstrip("\n")]
-    order = [*DIR_KEYS, "plugin", "env"]
+    order = [*DIR_KEYS, "plugin", "plugins", "env"]
     for key in [*(k for k in order if k in values), *(k for k in values if k not in order)]:
         lines += _block(key, values[key])
     return "\n".join(lines) + "\n"
@@ -87,17 +88,28 @@ def render(values: Mapping[str, Any]) -> str:
 def merged(
     existing: Mapping[str, Any] | None,
     dirs: Mapping[str, str],
-    plugin: str | None,
+    plugins: list[str] | None,
     env: Mapping[str, str] | None,
     defaults: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The settings to write: ``existing`` (None: no file yet) with the installer's keys applied."""
+    """The settings to write: ``existing`` (None: no file yet) with the installer's keys applied.
+
+    ``plugins``: the chain given (one member is written ``plugin: NAME``, more ``plugins: [...]``),
+    which replaces the file's; None keeps it, or on the first run takes the example's."""
     out: dict[str, Any] = dict(existing) if existing is not None else {}
     out.update(dirs)
-    if plugin is not None:
-        out["plugin"] = plugin
-    elif existing is None and defaults.get("plugin"):
-        out["plugin"] = defaults["plugin"]
+    if plugins:
+        out.pop("plugin", None)
+        out.pop("plugins", None)
+        if len(plugins) == 1:
+            out["plugin"] = plugins[0]
+        else:
+            out["plugins"] = list(plugins)
+    elif existing is None:
+        for key in ("plugins", "plugin"):
+            if defaults.get(key):
+                out[key] = list(defaults[key]) if key == "plugins" else defaults[key]
+                break
     if env is not None:
         out["env"] = dict(env)
     elif existing is None and isinstance(defaults.get("env"), Mapping):
@@ -248,7 +260,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plugin-dir", required=True)
     p.add_argument("--state-dir", required=True)
     p.add_argument("--run-dir", required=True)
-    p.add_argument("--plugin")
+    p.add_argument("--plugin", action="append", help="a member of the chain, repeatable, in order")
     p.add_argument("--plugin-env", action="append", metavar="KEY=VALUE")
     p.add_argument("--defaults", metavar="FILE", help="first-run plugin and env (the shipped example)")
     p.add_argument("--from", dest="source", metavar="FILE", help="copy this config file as it is")

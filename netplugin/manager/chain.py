@@ -26,8 +26,9 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 from netplugin.core import plaindata
-from netplugin.core.chaining import ALL_POD_ACTIONS, MemberResult, PrevResult
+from netplugin.core.chaining import ALL_POD_ACTIONS, DECLARES_HOST_PORTS, MemberResult, PrevResult
 from netplugin.core.errors import NetpluginError, PluginInvalid, PluginOutputError, PluginTimeout
+from netplugin.core.hostports import ENV_HOST_PORTS, unmapped
 from netplugin.core.names import PodRef
 from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import Action, CallContext, Plugin, PodNetworkStatus
@@ -167,6 +168,9 @@ class ChainRun:
         The caller rolls back (:meth:`rollback`) so that it decides about records first. Returns the
         first status with an address that a member's setup reported.
         """
+        wanted = self.context(Action.SETUP).env.get(ENV_HOST_PORTS)
+        if wanted and not any(DECLARES_HOST_PORTS in m.handles for m in self.members):
+            raise unmapped(self.names, wanted)  # before any member runs: nothing to roll back
         deadline: list[float] = []
         macs: dict[int, str] = {}  # not recorded: only this call's result needs the pod interface's MAC
         for i, m in enumerate(self.members):

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from netplugin.core.chaining import ALL_POD_ACTIONS, OPT_IN_POD_ACTIONS
+from netplugin.core.chaining import ALL_POD_ACTIONS, MASK_NAMES
 from netplugin.core.dirs import ensure_dir
 from netplugin.core.errors import NetpluginError
 from netplugin.core.fileio import atomic_write, read_small
@@ -79,7 +79,7 @@ class InitOnce:
         if marker.get("settings") != self._settings(node):
             return False  # init prepares for these settings (a bridge name, a subnet): new ones, new init
         handles = marker.get("actions", sorted(ALL_POD_ACTIONS))
-        if not isinstance(handles, list) or not set(handles) <= ALL_POD_ACTIONS | OPT_IN_POD_ACTIONS:
+        if not isinstance(handles, list) or not set(handles) <= MASK_NAMES:
             return False
         key = plugin.version_key()
         unchanged = key is not None and marker.get("version_key") == list(key)  # no hashing needed

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
 
+from netplugin.core.chaining import DECLARES_HOST_PORTS
 from netplugin.core.errors import NetpluginError, PluginFailed
 from netplugin.core.fileio import atomic_write
 from netplugin.core.hostports import (
@@ -310,7 +311,7 @@ class HostPortPlugin:
                 _route_localnet(self.ip, recorded_ipv4(self._records(ctx)), strict=False)
             except NetpluginError as e:
                 raise self._fail("init", e.message) from None
-        return frozenset({"setup", "teardown", "repair"})
+        return frozenset({"setup", "teardown", "repair", DECLARES_HOST_PORTS})
 
     def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
         try:

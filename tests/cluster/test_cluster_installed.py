@@ -78,7 +78,8 @@ def test_nodes_are_installed_as_shipped(cluster: InstalledCluster) -> None:
             }
         ]
         health = cluster.health(node)
-        assert (health["plugin"], health["plugin_problem"]) == ("netplugin.io/bridge", None)
+        # the ConfigMap's chain as shipped: hostPorts work
+        assert (health["plugin"], health["plugin_problem"]) == ("netplugin.io/bridge,netplugin.io/hostport", None)
         assert health["node"]["pod_cidrs"] == list(node.pod_cidrs)
 
 

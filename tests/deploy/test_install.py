@@ -260,7 +260,8 @@ def test_install_writes_one_config_and_a_conflist_that_only_names_it(tmp_path: P
     cfg = load_config(str(config), environ={})
     assert (cfg.plugin_dir, cfg.state_dir, cfg.run_dir) == (str(targets["--exec-dir"]), str(state), str(run))
     example = load_config(str(REPO / "etc" / "netplugin.yaml"), environ={})
-    assert (cfg.plugin, dict(cfg.env)) == (example.plugin, dict(example.env))  # the first run's defaults
+    assert (cfg.chain, dict(cfg.env)) == (example.chain, dict(example.env))  # the first run's defaults
+    assert cfg.chain == ("bridge", "hostport")  # hostPorts work on a node installed with no options
     assert stat.S_IMODE(config.stat().st_mode) == 0o644
 
     # A user's own key survives every rerun; a rerun with other options says what it changes.
@@ -272,7 +273,8 @@ def test_install_writes_one_config_and_a_conflist_that_only_names_it(tmp_path: P
     dry = _install(*other, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert f"would change {config} (0644):" in dry.stdout
-    assert '  plugin: "bridge" -> "netplugin.io/bridge"' in dry.stdout
+    assert '  plugins: ["bridge", "hostport"] -> (unset)' in dry.stdout
+    assert '  plugin: (unset) -> "netplugin.io/bridge"' in dry.stdout
     assert '  env.NETPLUGIN_BRIDGE_SUBNET: "10.244.0.0/24" -> "node"' in dry.stdout
     assert config.read_text() == before
     changed = _install(*other)
@@ -287,10 +289,46 @@ def test_install_writes_one_config_and_a_conflist_that_only_names_it(tmp_path: P
     assert "nothing to do" in _install(*other).stdout
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="checks root ownership; run as root")
+@pytest.mark.parametrize(
+    ("extra", "chain"),
+    [
+        pytest.param(
+            ["--plugins", "netplugin.io/bridge,netplugin.io/hostport"],
+            ("netplugin.io/bridge", "netplugin.io/hostport"),
+            id="plugins-list",
+        ),
+        pytest.param(
+            ["--plugin", "bridge", "--plugin", "hostport", "--plugin", "bandwidth"],
+            ("bridge", "hostport", "bandwidth"),
+            id="plugin-repeated",
+        ),
+        pytest.param(["--plugin", "bridge", "--plugins", "hostport"], ("bridge", "hostport"), id="both-in-order"),
+        pytest.param(["--plugins", "netplugin.io/bridge"], ("netplugin.io/bridge",), id="one"),
+    ],
+)
+def test_install_sets_the_chain(tmp_path: Path, extra: list[str], chain: tuple[str, ...]) -> None:
+    targets = _targets(tmp_path)
+    out = _install(*_flags(targets), *extra)
+    assert out.returncode == 0, out.stdout + out.stderr
+    from netplugin.core.config import load_config
+
+    assert load_config(str(targets["--config"]), environ={}).chain == chain
+    text = targets["--config"].read_text()
+    assert (f"plugins: [{', '.join(chain)}]" if len(chain) > 1 else f"plugin: {chain[0]}") in text, text
+
+
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
-        pytest.param(["--plugin", "no such!"], "--plugin must be a plugin name", id="bad-plugin"),
+        pytest.param(["--plugin", "no such!"], "each member must be a plugin name (got 'no such!')", id="bad-plugin"),
+        pytest.param(["--plugins", "bridge,,hostport"], "must be a plugin name (got '')", id="empty-member"),
+        pytest.param(["--plugins", "bridge,"], "each member must be a plugin name (got '')", id="trailing-comma"),
+        pytest.param(["--plugins", ""], "each member must be a plugin name (got '')", id="empty-list"),
+        pytest.param(["--plugins", "bridge,x y"], "(got 'x y')", id="bad-name-in-list"),
+        pytest.param(["--plugin", "bridge", "--plugins", "hostport,bridge"], "bridge is named twice", id="twice"),
+        pytest.param(["--plugins", "bridge,hostport", "--config-from", "/etc/hostname"], "--config-from excludes",
+                     id="plugins-and-config-from"),
         pytest.param(["--plugin-env", "1X=2"], "--plugin-env must be KEY=VALUE", id="bad-env-key"),
         pytest.param(["--plugin-env", "NOEQUALS"], "--plugin-env must be KEY=VALUE", id="env-without-value"),
         pytest.param(["--config", "etc/np.yaml"], "--config must be an absolute path", id="relative-config"),

@@ -163,7 +163,9 @@ def test_cluster_settings_agree_and_are_a_cluster(tmp_path: Path) -> None:
     assert slots(str(shim))["fallback"] == ""
     cfg = load_config(argv[-1], environ={})
     # What every node needs without editing: the Node's own pod CIDRs, the cluster's routes, the daemon.
-    assert (cfg.host, cfg.plugin, cfg.env.get("NETPLUGIN_BRIDGE_SUBNET")) == ("kube", "netplugin.io/bridge", "node")
+    assert (cfg.host, cfg.env.get("NETPLUGIN_BRIDGE_SUBNET")) == ("kube", "node")
+    # hostPorts work as shipped: the bridge, then the hostport member (the conflist declares portMappings)
+    assert cfg.chain == ("netplugin.io/bridge", "netplugin.io/hostport")
     assert cfg.node_routes and cfg.cluster_cidrs and cfg.use_daemon == "always"
 
 

@@ -18,8 +18,12 @@ REPO = Path(__file__).resolve().parents[2]
 _TOOLS = os.path.dirname(shutil.which("conntrack") or "/usr/sbin/conntrack")
 
 
-def hostport_check(tmp: Path, chain: str, env: dict[str, str]) -> dict[str, Any]:
+def hostport_check(tmp: Path, chain: str, env: dict[str, str], conflist: bool = False) -> dict[str, Any]:
     config = tmp / "netplugin.yaml"
+    if conflist:  # the shipped conflist's shape: the runtime passes the pods' port mappings
+        member = {"type": "netplugin-cni", "configFile": str(config), "capabilities": {"portMappings": True}}
+        doc = {"cniVersion": "1.0.0", "name": "netplugin", "plugins": [member]}
+        (tmp / "10-netplugin.conflist").write_text(json.dumps(doc))
     config.write_text(
         f"plugins: [{chain}]\nstate_dir: {tmp / 'state'}\nrun_dir: {tmp / 'run'}\nhost: none\n"
         + ("env:\n" if env else "")
@@ -56,3 +60,22 @@ def test_doctor_reports_the_hostport_members_needs(
     assert words in (check["found"] if ok else check["problem"]), check
     if not ok:
         assert check["fix"] or "invalid" in check["problem"], check
+
+
+@pytest.mark.parametrize(
+    ("chain", "ok", "fix"),
+    [
+        ("netplugin.io/bridge", False, "plugins: [netplugin.io/bridge, netplugin.io/hostport]"),
+        ("bridge", False, "plugins: [bridge, hostport]"),
+        ("netplugin.io/bridge, netplugin.io/hostport", True, None),
+        ("bridge, hostport", True, None),
+    ],
+)
+def test_a_conflist_declaring_port_mappings_without_a_hostport_member_is_a_problem(
+    tmp_path: Path, chain: str, ok: bool, fix: str | None
+) -> None:
+    check = hostport_check(tmp_path, chain, {"PATH": _TOOLS}, conflist=True)
+    assert check["ok"] is ok, check
+    if not ok:
+        assert "declares portMappings, but no member of the chain maps them" in check["problem"], check
+        assert fix is not None and fix in check["fix"], check
