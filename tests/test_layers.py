@@ -5,9 +5,10 @@ Layers (see ARCHITECTURE.md), lowest first:
     0  netplugin.core                                   primitives
     1  netplugin.store, netplugin.hosts, netplugin.plugins, netplugin.nodenet   siblings, never import each other
     2  netplugin.manager
-    3  netplugin.frontends
+    3  netplugin.agent                                  the node's control loops (keepers, pod repairer)
+    4  netplugin.frontends
 
-    4  bench                                            a front end of its own (the benchmark harness)
+    5  bench                                            a front end of its own (the benchmark harness)
 
 Inside ``netplugin.frontends`` the parts are ranked the same way, lowest first:
 
@@ -36,7 +37,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "netplugin"
-RANKS = {"core": 0, "store": 1, "hosts": 1, "plugins": 1, "nodenet": 1, "manager": 2, "frontends": 3}
+RANKS = {"core": 0, "store": 1, "hosts": 1, "plugins": 1, "nodenet": 1, "manager": 2, "agent": 3, "frontends": 4}
 #: the parts of netplugin.frontends (sub-packages and top modules), ranked as the layers are
 FRONTEND_RANKS = {
     "wire": 0,
@@ -52,7 +53,7 @@ FRONTEND_RANKS = {
 #: front-end parts that only the named modules may import
 ONLY_FROM = {"lab": frozenset({"netplugin.frontends.cli.commands.tools"})}
 #: top-level packages above every layer of netplugin, with their rank: they import netplugin, never the reverse
-ABOVE = {"bench": 4}
+ABOVE = {"bench": 5}
 TOPS = (PACKAGE, *ABOVE)
 MAX_MODULE_LINES = 520
 MAX_FUNCTION_LINES = 80
@@ -201,7 +202,7 @@ def test_the_package_has_no_upward_edge_and_no_circle() -> None:
 def test_every_subpackage_is_a_layer() -> None:
     subpackages = {p.name for p in (REPO / PACKAGE).iterdir() if (p / "__init__.py").exists()}
     assert subpackages <= set(RANKS), f"unknown layer package(s): {subpackages - set(RANKS)}"
-    assert {"core", "store", "hosts", "plugins", "manager", "frontends"} <= subpackages
+    assert {"core", "store", "hosts", "plugins", "manager", "agent", "frontends"} <= subpackages
 
 
 def test_every_front_end_part_is_ranked() -> None:
@@ -360,6 +361,24 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
             id="frontends-unranked-part",
         ),
         pytest.param(
+            {
+                "agent/nodekeeper.py": "def f():\n    from netplugin.frontends.daemon import metrics\n",
+                "frontends/daemon/metrics.py": "",
+            },
+            "upward import: netplugin.agent.nodekeeper (agent) imports netplugin.frontends.daemon.metrics (frontends)",
+            id="agent-imports-frontends",
+        ),
+        pytest.param(
+            {
+                "manager/gc.py": (
+                    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from netplugin.agent import gckeeper\n"
+                ),
+                "agent/gckeeper.py": "",
+            },
+            "upward import: netplugin.manager.gc (manager) imports netplugin.agent.gckeeper (agent)",
+            id="manager-imports-agent",
+        ),
+        pytest.param(
             {"plugins/bridge/ipam.py": "from netplugin.store import s\n", "store/s.py": ""},
             "sideways import: netplugin.plugins.bridge.ipam (plugins)",
             id="sibling-from-a-subpackage",
@@ -385,7 +404,9 @@ def test_the_checker_accepts_downward_edges(tmp_path: Path) -> None:
             "core/a.py": "",
             "store/s.py": "from netplugin.core import a\n",
             "manager/m.py": "from netplugin.store import s\nfrom netplugin.core.a import x\n",
-            "frontends/f.py": "def g():\n    from netplugin.manager.m import y\n",
+            "frontends/f.py": "def g():\n    from netplugin.manager.m import y\n    from netplugin.agent.k import z\n",
+            "agent/k.py": "from netplugin.manager.m import y\nfrom netplugin.nodenet.w import v\n",
+            "nodenet/w.py": "from netplugin.core import a\n",
             "bench/b.py": "from netplugin.core import a\nfrom netplugin.frontends.f import g\nfrom .c import z\n",
             "bench/c.py": "from netplugin.store.s import w\n",
             "frontends/wire/codec.py": "",

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import struct
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -61,11 +60,13 @@ from netplugin.core.nlwire import (
     RTMSG,
     RTN_UNICAST,
     RTPROT_BOOT,
+    S32,
     U32,
     VETH_INFO_PEER,
     attr,
     find_attr,
     ifinfo,
+    messages,
     str_attr,
     u32_attr,
 )
@@ -159,7 +160,7 @@ class RawNetlink:
                     if i is None:
                         continue  # a late reply to an abandoned request
                     if kind == NLMSG_ERROR:
-                        results[i] = (-struct.unpack_from("=i", payload)[0], b"")
+                        results[i] = (-S32.unpack_from(payload)[0], b"")
                     else:
                         results[i] = (0, payload)
             out.extend(results)
@@ -183,23 +184,14 @@ class RawNetlink:
                 if rkind == NLMSG_DONE:
                     return
                 if rkind == NLMSG_ERROR:
-                    err = -struct.unpack_from("=i", payload)[0]
+                    err = -S32.unpack_from(payload)[0]
                     if err:
                         raise KernelError(err, f"{what}: {os.strerror(err)}")
                     return
                 yield payload
 
     def _receive(self) -> list[tuple[int, int, int, bytes]]:
-        data = self.sock.recv(1 << 16)
-        out: list[tuple[int, int, int, bytes]] = []
-        off = 0
-        while off + NLHDR.size <= len(data):
-            length, kind, flags, seq, _pid = NLHDR.unpack_from(data, off)
-            if length < NLHDR.size or off + length > len(data):
-                raise OSError(errno.EPROTO, "malformed netlink reply")
-            out.append((kind, flags, seq, data[off + NLHDR.size : off + length]))
-            off += (length + 3) & ~3
-        return out
+        return list(messages(self.sock.recv(1 << 16), strict=True))
 
     # --- the requests the plugin makes --------------------------------------------------------------
 

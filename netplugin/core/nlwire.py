@@ -1,13 +1,16 @@
-"""The NETLINK_ROUTE wire format the hand-packed client speaks: constants, structs, attribute packing.
+"""The netlink wire format netplugin speaks: constants, structs, attribute packing, the message walk.
 
-Only what :mod:`netplugin.core.netlink` sends and reads (links, veths, addresses, routes), under
-the kernel's own names. Packing is plain :mod:`struct`; nothing here touches a socket.
+What :mod:`netplugin.core.netlink` sends and reads (links, veths, addresses, routes), and what the
+kernel watch (:mod:`netplugin.nodenet.kernelwatch`) subscribes to and parses, under the kernel's own
+names. Packing is plain :mod:`struct`; nothing here touches a socket.
 """
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
+from collections.abc import Iterator
 
 __all__ = [
     "HAIRPIN",
@@ -34,8 +37,11 @@ __all__ = [
     "IFLA_MTU",
     "IFLA_NET_NS_FD",
     "IFLA_PROTINFO",
+    "NETLINK_ADD_MEMBERSHIP",
+    "NETLINK_NETFILTER",
     "NETNSA_FD",
     "NETNSA_NSID",
+    "NFNLGRP_NFTABLES",
     "NLA_F_NESTED",
     "NLHDR",
     "NLMSG_DONE",
@@ -50,10 +56,12 @@ __all__ = [
     "RTA_GATEWAY",
     "RTA_OIF",
     "RTA_TABLE",
+    "RTGENMSG",
     "RTMSG",
     "RTM_DELADDR",
     "RTM_DELLINK",
     "RTM_DELQDISC",
+    "RTM_DELROUTE",
     "RTM_GETADDR",
     "RTM_GETLINK",
     "RTM_GETNSID",
@@ -61,21 +69,31 @@ __all__ = [
     "RTM_NEWADDR",
     "RTM_NEWLINK",
     "RTM_NEWROUTE",
+    "RTNLGRP_IPV4_IFADDR",
+    "RTNLGRP_IPV4_ROUTE",
+    "RTNLGRP_IPV6_IFADDR",
+    "RTNLGRP_IPV6_ROUTE",
+    "RTNLGRP_LINK",
+    "RTNLGRP_TC",
     "RTN_UNICAST",
     "RTPROT_BOOT",
     "RT_SCOPE_UNIVERSE",
     "RT_TABLE_MAIN",
+    "S32",
+    "SOL_NETLINK",
     "TCMSG",
     "U32",
     "VETH_INFO_PEER",
     "attr",
     "find_attr",
     "ifinfo",
+    "messages",
     "str_attr",
     "u32_attr",
 ]
 
 U32 = struct.Struct("=I")
+S32 = struct.Struct("=i")  # an nlmsgerr's error, a namespace id
 
 # message types and flags (linux/netlink.h, linux/rtnetlink.h)
 NLMSG_ERROR = 2
@@ -87,6 +105,7 @@ RTM_NEWADDR = 20
 RTM_DELADDR = 21
 RTM_GETADDR = 22
 RTM_NEWROUTE = 24
+RTM_DELROUTE = 25
 RTM_GETROUTE = 26
 RTM_DELQDISC = 37
 RTM_GETNSID = 90
@@ -97,6 +116,18 @@ NLM_F_REPLACE = 0x100
 NLM_F_EXCL = 0x200
 NLM_F_CREATE = 0x400
 NLA_F_NESTED = 0x8000
+
+# subscriptions (linux/netlink.h, linux/rtnetlink.h, linux/netfilter/nfnetlink.h)
+NETLINK_NETFILTER = 12
+SOL_NETLINK = 270
+NETLINK_ADD_MEMBERSHIP = 1
+RTNLGRP_LINK = 1
+RTNLGRP_TC = 4
+RTNLGRP_IPV4_IFADDR = 5
+RTNLGRP_IPV4_ROUTE = 7
+RTNLGRP_IPV6_IFADDR = 9
+RTNLGRP_IPV6_ROUTE = 11
+NFNLGRP_NFTABLES = 7
 
 # links (linux/if.h, linux/if_link.h, linux/veth.h)
 IFF_UP = 1
@@ -137,8 +168,27 @@ RTN_UNICAST = 1
 NLHDR = struct.Struct("=IHHII")
 IFINFO = struct.Struct("=BxHiII")
 IFADDR = struct.Struct("=BBBBI")
-RTMSG = struct.Struct("=BBBBBBBBI")
+RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
 TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
+RTGENMSG = b"\x00\x00\x00\x00"  # struct rtgenmsg (AF_UNSPEC), padded to 4 bytes
+
+
+def messages(data: bytes, *, strict: bool = False) -> Iterator[tuple[int, int, int, bytes]]:
+    """``(type, flags, seq, payload)`` of each netlink message in ``data`` (what one recv read), in order.
+
+    A header that claims less than itself or runs past ``data`` ends the walk: quietly for the
+    kernel's notifications (the messages before it are still read), as ``OSError(EPROTO)`` with
+    ``strict`` (an answer to a request of ours, which must be whole).
+    """
+    offset = 0
+    while offset + NLHDR.size <= len(data):
+        length, kind, flags, seq, _pid = NLHDR.unpack_from(data, offset)
+        if length < NLHDR.size or offset + length > len(data):
+            if strict:
+                raise OSError(errno.EPROTO, "malformed netlink reply")
+            return
+        yield kind, flags, seq, data[offset + NLHDR.size : offset + length]
+        offset += (length + 3) & ~3
 
 
 def attr(kind: int, payload: bytes) -> bytes:

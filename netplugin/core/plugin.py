@@ -123,7 +123,7 @@ Time limits
 Repair (opt-in: a member is called only when its ``init`` mask names ``"repair"``)
     The daemon calls ``repair`` on a ready pod when the kernel lost something the pod's
     members made on the node (a deleted bridge, a port that lost its master or hairpin, a
-    deleted qdisc: :mod:`netplugin.frontends.daemon.podrepair`). It gets what ``teardown``
+    deleted qdisc: :mod:`netplugin.agent.podrepair`). It gets what ``teardown``
     gets: the pod triple, ``NETPLUGIN_NETNS``, the environment of the call (the pod's
     recorded chain, with ``NETPLUGIN_PREV_*`` rebuilt from the pod record: its host
     interface and addresses) and the pod object on stdin when the host knows it. It must

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import struct
 
 from netplugin.core.netlink import root_netlink
 from netplugin.core.nlwire import (
@@ -22,8 +21,10 @@ from netplugin.core.nlwire import (
     IFLA_LINKINFO,
     NETNSA_FD,
     NETNSA_NSID,
+    RTGENMSG,
     RTM_GETLINK,
     RTM_GETNSID,
+    S32,
     find_attr,
     ifinfo,
     str_attr,
@@ -32,8 +33,6 @@ from netplugin.core.nlwire import (
 
 __all__ = ["pod_veth_problem"]
 
-_RTGENMSG = b"\x00\x00\x00\x00"  # struct rtgenmsg (AF_UNSPEC), padded to 4 bytes
-_S32 = struct.Struct("=i")
 
 
 def _peer_nsid(ifname: str) -> tuple[str | None, int | None]:
@@ -47,20 +46,20 @@ def _peer_nsid(ifname: str) -> tuple[str | None, int | None]:
     raw_kind = find_attr(info, 0, IFLA_INFO_KIND) if info is not None else None
     kind = raw_kind.rstrip(b"\0").decode("ascii", "replace") if raw_kind is not None else None
     nsid = find_attr(answer, IFINFO.size, IFLA_LINK_NETNSID)
-    return kind, (_S32.unpack_from(nsid)[0] if nsid is not None and len(nsid) >= 4 else None)
+    return kind, (S32.unpack_from(nsid)[0] if nsid is not None and len(nsid) >= 4 else None)
 
 
 def _nsid_of(netns: str) -> int | None:
     """The id this namespace gives the network namespace at ``netns`` (None: none assigned, or no netns)."""
     fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        err, answer = root_netlink().transact([(RTM_GETNSID, 0, _RTGENMSG + u32_attr(NETNSA_FD, fd))])[0]
+        err, answer = root_netlink().transact([(RTM_GETNSID, 0, RTGENMSG + u32_attr(NETNSA_FD, fd))])[0]
     finally:
         os.close(fd)
     if err:
         return None
-    nsid = find_attr(answer, len(_RTGENMSG), NETNSA_NSID)
-    got = _S32.unpack_from(nsid)[0] if nsid is not None and len(nsid) >= 4 else -1
+    nsid = find_attr(answer, len(RTGENMSG), NETNSA_NSID)
+    got = S32.unpack_from(nsid)[0] if nsid is not None and len(nsid) >= 4 else -1
     return got if got >= 0 else None
 
 

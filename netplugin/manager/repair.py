@@ -1,6 +1,6 @@
 """Repairing one ready pod: its recorded chain's ``repair`` action (contract: :mod:`netplugin.core.plugin`).
 
-The daemon's pod repairer (:mod:`netplugin.frontends.daemon.podrepair`) decides when; this module
+The daemon's pod repairer (:mod:`netplugin.agent.podrepair`) decides when; this module
 runs it under the pod's lock, with the chain the pod was set up with and the environment rebuilt
 from its record (as teardown does). A pod that is not ready (in setup, in teardown, interrupted)
 is not touched: its own action, or gc, owns it.

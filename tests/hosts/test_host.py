@@ -341,7 +341,7 @@ def test_hostile_kubeconfigs_are_host_errors(tmp_path: Path) -> None:
 )
 def test_only_a_watching_host_is_a_cluster_host(tmp_path: Path, make: Callable[[Path], Host], cluster: bool) -> None:
     """The daemon's node keeper watches through ClusterHost's declared members, and polls every other Host."""
-    from netplugin.frontends.daemon.nodekeeper import NodeKeeper
+    from netplugin.agent.nodekeeper import NodeKeeper
 
     host = make(tmp_path)
     assert isinstance(host, Host)

@@ -262,8 +262,9 @@ def test_relists_are_counted_in_metrics_promtool_accepts(api: ApiServer) -> None
 
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from netplugin.agent.nodekeeper import NodeKeeper
     from netplugin.core.config import Config
-    from netplugin.frontends.daemon.nodekeeper import NodeKeeper
+    from netplugin.frontends.daemon.keepermetrics import NodeCollector
 
     promtool = shutil.which("promtool")
     assert promtool is not None, "promtool is installed by scripts/install-deps.sh --test"
@@ -281,7 +282,7 @@ def test_relists_are_counted_in_metrics_promtool_accepts(api: ApiServer) -> None
             WITHIN,
         )
         registry = CollectorRegistry()
-        keeper.register(registry)
+        registry.register(NodeCollector(keeper))
         text = generate_latest(registry).decode()
     finally:
         keeper.stop()

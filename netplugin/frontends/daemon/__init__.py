@@ -1,1 +1,4 @@
-"""``netplugin serve``: the long-running node daemon (socket server, metrics, systemd integration)."""
+"""``netplugin serve``: the long-running node daemon (socket server, wire calls, listener, metrics, systemd, reload).
+
+The node's control loops it runs (node keeper, gc keeper, pod repairer) are :mod:`netplugin.agent`'s.
+"""

@@ -23,7 +23,7 @@ on a unix socket; see that module for the protocol.
   ``kubelet_network_plugin_operations_*`` by ``operation_type``, whose time, as in the kubelet,
   includes waiting for the pod's lock, and netplugin's own ``netplugin_*``; every series is a
   row of :data:`.metrics.SERIES`.
-* **Nodes** (:mod:`netplugin.frontends.daemon.nodekeeper`): with ``host: kube`` the
+* **Nodes** (:mod:`netplugin.agent.nodekeeper`): with ``host: kube`` the
   daemon lists and watches every Node and this node's Pods, so pod and node
   lookups are answered from memory; it keeps routes to the other nodes' pod
   CIDRs (``node_routes``) and reports what it cannot route, in its health answer (``node``) and as
@@ -52,16 +52,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from netplugin import __version__
+from netplugin.agent.gckeeper import GcKeeper
+from netplugin.agent.nodekeeper import NodeKeeper
 from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.execplugin.invoke import adopt_orphans, reap_adopted
 from netplugin.frontends.daemon.actionlog import log_action
 from netplugin.frontends.daemon.cnicalls import check_settings, run_cni
 from netplugin.frontends.daemon.connections import Connections
 from netplugin.frontends.daemon.envelope import pod_of
-from netplugin.frontends.daemon.gckeeper import GcKeeper
+from netplugin.frontends.daemon.keepermetrics import register_keepers
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import Metrics
-from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 from netplugin.frontends.daemon.reconfig import Live, Reread, refused_text, reload_settings
 from netplugin.frontends.daemon.records import gc_answer, pods_answer, still_needed_answer
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
@@ -107,11 +108,11 @@ class Daemon:
         #: told by the manager of each chain member's call (built with them as its hooks: :func:`serve`)
         self.metrics = metrics
         self.metrics_address: str | None = None
-        self.gc = GcKeeper(lambda: self._live.manager, self.metrics.registry)
+        self.gc = GcKeeper(lambda: self._live.manager)
         self.nodes = NodeKeeper(
             config, manager.host, on_pod_deleted=self.gc.pod_deleted, pods=lambda: self._live.manager
         )
-        self.nodes.register(self.metrics.registry)
+        register_keepers(self.metrics.registry, self.gc, self.nodes)
         #: the socket's connections: each request read, given its turn, run here and answered
         self.connections = Connections(
             self.socket_path,

@@ -52,7 +52,7 @@ def _nodes_text(info: dict[str, Any]) -> str:
     lines += [f"  {r['dst']:<28} via {r['via']:<28} {r['node']}" for r in routes]
     problems = info.get("problems") or []
     if problems:
-        from netplugin.frontends.daemon.nodekeeper import problem_text
+        from netplugin.agent.nodekeeper import problem_text
 
         lines.append(f"problems ({len(problems)}):")
         lines += [f"  {problem_text(p)}" for p in problems]

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from netplugin.frontends.daemon.podrepair import PodRepairer
+from netplugin.agent.podrepair import PodRepairer
 from netplugin.store.records import READY
 
 

@@ -26,7 +26,6 @@ from netplugin.core.nlwire import (
     IFLA_MASTER,
     IFLA_MTU,
     IFLA_PROTINFO,
-    NLHDR,
     RTM_DELADDR,
     RTM_DELLINK,
     RTM_DELQDISC,
@@ -34,6 +33,7 @@ from netplugin.core.nlwire import (
     TCMSG,
     U32,
     find_attr,
+    messages,
 )
 from netplugin.core.plaindata import dataclass
 
@@ -90,17 +90,11 @@ class LinkView:
 
     def feed(self, data: bytes) -> Lost:
         lost = Lost(set(), set())
-        offset = 0
-        while offset + NLHDR.size <= len(data):
-            length, kind, _, _, _ = NLHDR.unpack_from(data, offset)
-            if length < NLHDR.size or offset + length > len(data):
-                break
-            body = data[offset + NLHDR.size : offset + length]
+        for kind, _, _, body in messages(data):
             if kind in (RTM_NEWLINK, RTM_DELLINK) and len(body) >= IFINFO.size:
                 self._link(kind, body, lost)
             elif kind in _OTHER_HEADER and len(body) >= _OTHER_HEADER[kind]:
                 self._other(kind, body, lost)
-            offset += (length + 3) & ~3
         return lost
 
     def _link(self, kind: int, body: bytes, lost: Lost) -> None:

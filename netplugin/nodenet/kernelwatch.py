@@ -10,9 +10,9 @@ polling: an idle daemon spends no CPU here), waits a moment for a burst to end, 
   "hostport" (the tables are reinstalled if they are gone; our own reinstall is a change too,
   but then the tables are there);
 * interfaces that lost something a pod's plugin made (:mod:`.linkview`: a deleted bridge, a port
-  that lost its master or hairpin, a deleted qdisc), for the pod repairer (:mod:`.podrepair`).
+  that lost its master or hairpin, a deleted qdisc), for the pod repairer (:mod:`netplugin.agent.podrepair`).
 
-The node keeper (:class:`~netplugin.frontends.daemon.nodekeeper.NodeKeeper`) acts on the kinds, the
+The node keeper (:class:`~netplugin.agent.nodekeeper.NodeKeeper`) acts on the kinds, the
 pod repairer on the interfaces; each repair is logged and counted in ``netplugin_repairs_total{kind}``.
 """
 
@@ -21,31 +21,38 @@ from __future__ import annotations
 import logging
 import select
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
 
-from netplugin.core.nlwire import IFINFO, NLHDR, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, RTM_GETLINK
-from netplugin.frontends.daemon.linkview import LinkView, Lost
+from netplugin.core.nlwire import (
+    IFINFO,
+    NETLINK_ADD_MEMBERSHIP,
+    NETLINK_NETFILTER,
+    NFNLGRP_NFTABLES,
+    NLHDR,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    RTM_DELROUTE,
+    RTM_GETLINK,
+    RTMSG,
+    RTNLGRP_IPV4_IFADDR,
+    RTNLGRP_IPV4_ROUTE,
+    RTNLGRP_IPV6_IFADDR,
+    RTNLGRP_IPV6_ROUTE,
+    RTNLGRP_LINK,
+    RTNLGRP_TC,
+    SOL_NETLINK,
+    messages,
+)
+from netplugin.nodenet.linkview import LinkView, Lost
 
 __all__ = ["KernelWatch"]
 
 log = logging.getLogger("netplugin.repair")
 
-_NETLINK_NETFILTER = 12
-_SOL_NETLINK = 270
-_NETLINK_ADD_MEMBERSHIP = 1
-_NFNLGRP_NFTABLES = 7
-_RTNLGRP_LINK = 1
-_RTNLGRP_TC = 4
-_RTNLGRP_IPV4_IFADDR = 5
-_RTNLGRP_IPV4_ROUTE = 7
-_RTNLGRP_IPV6_IFADDR = 9
-_RTNLGRP_IPV6_ROUTE = 11
-_RTM_DELROUTE = 25
-_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
-_LINK_GROUPS = (_RTNLGRP_LINK, _RTNLGRP_TC, _RTNLGRP_IPV4_IFADDR, _RTNLGRP_IPV6_IFADDR)
+_LINK_GROUPS = (RTNLGRP_LINK, RTNLGRP_TC, RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR)
 #: a burst of changes (a flush removes routes one message at a time) is acted on once
 SETTLE = 0.05
 #: what an nftables change may have flushed
@@ -57,35 +64,21 @@ def _subscribe(proto: int, groups: tuple[int, ...]) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
     sock.bind((0, 0))
     for group in groups:
-        sock.setsockopt(_SOL_NETLINK, _NETLINK_ADD_MEMBERSHIP, group)
+        sock.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, group)
     return sock
 
 
 def _deleted_routes(data: bytes, protocol: int) -> bool:
     """Whether the messages in ``data`` delete a route of ``protocol``."""
-    offset = 0
-    while offset + NLHDR.size <= len(data):
-        length, kind, _, _, _ = NLHDR.unpack_from(data, offset)
-        if length < NLHDR.size:
-            break
-        body = offset + NLHDR.size
-        if kind == _RTM_DELROUTE and body + _RTMSG.size <= len(data) and _RTMSG.unpack_from(data, body)[5] == protocol:
-            return True
-        offset += (length + 3) & ~3
-    return False
+    return any(
+        kind == RTM_DELROUTE and len(body) >= RTMSG.size and RTMSG.unpack_from(body)[5] == protocol
+        for kind, _, _, body in messages(data)
+    )
 
 
 def _done(data: bytes) -> bool:
     """Whether ``data`` holds the NLMSG_DONE that ends a dump."""
-    offset = 0
-    while offset + NLHDR.size <= len(data):
-        length, kind, _, _, _ = NLHDR.unpack_from(data, offset)
-        if kind == NLMSG_DONE:
-            return True
-        if length < NLHDR.size:
-            break
-        offset += (length + 3) & ~3
-    return False
+    return any(kind == NLMSG_DONE for kind, _, _, _ in messages(data))
 
 
 class KernelWatch:
@@ -108,7 +101,7 @@ class KernelWatch:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        routes = _subscribe(socket.NETLINK_ROUTE, (_RTNLGRP_IPV4_ROUTE, _RTNLGRP_IPV6_ROUTE))
+        routes = _subscribe(socket.NETLINK_ROUTE, (RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE))
         links = None
         if self.on_lost is not None:
             links = _subscribe(socket.NETLINK_ROUTE, _LINK_GROUPS)
@@ -118,7 +111,7 @@ class KernelWatch:
             links.send(NLHDR.pack(NLHDR.size + IFINFO.size, RTM_GETLINK, flags, 1, 0) + IFINFO.pack(0, 0, 0, 0, 0))
             self._seed(links)
         try:
-            nft = _subscribe(_NETLINK_NETFILTER, (_NFNLGRP_NFTABLES,))
+            nft = _subscribe(NETLINK_NETFILTER, (NFNLGRP_NFTABLES,))
         except OSError as e:  # no nf_tables here: routes are still watched
             log.warning("cannot watch nftables changes (%s): the egress and hostPort tables are not repaired", e)
             nft = None

@@ -29,8 +29,8 @@
   (:meth:`NodeKeeper.problems`; ``netplugin nodes`` shows them). Routes need ``cluster_cidrs``:
   without it nothing is routed, and each other node's CIDR is a problem that says so.
 
-* it puts back what a kernel change took (:mod:`.kernelwatch`): routes, egress and hostPort
-  tables, and via :mod:`.podrepair` what pods' plugins made (docs/self-repair.md).
+* it puts back what a kernel change took (:mod:`netplugin.nodenet.kernelwatch`): routes, egress and
+  hostPort tables, and via :mod:`.podrepair` what pods' plugins made (docs/self-repair.md).
 
 Routes stay when the daemon stops: a restart (an upgrade) must not cut pods off from the other
 nodes. A node leaving the cluster loses its routes on every other node.
@@ -46,24 +46,21 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from netplugin.agent.worker import Worker
 from netplugin.core.errors import HostError, NetpluginError
 from netplugin.core.node import NodeInfo
-from netplugin.frontends.daemon.nodemetrics import NodeCollector
-from netplugin.frontends.daemon.worker import Worker
 from netplugin.hosts.base import ClusterHost
 from netplugin.nodenet.egress import Egress
 from netplugin.nodenet.routes import RouteTable
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-
+    from netplugin.agent.podrepair import PodRepairer
     from netplugin.core.config import Config
-    from netplugin.frontends.daemon.kernelwatch import KernelWatch
-    from netplugin.frontends.daemon.podrepair import PodRepairer
     from netplugin.hosts import Host
     from netplugin.manager.manager import Manager
     from netplugin.nodenet.egress import Egress, EgressRules
     from netplugin.nodenet.forward import Forward
+    from netplugin.nodenet.kernelwatch import KernelWatch
     from netplugin.nodenet.routes import RouteReport, RouteTable
 
 __all__ = ["STATIC_POLL", "NodeKeeper", "problem_text"]
@@ -123,7 +120,7 @@ class NodeKeeper:
         self.syncs = 0
         self.last_sync: float | None = None
         self.sync_seconds = 0.0
-        #: kernel changes that may have hit what is netplugin's (see .kernelwatch), and the repairs made
+        #: kernel changes that may have hit what is netplugin's (see nodenet.kernelwatch), and the repairs made
         self._repair: set[str] = set()
         self.repairs: Counter[str] = Counter()
         #: breakages repaired: repairs less than INCIDENT_GAP apart are one (a flush, however many objects)
@@ -134,7 +131,7 @@ class NodeKeeper:
         #: pod-level self-repair (its chains' ``repair``), with the daemon's manager
         self.pods: PodRepairer | None = None
         if pods is not None:
-            from netplugin.frontends.daemon.podrepair import PodRepairer
+            from netplugin.agent.podrepair import PodRepairer
 
             self.pods = PodRepairer(pods, self.repairs, self._lock, self._incident)
         self._worker = Worker("netplugin-nodes", self._loop)
@@ -150,7 +147,7 @@ class NodeKeeper:
         if self.cluster is not None:
             self.cluster.start_watching(self.kick, on_pod_deleted=self.on_pod_deleted)
         if self.routes is not None or self.egress is not None or self.pods is not None:
-            from netplugin.frontends.daemon.kernelwatch import KernelWatch
+            from netplugin.nodenet.kernelwatch import KernelWatch
             from netplugin.nodenet.routes import RTPROT_NETPLUGIN
 
             on_lost = self.pods.lost if self.pods is not None else None
@@ -442,10 +439,6 @@ class NodeKeeper:
                 why = st.get("last_error") or "the watch thread is not running"
                 out.append({"kind": "watch", "node": "", "cidr": "", "reason": f"watch of {resource}: {why}"})
         return out
-
-    def register(self, registry: CollectorRegistry) -> None:
-        """Export the node metrics on the daemon's registry (read at each scrape)."""
-        registry.register(NodeCollector(self))
 
 
 def problem_text(p: Mapping[str, str]) -> str:

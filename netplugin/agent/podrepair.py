@@ -1,6 +1,7 @@
 """Pod-level self-repair: a ready pod whose host interface lost something gets its chain's ``repair``.
 
-The kernel watch (:mod:`.kernelwatch`, :mod:`.linkview`) says which interfaces lost something (a
+The kernel watch (:mod:`netplugin.nodenet.kernelwatch`, :mod:`netplugin.nodenet.linkview`) says which
+interfaces lost something (a
 master, hairpin, a qdisc, their bridge); this repairer maps them to the ready pods whose records
 name them as a member's host interface, and on its own thread (a repair waits for the pod's lock,
 and must not hold up the routes) runs each such pod's repair (:mod:`netplugin.manager.repair`).
@@ -23,11 +24,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from netplugin.agent.worker import Worker
 from netplugin.core.errors import NetpluginError, StateError
 from netplugin.core.fileio import TMP_INFIX
-from netplugin.frontends.daemon.linkview import Lost
-from netplugin.frontends.daemon.worker import Worker
 from netplugin.manager.repair import repair_kind, repair_pod
+from netplugin.nodenet.linkview import Lost
 from netplugin.store.listing import link_gone
 from netplugin.store.records import READY, RECORD_SUFFIX
 

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
+from netplugin.agent.nodekeeper import NodeKeeper
 from netplugin.core.config import Config
 from netplugin.core.errors import HostError
 from netplugin.core.node import NodeInfo
+from netplugin.frontends.daemon.keepermetrics import NodeCollector
 from netplugin.frontends.daemon.metrics import SERIES
-from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 from netplugin.nodenet.routes import Route, RouteProblem, RouteReport
 from tests.fakehost import FakeHost
 from tests.waits import WITHIN, wait_for
@@ -211,7 +212,7 @@ def test_metrics() -> None:
     k.start()
     try:
         registry = CollectorRegistry()
-        k.register(registry)
+        registry.register(NodeCollector(k))
         assert host.cache is not None
         host.cache.nodes.synced.set()
         k.sync()

@@ -1,8 +1,9 @@
-"""The node keeper's Prometheus metrics: its routes, problems and repairs, and the host's API use.
+"""The keepers' Prometheus metrics: the node keeper's routes, problems and repairs, the host's API
+use, and the gc keeper's runs.
 
-:class:`NodeCollector` is read at each scrape of the daemon's registry
-(:meth:`netplugin.frontends.daemon.nodekeeper.NodeKeeper.register`); every family is a row of
-:data:`.metrics.SERIES`.
+The keepers (:mod:`netplugin.agent`) keep plain counters and know nothing of Prometheus; the
+collectors here read them at each scrape of the daemon's registry (:func:`register_keepers`). Every
+family is a row of :data:`.metrics.SERIES`.
 """
 
 from __future__ import annotations
@@ -19,18 +20,19 @@ from netplugin.nodenet.routes import PROBLEM_KINDS
 if TYPE_CHECKING:
     import threading
 
+    from prometheus_client import CollectorRegistry
     from prometheus_client.core import Metric
 
+    from netplugin.agent.gckeeper import GcCounts
     from netplugin.core.node import NodeInfo
     from netplugin.hosts.base import ClusterHost
     from netplugin.nodenet.routes import RouteReport
 
-__all__ = ["KeptNodes", "NodeCollector"]
+__all__ = ["GcCollector", "KeptGc", "KeptNodes", "NodeCollector", "register_keepers"]
 
 
 class KeptNodes(Protocol):
-    """What the collector reads of a :class:`~netplugin.frontends.daemon.nodekeeper.NodeKeeper`
-    (a protocol, not the class: the keeper imports this module)."""
+    """What the collector reads of a :class:`~netplugin.agent.nodekeeper.NodeKeeper`."""
 
     _lock: threading.Lock
     report: RouteReport | None
@@ -40,6 +42,39 @@ class KeptNodes(Protocol):
     cluster: ClusterHost | None
 
     def problems(self) -> list[dict[str, str]]: ...
+
+
+class KeptGc(Protocol):
+    """What the collector reads of a :class:`~netplugin.agent.gckeeper.GcKeeper`."""
+
+    def counts(self) -> GcCounts: ...
+
+
+def register_keepers(registry: CollectorRegistry, gc: KeptGc, nodes: KeptNodes) -> None:
+    """Export the keepers' metrics on the daemon's registry (read at each scrape)."""
+    registry.register(GcCollector(gc))
+    registry.register(NodeCollector(nodes))
+
+
+class GcCollector:
+    """Prometheus collector over the gc keeper's counts: its runs and what they freed."""
+
+    def __init__(self, keeper: KeptGc) -> None:
+        self.keeper = keeper
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.keeper.counts()
+        runs = family(metrics.GC_RUNS)
+        for (trigger, outcome), n in counts.runs.items():
+            runs.add_metric([trigger, outcome], n)
+        yield runs
+        freed = family(metrics.GC_FREED)
+        for kind, n in counts.freed.items():
+            freed.add_metric([kind], n)
+        yield freed
 
 
 class NodeCollector:

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from netplugin.agent.nodekeeper import NodeKeeper
 from netplugin.core.config import Config
-from netplugin.frontends.daemon.nodekeeper import NodeKeeper
 from netplugin.frontends.lab.simcluster.apiserver import ApiServer, kubelet_node
 from netplugin.hosts.kube import KubeHost
 from netplugin.hosts.kubeconfig import KubeSettings

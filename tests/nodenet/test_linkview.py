@@ -33,7 +33,7 @@ from netplugin.core.nlwire import (
     str_attr,
     u32_attr,
 )
-from netplugin.frontends.daemon.linkview import LinkView
+from netplugin.nodenet.linkview import LinkView
 
 
 def _msg(kind: int, body: bytes) -> bytes:

@@ -19,20 +19,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from netplugin.agent.worker import Worker
 from netplugin.core.errors import NetpluginError
-from netplugin.frontends.daemon.metrics import GC_FREED, GC_RUNS, make_metric
-from netplugin.frontends.daemon.worker import Worker
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-
     from netplugin.manager.gc import GcReport
     from netplugin.manager.manager import Manager
 
-__all__ = ["FREED_KINDS", "GcKeeper"]
+__all__ = ["FREED_KINDS", "GcCounts", "GcKeeper"]
 
 log = logging.getLogger("netplugin.gc")
 
@@ -40,10 +39,20 @@ log = logging.getLogger("netplugin.gc")
 FREED_KINDS = ("teardown", "set-aside", "settle", "remove-temp")
 
 
+@dataclass(frozen=True)
+class GcCounts:
+    """What the runs so far did, read at each scrape of the daemon's metrics."""
+
+    #: runs by (trigger, outcome), in the order each pair first happened
+    runs: dict[tuple[str, str], int]
+    #: what they freed, by action kind (every kind of :data:`FREED_KINDS`, zero or more)
+    freed: dict[str, int]
+
+
 class GcKeeper:
     """Runs gc at start, periodically and after pod deletions; one run at a time."""
 
-    def __init__(self, manager: Callable[[], Manager], registry: CollectorRegistry) -> None:
+    def __init__(self, manager: Callable[[], Manager]) -> None:
         self._manager = manager  #: the daemon's manager now (a reload may swap it)
         self._lock = threading.Lock()  # one run at a time, whatever started it
         self._lock_due = threading.Lock()
@@ -51,10 +60,19 @@ class GcKeeper:
         #: when each deleted pod's run is due (monotonic); one run serves every pod due by then
         self._due_deleted: list[float] = []
         self.last: dict[str, object] | None = None  #: the last run, for health
-        self.runs = make_metric(GC_RUNS, registry)
-        self.freed = make_metric(GC_FREED, registry)
-        for kind in FREED_KINDS:
-            self.freed.labels(kind)
+        self._count_lock = threading.Lock()  # not the run's lock: a scrape never waits for a run
+        self._runs: Counter[tuple[str, str]] = Counter()
+        self._freed: Counter[str] = Counter(dict.fromkeys(FREED_KINDS, 0))
+
+    def counts(self) -> GcCounts:
+        """The runs and what they freed so far (a copy)."""
+        with self._count_lock:
+            return GcCounts(dict(self._runs), dict(self._freed))
+
+    def _count(self, trigger: str, outcome: str, freed: list[str]) -> None:
+        with self._count_lock:
+            self._runs[trigger, outcome] += 1
+            self._freed.update(freed)
 
     def run(self, trigger: str) -> GcReport | None:
         """One gc run now (on the caller's thread); None when it could not run at all."""
@@ -66,14 +84,11 @@ class GcKeeper:
                 report = run_gc(self._manager())
             except NetpluginError as e:
                 log.error("gc (%s) could not run: %s", trigger, e.message)
-                self.runs.labels(trigger, "failed").inc()
+                self._count(trigger, "failed", [])
                 return None
             done = [a for a in report.actions if a.outcome == "done"]
-            for a in done:
-                if a.kind in FREED_KINDS:
-                    self.freed.labels(a.kind).inc()
             outcome = "failed" if report.failed else "ok"
-            self.runs.labels(trigger, outcome).inc()
+            self._count(trigger, outcome, [a.kind for a in done if a.kind in FREED_KINDS])
             self.last = {"trigger": trigger, "time": time.time(), "freed": len(done), "failed": len(report.failed)}
             took = time.monotonic() - start
             if done or report.failed:
