@@ -29,7 +29,7 @@ on a unix socket; see that module for the protocol.
   CIDRs (``node_routes``) and reports what it cannot route, in its health answer (``node``) and as
   ``netplugin_node_*`` and ``netplugin_kube_*`` metrics; with ``cluster_cidrs`` it installs the egress
   masquerade (``table inet netplugin``, removed at stop) and the FORWARD accepts (kept).
-* **GC** runs at start before ``READY=1``, periodically and after Pod deletions (:mod:`.gckeeper`).
+* **GC** runs at start before ``READY=1``, periodically and after Pod deletions (:mod:`netplugin.agent.gckeeper`).
 * **SIGHUP** re-reads the config file as started, checks it whole (chain found, trusted, init
   where changed) and swaps only then, or keeps its settings and says why (:mod:`.reconfig`;
   ``RELOADING=1`` ... ``READY=1`` around it); a plugin it drops that recorded pods still need is
