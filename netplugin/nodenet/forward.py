@@ -15,6 +15,13 @@ for every CIDR pods have (the cluster CIDRs and this node's pod CIDRs): pod to p
 (masqueraded by :mod:`netplugin.nodenet.egress`) with its replies, hostPort and NodePort traffic
 DNATed to a pod included. Nothing else is accepted, and nothing of anyone else's is touched.
 
+An ACCEPT ends the chain it is in: a NetworkPolicy agent that filters in FORWARD (kube-router and
+Calico in iptables mode jump to their chain from FORWARD, :data:`~netplugin.nodenet.policyagents.KNOWN`)
+would never see a packet netplugin accepted first. So the jump goes *after* the last jump to such a
+chain (first when there is none), and a jump of ours found before one is moved after it, in the same
+restore; another's rules are never moved, rewritten or removed. (kube-network-policies judges in
+``postrouting``, which an accept in FORWARD does not skip.)
+
 :meth:`Forward.apply` rewrites the chain in one ``iptables-restore --noflush`` (declaring the chain
 empties it: never a second copy of a rule) and inserts the jump only when it is missing.
 :meth:`Forward.remove` (the uninstall's) deletes every jump to the chain, then the chain.
@@ -35,6 +42,7 @@ from collections.abc import Iterable, Sequence
 from netplugin.core.errors import TAIL, InvalidArgument, NetpluginError
 from netplugin.core.netns import in_netns
 from netplugin.core.plaindata import dataclass
+from netplugin.nodenet.policyagents import KNOWN
 
 __all__ = ["CHAIN", "COMMENT", "Forward", "ForwardError", "ForwardState"]
 
@@ -42,6 +50,8 @@ CHAIN = "NETPLUGIN-FORWARD"
 COMMENT = "netplugin pod forwarding"
 _CHAIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,27}\Z")
 _COMMANDS = {4: "iptables", 6: "ip6tables"}
+#: the FORWARD chains of NetworkPolicy agents, which must see a packet before our accepts do
+POLICY_CHAINS = frozenset(c for agent in KNOWN for c in agent.iptables_chains)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -100,15 +110,29 @@ class Forward:
             nets = _collapse([n for n in cidrs if n.version == version])
             if not nets or shutil.which(cmd) is None:
                 continue
-            jump = ["FORWARD", "-m", "comment", "--comment", COMMENT, "-j", self.chain]
             lines = ["*filter", f":{self.chain} - [0:0]"]
             for net in nets:
                 for flag in ("-s", "-d"):
                     lines.append(f'-A {self.chain} {flag} {net} -m comment --comment "{COMMENT}" -j ACCEPT')
-            if self._run(cmd, ["-C", *jump], ok_codes=(0, 1, 2)).returncode != 0:  # 2: no chain yet
-                lines.append(f'-I FORWARD 1 -m comment --comment "{COMMENT}" -j {self.chain}')
+            forward = self._run(cmd, ["-t", "filter", "-S", "FORWARD"], ok_codes=(0, 1)).stdout.splitlines()
+            lines += self._placing(forward)
             lines.append("COMMIT")
             self._run(f"{cmd}-restore", ["--noflush"], script="\n".join(lines) + "\n")
+
+    def _placing(self, forward: list[str]) -> list[str]:
+        """The restore lines that put our jump after the last policy agent's jump in FORWARD (as
+        ``iptables -S FORWARD`` lists it): none when it is there already."""
+        rules = [r for r in forward if r.startswith("-A FORWARD ")]
+        targets = [r.split(" -j ", 1)[1].split()[0] if " -j " in r else "" for r in rules]
+        ours = [i for i, t in enumerate(targets) if t == self.chain]
+        policy = [i for i, t in enumerate(targets) if t in POLICY_CHAINS]
+        after = max(policy, default=-1)
+        if len(ours) == 1 and ours[0] > after:
+            return []
+        jump = f'FORWARD -m comment --comment "{COMMENT}" -j {self.chain}'
+        # Each -D removes the first of ours; the agents' jumps then move up by the ours before them.
+        position = after + 1 - sum(1 for i in ours if i < after) + 1
+        return [f"-D {jump}" for _ in ours] + [f"-I {jump.replace('FORWARD', f'FORWARD {position}', 1)}"]
 
     def remove(self) -> None:
         """Delete every jump to the chain and the chain, in both families; idempotent."""

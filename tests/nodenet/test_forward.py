@@ -71,3 +71,57 @@ def test_pod_traffic_passes_a_drop_policy_only_through_the_chain(node: NodeBridg
     finally:
         for s in servers:
             s.close()
+
+
+#: a NetworkPolicy agent's FORWARD chain (kube-router's name), denying pod a -> pod b on 8080
+AGENT_CHAIN = "KUBE-ROUTER-FORWARD"
+
+
+def _forward_targets(node: NodeBridge) -> list[str]:
+    """The chains FORWARD jumps to, in order."""
+    rules = node.in_node("iptables", "-w", "-S", "FORWARD").stdout.splitlines()
+    return [r.split(" -j ", 1)[1].split()[0] for r in rules if r.startswith("-A FORWARD ") and " -j " in r]
+
+
+@pytest.mark.parametrize("agent_first", [True, False], ids=["agent-first", "netplugin-first"])
+def test_a_policy_agents_forward_chain_judges_before_netplugins_accepts(node: NodeBridge, agent_first: bool) -> None:
+    node.init()
+    a, b = node.add_pod("a"), node.add_pod("b")
+    c = node.add_pod("c")
+    assert node.in_node("iptables", "-w", "-P", "FORWARD", "DROP").returncode == 0
+    forward = Forward(netns=f"/run/netns/{node.node}")
+    cidrs = [ipaddress.ip_network(node.subnet)]
+
+    def add_agent() -> None:
+        for argv in (["-N", AGENT_CHAIN], ["-A", AGENT_CHAIN, "-s", a, "-d", b, "-p", "tcp", "--dport", "8080",
+                     "-j", "DROP"], ["-A", "FORWARD", "-j", AGENT_CHAIN]):  # fmt: skip
+            assert node.in_node("iptables", "-w", *argv).returncode == 0
+
+    if agent_first:
+        add_agent()
+        forward.apply(cidrs)  # netplugin starts on a node where the agent runs
+    else:
+        forward.apply(cidrs)
+        add_agent()  # the agent appends its jump after netplugin's: the next pass moves netplugin's
+        assert _forward_targets(node) == [CHAIN, AGENT_CHAIN]
+        forward.apply(cidrs)
+    agent_rules = node.in_node("iptables", "-w", "-S", AGENT_CHAIN).stdout
+    assert _forward_targets(node) == [AGENT_CHAIN, CHAIN]
+    # netplugin's jump deleted (a flush of its own), then put back by its next pass: after the agent's again
+    assert node.in_node("iptables", "-w", "-D", "FORWARD", "-m", "comment", "--comment", "netplugin pod forwarding",
+                        "-j", CHAIN).returncode == 0  # fmt: skip
+    forward.apply(cidrs)
+    forward.apply(cidrs)
+    assert _forward_targets(node) == [AGENT_CHAIN, CHAIN]
+    assert node.in_node("iptables", "-w", "-S", AGENT_CHAIN).stdout == agent_rules  # the agent's rules untouched
+    servers = [Server(node.pod_ns("b"), 8080, "pod-b"), Server(node.pod_ns("c"), 8080, "pod-c")]
+    try:
+        # bridged pod -> pod passes FORWARD (br_netfilter): the agent's DROP decides before netplugin's ACCEPT
+        assert ask(node.pod_ns("a"), b, 8080, timeout=1.5) == ""
+        assert ask(node.pod_ns("a"), c, 8080, timeout=1.5) != ""
+        assert ask(node.pod_ns("c"), b, 8080, timeout=1.5) != ""
+    finally:
+        for s in servers:
+            s.close()
+        forward.remove()
+    assert _forward_targets(node) == [AGENT_CHAIN]  # the uninstall takes only its own
