@@ -66,14 +66,17 @@
 #                                                                                  [NETPLUGIN_SHIM_FALLBACK]
 #   --dry-run           print what would change and change nothing
 #   --uninstall         remove what an install with the same options wrote, printing each thing: it
-#                       stops the service (systemd, else the daemon answering on the run dir's
-#                       socket), removes netplugin's kernel objects outside pods (the egress table,
-#                       the proto 78 routes, ...), the unit, the conflist, the CNI shim, the config
-#                       file, the exec plugins it ships, the links and the venv (or --lib-dir's
-#                       modules). Pods keep their network, and their records and addresses (the
-#                       state and run dirs) stay for a reinstall, unless --purge: then every
-#                       recorded pod is torn down first and both dirs are removed. A second run
-#                       removes nothing. With --dry-run it prints what it would remove.
+#                       stops the service (systemd, else the daemon answering on the socket the
+#                       config names and on the run dir's), removes netplugin's kernel objects
+#                       outside pods (the egress table, the proto 78 routes, ...), the unit, the
+#                       conflist, the CNI shim, the config file, the exec plugins it ships, the
+#                       links (the man page's too) and the venv (or --lib-dir's modules). Pods keep
+#                       their network: their hostPort table stays, and their records and addresses
+#                       (the state and run dirs) stay for a reinstall, unless --purge: then every
+#                       recorded pod is torn down first, then the hostPort table and both dirs are
+#                       removed; a pod that cannot be torn down (its teardown fails, the config
+#                       does not load) keeps both dirs and the table, and the exit status is 1.
+#                       A second run removes nothing. With --dry-run it prints what it would remove.
 #
 # pip reads its usual PIP_* variables (PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX) for offline nodes.
 # Every installed file and directory ends up root-owned and not group- or world-writable

@@ -42,7 +42,7 @@ uninstall_find_tool() {
 }
 
 uninstall_node() {
-    local status=0 cmd plugin plugins_src module out
+    local status=0 cmd plugin plugins_src module out rc pods_left=0
     # 1. the service, so that nothing makes pods or kernel objects while they are removed
     if [ "$systemd_dir" != none ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null &&
         systemctl is-active --quiet netplugin.service; then
@@ -53,11 +53,16 @@ uninstall_node() {
         fi
     fi
     # 2. a daemon not under systemd, pods (--purge), kernel objects: netplugin's own code does it
+    # (the daemon at the socket the config names, and at the run dir's)
     if uninstall_find_tool; then
-        local args=(--config "$config" --socket "$run_dir/netplugin.sock")
+        local args=(--config "$config" --socket "$run_dir/netplugin.sock" --state-dir "$state_dir")
         [ "$purge" = 0 ] || args+=(--purge)
         [ "$dry_run" = 0 ] || args+=(--dry-run)
-        out=$("${uninstall_tool[@]}" "${args[@]}") || status=1
+        rc=0
+        out=$("${uninstall_tool[@]}" "${args[@]}") || rc=$?
+        [ "$rc" = 0 ] || status=1
+        # 3: --purge could not tear every recorded pod down: their records must stay
+        [ "$rc" != 3 ] || pods_left=1
         if [ -n "$out" ]; then
             printf '%s\n' "$out"
             uninstall_count=$((uninstall_count + $(printf '%s\n' "$out" | wc -l)))
@@ -66,6 +71,8 @@ uninstall_node() {
         echo "install.sh: warning: no interpreter here imports netplugin: its kernel objects (nft table inet" \
             "netplugin, proto 78 routes) and a running daemon are left as they are" >&2
         status=1
+        # no pod could be torn down
+        if [ -n "$(ls -A -- "$state_dir/pods" 2>/dev/null)" ]; then pods_left=1; fi
     fi
     # 3. the files, in the reverse order of the install
     [ "$systemd_dir" = none ] || uninstall_path "$systemd_dir/netplugin.service"
@@ -89,6 +96,11 @@ uninstall_node() {
     done
     uninstall_dir_if_empty "$exec_dir"
     if [ "$use_venv" = 1 ]; then
+        # The manual page link install made (only ours: it points into this venv)
+        if [ "$man_dir" != none ] && [ -L "$man_dir/netplugin.1" ] &&
+            [ "$(readlink -- "$man_dir/netplugin.1")" = "$prefix/share/man/man1/netplugin.1" ]; then
+            uninstall_path "$man_dir/netplugin.1"
+        fi
         for cmd in netplugin netplugin-cni; do
             if [ -L "$bin_dir/$cmd" ] && [ "$(readlink -- "$bin_dir/$cmd")" = "$prefix/bin/$cmd" ]; then
                 uninstall_path "$bin_dir/$cmd"
@@ -97,8 +109,11 @@ uninstall_node() {
         # Only a venv this script made (its stamp is there).
         [ ! -f "$prefix/.netplugin-wheel.sha256" ] || uninstall_path "$prefix" "$prefix/ (the venv)"
     fi
-    # 4. pod state and addresses, only when asked
-    if [ "$purge" = 1 ]; then
+    # 4. pod state and addresses, only when asked, and only once no recorded pod is left: the
+    # records are all that can still free a pod's veths and addresses
+    if [ "$purge" = 1 ] && [ "$pods_left" = 1 ] && { [ -e "$state_dir" ] || [ -e "$run_dir" ]; }; then
+        echo "install.sh: kept $state_dir/ and $run_dir/: recorded pods could not be torn down (see above)" >&2
+    elif [ "$purge" = 1 ]; then
         uninstall_path "$state_dir" "$state_dir/ (pod records, addresses)"
         uninstall_path "$run_dir" "$run_dir/"
     fi

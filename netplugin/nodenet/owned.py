@@ -38,6 +38,9 @@ class Owned:
     present: Callable[[str | None], list[str]]
     #: (netns path or None) -> None; removes every one (idempotent)
     remove: Callable[[str | None], None]
+    #: live pods' network depends on it (their hostPorts, the localhost guard): kept while pods
+    #: may be live, removed only once every pod is torn down
+    pods_need: bool = False
 
 
 def _egress_present(netns: str | None) -> list[str]:
@@ -112,21 +115,29 @@ def _routes_remove(netns: str | None) -> None:
 OWNED: tuple[Owned, ...] = (
     Owned("egress table", _egress_present, _egress_remove),
     Owned("routes to other nodes", _routes_present, _routes_remove),
-    Owned("hostPort table", _hostport_present, _hostport_remove),
+    Owned("hostPort table", _hostport_present, _hostport_remove, pods_need=True),
     Owned("FORWARD accept chain", _forward_present, _forward_remove),
 )
 
 
-def remove_owned(netns: str | None = None, *, dry_run: bool = False) -> tuple[list[str], list[str]]:
-    """Remove every owned object (in ``netns``, default this namespace): (what was there, errors)."""
+def remove_owned(
+    netns: str | None = None, *, dry_run: bool = False, pods_live: bool = False
+) -> tuple[list[str], list[str], list[str]]:
+    """Remove every owned object (in ``netns``, default this namespace): (what was there and removed,
+    what was there and kept, errors). ``pods_live``: pods may still be live, so what their network
+    needs (:attr:`Owned.pods_need`) is kept."""
     removed: list[str] = []
+    kept: list[str] = []
     errors: list[str] = []
     for owned in OWNED:
         try:
             there = owned.present(netns)
+            if there and owned.pods_need and pods_live:
+                kept += there
+                continue
             if there and not dry_run:
                 owned.remove(netns)
             removed += there
         except NetpluginError as e:
             errors.append(f"{owned.what}: {e.message}")
-    return removed, errors
+    return removed, kept, errors

@@ -147,3 +147,103 @@ def test_uninstall_without_purge_keeps_the_pods_state(tmp_path: Path) -> None:
     assert "tore down" not in gone.stdout
     assert [p for p in _files(root) if "pods/" in p and p.endswith(".json")], _files(root)  # the record stays
     assert not (root / "etc").exists() and not (root / "exec").exists() and not (root / "cni-bin").exists()
+
+
+# --- what an uninstall must keep, and the daemon it must stop ------------------------------------------
+
+
+def _no_op_node(tmp_path: Path, netns: str, extra: str = "") -> tuple[Path, list[str], Path]:
+    """A node installed from a config file (the no-op plugin: no kernel objects of its own) in ``netns``."""
+    root = tmp_path / "node"
+    root.mkdir()
+    flags, config = _node(root)
+    cm = tmp_path / "cm.yaml"
+    cm.write_text(
+        f"plugin: kubernetes.io/no-op\nplugin_dir: {root}/exec\nstate_dir: {root}/state\nrun_dir: {root}/run\n"
+        f"host: none\nmetrics_address: none\n{extra}"
+    )
+    done = _in(netns, "bash", str(INSTALL), *flags, "--config-from", str(cm))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root, flags, config
+
+
+def _hostport_table(ns: str) -> str:
+    return _in(ns, "nft", "list", "table", "inet", "netplugin_hostport").stdout
+
+
+@pytest.mark.parametrize("purge", [False, True], ids=["uninstall", "purge"])
+def test_uninstall_keeps_the_hostport_table_of_live_pods_unless_purged(
+    netns: str, tmp_path: Path, purge: bool
+) -> None:
+    root, flags, _ = _no_op_node(tmp_path, netns)
+    # the hostport member's table (its guard chain included), as its init makes it on the node
+    env_init = _in(netns, "env", f"NETPLUGIN_STATE_DIR={root}/state", str(REPO / "exec_plugins" / "hostport" /
+                   "hostport"), "init")  # fmt: skip
+    assert env_init.returncode == 0, env_init.stderr
+    assert "chain guard" in _hostport_table(netns)
+    gone = _in(netns, "bash", str(INSTALL), *flags, "--uninstall", *(["--purge"] if purge else []))
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    if purge:  # every pod torn down: nothing needs it
+        assert "removed nftables table inet netplugin_hostport" in gone.stdout, gone.stdout
+        assert _hostport_table(netns) == ""
+    else:  # pods keep their network: their DNATs and the localhost guard stay
+        assert "kept nftables table inet netplugin_hostport" in gone.stdout, gone.stdout
+        assert "chain guard" in _hostport_table(netns)
+        _in(netns, "nft", "delete", "table", "inet", "netplugin_hostport")
+
+
+def test_uninstall_stops_the_daemon_at_the_socket_its_config_names(netns: str, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere" / "np.sock"
+    elsewhere.parent.mkdir()
+    _, flags, config = _no_op_node(tmp_path, netns, f"socket: {elsewhere}\n")
+    log = tmp_path / "daemon.log"
+    with open(log, "wb") as out:
+        daemon = subprocess.Popen(
+            ["ip", "netns", "exec", netns, sys.executable, "-m", "netplugin", "serve", "--config", str(config)],
+            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_answering(str(elsewhere), daemon, log)
+        gone = _in(netns, "bash", str(INSTALL), *flags, "--uninstall")
+        assert gone.returncode == 0, gone.stdout + gone.stderr
+        assert f"at {elsewhere}" in gone.stdout and "stopped the daemon (pid" in gone.stdout, gone.stdout
+        assert daemon.wait(30) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.terminate()
+            daemon.wait(30)
+
+
+def test_purge_with_a_config_that_does_not_load_keeps_the_pods_state(netns: str, tmp_path: Path) -> None:
+    root, flags, config = _no_op_node(tmp_path, netns)
+    cli = [sys.executable, "-m", "netplugin", "--config", str(config)]
+    pod = _in(netns, *cli, "setup", "default", "w", "i")
+    assert pod.returncode == 0, pod.stderr
+    records = sorted((root / "state" / "pods").glob("*.json"))
+    assert records
+    config.write_text(config.read_text() + "plugn: typo\n")  # the config no longer loads
+    gone = _in(netns, "bash", str(INSTALL), *flags, "--uninstall", "--purge")
+    assert gone.returncode == 1, gone.stdout + gone.stderr
+    assert "could not be torn down" in gone.stderr and "does not load" in gone.stderr, gone.stderr
+    assert sorted((root / "state" / "pods").glob("*.json")) == records  # what can still free the pod
+    assert (root / "run").is_dir()
+
+
+def test_uninstall_removes_the_man_page_link_install_made(tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    prefix, man = root / "prefix", root / "man"
+    for d in (man, prefix / "share" / "man" / "man1"):
+        d.mkdir(parents=True)
+    (prefix / "share" / "man" / "man1" / "netplugin.1").write_text(".TH NETPLUGIN 1\n")
+    (man / "netplugin.1").symlink_to(prefix / "share" / "man" / "man1" / "netplugin.1")  # what install links
+    (man / "other.1").symlink_to("/nonexistent/other.1")  # not ours
+    flags, _ = _node(root)
+    flags = [f for f in flags if f != "--no-venv"]
+    argv = ["bash", str(INSTALL), *flags, "--prefix", str(prefix), "--bin-dir", str(root / "bin"),
+            "--man-dir", str(man), "--systemd-dir", "none", "--uninstall"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
+    dry = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, env=env, timeout=300)
+    assert f"would remove {man}/netplugin.1" in dry.stdout and (man / "netplugin.1").is_symlink(), dry.stdout
+    gone = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert f"removed {man}/netplugin.1" in gone.stdout, gone.stdout + gone.stderr
+    assert not (man / "netplugin.1").is_symlink() and (man / "other.1").is_symlink()
