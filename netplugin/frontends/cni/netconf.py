@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from netplugin.core.names import PodRef
 from netplugin.core.plaindata import replace
 from netplugin.frontends.cni.spec import DEFAULT_NAMESPACE, NO_NETNS, CniError, CniRequest
 from netplugin.frontends.wire.codes import CNI_INVALID_CONFIG, CNI_INVALID_ENV
+from netplugin.frontends.wire.fingerprint import BuiltSettings, fingerprint
 
 if TYPE_CHECKING:
     from netplugin.manager.manager import CallOptions
@@ -26,6 +26,7 @@ __all__ = [
     "BANDWIDTH_ENV",
     "bandwidth_env",
     "build_config",
+    "built_config",
     "call_options",
     "derived_pod_name",
     "host_ports_env",
@@ -78,9 +79,6 @@ def _check_env_map(value: Any, key: str) -> dict[str, str]:
 
 #: the network-config keys build_config reads (a cache key is made of them)
 _SETTING_KEYS = ("netplugin", *_TOP_KEYS, "configFile", "env", "defaultNamespace", "logFile")
-_CACHE_SIZE = 64
-_cache: dict[tuple[Any, ...], Config] = {}
-_cache_lock = threading.Lock()
 
 
 def _cache_key(
@@ -100,31 +98,28 @@ def _cache_key(
     if not isinstance(path, str):
         return None
     ours = tuple(sorted((k, v) for k, v in environ.items() if k.startswith("NETPLUGIN_")))
-    return settings, ours, path, file_identity(path, snapshot)
+    return "cni", settings, ours, path, file_identity(path, snapshot)
 
 
-def build_config(
-    req: CniRequest, environ: Mapping[str, str], *, cached: bool = False, snapshot: FileSnapshot | None = None
-) -> Config:
+def build_config(req: CniRequest, environ: Mapping[str, str], *, snapshot: FileSnapshot | None = None) -> Config:
     """The netplugin Config of this call's settings (see :func:`call_options` for the per-call part).
 
-    With ``cached`` (the daemon, which serves many calls of few settings), a config built before
-    from the same settings, environment and unchanged config file is reused: built once per
-    distinct settings, not per call. ``snapshot`` (the daemon's): its config file as it was last
-    taken, used instead of that file. Errors are never cached. Raises ConfigError naming the CNI key."""
-    key = _cache_key(req, environ, snapshot) if cached else None
-    if key is not None:
-        with _cache_lock:
-            hit = _cache.get(key)
-        if hit is not None:
-            return hit
-    cfg = _build_config(req, environ, snapshot)
-    if key is not None:
-        with _cache_lock:
-            if len(_cache) >= _CACHE_SIZE:
-                _cache.pop(next(iter(_cache)))  # the oldest
-            _cache[key] = cfg
-    return cfg
+    ``snapshot`` (the daemon's): its config file as it was last taken, used instead of that file.
+    Raises ConfigError naming the CNI key."""
+    return _build_config(req, environ, snapshot)
+
+
+def built_config(
+    req: CniRequest, environ: Mapping[str, str], built: BuiltSettings, snapshot: FileSnapshot | None
+) -> tuple[Config, dict[str, Any]]:
+    """The daemon's :func:`build_config` (it serves many calls of few settings) and the config's
+    fingerprint: a config built before from the same settings, environment and unchanged config
+    file is reused from ``built``. Errors are never kept."""
+    key = _cache_key(req, environ, snapshot)
+    if key is None:
+        cfg = _build_config(req, environ, snapshot)
+        return cfg, fingerprint(cfg)
+    return built.get(key, lambda: _build_config(req, environ, snapshot))
 
 
 def _build_config(req: CniRequest, environ: Mapping[str, str], snapshot: FileSnapshot | None) -> Config:

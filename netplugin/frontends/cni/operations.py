@@ -29,7 +29,7 @@ from netplugin.frontends.cni.attachments import (
     stock_attachments,
     valid_attachments,
 )
-from netplugin.frontends.cni.netconf import build_config, call_options, pod_ref_for
+from netplugin.frontends.cni.netconf import build_config, built_config, call_options, pod_ref_for
 from netplugin.frontends.cni.result import host_link_mac, link_mac, make_result, prev_ips
 from netplugin.frontends.cni.spec import (
     LATEST,
@@ -47,11 +47,12 @@ from netplugin.frontends.wire.codes import (
     CNI_TRY_AGAIN,
     CNI_UNKNOWN_CONTAINER,
 )
-from netplugin.frontends.wire.protocol import version_answer
+from netplugin.frontends.wire.protocol import CNI_COMMANDS, version_answer
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config, FileSnapshot
     from netplugin.core.plugin import PodNetworkStatus
+    from netplugin.frontends.wire.fingerprint import BuiltSettings
     from netplugin.manager.manager import CallOptions, Manager
 
 __all__ = ["DaemonSide", "Refused", "run"]
@@ -74,13 +75,15 @@ class DaemonSide:
 
     ``manager`` is the daemon's own (its plugin, init marker, host, state store, locks);
     ``fingerprint`` its settings, which the call's must equal; ``timed(op, fn)`` runs a pod
-    action under its metrics (``op``: setup, teardown or status); ``snapshot`` its config file as
-    it read it last: the call's settings are built on it, not on the file as it is now.
+    action under its metrics (``op``: setup, teardown or status); ``built`` the configs it built
+    for callers' settings; ``snapshot`` its config file as it read it last: the call's settings
+    are built on it, not on the file as it is now.
     """
 
     manager: Manager
     fingerprint: dict[str, Any]
     timed: Callable[[str, Callable[[], Any]], Any]
+    built: BuiltSettings
     snapshot: FileSnapshot | None = None
 
 
@@ -94,7 +97,9 @@ class _Ops:
         environ: Mapping[str, str],
         daemon: DaemonSide | None,
         unavailable: str | None = None,
+        cfg_print: dict[str, Any] | None = None,
     ) -> None:
+        """``cfg_print``: ``cfg``'s fingerprint (with ``daemon``, compared with the daemon's)."""
         self.req = req
         self.cfg = cfg
         self.call = call_options(req)
@@ -111,11 +116,11 @@ class _Ops:
             self.manager = Manager(cfg, environ=dict(environ))
             self.timed: Callable[[str, Callable[[], Any]], Any] = lambda op, fn: fn()
             return
-        from netplugin.frontends.wire.fingerprint import differing_settings
+        from netplugin.frontends.wire.fingerprint import differing_settings, fingerprint
 
         if cfg.use_daemon == "never":
             raise Refused("the call's settings say use_daemon: never")
-        differ = differing_settings(_fingerprint(cfg), daemon.fingerprint)
+        differ = differing_settings(cfg_print if cfg_print is not None else fingerprint(cfg), daemon.fingerprint)
         if differ:
             raise Refused(f"the call's settings differ from the daemon's ({', '.join(differ)})")
         self.manager = daemon.manager
@@ -130,25 +135,6 @@ class _Ops:
         if ifname:
             env["NETPLUGIN_IFNAME"] = env["NETPLUGIN_BRIDGE_IFNAME"] = ifname
         return replace(self.call, netns=netns, env=env)
-
-
-#: id(config) -> (config, its fingerprint): the daemon's configs come from build_config's cache, so a
-#: call of known settings is compared without rebuilding the fingerprint (the config is held, so its
-#: id cannot be reused while it is here)
-_FINGERPRINTS: dict[int, tuple[Config, dict[str, Any]]] = {}
-
-
-def _fingerprint(cfg: Config) -> dict[str, Any]:
-    from netplugin.frontends.wire.fingerprint import fingerprint
-
-    hit = _FINGERPRINTS.get(id(cfg))
-    if hit is not None and hit[0] is cfg:
-        return hit[1]
-    fp = fingerprint(cfg)
-    if len(_FINGERPRINTS) >= 64:
-        _FINGERPRINTS.clear()  # more distinct settings than a node has: start again
-    _FINGERPRINTS[id(cfg)] = (cfg, fp)
-    return fp
 
 
 # --- operations -----------------------------------------------------------------------------------------
@@ -301,10 +287,6 @@ def run(
         return 1, CniError(CNI_INTERNAL, f"internal error: {type(e).__name__}: {e}").to_dict(version)
 
 
-#: CNI command -> the daemon metrics' operation
-_TIMED = {"ADD": "setup", "DEL": "teardown", "CHECK": "status"}
-
-
 def _dispatch(
     req: CniRequest, environ: Mapping[str, str], daemon: DaemonSide | None, unavailable: str | None = None
 ) -> dict[str, Any] | None:
@@ -316,17 +298,21 @@ def _dispatch(
     from netplugin.core.errors import ConfigError, NetpluginError
 
     try:
-        cfg = build_config(req, environ, cached=daemon is not None, snapshot=daemon.snapshot if daemon else None)
+        if daemon is None:
+            cfg, cfg_print = build_config(req, environ), None
+        else:
+            cfg, cfg_print = built_config(req, environ, daemon.built, daemon.snapshot)
     except ConfigError:
         raise  # code 7 naming the key, for STATUS too
     except NetpluginError as e:
         if req.command == "STATUS":
             raise CniError(CNI_PLUGIN_UNAVAILABLE, e.message) from None
         raise
-    ops = _Ops(req, cfg, environ, daemon, unavailable)
-    if req.command in _TIMED:
+    ops = _Ops(req, cfg, environ, daemon, unavailable, cfg_print)
+    timed, _ = CNI_COMMANDS[req.command]
+    if timed is not None:
         action = {"ADD": _add, "DEL": _del, "CHECK": _check}[req.command]
-        result: dict[str, Any] | None = ops.timed(_TIMED[req.command], lambda: action(ops))
+        result: dict[str, Any] | None = ops.timed(timed, lambda: action(ops))
         return result
     if req.command == "STATUS":
         _status(ops)

@@ -44,7 +44,14 @@ from netplugin.core.defaults import answer_timeout as _answer_timeout
 from netplugin.core.defaults import socket_path
 from netplugin.frontends.wire.codec import dumps, loads
 from netplugin.frontends.wire.codes import CNI_IO_FAILURE, CNI_TRY_AGAIN
-from netplugin.frontends.wire.protocol import CNI_VERSIONS, MAX_STDIN, cni_request, process_environ, version_answer
+from netplugin.frontends.wire.protocol import (
+    CNI_COMMANDS,
+    CNI_VERSIONS,
+    MAX_STDIN,
+    cni_request,
+    process_environ,
+    version_answer,
+)
 
 # Not typing's TYPE_CHECKING: importing typing would put the CLI's daemon path (and the Python shim's) over its target.
 TYPE_CHECKING = False
@@ -54,10 +61,8 @@ if TYPE_CHECKING:
 __all__ = ["answer_timeout", "conf_of", "daemon_target", "forward", "log_call", "main", "run_call", "run_call_why"]
 
 #: commands the daemon can run for the shim (VERSION is answered here, without any state)
-FORWARDED = ("ADD", "DEL", "CHECK", "STATUS", "GC")
+FORWARDED = tuple(command for command, (_, waits_for) in CNI_COMMANDS.items() if waits_for is not None)
 LATEST = CNI_VERSIONS[-1]
-#: the daemon op or plugin action each CNI command may wait for (GC: one teardown per stale attachment)
-_COMMAND_OP = {"ADD": "setup", "DEL": "teardown", "CHECK": "status", "STATUS": "init", "GC": "gc"}
 
 
 def _nested(conf: dict[str, object]) -> dict[str, object]:
@@ -108,8 +113,9 @@ def answer_timeout(conf: dict[str, object], command: str) -> float | None:
             if isinstance(action, str) and seconds is not None:
                 limits[action] = seconds
     kill_grace = _number(_setting(nested, "kill_grace"))
+    _, waits_for = CNI_COMMANDS.get(command, (None, None))
     return _answer_timeout(
-        _COMMAND_OP.get(command, "setup"),
+        waits_for or "setup",
         limits,
         _number(_setting(nested, "timeout")),
         **({} if not kill_grace else {"kill_grace": kill_grace}),

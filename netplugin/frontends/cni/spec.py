@@ -27,7 +27,7 @@ from netplugin.frontends.wire.codes import (
     cni_code_for_classes,
     error_classes,
 )
-from netplugin.frontends.wire.protocol import CNI_VERSIONS, MAX_STDIN
+from netplugin.frontends.wire.protocol import CNI_COMMANDS, CNI_VERSIONS, MAX_STDIN
 
 __all__ = [
     "COMMANDS",
@@ -50,7 +50,8 @@ SUPPORTED_VERSIONS = CNI_VERSIONS
 LATEST = SUPPORTED_VERSIONS[-1]
 
 
-COMMANDS = ("ADD", "DEL", "CHECK", "VERSION", "STATUS", "GC")
+#: every CNI command, in spec order (their table: :data:`~netplugin.frontends.wire.protocol.CNI_COMMANDS`)
+COMMANDS = tuple(CNI_COMMANDS)
 
 
 #: NETPLUGIN_NETNS when the runtime gives no netns: ENOTDIR for any open, so it never exists.

@@ -13,7 +13,6 @@ have met alone. The config file they name is taken as the daemon read it at its 
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,7 +24,7 @@ from netplugin.frontends.cni.operations import DaemonSide, Refused, run
 from netplugin.frontends.cni.spec import LATEST, CniError
 from netplugin.frontends.daemon.reconfig import Live
 from netplugin.frontends.wire.codes import CNI_INVALID_ENV
-from netplugin.frontends.wire.fingerprint import differing_settings, fingerprint
+from netplugin.frontends.wire.fingerprint import BuiltSettings, differing_settings
 
 __all__ = ["check_settings", "environ_problem", "run_cni", "run_cni_call"]
 
@@ -57,11 +56,9 @@ def check_settings(settings: Any, live: Live, socket_path: str) -> Config:
     return cfg
 
 
-#: raw settings and the config file's identity -> (the config built from them, its fingerprint): the
-#: CLI's fast path sends its raw settings with every request, and they rarely differ
-_BUILT: dict[tuple[Any, ...], tuple[Config, dict[str, Any]]] = {}
-_BUILT_LOCK = threading.Lock()
-_BUILT_SIZE = 64
+#: the configs built from callers' raw settings (the CLI's fast path sends them with every request,
+#: a shim's call its network config): they rarely differ
+BUILT = BuiltSettings()
 
 
 def _config_of(
@@ -75,18 +72,8 @@ def _config_of(
 
     file_path = path or environ.get("NETPLUGIN_CONFIG") or DEFAULT_CONFIG
     identity = file_identity(file_path, snapshot)
-    key = (path, file_path, identity, tuple(sorted(environ.items())), tuple(sorted(overrides.items())))
-    with _BUILT_LOCK:
-        hit = _BUILT.get(key)
-    if hit is not None:
-        return hit
-    cfg = load_config(path, environ=environ, overrides=overrides, snapshot=snapshot)
-    built = (cfg, fingerprint(cfg))
-    with _BUILT_LOCK:
-        if len(_BUILT) >= _BUILT_SIZE:
-            _BUILT.pop(next(iter(_BUILT)))  # the oldest
-        _BUILT[key] = built
-    return built
+    key = ("cli", path, file_path, identity, tuple(sorted(environ.items())), tuple(sorted(overrides.items())))
+    return BUILT.get(key, lambda: load_config(path, environ=environ, overrides=overrides, snapshot=snapshot))
 
 
 def environ_problem(environ: Mapping[str, str]) -> str | None:
@@ -128,6 +115,6 @@ def run_cni_call(
         return 1, CniError(CNI_INVALID_ENV, problem).to_dict(LATEST)
 
     try:
-        return run(environ, stdin, daemon=DaemonSide(live.manager, live.fingerprint, timed, live.snapshot))
+        return run(environ, stdin, daemon=DaemonSide(live.manager, live.fingerprint, timed, BUILT, live.snapshot))
     except Refused as e:
         raise DaemonUnavailable(socket_path, str(e)) from None

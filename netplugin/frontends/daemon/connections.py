@@ -28,7 +28,7 @@ from netplugin.frontends.daemon.cnicalls import run_cni_call
 from netplugin.frontends.daemon.envelope import check_request, pod_of, pod_text
 from netplugin.frontends.daemon.metrics import INVALID_OP
 from netplugin.frontends.daemon.nativecalls import read_frame, run_frame
-from netplugin.frontends.daemon.podqueue import Turns
+from netplugin.frontends.daemon.podqueue import Turns, container_turn
 from netplugin.frontends.daemon.records import PROGRESS, progress_sink
 from netplugin.frontends.wire.codes import error_classes
 from netplugin.frontends.wire.protocol import FRAME_MAGIC, POD_OPS, encode_unavailable
@@ -144,16 +144,13 @@ class Connections:
             return await asyncio.to_thread(self._dispatch, req)
 
     async def _cni_request(self, req: dict[str, Any]) -> Any:
-        """A forwarded CNI call waits for its container's turn in the event loop, like a pod request.
-
-        Its pod is known only once the shim's code has parsed the call (in the worker), so the
-        turn is the container's: a runtime retrying a stuck sandbox queues here, holding no worker.
-        """
+        """A forwarded CNI call waits for its container's turn (:func:`container_turn`) in the event
+        loop, like a pod request."""
         environ = req.get("environ")
         container = environ.get("CNI_CONTAINERID") if isinstance(environ, dict) else None
         if not isinstance(container, str) or not container:
             return await asyncio.to_thread(self._dispatch, req)  # the shim's code reports what is missing
-        async with self.turns.turn(f"cni:{container}", f"container {container[:80]}"):
+        async with self.turns.turn(*container_turn(container)):
             return await asyncio.to_thread(self._dispatch, req)
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

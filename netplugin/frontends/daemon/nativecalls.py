@@ -18,6 +18,7 @@ from typing import Any
 
 from netplugin.core.errors import DaemonUnavailable
 from netplugin.frontends.cni.router import conf_of, log_call
+from netplugin.frontends.daemon.podqueue import container_turn
 from netplugin.frontends.wire.codec import dumps
 from netplugin.frontends.wire.protocol import (
     CNI_VERSIONS,
@@ -91,7 +92,7 @@ async def run_frame(
     container = environ.get("CNI_CONTAINERID", "")
     try:
         if container:
-            async with turn(f"cni:{container}", f"container {container[:80]}"):
+            async with turn(*container_turn(container)):
                 code, doc = await in_thread(lambda: run(environ, stdin, *run_args))
         else:
             code, doc = await in_thread(lambda: run(environ, stdin, *run_args))

@@ -13,10 +13,19 @@ from collections.abc import AsyncIterator, Callable
 
 from netplugin.core.errors import DaemonUnavailable
 
-__all__ = ["MAX_WAITING_PER_POD", "Turns"]
+__all__ = ["MAX_WAITING_PER_POD", "Turns", "container_turn"]
 
 #: requests that may wait for one pod; more are answered DaemonUnavailable (the caller may do it itself)
 MAX_WAITING_PER_POD = 64
+
+
+def container_turn(container: str) -> tuple[str, str]:
+    """A forwarded CNI call's turn: its container's key, and how a refusal names it.
+
+    Its pod is known only once the shim's code has parsed the call (in a worker), so the turn is
+    the container's: a runtime retrying a stuck sandbox queues on it, holding no worker.
+    """
+    return f"cni:{container}", f"container {container[:80]}"
 
 
 class Turns:

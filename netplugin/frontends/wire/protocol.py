@@ -54,6 +54,7 @@ from netplugin.frontends.wire.codec import dumps
 from netplugin.frontends.wire.codes import CNI_INVALID_ENV, CNI_IO_FAILURE, CNI_TRY_AGAIN
 
 __all__ = [
+    "CNI_COMMANDS",
     "CNI_VERSIONS",
     "FRAME_MAGIC",
     "FRAME_MAX_ANSWER",
@@ -123,6 +124,19 @@ MAX_MESSAGE = 16 << 20
 MAX_STDIN = 4 << 20
 #: the CNI versions op ``cni`` (and the shim that sends it) speaks, oldest first
 CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+#: The CNI commands (spec order), each with (its timed operation: the daemon metrics' and the
+#: kubelet's operation type, or None; the daemon op or plugin action its answer may wait for, or
+#: None: never forwarded, the shim answers it). GC waits for one teardown per stale attachment.
+#: Here, not in :mod:`netplugin.frontends.cni.spec`: the router reads it on every call, and this
+#: module is already in its import set (BENCHMARKS.md, runtime-add row Gpy).
+CNI_COMMANDS: "dict[str, tuple[str | None, str | None]]" = {
+    "ADD": ("setup", "setup"),
+    "DEL": ("teardown", "teardown"),
+    "CHECK": ("status", "status"),
+    "VERSION": (None, None),
+    "STATUS": (None, "init"),
+    "GC": (None, "gc"),
+}
 
 # --- requests ----------------------------------------------------------------------------------------
 
