@@ -2,10 +2,9 @@
 
 The CLI (and the CNI shim) start a fresh process for every pod action, so the
 lookup here uses only the standard library: urllib + ssl + json cost a new
-process a fraction of what lightkube's import does (see
-shared/reference/python-stack-measurements.md, section 5). lightkube is
-imported only inside :meth:`KubeHost.kube_client`, for the long-running daemon
-and for plugins that want a full client.
+process a fraction of what lightkube's import does (BENCHMARKS.md, the CLI cold
+start row B-i). lightkube is imported only inside :meth:`KubeHost.kube_client`,
+for the long-running daemon and for plugins that want a full client.
 
 Settings come from :mod:`netplugin.hosts.kubeconfig` (kubeconfig files or the in-cluster account).
 

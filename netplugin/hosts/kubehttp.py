@@ -21,6 +21,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from netplugin import __version__
 from netplugin.core.errors import HostError
 from netplugin.hosts.kubeconfig import KubeSettings, resolve_settings, ssl_context
 
@@ -28,7 +29,7 @@ __all__ = ["MAX_BODY", "USER_AGENT", "KubeTransport", "read_body"]
 
 #: etcd refuses objects over 1.5 MiB, so a larger answer is not a Pod: stop reading it.
 MAX_BODY = 8 << 20
-USER_AGENT = "netplugin/0.1.0 (kube)"
+USER_AGENT = f"netplugin/{__version__} (kube)"
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -26,6 +26,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 
 from netplugin.core.chaining import DECLARES_HOST_PORTS
+from netplugin.core.defaults import DEFAULT_STATE_DIR
 from netplugin.core.errors import NetpluginError, PluginFailed
 from netplugin.core.fileio import atomic_write
 from netplugin.core.hostports import (
@@ -295,7 +296,7 @@ class HostPortPlugin:
 
     @staticmethod
     def _records(ctx: CallContext) -> str:
-        return os.path.join(ctx.env.get("NETPLUGIN_STATE_DIR") or ctx.state_dir or "/var/lib/netplugin", "hostport")
+        return os.path.join(ctx.env.get("NETPLUGIN_STATE_DIR") or ctx.state_dir or DEFAULT_STATE_DIR, "hostport")
 
     def init(self, ctx: CallContext) -> frozenset[str]:
         """The table rebuilt from the records (every recorded pod's hostPorts back); the action mask."""
