@@ -144,7 +144,9 @@ class ChaosNode:
             doc = {"kind": "Node", "metadata": {"name": name}, "spec": {"podCIDRs": [cidr]},
                    "status": {"addresses": [{"type": "InternalIP", "address": addr}]}}  # fmt: skip
             (nodes / f"{name}.json").write_text(json.dumps(doc))
-        ports = [{"containerPort": 8080, "hostPort": _HOST_PORT, "protocol": "TCP"}]
+        # a hostPort only where a member maps it: a pod asking for one the chain cannot map fails its ADD
+        mapped = any(m.endswith("hostport") for m in self.chain)
+        ports = [{"containerPort": 8080, "hostPort": _HOST_PORT, "protocol": "TCP"}] if mapped else []
         for i in range(self.npods):
             spec = {"containers": [{"name": "c", "ports": ports if i == 0 else []}]}
             meta = {"namespace": "chaos", "name": f"p{i}", "annotations": {_SHAPED: "10M"} if i == 0 else {}}
