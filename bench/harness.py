@@ -64,6 +64,9 @@ class Plan:
     pods: int = 60
     burst: int = 20
     burst_rounds: int = 7
+    #: the node-scale bursts (ADD processes at once) and their rounds, each on 1 CPU and on all
+    node_bursts: tuple[int, ...] = (20, 110)
+    node_burst_rounds: int = 5
     drain: int = 100
     drain_rounds: int = 3
     levels: tuple[int, ...] = (10, 100, 500, 1000)
@@ -76,7 +79,8 @@ class Plan:
     def make(cls, quick: bool, pods: int | None) -> Plan:
         if quick:
             return cls(True, pods or 3, burst=5, burst_rounds=1, drain=5, drain_rounds=1, levels=(2, 8),
-                       level_samples=3, cold_runs=5, cold_warmups=1, overhead_runs=5)
+                       level_samples=3, cold_runs=5, cold_warmups=1, overhead_runs=5, node_bursts=(3,),
+                       node_burst_rounds=1)
         return cls(False, pods or 60)
 
 

@@ -24,8 +24,6 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from netplugin.core.hostports import parse_env
@@ -39,7 +37,7 @@ from .daemon import DaemonOwner
 from .harness import Factory, Live, Plan, open_contenders, per_pod_series, stat_row
 from .processes import CniContender, _finish, _spawn
 from .report import Figure
-from .util import NETNS_DIR, REPO, BenchError, Pod, SubnetPool
+from .util import NETNS_DIR, REPO, BenchError, Pod, SubnetPool, node_namespaces
 
 __all__ = ["HOSTPORT_KEYS", "fig_hostport"]
 
@@ -164,7 +162,7 @@ FACTORIES: dict[str, Factory] = {
 def _rebuild_ms(ctx: RunContext) -> float:
     """The built-in's table rebuilt from 1,000 recorded mappings, in a netns of its own."""
     name = f"{ctx.tag}hpr"
-    with tempfile.TemporaryDirectory() as records, _netns_all([name]):
+    with tempfile.TemporaryDirectory() as records, node_namespaces([name]):
         for i in range(500):
             chain = chain_name(f"rebuild-{i}")
             ip = f"10.202.{200 + i // 250}.{i % 250 + 2}"
@@ -190,7 +188,7 @@ def fig_hostport(ctx: RunContext, plan: Plan, keys: list[str], pool: SubnetPool)
     n = plan.pods
     live = Live(ctx, "hostport", keys)
     nodes = [f"{ctx.tag}8{k.lower()}n" for k in keys]  # the bridge of network "8k" plus "n": see _node
-    with _netns_all(nodes), open_contenders(ctx, "8", keys, pool, factories=FACTORIES) as cs:
+    with node_namespaces(nodes), open_contenders(ctx, "8", keys, pool, factories=FACTORIES) as cs:
         ctx.progress(f"  hostport: 1 warm-up + {n} pods x {len(keys)} contenders")
         _, setups, teardowns = per_pod_series(live, cs, n)
     rebuild = _rebuild_ms(ctx)
@@ -210,19 +208,3 @@ def fig_hostport(ctx: RunContext, plan: Plan, keys: list[str], pool: SubnetPool)
         ]
         out.append(f)
     return out
-
-
-@contextmanager
-def _netns_all(names: list[str]) -> Iterator[None]:
-    """The node netns of every contender, each removed (with all left in it) at the end."""
-    made: list[str] = []
-    try:
-        for name in names:
-            subprocess.run(["ip", "netns", "add", name], check=True)
-            made.append(name)
-            with entered(f"{NETNS_DIR}/{name}"):
-                subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-        yield
-    finally:
-        for name in made:
-            subprocess.run(["ip", "netns", "del", name], check=False)

@@ -19,7 +19,8 @@ __all__ = ["HINT", "available", "plot_all"]
 HINT = "pip install '.[bench]' (scripts/install-deps.sh --test installs it), or pass --no-plots"
 
 _COLORS = {"A": "#7f7f7f", "O": "#bcbd22", "B": "#1f77b4", "C": "#2ca02c", "D": "#d62728", "E": "#9467bd",
-           "F": "#17becf", "G": "#e377c2", "H": "#8c564b", "N": "#d62728", "P": "#c7c7c7"}
+           "F": "#17becf", "G": "#e377c2", "H": "#8c564b", "N": "#d62728", "P": "#c7c7c7",
+           "K": "#000000", "X": "#ff7f0e"}
 
 
 def available() -> bool:

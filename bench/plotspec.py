@@ -49,7 +49,10 @@ PLOTS: dict[str, PlotSpec] = {
     "rss": PlotSpec("lines", ("N=",)),
     "runtime-add": _BAR_P90,
     "runtime-del": _BAR_P90,
-    "runtime-burst": _BAR_RANGE,
+    "runtime-burst": _BAR_RANGE,  # the 20-process burst of reports before the node-burst figures
+    "node-burst-20": _BAR_RANGE,
+    "node-burst-110": _BAR_RANGE,
+    "node-burst-cores": PlotSpec("bars", ("speedup",)),
     "containerd-run": _BAR_P90,
     "containerd-stop": _BAR_P90,
     "containerd2-run": _BAR_P90,

@@ -29,6 +29,7 @@ from .context import RunContext, clean_environ, cli_command, leftovers, with_che
 from .daemon import Daemon
 from .harness import Plan
 from .hostport import HOSTPORT_KEYS, fig_hostport
+from .nodeburst import fig_node_burst
 from .overhead import fig_overhead
 from .plaininstall import compile_checkout
 from .plots import HINT, available, plot_all
@@ -50,6 +51,7 @@ FIGURES = (
     "coldstart",
     "scale",
     "runtime",
+    "nodeburst",
     "containerd",
     "containerd2",
     "cluster",
@@ -293,6 +295,7 @@ def _run_figures(ctx: RunContext, plan: Plan, args: argparse.Namespace, out: _Ou
         ("coldstart", lambda: [fig_coldstart(ctx, plan, keys, pool)]),
         ("scale", lambda: [f for f in fig_scale(ctx, plan, keys, pool) if f is not None]),
         ("runtime", lambda: fig_runtime(ctx, plan, keys, pool)),
+        ("nodeburst", lambda: fig_node_burst(ctx, plan, keys, pool)),
         ("containerd", lambda: fig_containerd(ctx, plan, pool)),
         ("containerd2", lambda: fig_containerd(ctx, plan, pool, peers=_containerd2())),
         ("cluster", lambda: fig_cluster(plan.quick, _say)),
@@ -328,6 +331,8 @@ def _meta(plan: Plan, started: str, duration: float, tag: str, cli_desc: str, ou
             "run tag": tag,
             "netplugin CLI": cli_desc,
             "sizes": f"per-pod {plan.pods} pods; burst {plan.burst} x {plan.burst_rounds} rounds; "
+                     f"node bursts {', '.join(map(str, plan.node_bursts))} x {plan.node_burst_rounds} rounds "
+                     "on 1 CPU and on all; "
                      f"drain {plan.drain} x {plan.drain_rounds} rounds; levels {', '.join(map(str, plan.levels))} "
                      f"with {plan.level_samples} setups each; cold start {plan.cold_runs} runs; "
                      f"overhead {plan.overhead_runs} runs",

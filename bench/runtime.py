@@ -13,8 +13,8 @@ process, start to exit. These rows time exactly that, interleaved in one run wit
   the daemon's locks, records and exec;
 * P: the bare interpreter, ``python -I -S -c pass``, on the same interpreter: H's floor.
 
-Each ADD and DEL is a fresh process, as libcni runs it. The burst is 20 ADD processes started back
-to back, as a node sees them at start, for A, F and G.
+Each ADD and DEL is a fresh process, as libcni runs it. Bursts of them (a node's pods at once) are
+:mod:`bench.nodeburst`'s.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from pathlib import Path
 from .contenders import LABELS
 from .context import Network, RunContext, bridge_plugin_dir, install_exec_plugin
 from .daemon import DaemonOwner, health_request
-from .harness import TRIVIAL_PLUGIN, Factory, Live, Plan, burst_rounds, open_contenders, per_pod_series, stat_row
+from .harness import TRIVIAL_PLUGIN, Factory, Live, Plan, open_contenders, per_pod_series, stat_row
 from .processes import Call, CniContender, CniDebianContender, ExecContender
 from .report import Figure
 from .util import BenchError, Pod, SubnetPool
 
-__all__ = ["RUNTIME_KEYS", "fig_runtime"]
+__all__ = ["RUNTIME_KEYS", "RUNTIME_LABELS", "ShimContender", "empty_plugin_dir", "fig_runtime"]
 
 RUNTIME_LABELS = {
     "A": LABELS["A"],
@@ -130,9 +130,9 @@ FACTORIES: dict[str, Factory] = {
     "A": CniContender,
     "O": CniDebianContender,
     "F": lambda net: ShimContender(net, "F", "bridge", bridge_plugin_dir(net)),
-    "G": lambda net: ShimContender(net, "G", "netplugin.io/bridge", _empty_dir(net)),
+    "G": lambda net: ShimContender(net, "G", "netplugin.io/bridge", empty_plugin_dir(net)),
     "Fpy": lambda net: ShimContender(net, "Fpy", "bridge", bridge_plugin_dir(net)),
-    "Gpy": lambda net: ShimContender(net, "Gpy", "netplugin.io/bridge", _empty_dir(net)),
+    "Gpy": lambda net: ShimContender(net, "Gpy", "netplugin.io/bridge", empty_plugin_dir(net)),
     "H": lambda net: CliThinContender(net, "H", "noop", _noop_dir(net)),
     "P": BareInterpreter,
 }
@@ -142,38 +142,34 @@ def _noop_dir(net: Network) -> Path:
     return install_exec_plugin(net.dir / "exec-noop", "noop", script=TRIVIAL_PLUGIN)
 
 
-def _empty_dir(net: Network) -> Path:
+def empty_plugin_dir(net: Network) -> Path:
     d = net.dir / "exec-empty"
     d.mkdir(mode=0o755, exist_ok=True)
     return d
 
 
 def fig_runtime(ctx: RunContext, plan: Plan, keys: Sequence[str], pool: SubnetPool) -> list[Figure]:
-    """Per-pod ADD and DEL as processes (A F G H P, interleaved), then bursts of ADDs (A F G)."""
+    """Per-pod ADD and DEL as processes (A F G H P, interleaved)."""
     keys = [k for k in RUNTIME_KEYS if k not in ("A", "O") or k in keys]
     n = plan.pods
-    bursts: dict[str, list[float]] = {k: [] for k in keys if k in ("A", "O", "F", "G", "Fpy", "Gpy")}
     live = Live(ctx, "runtime", keys)
     with open_contenders(ctx, "9", keys, pool, factories=FACTORIES) as cs:
-        ctx.progress(f"  runtime: 1 warm-up + {n} pods x {len(keys)} contenders, then bursts")
+        ctx.progress(f"  runtime: 1 warm-up + {n} pods x {len(keys)} contenders")
         # the first ADD creates the bridge and warms the page cache of each entry script: not reported
         _first, adds, dels = per_pod_series(live, cs, n)
         for k in ("F", "G", "Fpy", "Gpy"):
             c = cs.get(k)
             if isinstance(c, ShimContender):
                 live.call(k, c.check_served)
-        burst_rounds(live, cs, bursts, plan.burst, plan.burst_rounds)
-    return _figures(n, plan, keys, live, adds, dels, bursts)
+    return _figures(n, keys, live, adds, dels)
 
 
 def _figures(
     n: int,
-    plan: Plan,
     keys: Sequence[str],
     live: Live,
     adds: dict[str, list[float]],
     dels: dict[str, list[float]],
-    bursts: dict[str, list[float]],
 ) -> list[Figure]:
     fa = Figure("runtime-add", f"The runtime's view: ADD / setup as a process ({n} pods, daemon up)", "ms",
                 ["median", "p90"], ratio_column="median", samples=adds)
@@ -189,10 +185,4 @@ def _figures(
     fd = Figure("runtime-del", f"The runtime's view: DEL / teardown as a process ({n} pods, netns present)", "ms",
                 ["median", "p90"], ratio_column="median", samples=dels)
     fd.rows = [stat_row(live, k, RUNTIME_LABELS[k], dels[k], ["median", "p90"]) for k in keys]
-    fb = Figure("runtime-burst", f"The runtime's view: {plan.burst} ADD processes at once (makespan, "
-                f"{plan.burst_rounds} round(s))", "ms", ["median", "min", "max"], ratio_column="median",
-                samples=bursts, params={"burst": plan.burst})
-    fb.rows = [stat_row(live, k, RUNTIME_LABELS[k], bursts[k], ["median", "min", "max"]) for k in keys if k in bursts]
-    fb.notes = ["Every process started back to back (Popen), then all waited for; makespan from the first start "
-                "to the last exit. F and G: the daemon runs the 20 calls concurrently, one worker each."]
-    return [fa, fd, fb]
+    return [fa, fd]

@@ -19,13 +19,14 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from netplugin.core.netns import CLONE_NEWNET, setns
+from netplugin.core.netns import CLONE_NEWNET, entered, setns
 
 __all__ = [
     "BENCH_BLOCK",
@@ -42,6 +43,7 @@ __all__ = [
     "links_with_prefix",
     "ms",
     "netns_with_prefix",
+    "node_namespaces",
     "rotate",
     "wait_until",
 ]
@@ -268,3 +270,19 @@ class NetnsFactory:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+@contextmanager
+def node_namespaces(names: list[str]) -> Iterator[None]:
+    """A node netns per name (lo up), each removed with all left in it at the end, also on errors."""
+    made: list[str] = []
+    try:
+        for name in names:
+            subprocess.run(["ip", "netns", "add", name], check=True)
+            made.append(name)
+            with entered(f"{NETNS_DIR}/{name}"):
+                subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        yield
+    finally:
+        for name in made:
+            subprocess.run(["ip", "netns", "del", name], check=False)

@@ -67,14 +67,42 @@ def _target(fig: Figure, tid: str) -> tuple[str, bool | None]:
 @pytest.mark.parametrize(
     ("g", "measured", "met"),
     [
-        (71.6, "0.80x", True),  # 0.8018x unrounded: printed 0.80x, the limit is ≤ 0.8x
-        (71.4, "0.80x", True),
-        (72.0, "0.81x", False),
+        (53.6, "0.60x", True),  # 0.6002x unrounded: printed 0.60x, the limit is ≤ 0.6x
+        (53.4, "0.60x", True),
+        (54.5, "0.61x", False),
     ],
 )
 def test_a_ratio_printed_equal_to_its_limit_is_met(g: float, measured: str, met: bool) -> None:
-    fig = make_figure("runtime-burst", {"A": {"median": 89.3}, "G": {"median": g}}, ratio_column="median")
-    assert _target(fig, "shim-burst-G") == (measured, met)
+    fig = make_figure("node-burst-20", {"A": {"median": 89.3}, "G": {"median": g}}, ratio_column="median")
+    assert _target(fig, "node-burst-20-G") == (measured, met)
+
+
+@pytest.mark.parametrize(
+    ("fid", "values", "tid", "measured", "met"),
+    [
+        # the burst against the kernel floor: the figure's "/ K" column is the ratio
+        ("node-burst-110", {"A": {"median": 900.0, "/ K": 3.0}, "G": {"median": 450.0, "/ K": 1.5},
+                            "K": {"median": 300.0, "/ K": 1.0}}, "node-burst-110-G-floor", "1.50x", True),
+        ("node-burst-110", {"A": {"median": 900.0, "/ K": 3.0}, "G": {"median": 460.0, "/ K": 1.53},
+                            "K": {"median": 300.0, "/ K": 1.0}}, "node-burst-110-G-floor", "1.53x", False),
+        # F against the bash plugin run directly in the same burst
+        ("node-burst-20", {"A": {"median": 100.0}, "F": {"median": 110.0}, "X": {"median": 100.0}},
+         "node-burst-20-F", "1.10x", True),
+        ("node-burst-20", {"A": {"median": 100.0}, "F": {"median": 120.0}, "X": {"median": 100.0}},
+         "node-burst-20-F", "1.20x", False),
+        # from 1 CPU to 2, netplugin must speed up at least as much as A: a lower limit
+        ("node-burst-cores", {"A-110": {"speedup": 1.40}, "G-110": {"speedup": 1.40}}, "node-burst-cores-G",
+         "1.40x", True),
+        ("node-burst-cores", {"A-110": {"speedup": 1.40}, "G-110": {"speedup": 1.10}}, "node-burst-cores-G",
+         "1.10x", False),
+        ("node-burst-cores", {"A-110": {"speedup": 1.40}}, "node-burst-cores-G", "not measured", None),
+    ],
+)
+def test_node_burst_targets(
+    fid: str, values: dict[str, dict[str, float | None]], tid: str, measured: str, met: bool | None
+) -> None:
+    ratio = "median" if fid != "node-burst-cores" else None
+    assert _target(make_figure(fid, values, ratio_column=ratio), tid) == (measured, met)
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,8 @@ SECTIONS = [
     "### The runtime's view: DEL / teardown as a process",
     "### containerd RunPodSandbox",
     "### The runtime's view:",
+    "### Node burst: 3 ADD processes at once",
+    "### Node burst: 1 CPU against",
 ]
 
 
@@ -87,7 +89,8 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
 
     # Every target is stated as met, missed or not measured; none is silently dropped.
     targets = _table(md, "## Targets")
-    assert len(targets) == 22  # issue 18 added: shim DEL, containerd, D's growth against E's; issue 29: hostPort chain
+    # issue 18 added: shim DEL, containerd, D's growth against E's; issue 29: hostPort chain; issue 38: node bursts
+    assert len(targets) == 26
     assert all(t[3] in ("**met**", "**MISSED**", "not measured") for t in targets)
 
     # Each available contender has a per-pod setup and teardown row whose numbers parse and are positive.
@@ -111,9 +114,11 @@ def test_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
     for fid in ("runtime-add", "runtime-del"):
         want = dict.fromkeys(("A", "O", "F", "G", "Fpy", "Gpy", "H", "P"), 3)
         assert {k: len(v) for k, v in by_id[fid]["samples"].items()} == want, fid
-    assert {k: len(v) for k, v in by_id["runtime-burst"]["samples"].items()} == dict.fromkeys(
-        ("A", "O", "F", "G", "Fpy", "Gpy"), 1
+    # A node's pods at once: every contender and the kernel floor measured, on 1 CPU and on all.
+    assert {k: len(v) for k, v in by_id["node-burst-3"]["samples"].items()} == dict.fromkeys(
+        ("A", "F", "G", "X", "K", "K-seq"), 1
     )
+    assert all(r["values"]["speedup"] for r in by_id["node-burst-cores"]["rows"])
     # The containerd figure: every row measured, netplugin's calls served by its daemon.
     assert {k: len(v) for k, v in by_id["containerd-run"]["samples"].items()} == dict.fromkeys(("A", "N", "HOST"), 4)
     measured = {t[0]: t[3] for t in targets}

@@ -71,7 +71,17 @@ from netplugin.core.nlwire import (
     u32_attr,
 )
 
-__all__ = ["IFF_UP", "KernelError", "RawNetlink", "drop_root_netlink", "netns_netlink", "root_netlink"]
+__all__ = [
+    "IFF_UP",
+    "KernelError",
+    "RawNetlink",
+    "Step",
+    "drop_root_netlink",
+    "netns_netlink",
+    "pod_steps",
+    "root_netlink",
+    "veth_steps",
+]
 
 #: Requests per sendmsg: keeps the kernel's replies well inside the socket's receive buffer.
 _CHUNK = 128
@@ -104,6 +114,48 @@ def _address_and_route(
         ),
     )
     return address, route
+
+
+Step = tuple[str, tuple[int, int, bytes]]
+
+
+def veth_steps(name: str, peer: str, netns_fd: int, mtu: int, master: int, *, peer_index: int = 0) -> list[Step]:
+    """The requests of :meth:`RawNetlink.add_veth`, each with what it does (a caller may pipeline
+    several pods' in one sendmsg: the kernel floor of the benchmark does). ``peer_index``: the
+    ifindex the peer gets in its namespace (0: the kernel's choice)."""
+    peer_msg = (
+        ifinfo(peer_index) + str_attr(IFLA_IFNAME, peer) + u32_attr(IFLA_NET_NS_FD, netns_fd) + u32_attr(IFLA_MTU, mtu)
+    )
+    linkinfo = str_attr(IFLA_INFO_KIND, "veth") + attr(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer_msg))
+    create = (
+        ifinfo()
+        + str_attr(IFLA_IFNAME, name)
+        + u32_attr(IFLA_MTU, mtu)
+        + u32_attr(IFLA_MASTER, master)
+        + attr(IFLA_LINKINFO, linkinfo)
+    )
+    by_name = ifinfo() + str_attr(IFLA_IFNAME, name)
+    return [
+        (f"add veth {name}", (RTM_NEWLINK, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, create)),
+        (f"set addr_gen_mode none on {name}", (RTM_NEWLINK, NLM_F_ACK, by_name + NO_LINK_LOCAL)),
+        (f"set hairpin on {name}", (RTM_NEWLINK, NLM_F_ACK, by_name + attr(IFLA_LINKINFO, HAIRPIN))),
+        (f"set {name} up", (RTM_NEWLINK, NLM_F_ACK, ifinfo(0, IFF_UP, IFF_UP) + str_attr(IFLA_IFNAME, name))),
+    ]
+
+
+def pod_steps(index: int, addrs: Sequence[tuple[str, int, str]], *, link_local: bool) -> list[Step]:
+    """The requests of :meth:`RawNetlink.configure_pod`, in its order: lo up, the addresses, (without
+    ``link_local``) ``addr_gen_mode none``, link up, then one default route per address, last."""
+    steps: list[Step] = [("set lo up", (RTM_NEWLINK, NLM_F_ACK, ifinfo(1, IFF_UP, IFF_UP)))]  # lo is ifindex 1
+    routes: list[Step] = []
+    for ip, prefixlen, gateway in addrs:
+        address, route = _address_and_route(index, ip, prefixlen, gateway)
+        steps.append(address)
+        routes.append(route)
+    if not link_local:
+        steps.append(("set addr_gen_mode none", (RTM_NEWLINK, NLM_F_ACK, ifinfo(index) + NO_LINK_LOCAL)))
+    steps.append(("set link up", (RTM_NEWLINK, NLM_F_ACK, ifinfo(index, IFF_UP, IFF_UP))))
+    return steps + routes
 
 
 class KernelError(OSError):
@@ -241,24 +293,8 @@ class RawNetlink:
         present. Hairpin is set before the port is up, so no frame passes before it. When a step after
         the creation fails, NAME is deleted again before KernelError says which step failed.
         """
-        peer_msg = (
-            ifinfo() + str_attr(IFLA_IFNAME, peer) + u32_attr(IFLA_NET_NS_FD, netns_fd) + u32_attr(IFLA_MTU, mtu)
-        )
-        linkinfo = str_attr(IFLA_INFO_KIND, "veth") + attr(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer_msg))
-        create = (
-            ifinfo()
-            + str_attr(IFLA_IFNAME, name)
-            + u32_attr(IFLA_MTU, mtu)
-            + u32_attr(IFLA_MASTER, master)
-            + attr(IFLA_LINKINFO, linkinfo)
-        )
+        steps = veth_steps(name, peer, netns_fd, mtu, master)
         by_name = ifinfo() + str_attr(IFLA_IFNAME, name)
-        steps = [
-            (f"add veth {name}", (RTM_NEWLINK, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, create)),
-            (f"set addr_gen_mode none on {name}", (RTM_NEWLINK, NLM_F_ACK, by_name + NO_LINK_LOCAL)),
-            (f"set hairpin on {name}", (RTM_NEWLINK, NLM_F_ACK, by_name + attr(IFLA_LINKINFO, HAIRPIN))),
-            (f"set {name} up", (RTM_NEWLINK, NLM_F_ACK, ifinfo(0, IFF_UP, IFF_UP) + str_attr(IFLA_IFNAME, name))),
-        ]
         results = self.transact([r for _, r in steps])
         for n, ((what, _), (err, _answer)) in enumerate(zip(steps, results, strict=True)):
             if n == 1 and err == errno.EAFNOSUPPORT:
@@ -295,20 +331,8 @@ class RawNetlink:
         duplicate address detection, router solicitations), which a bridge without a multicast
         querier floods to every port. Tolerated where IPv6 is off (EAFNOSUPPORT: nothing to stop).
         """
-        steps: list[tuple[str, tuple[int, int, bytes]]] = [
-            ("set lo up", (RTM_NEWLINK, NLM_F_ACK, ifinfo(1, IFF_UP, IFF_UP))),  # lo is ifindex 1
-        ]
-        routes: list[tuple[str, tuple[int, int, bytes]]] = []
-        for ip, prefixlen, gateway in addrs:
-            address, route = _address_and_route(index, ip, prefixlen, gateway)
-            steps.append(address)
-            routes.append(route)
-        no_ll = -1
-        if not link_local:
-            no_ll = len(steps)
-            steps.append(("set addr_gen_mode none", (RTM_NEWLINK, NLM_F_ACK, ifinfo(index) + NO_LINK_LOCAL)))
-        steps.append(("set link up", (RTM_NEWLINK, NLM_F_ACK, ifinfo(index, IFF_UP, IFF_UP))))
-        steps.extend(routes)
+        steps = pod_steps(index, addrs, link_local=link_local)
+        no_ll = -1 if link_local else len(steps) - len(addrs) - 2
         gateways = {len(steps) - len(addrs) + i: gw for i, (_ip, _plen, gw) in enumerate(addrs)}
         for n, ((what, _), (err, _answer)) in enumerate(zip(steps, self.transact([r for _, r in steps]), strict=True)):
             if n == no_ll and err == errno.EAFNOSUPPORT:
