@@ -6,8 +6,9 @@ the manager, the built-in plugins and the tests share one definition.
 
 The action mask
     ``init`` may print one JSON object on stdout, ``{"actions": ["setup", "teardown"]}``: the pod
-    actions the plugin handles. A member that leaves an action out is never called for it. Empty
-    output (every plugin written before chains) means all of them. ``setup`` without
+    actions the plugin handles, and the opt-in ones (``repair``, ``node``). A member that leaves an
+    action out is never called for it. Empty output (every plugin written before chains) means all
+    pod actions and no opt-in one. ``setup`` without
     ``teardown`` is refused: rollback and gc must be able to undo what setup did.
     The list may also name what the member takes beyond its actions (:data:`DECLARATIONS`):
     ``"hostports"``, it maps the pod's ``NETPLUGIN_HOST_PORTS`` (a hostport member). A pod with
@@ -53,7 +54,7 @@ __all__ = [
     "ENV_PREV_IPS",
     "ENV_PREV_RESULT",
     "MASK_NAMES",
-    "OPT_IN_POD_ACTIONS",
+    "OPT_IN_ACTIONS",
     "MemberResult",
     "PrevResult",
     "parse_actions",
@@ -70,14 +71,15 @@ CHAIN_ENV = (ENV_CHAIN, ENV_CHAIN_INDEX, ENV_PREV_RESULT, ENV_PREV_IPS, ENV_PREV
 
 #: the pod actions a mask may name (``init`` always runs: it is where the mask is declared)
 ALL_POD_ACTIONS = frozenset({"setup", "teardown", "status"})
-#: pod actions a member handles only when its mask names them (plugins written before them never declare them)
-OPT_IN_POD_ACTIONS = frozenset({"repair"})
+#: actions a member handles only when its mask names them (plugins written before them never declare them):
+#: ``repair`` (a pod's) and ``node`` (the member's node-level state, no pod)
+OPT_IN_ACTIONS = frozenset({"repair", "node"})
 #: the mask's word for "this member maps the pod's hostPorts (NETPLUGIN_HOST_PORTS)"
 DECLARES_HOST_PORTS = "hostports"
 #: what a mask may declare besides actions: what the member takes (never an action it is called for)
 DECLARATIONS = frozenset({DECLARES_HOST_PORTS})
 #: every word a mask may hold
-MASK_NAMES = ALL_POD_ACTIONS | OPT_IN_POD_ACTIONS | DECLARATIONS
+MASK_NAMES = ALL_POD_ACTIONS | OPT_IN_ACTIONS | DECLARATIONS
 _IFNAME = re.compile(r"[^\s/:]{1,15}\Z")
 
 

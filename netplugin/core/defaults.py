@@ -46,7 +46,7 @@ ACTIONS = ("init", "setup", "teardown", "status")
 #: the time limit of each plugin action, in seconds
 DEFAULT_TIMEOUTS = {"init": 10.0, "setup": 30.0, "teardown": 30.0, "status": 10.0}
 #: actions without a limit of their own run under another's (each member under its own: see core.plugin)
-LIMIT_OF = {"repair": "setup"}
+LIMIT_OF = {"repair": "setup", "node": "init"}
 #: connecting to a live unix socket is immediate; this bounds a daemon whose backlog is full
 CONNECT_TIMEOUT = 2.0
 #: seconds between SIGTERM and SIGKILL for a plugin past its limit

@@ -25,6 +25,7 @@ Actions and argv (exactly)
     ``NAME teardown <namespace> <pod-name> <infra-container-id>``
     ``NAME status   <namespace> <pod-name> <infra-container-id>``
     ``NAME repair   <namespace> <pod-name> <infra-container-id>`` (only when ``init`` declares it)
+    ``NAME node`` (only when ``init`` declares it)
 
     ``init`` runs once before the first other action, per boot and per version
     (content) of the executable, never twice concurrently. A failed ``setup`` is
@@ -142,6 +143,22 @@ Repair (opt-in: a member is called only when its ``init`` mask names ``"repair"`
     live pod is not a repair, as it may re-address the pod or cut its connections, and the
     kubelet would not know.
 
+Node state (opt-in: a member is called only when its ``init`` mask names ``"node"``)
+    State a member keeps on the node for all its pods at once (the hostport member's nftables
+    table, its base chains and the route_localnet guard) is not one pod's to repair. A member
+    that keeps such state declares ``node`` and is called ``NAME node`` (no pod arguments; the
+    environment of ``init``, under ``init``'s time limit): by the daemon at its start, whenever
+    the kernel reports a change where such state lives (an nftables change) and at each of its
+    periodic passes, and by every ``gc`` run. It must make the state what must exist for the
+    member being configured, whether or not a pod holds anything: create what is missing (the
+    table even with no pod record), put back each recorded pod's part that the kernel lost, and
+    remove what no record of its own accounts for (rules of a pod it tore down); change nothing
+    that is right, and serialise itself with its own ``setup`` and ``teardown`` (they run
+    concurrently: one lock the three take), so that it never resurrects what a teardown just
+    removed. It prints one ``KIND: what`` line per thing put back or removed, as ``repair``
+    does (nothing when all was right); exit 0 is success. Its ``setup`` must not depend on it:
+    a setup that finds the state gone creates it.
+
 Chains (config ``plugins: [a, b, c]``; ``plugin: a`` is a chain of one)
     Every member is selected and validated up front (one bad member invalidates the chain, and
     the error names every bad one) and gets its own ``init`` (once per boot and version).
@@ -215,6 +232,7 @@ class Action(enum.Enum):
     TEARDOWN = "teardown"
     STATUS = "status"
     REPAIR = "repair"
+    NODE = "node"
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +309,10 @@ class Plugin(Protocol):
 
     def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
         """Put back what it made for the pod and the kernel lost; one ``KIND: what`` line per thing."""
+        ...
+
+    def node(self, ctx: CallContext) -> tuple[str, ...]:
+        """Make its node-level state (no one pod's) what must exist; one ``KIND: what`` line per change."""
         ...
 
 

@@ -303,7 +303,7 @@ class _Absent:
             self.name, f"is no longer usable ({self.reason}); the pod's record is kept until its teardown can run"
         )
 
-    init = setup = teardown = status = repair = _never
+    init = setup = teardown = status = repair = node = _never
 
 
 def absent_member(name: str, reason: str = "not installed", *, ran: bool = False) -> Member:

@@ -12,7 +12,10 @@
   static host without its pod directory) are not asked;
 * plugin processes whose netplugin died (they run in their own session, so they survive it)
   are allowed to finish, up to their action's time limit, then killed;
-* corrupt record files are set aside in ``pods/corrupt/``; temp files of dead writers removed.
+* corrupt record files are set aside in ``pods/corrupt/``; temp files of dead writers removed;
+* each configured member's node-level state is made what its records say, both ways (the
+  contract's ``node`` action: a hostPort rule in the kernel with no record is removed, a recorded
+  one the kernel lost is put back).
 
 Teardown is best effort and idempotent: a teardown that fails keeps the record (gc retries it
 next time) and makes gc's exit status non-zero. Every pod is handled under its pod lock, so gc
@@ -122,7 +125,7 @@ def _reason(rec: PodRecord, host: Host | None, notes: list[str]) -> str | None:
 class GcAction:
     """One thing gc did (or, in a dry run, would do)."""
 
-    kind: str  # "teardown" | "set-aside" | "settle" | "remove-temp" | "skip" | "forget-hostports"
+    kind: str  # "teardown" | "set-aside" | "settle" | "remove-temp" | "skip" | "forget-hostports" | "node-state"
     target: str
     reason: str
     outcome: str  # "done" | "planned" | "failed" | "skipped"
@@ -169,6 +172,11 @@ class GcAction:
             return f"{verb} {self.target}: {self.reason}"
         if self.outcome == "failed":
             return f"FAILED: {self.target}: {self.reason}: {self.error}"
+        if self.kind == "node-state":
+            return f"{self.target}'s node state: {self.reason}"
+        if self.kind == "forget-hostports":
+            verb = "would remove" if planned else "removed"
+            return f"{verb} the hostPort rules of {self.target}: {self.reason}"
         return f"skipped {self.target}: {self.reason}"
 
 
@@ -356,6 +364,8 @@ def run_gc(
         _teardown(manager, store, rec, host, plugins, report, progress)
 
     _hostport_leaks(manager, store, report, dry_run)
+    if not dry_run:
+        _node_state(manager, report)
     _settle_orphans(manager, store, handled, report, dry_run)
     return report
 
@@ -406,6 +416,23 @@ def _settle_orphans(manager: Manager, store: StateStore, handled: set[PodRef], r
             if procs:
                 got = settle(procs, timeout_for=manager.config.timeout_for, kill_grace=manager.config.kill_grace)
                 report.actions.append(GcAction("settle", _describe(ref), why, "done", pod=ref, pids=got))
+
+
+def _node_state(manager: Manager, report: GcReport) -> None:
+    """The members' node-level state compared with their records both ways, and made equal."""
+    from netplugin.manager.repair import keep_node
+
+    try:  # an init gc would run is a pod action's to run (and retry), not gc's
+        ready = manager.init_done()
+    except (NetpluginError, OSError):
+        ready = False
+    kept = keep_node(manager, init=ready)
+    if kept.init_error is not None:
+        report.notes.append(f"node state: the chain's init failed ({kept.init_error})")
+    for member, line in kept.changes:
+        report.actions.append(GcAction("node-state", member, line, "done"))
+    for err in kept.errors:
+        report.actions.append(GcAction("node-state", "chain", "node action", "failed", error=err))
 
 
 def _hostport_leaks(manager: Manager, store: StateStore, report: GcReport, dry_run: bool) -> None:

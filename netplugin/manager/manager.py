@@ -276,6 +276,10 @@ class Manager:
             node=node,
         )
 
+    def node_context(self, node: NodeInfo) -> CallContext:
+        """The context of a member's ``node`` action (no pod: :func:`netplugin.manager.repair.keep_node`)."""
+        return self._context(Action.NODE, None, node=node)
+
     def recorded_run(
         self,
         rec: PodRecord,

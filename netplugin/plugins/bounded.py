@@ -131,3 +131,6 @@ class BoundedPlugin:
 
     def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
         return self._run("repair", pod, ctx, lambda: self.inner.repair(pod, ctx))
+
+    def node(self, ctx: CallContext) -> tuple[str, ...]:
+        return self._run("node", None, ctx, lambda: self.inner.node(ctx))

@@ -7,8 +7,14 @@ interchangeable on a node and either can follow either bridge in a chain. What t
 * ``init`` rebuilds the whole table from the pod records in one nft transaction (``table``;
   ``delete table``; the table with every recorded pod's chain and map elements): after a reboot,
   a ``nft flush ruleset`` or a firewall reload, the daemon's start brings every hostPort back.
-  :func:`rebuild_script` is what :meth:`HostPortPlugin.init` runs, and what the uninstall and
-  self-repair can call (:func:`remove_table` takes it away).
+  :func:`rebuild_script` is what :meth:`HostPortPlugin.init` runs (:func:`remove_table` takes it away).
+* the contract's ``node`` action (:func:`keep_table`) makes the table what the records say, both
+  ways: the table, its base chains and the route_localnet guard always (no pod record needed: the
+  guard must be there while any bridge has route_localnet on), each recorded pod's chain and
+  ports, and no chain or port without a record; a setup that finds the table gone makes it.
+* setup, teardown and the rebuilds take one lock (``.lock`` among the records), so a rebuild
+  never reads records a teardown is removing (no DNAT of a torn-down pod comes back) and never
+  drops the rules of a setup that has not written its record yet.
 * with ``NETPLUGIN_HOSTPORT_LOCALHOST=true``, ``init`` also turns ``route_localnet`` back on for
   the recorded pods' bridges (a bridge made again after a reboot starts with it off).
 * no bash: one ``nft`` process a setup or teardown.
@@ -19,11 +25,15 @@ the pod's keys (``tcp.8080 udp.53``), then the pod's ``add rule`` lines (its DNA
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 from netplugin.core.chaining import DECLARES_HOST_PORTS
 from netplugin.core.defaults import DEFAULT_STATE_DIR
@@ -48,6 +58,7 @@ __all__ = [
     "base_script",
     "chain_name",
     "forget",
+    "keep_table",
     "pod_script",
     "rebuild_script",
     "recorded_ipv4",
@@ -61,6 +72,9 @@ TABLE = HOSTPORT_TABLE
 HAIRPIN_MARK = "0x2000"
 _DNAT4 = re.compile(r" dnat ip to (\d+\.\d+\.\d+\.\d+):\d+$")
 _ELEMENT = re.compile(r"(tcp|udp|sctp) \. (\d+) : jump (pod_[0-9a-f]+)")
+_POD_CHAIN = re.compile(r"pod_[0-9a-f]{12}")
+#: the lock setup, teardown and the rebuilds take (a file among the records; the bash plugin takes it too)
+LOCK_NAME = ".lock"
 _BASE = f"""add table {TABLE}
 add map {TABLE} ports {{ type inet_proto . inet_service : verdict; }}
 add chain {TABLE} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}
@@ -147,24 +161,43 @@ def _read_record(path: str) -> tuple[str, list[str], list[str]] | None:
 def rebuild_script(records_dir: str, localhost: bool = LOCALHOST_DEFAULT) -> str:
     """The whole table from the records: ``table``; ``delete table``; base; every recorded pod."""
     lines = [f"table {TABLE}", f"delete table {TABLE}", base_script(localhost).rstrip("\n")]
-    names = sorted(os.listdir(records_dir)) if os.path.isdir(records_dir) else []
-    for chain in (n for n in names if re.fullmatch(r"pod_[0-9a-f]{12}", n)):
-        record = _read_record(os.path.join(records_dir, chain))
-        if record is None:
-            continue
-        _, keys, rules = record
+    for chain, (_, keys, rules) in _records(records_dir).items():
         lines += [f"add chain {TABLE} {chain}", *rules]
         lines += [f"add element {TABLE} ports {{ {_element(k)} : jump {chain} }}" for k in keys]
     return "\n".join(lines) + "\n"
 
 
+def _records(records_dir: str) -> dict[str, tuple[str, list[str], list[str]]]:
+    """Chain -> (holder, keys, rules) of every record there is now (one removed while listed is skipped)."""
+    names = sorted(os.listdir(records_dir)) if os.path.isdir(records_dir) else []
+    out = {}
+    for chain in (n for n in names if _POD_CHAIN.fullmatch(n)):
+        record = _read_record(os.path.join(records_dir, chain))
+        if record is not None:
+            out[chain] = record
+    return out
+
+
+@contextmanager
+def table_lock(records_dir: str) -> Iterator[None]:
+    """Serialise the table's writers (setup, teardown, rebuilds) across threads and processes."""
+    os.makedirs(records_dir, exist_ok=True)
+    try:
+        fd = os.open(os.path.join(records_dir, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise NetpluginError(f"cannot open the hostPort lock in {records_dir}: {e.strerror}") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def recorded_ipv4(records_dir: str) -> list[str]:
     """The IPv4 addresses the recorded pods' rules DNAT to (init turns route_localnet back on for them)."""
-    names = sorted(os.listdir(records_dir)) if os.path.isdir(records_dir) else []
     out: set[str] = set()
-    for chain in (n for n in names if re.fullmatch(r"pod_[0-9a-f]{12}", n)):
-        record = _read_record(os.path.join(records_dir, chain))
-        out.update(m.group(1) for r in (record[2] if record else []) if (m := _DNAT4.search(r)))
+    for _, _, rules in _records(records_dir).values():
+        out.update(m.group(1) for r in rules if (m := _DNAT4.search(r)))
     return sorted(out)
 
 
@@ -172,9 +205,12 @@ def recorded_pods(records_dir: str) -> dict[str, tuple[str, str]]:
     """Chain -> (``namespace/name``, infra id) of every pod record (gc's view of who holds rules)."""
     out = {}
     names = sorted(os.listdir(records_dir)) if os.path.isdir(records_dir) else []
-    for chain in (n for n in names if re.fullmatch(r"pod_[0-9a-f]{12}", n)):
-        with open(os.path.join(records_dir, chain), encoding="utf-8", errors="replace") as f:
-            words = f.readline().split()
+    for chain in (n for n in names if _POD_CHAIN.fullmatch(n)):
+        try:
+            with open(os.path.join(records_dir, chain), encoding="utf-8", errors="replace") as f:
+                words = f.readline().split()
+        except FileNotFoundError:
+            continue  # torn down while listed
         if len(words) == 2:
             out[chain] = (words[0], words[1])
     return out
@@ -182,6 +218,11 @@ def recorded_pods(records_dir: str) -> dict[str, tuple[str, str]]:
 
 def forget(records_dir: str, chain: str, nft: str = "nft") -> None:
     """Remove a pod's map elements, chain and record by its chain name; idempotent. Raises NetpluginError."""
+    with table_lock(records_dir):
+        _forget(records_dir, chain, nft)
+
+
+def _forget(records_dir: str, chain: str, nft: str) -> None:
     held = _ports_held(nft)
     if held is not None:  # else no table: nothing of the pod's can be left in it
         # the elements pointing at its chain, whatever the record says (it may be gone or stale)
@@ -196,15 +237,92 @@ def forget(records_dir: str, chain: str, nft: str = "nft") -> None:
 
 
 def restore_table(records_dir: str, nft: str = "nft", localhost: bool = LOCALHOST_DEFAULT) -> str | None:
-    """Rebuild the table from the records when it is gone and a pod holds hostPorts (after ``nft flush
-    ruleset``): what was done, or None when nothing was missing. Raises NetpluginError."""
-    pods = recorded_pods(records_dir)
-    if not pods or _ports_held(nft) is not None:
-        return None
-    err = _nft(nft, rebuild_script(records_dir, localhost))
+    """Rebuild the table from the records when it is gone (after ``nft flush ruleset``), whether or
+    not a pod holds hostPorts: what was done, or None when it is there. Raises NetpluginError."""
+    with table_lock(records_dir):
+        if _ports_held(nft) is not None:
+            return None
+        return _rebuild(records_dir, nft, localhost)
+
+
+def _rebuild(records_dir: str, nft: str, localhost: bool) -> str:
+    """The table replaced by the records' in one transaction (the caller holds the lock)."""
+    script = rebuild_script(records_dir, localhost)
+    err = _nft(nft, script)
     if err:
         raise NetpluginError(f"cannot rebuild nftables table {TABLE}: {err}")
-    return f"nftables table {TABLE} rebuilt from {len(pods)} pod record(s)"
+    pods = script.count(f"\nadd chain {TABLE} pod_")
+    return f"nftables table {TABLE} rebuilt from {pods} pod record(s)"
+
+
+def _base_rules(localhost: bool) -> dict[str, int]:
+    """How many rules each base chain holds (what :func:`base_script` writes)."""
+    counts: dict[str, int] = {}
+    for line in base_script(localhost).splitlines():
+        if line.startswith(f"add rule {TABLE} "):
+            chain = line.split()[4]
+            counts[chain] = counts.get(chain, 0) + 1
+    return counts
+
+
+def _kernel_table(nft: str) -> tuple[dict[str, int], dict[str, str]] | None:
+    """(chain -> rule count, map key -> the chain it jumps to) of the table in the kernel; None: no table."""
+    try:
+        out = subprocess.run([nft, "-j", "list", "table", *TABLE.split()], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NetpluginError(f"cannot run {nft}: {e}") from e
+    if out.returncode != 0:
+        return None
+    try:
+        items: list[dict[str, Any]] = json.loads(out.stdout)["nftables"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise NetpluginError(f"cannot read nftables table {TABLE}: {e}") from e
+    chains: dict[str, int] = {}
+    ports: dict[str, str] = {}
+    for item in items:
+        if "chain" in item:
+            chains.setdefault(item["chain"]["name"], 0)
+        elif "rule" in item:
+            chains[item["rule"]["chain"]] = chains.get(item["rule"]["chain"], 0) + 1
+        elif "map" in item and item["map"].get("name") == "ports":
+            for key, verdict in item["map"].get("elem", []):
+                proto, port = key["concat"]
+                ports[f"{proto}.{port}"] = verdict.get("jump", {}).get("target", "")
+    return chains, ports
+
+
+def keep_table(records_dir: str, nft: str = "nft", localhost: bool = LOCALHOST_DEFAULT) -> list[str]:
+    """The contract's ``node`` action: the table made what must exist, both ways, under the lock.
+
+    What must exist: the base chains with their rules (the guard among them) and, for each record,
+    its chain with its rules and its ports. A table that differs in any of these (gone, a chain
+    flushed, a pod's chain or port missing, a chain or port no record accounts for) is replaced by
+    the records' in one transaction. Returns one ``hostport: what`` line per difference found (none
+    when it was right). Raises NetpluginError."""
+    with table_lock(records_dir):
+        kernel = _kernel_table(nft)
+        records = _records(records_dir)
+        if kernel is None:
+            return [f"hostport: {_rebuild(records_dir, nft, localhost)} (it was gone)"]
+        chains, ports = kernel
+        want = {**_base_rules(localhost), **{c: len(r) for c, (_, _, r) in records.items()}}
+        want_ports = {k: c for c, (_, keys, _) in records.items() for k in keys}
+        found = []
+        for chain in sorted(set(chains) - set(want)):
+            holders = ", ".join(sorted(k for k, c in ports.items() if c == chain)) or "no port"
+            found.append(f"chain {chain} with no record ({holders}) removed")
+        for chain in sorted(set(want) - set(chains)):
+            holder = records[chain][0] if chain in records else "the table"
+            found.append(f"chain {chain} of {holder} re-added")
+        for chain in sorted(c for c in set(want) & set(chains) if want[c] != chains[c]):
+            found.append(f"chain {chain}: {chains[chain]} rule(s) where {want[chain]} belong, rewritten")
+        for key in sorted(set(ports) | set(want_ports)):
+            if ports.get(key) != want_ports.get(key) and ports.get(key) not in set(chains) - set(want):
+                found.append(f"port {key}: {ports.get(key) or 'missing'}, {want_ports.get(key) or 'no record'} wanted")
+        if not found:
+            return []
+        _rebuild(records_dir, nft, localhost)
+        return [f"hostport: {what}" for what in found]
 
 
 def remove_table(nft: str = "nft") -> None:
@@ -302,21 +420,29 @@ class HostPortPlugin:
         """The table rebuilt from the records (every recorded pod's hostPorts back); the action mask."""
         try:
             localhost = localhost_enabled(ctx.env)
+            with table_lock(self._records(ctx)):
+                _rebuild(self._records(ctx), self.nft, localhost)
+            if localhost:  # a bridge made again (a reboot) starts with route_localnet off
+                _route_localnet(self.ip, recorded_ipv4(self._records(ctx)), strict=False)
         except NetpluginError as e:
             raise self._fail("init", e.message) from None
-        err = _nft(self.nft, rebuild_script(self._records(ctx), localhost))
-        if err:
-            raise self._fail("init", f"cannot rebuild nftables table {TABLE}: {err}")
-        if localhost:  # a bridge made again (a reboot) starts with route_localnet off
-            try:
+        return frozenset({"setup", "teardown", "repair", "node", DECLARES_HOST_PORTS})
+
+    def node(self, ctx: CallContext) -> tuple[str, ...]:
+        """The table made what the records say, both ways (:func:`keep_table`)."""
+        try:
+            localhost = localhost_enabled(ctx.env)
+            done = keep_table(self._records(ctx), self.nft, localhost)
+            if localhost:  # a bridge made again starts with route_localnet off
                 _route_localnet(self.ip, recorded_ipv4(self._records(ctx)), strict=False)
-            except NetpluginError as e:
-                raise self._fail("init", e.message) from None
-        return frozenset({"setup", "teardown", "repair", DECLARES_HOST_PORTS})
+        except NetpluginError as e:
+            raise self._fail("node", e.message) from None
+        return tuple(done)
 
     def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
         try:
             maps = parse_env(ctx.env.get(ENV_HOST_PORTS, ""))
+            localhost = localhost_enabled(ctx.env)
         except NetpluginError as e:
             raise self._fail("setup", e.message) from None
         if not maps:
@@ -333,11 +459,25 @@ class HostPortPlugin:
         keys = list(dict.fromkeys(_key(m) for m in maps))
         rules = pod_rules(chain, maps, ips)
         try:  # first, so that a refusal applies nothing
-            if localhost_enabled(ctx.env):
+            if localhost:
                 _route_localnet(self.ip, [ip for ip in ips if ":" not in ip])
+            with table_lock(records):
+                self._apply(pod, chain, keys, rules, records, localhost)
         except NetpluginError as e:
             raise self._fail("setup", e.message) from None
+        try:
+            _flush_udp((k.split(".")[1] for k in keys if k.startswith("udp.")), ctx.env.get("PATH"))
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise self._fail("setup", f"cannot flush the UDP conntrack entries: {e}") from None
+        return None
+
+    def _apply(self, pod: PodRef, chain: str, keys: list[str], rules: list[str], records: str, localhost: bool) -> None:
+        """The pod's chain and ports, then its record (under the table lock). A table that is gone
+        (a flush) is made first from the records, guard and all: a setup never waits for the daemon."""
         err = _nft(self.nft, pod_script(chain, keys, rules))
+        if err and _ports_held(self.nft) is None:
+            _rebuild(records, self.nft, localhost)
+            err = _nft(self.nft, pod_script(chain, keys, rules))
         if err:
             held = _ports_held(self.nft) or {}
             for k in keys:
@@ -346,16 +486,10 @@ class HostPortPlugin:
                     theirs = _read_record(os.path.join(records, other))
                     who = theirs[0] if theirs else f"the pod of nft chain {other}"
                     port, proto = k.split(".")[1], k.split(".")[0]
-                    raise self._fail("setup", f"hostPort {port}/{proto} is already held by pod {who}")
-            raise self._fail("setup", f"cannot add the hostPort rules: {err}")
-        os.makedirs(records, exist_ok=True)
+                    raise NetpluginError(f"hostPort {port}/{proto} is already held by pod {who}")
+            raise NetpluginError(f"cannot add the hostPort rules: {err}")
         text = f"{pod.namespace}/{pod.name} {pod.infra_id}\n{' '.join(keys)}\n" + "".join(r + "\n" for r in rules)
         atomic_write(os.path.join(records, chain), text.encode(), mode=0o644)
-        try:
-            _flush_udp((k.split(".")[1] for k in keys if k.startswith("udp.")), ctx.env.get("PATH"))
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise self._fail("setup", f"cannot flush the UDP conntrack entries: {e}") from None
-        return None
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None:
         try:

@@ -33,3 +33,6 @@ class NoopPlugin:
 
     def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
         return ()
+
+    def node(self, ctx: CallContext) -> tuple[str, ...]:
+        return ()

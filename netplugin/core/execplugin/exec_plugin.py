@@ -161,6 +161,9 @@ class ExecPlugin:
     def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
         return repair_lines(self._run(Action.REPAIR, pod, ctx).stdout)
 
+    def node(self, ctx: CallContext) -> tuple[str, ...]:
+        return repair_lines(self._run(Action.NODE, None, ctx).stdout)
+
     def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
         done = self._run(Action.STATUS, pod, ctx)
         if done.stdout_truncated:

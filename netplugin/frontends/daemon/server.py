@@ -4,13 +4,13 @@ One process keeps the manager (selected plugin, init marker, host, state store, 
 plugins their warm libraries) and answers the thin client of :mod:`netplugin.frontends.wire.client`
 on a unix socket; see that module for the protocol.
 
-* **Start.** Takes ``<socket>.lock`` (one daemon per socket), runs the plugin's init once
-  (``netplugin.io/hostport``'s, which rebuilds its table from the records, at every start; a failure
-  is logged, not fatal: the next operation retries it, and SIGHUP rescans once the plugin is
-  installed), starts the metrics server, then binds the socket: created under a 0177 umask (mode
-  0600 from the first instant) beside its final path and renamed over it, so a stale socket left
-  by a killed daemon is replaced atomically, and only after it proved dead (it does not answer).
-  Then it tells systemd ``READY=1`` (``Type=notify``).
+* **Start.** Takes ``<socket>.lock`` (one daemon per socket), runs the plugin's init once and
+  the ``node`` action of the members that declare one (their node-level state made what must
+  exist, at every start; a failure is logged, not fatal: the next operation retries it, and
+  SIGHUP rescans once the plugin is installed), starts the metrics server, then binds the socket:
+  created under a 0177 umask (mode 0600 from the first instant) beside its final path and renamed
+  over it, so a stale socket left by a killed daemon is replaced atomically, and only after it
+  proved dead (it does not answer). Then it tells systemd ``READY=1`` (``Type=notify``).
 * **Connections** are read and answered by :mod:`.connections` (a :class:`Connections` the daemon holds).
 * **Operations** run in a thread pool, so different pods proceed in parallel; actions on one
   pod serialise on the manager's per-pod flock, which the CLI and the CNI shim take too, so
@@ -68,9 +68,9 @@ from netplugin.frontends.daemon.records import gc_answer, pods_answer, still_nee
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.wire.protocol import MAX_MESSAGE, OPS, POD_OPS, init_result, run_pod_op
 from netplugin.manager.manager import Manager
+from netplugin.manager.repair import keep_node
 from netplugin.manager.reporting import Hooks
 from netplugin.plugins.bounded import stuck_calls
-from netplugin.plugins.hostport import HOSTPORT_NAME
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config, FileSnapshot
@@ -148,8 +148,11 @@ class Daemon:
                 chain = ",".join(self.manager.chain_names)
                 self._plugin = chain
                 ran = self.manager.init()
-                for p in (p for p in self.manager.plugins if p.name == HOSTPORT_NAME):
-                    self.manager.init_member(p, force=True)  # rebuilds its table: at every start
+                kept = keep_node(self.manager)  # node-level state (a hostPort table): at every start
+                for member, line in kept.changes:
+                    log.info("node state of %s: %s", member, line)
+                if kept.errors:
+                    raise NetpluginError("; ".join(kept.errors))  # the init's own error was raised above
             except NetpluginError as e:
                 self._plugin_problem = e.message
                 log.error("plugin not ready (operations will retry): %s", e.message)

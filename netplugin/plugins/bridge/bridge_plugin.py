@@ -472,6 +472,9 @@ class NativeBridgePlugin:
             lines += repair_port(host_veth_name(pod.infra_id), bridge, s.name, mtu)
         return tuple(lines)
 
+    def node(self, ctx: CallContext) -> tuple[str, ...]:
+        return ()  # not declared: the bridge is kept through its pods' repair
+
     # --- status ----------------------------------------------------------------------------------------
 
     def status(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
