@@ -23,8 +23,10 @@ and ``lab`` is imported by the ``demo`` command's module alone (:data:`ONLY_FROM
 A module may import from its own layer package or a lower layer. Every import counts: module
 level, inside functions, and under ``TYPE_CHECKING``. ``bench`` stands above every layer: it may
 import any of netplugin, and netplugin never imports it. The size caps hold for netplugin and
-bench alike. The checkers run on the real tree and on small planted trees, which prove that they
-catch an upward edge, a sibling edge, a circle and an oversized module or function, in both.
+bench alike; a module over its cap is split by role, never by base class (an owner holds its
+collaborators; a class is never cut in two to fit). The checkers run on the real tree and on small
+planted trees, which prove that they catch an upward edge, a sibling edge, a circle and an
+oversized module or function, in both.
 """
 
 from __future__ import annotations

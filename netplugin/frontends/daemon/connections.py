@@ -29,7 +29,7 @@ from netplugin.frontends.daemon.envelope import check_request, pod_of, pod_text
 from netplugin.frontends.daemon.metrics import INVALID_OP
 from netplugin.frontends.daemon.nativecalls import read_frame, run_frame
 from netplugin.frontends.daemon.podqueue import Turns, container_turn
-from netplugin.frontends.daemon.records import PROGRESS, progress_sink
+from netplugin.frontends.daemon.recordops import PROGRESS, progress_sink
 from netplugin.frontends.wire.codes import error_classes
 from netplugin.frontends.wire.protocol import FRAME_MAGIC, POD_OPS, encode_unavailable
 

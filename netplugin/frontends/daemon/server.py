@@ -14,7 +14,7 @@ on a unix socket; see that module for the protocol.
 * **Connections** are read and answered by :mod:`.connections` (a :class:`Connections` the daemon holds).
 * **Operations** run in a thread pool, so different pods proceed in parallel; actions on one
   pod serialise on the manager's per-pod flock, which the CLI and the CNI shim take too, so
-  daemon and direct callers never overlap (``pods`` and ``gc``: :mod:`.records`). Requests for
+  daemon and direct callers never overlap (``pods`` and ``gc``: :mod:`.recordops`). Requests for
   a pod that is busy wait for their turn in the event loop, not in a worker thread: a stuck
   pod holds one worker however many requests queue on it, and every other pod is served at
   once. At most :data:`~netplugin.frontends.daemon.podqueue.MAX_WAITING_PER_POD` may wait per pod;
@@ -64,7 +64,7 @@ from netplugin.frontends.daemon.keepermetrics import register_keepers
 from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import Metrics
 from netplugin.frontends.daemon.reconfig import Live, Reread, refused_text, reload_settings
-from netplugin.frontends.daemon.records import gc_answer, pods_answer, still_needed_answer
+from netplugin.frontends.daemon.recordops import gc_answer, pods_answer, still_needed_answer
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.wire.protocol import MAX_MESSAGE, OPS, POD_OPS, init_result, run_pod_op
 from netplugin.manager.manager import Manager

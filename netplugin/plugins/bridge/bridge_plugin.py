@@ -460,7 +460,7 @@ class NativeBridgePlugin:
 
     def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
         """The bridge (addresses, MTU, up) and the pod's port (master, hairpin), put back where lost."""
-        from netplugin.plugins.bridge.repair import repair_bridge, repair_port
+        from netplugin.plugins.bridge.restore import repair_bridge, repair_port
 
         with self._action("repair", pod, ctx.timeout) as step:
             step.what = "read the settings"
