@@ -23,12 +23,13 @@ from pathlib import Path
 
 import pytest
 from gopeers import require
+from portcheck import Server, ask
 
 from netplugin.frontends.lab.simcluster.apiserver import make_node, make_pod
 from netplugin.frontends.lab.simcluster.cluster import SimNode
 from tests.cluster.labnodes import cluster_unavailable_reason, plugin_operations
 from tests.cluster.shippednodes import ShippedNodes
-from tests.frontends.cni.containerd import Sandbox, unavailable_reason
+from tests.frontends.cni.containerd import PortMap, Sandbox, unavailable_reason
 
 pytestmark = [pytest.mark.kernel, pytest.mark.containerd]
 
@@ -152,6 +153,38 @@ def test_without_its_daemon_a_cluster_node_says_try_again(cluster: InstalledClus
     sb = _run_pod(cluster, n1, "daemon-back")
     assert ipaddress.ip_address(sb.ip) in ipaddress.ip_network(n1.pod_cidrs[0])
     cluster.containerds[n1.name].stop_remove(sb.id)
+
+
+def test_a_hostport_answers_on_its_nodes_address_and_a_second_pod_is_refused(cluster: InstalledCluster) -> None:
+    """hostPorts with the ConfigMap as shipped (the native bridge, then netplugin.io/hostport): the
+    runtime passes the pod's mappings, they answer on the node's address from the underlay, the
+    other node and the node itself, and a second pod asking for the port is refused."""
+    import grpc
+
+    assert cluster.api is not None
+    n1, n2 = cluster.nodes["node-1"], cluster.nodes["node-2"]
+    ctd = cluster.containerds[n1.name]
+    cluster.api.apply(make_pod("np-sim", "hp-web", n1.name))
+    web = ctd.run_pod("np-sim", "hp-web", str(uuid.uuid4()), ports=[PortMap(31081, 8080), PortMap(31054, 5353, "udp")])
+    servers = [Server(web.netns_name, 8080, "web"), Server(web.netns_name, 5353, "web-udp", "udp")]
+    try:
+        for proto, port, token in (("tcp", 31081, "web"), ("udp", 31054, "web-udp")):
+            seen = {
+                "the underlay": ask(cluster.underlay, n1.ipv4, port, proto),
+                "the other node": ask(n2.netns, n1.ipv4, port, proto),
+                "the node itself": ask(n1.netns, n1.ipv4, port, proto),
+            }
+            assert seen == dict.fromkeys(seen, token), (proto, seen)
+        cluster.api.apply(make_pod("np-sim", "hp-rival", n1.name))
+        with pytest.raises(grpc.RpcError) as info:
+            ctd.run_pod("np-sim", "hp-rival", str(uuid.uuid4()), ports=[PortMap(31081, 80)])
+        assert "hostPort 31081/tcp is already held by pod np-sim/hp-web" in str(info.value.details())
+        assert ask(cluster.underlay, n1.ipv4, 31081) == "web"  # the rival changed nothing
+    finally:
+        for s in servers:
+            s.close()
+        ctd.stop_remove(web.id)
+    assert ask(cluster.underlay, n1.ipv4, 31081, timeout=1) == ""
 
 
 def test_everything_goes_away(cluster: InstalledCluster) -> None:

@@ -1,8 +1,10 @@
 """A node installed as shipped serves every containerd pod through its daemon (issue 17, proof a).
 
 ``scripts/install.sh`` (venv mode, Debian's python3, this tree's wheel) installs into temp dirs, every
-directory an option, ``--config`` included; the plugin's env is chosen with ``--plugin-env`` (a
-bridge name and a free /24 of the CNI test range, so that nothing meets the machine's own). The
+directory an option, ``--config`` included, and no ``--plugin``: the chain is the shipped one (the
+bridge, then the hostport member); the plugins' env is chosen with ``--plugin-env`` (a bridge name
+and a free /24 of the CNI test range). The node is a netns of the test's own (the hostport member's
+nftables table, the bridge and the pods live there), with an underlay host on its eth0. The
 daemon is then started with exactly the ``Environment=`` and ``ExecStart=`` of the unit file the
 installer wrote, and reloaded with its ``ExecReload=``. A private containerd (the harness of
 ``tests/frontends/cni/containerd.py``) whose CNI dirs are the installed ones runs pod sandboxes over
@@ -32,9 +34,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from gopeers import require
-from nettest import free_third_octet, link_exists
+from nettest import free_third_octet, ip_in, kernel_gate, link_exists, underlay_netns
+from portcheck import Server, ask
 from shipped import INSTALL, unit_command
 
 from netplugin.frontends.wire.client import NotSent, exchange
@@ -60,7 +64,7 @@ class InstalledNode:
         self.root, self.wheel = root, wheel
         #: the node's network namespace (daemon, containerd and the bridge live there), or the machine's
         self.netns = netns
-        #: a chain installed with ``--config-from`` (else ``--plugin bridge``)
+        #: a chain installed with ``--config-from`` (else none given: the shipped chain)
         self.plugins = tuple(plugins)
         self.tag = secrets.token_hex(3)
         self.bridge = f"np{self.tag}in"
@@ -75,6 +79,8 @@ class InstalledNode:
         self.daemon: subprocess.Popen[bytes] | None = None
         self.ctd: Containerd | None = None
         self.sandboxes: list[str] = []
+        #: an underlay host's netns beside the node (None: no host)
+        self.host: str | None = None
 
     def install(self) -> subprocess.CompletedProcess[str]:
         d = self.dirs
@@ -105,8 +111,7 @@ class InstalledNode:
             lines += [f'  {k}: "{v}"' for k, v in env_pairs.items()]
             source.write_text("\n".join(lines) + "\n")
             argv += ["--config-from", str(source)]
-        else:
-            argv += ["--plugin", "bridge"]
+        else:  # the chain as shipped: no --plugin
             for k, v in env_pairs.items():
                 argv += ["--plugin-env", f"{k}={v}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NETPLUGIN_", "PYTHON"))}
@@ -209,7 +214,10 @@ class InstalledNode:
         return [e for e in lines if e["command"] != "STATUS"]
 
     def doctor(self, *args: str) -> subprocess.CompletedProcess[str]:
-        argv = [str(self.dirs["prefix"] / "bin" / "netplugin"), "--config", str(self.config), "-o", "json", "doctor"]
+        # in the node's netns, with its own /sys (ip netns exec): the checks read the node's kernel
+        inside = ["ip", "netns", "exec", self.netns] if self.netns else []
+        argv = [*inside, str(self.dirs["prefix"] / "bin" / "netplugin"), "--config", str(self.config), "-o", "json",
+                "doctor"]  # fmt: skip
         argv += ["--cni-conf-dir", str(self.dirs["cni-conf"]), "--cni-bin-dir", str(self.dirs["cni-bin"]), *args]
         return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=dict(os.environ))
 
@@ -260,11 +268,35 @@ def installed_node(
         n.close()
 
 
+#: the node's and the underlay host's addresses (inside netns of the test's own)
+NODE_IP, HOST_IP = "10.206.0.71", "10.206.0.72"
+
+
+@contextmanager
+def node_and_host(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """(the node's netns, an underlay host's netns on its eth0), both the test's own."""
+    kernel_gate(request)
+    with underlay_netns("i", [f"{NODE_IP}/24"]) as ns:
+        host = f"{ns}h"
+        subprocess.run(["ip", "netns", "add", host], check=True)
+        try:
+            ip_in(ns, "link", "set", "eth1", "netns", host)
+            ip_in(host, "addr", "add", f"{HOST_IP}/24", "dev", "eth1")
+            ip_in(host, "link", "set", "eth1", "up")
+            ip_in(host, "link", "set", "lo", "up")
+            subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
+            yield ns, host
+        finally:
+            subprocess.run(["ip", "netns", "del", host], check=False)
+
+
 @pytest.fixture(scope="module", **CONTAINERD_ROWS)
 def node(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, dists: dict[str, Path]
 ) -> Iterator[InstalledNode]:
-    with installed_node(request.param, tmp_path_factory, dists["wheel"]) as n:
+    with node_and_host(request) as (ns, host), installed_node(request.param, tmp_path_factory, dists["wheel"],
+                                                              netns=ns) as n:  # fmt: skip
+        n.host = host
         yield n
 
 
@@ -379,3 +411,25 @@ def test_a_hand_written_conflist_with_its_own_settings_is_named(node: InstalledN
     finally:
         path.unlink()
     node.ctd.wait_network("netplugin")
+
+
+def test_a_hostport_answers_on_the_nodes_address_and_a_second_pod_is_refused(node: InstalledNode) -> None:
+    """hostPorts as installed with no options (the shipped chain): containerd passes the mappings, the
+    hostport member DNATs them on the node's address, and refuses a second pod on the same port."""
+    web = node.run_pod("hp-web", ports=[PortMap(31080, 8080), PortMap(31053, 5353, "udp")])
+    servers = [Server(web.netns_name, 8080, "web"), Server(web.netns_name, 5353, "web-udp", "udp")]
+    try:
+        for proto, port, token in (("tcp", 31080, "web"), ("udp", 31053, "web-udp")):
+            seen = {"the underlay host": ask(node.host, NODE_IP, port, proto),
+                    "the node itself": ask(node.netns, NODE_IP, port, proto)}  # fmt: skip
+            assert seen == dict.fromkeys(seen, token), (proto, seen)
+        assert node.ctd is not None
+        with pytest.raises(grpc.RpcError) as info:
+            node.run_pod("hp-rival", ports=[PortMap(31080, 80)])
+        assert "hostPort 31080/tcp is already held by pod np-inst/hp-web" in str(info.value.details())
+        assert ask(node.host, NODE_IP, 31080) == "web"  # the rival changed nothing
+    finally:
+        for s in servers:
+            s.close()
+    node.remove_pods()
+    assert ask(node.host, NODE_IP, 31080, timeout=1) == ""  # nothing of the pod is left
