@@ -73,18 +73,38 @@ from netplugin.core.nlwire import (
 
 __all__ = [
     "IFF_UP",
+    "RETIRED_BASE",
     "KernelError",
     "RawNetlink",
     "Step",
     "drop_root_netlink",
     "netns_netlink",
     "pod_steps",
+    "retired_by",
+    "retired_group",
     "root_netlink",
     "veth_steps",
 ]
 
 #: Requests per sendmsg: keeps the kernel's replies well inside the socket's receive buffer.
 _CHUNK = 128
+#: The link groups of links netplugin has taken off the network (down) and is deleting: a pod's
+#: teardown answers before the kernel's deletion (its RCU grace periods) is over. Each process
+#: retires into a group of its own, this base ORed with its pid, and deletes that group: processes
+#: never delete each other's, and gc knows a crash left a link when its group's process is gone.
+#: Bit 31 set: never one of :meth:`RawNetlink.delete_links`' batch groups.
+RETIRED_BASE = 0x8E000000
+_PID_MASK = 0x3FFFFF  # pid_max is at most 2**22
+
+
+def retired_group(pid: int | None = None) -> int:
+    """The link group that process ``pid`` (default: this one) retires links into."""
+    return RETIRED_BASE | ((os.getpid() if pid is None else pid) & _PID_MASK)
+
+
+def retired_by(group: int) -> int | None:
+    """The pid of the process that retired links into ``group``, or None when it is no retired group."""
+    return group & _PID_MASK if group & ~_PID_MASK == RETIRED_BASE else None
 
 
 def _address_and_route(
@@ -381,6 +401,47 @@ class RawNetlink:
     def ipv4_address(self, index: int) -> str | None:
         """The first IPv4 address of link ``index`` (like ``ip -4 addr show``), or None."""
         return self.addresses(index).get(4)
+
+    def retire(self, index: int) -> bool:
+        """Take link ``index`` off the network now, for a deletion later: down (a veth's peer loses its
+        carrier; a bridge port stops forwarding and forgets its addresses) and into this process's
+        :func:`retired_group`. False when the link is gone already. Costs no RCU grace period, unlike
+        the deletion."""
+        body = ifinfo(index, 0, IFF_UP) + u32_attr(IFLA_GROUP, retired_group())
+        err, _ = self.transact([(RTM_NEWLINK, NLM_F_ACK, body)])[0]
+        if err == errno.ENODEV:
+            return False
+        if err:
+            raise KernelError(err, f"retire link {index}: {os.strerror(err)}")
+        return True
+
+    def group_of(self, index: int) -> int | None:
+        """The link group of link ``index``, or None when there is no such link."""
+        err, answer = self.transact([(RTM_GETLINK, 0, ifinfo(index))])[0]
+        if err == errno.ENODEV:
+            return None
+        if err:
+            raise KernelError(err, f"get link {index}: {os.strerror(err)}")
+        raw = find_attr(answer, IFINFO.size, IFLA_GROUP)
+        return int(U32.unpack_from(raw)[0]) if raw is not None and len(raw) >= 4 else 0
+
+    def retired(self) -> dict[int, tuple[str, int]]:
+        """``{ifindex: (name, pid of the process that retired it)}`` of the retired links not deleted yet."""
+        found: dict[int, tuple[str, int]] = {}
+        for answer in self.dump(RTM_GETLINK, ifinfo(), "list links"):
+            raw = find_attr(answer, IFINFO.size, IFLA_GROUP)
+            pid = retired_by(U32.unpack_from(raw)[0]) if raw is not None and len(raw) >= 4 else None
+            if pid is None:
+                continue  # keep reading: the dump must be drained
+            name = find_attr(answer, IFINFO.size, IFLA_IFNAME)
+            found[int(IFINFO.unpack_from(answer)[2])] = (name.rstrip(b"\0").decode() if name else "?", pid)
+        return found
+
+    def delete_retired(self) -> None:
+        """Delete every link this process retired, in one request (none left is no error)."""
+        err, _ = self.transact([(RTM_DELLINK, NLM_F_ACK, ifinfo(0) + u32_attr(IFLA_GROUP, retired_group()))])[0]
+        if err and err != errno.ENODEV:
+            raise KernelError(err, f"delete the retired links: {os.strerror(err)}")
 
     def delete_links(self, indexes: Sequence[int]) -> dict[int, int]:
         """Delete links, all in one kernel request when there are several. ``{index: errno}`` of failures.

@@ -15,7 +15,10 @@
 * corrupt record files are set aside in ``pods/corrupt/``; temp files of dead writers removed;
 * each configured member's node-level state is made what its records say, both ways (the
   contract's ``node`` action: a hostPort rule in the kernel with no record is removed, a recorded
-  one the kernel lost is put back).
+  one the kernel lost is put back);
+* links a teardown took off the network for a deletion after its answer (its process's retired
+  link group, :func:`~netplugin.core.netlink.retired_group`) whose process is gone (a crash came
+  between the answer and the deletion) are deleted.
 
 Teardown is best effort and idempotent: a teardown that fails keeps the record (gc retries it
 next time) and makes gc's exit status non-zero. Every pod is handled under its pod lock, so gc
@@ -125,7 +128,8 @@ def _reason(rec: PodRecord, host: Host | None, notes: list[str]) -> str | None:
 class GcAction:
     """One thing gc did (or, in a dry run, would do)."""
 
-    kind: str  # "teardown" | "set-aside" | "settle" | "remove-temp" | "skip" | "forget-hostports" | "node-state"
+    #: "teardown" | "set-aside" | "settle" | "remove-temp" | "skip" | "forget-hostports" | "node-state" | "delete-link"
+    kind: str
     target: str
     reason: str
     outcome: str  # "done" | "planned" | "failed" | "skipped"
@@ -172,6 +176,8 @@ class GcAction:
             return f"{verb} {self.target}: {self.reason}"
         if self.outcome == "failed":
             return f"FAILED: {self.target}: {self.reason}: {self.error}"
+        if self.kind == "delete-link":
+            return f"{'would delete' if planned else 'deleted'} link {self.target}: {self.reason}"
         if self.kind == "node-state":
             return f"{self.target}'s node state: {self.reason}"
         if self.kind == "forget-hostports":
@@ -367,6 +373,7 @@ def run_gc(
     if not dry_run:
         _node_state(manager, report)
     _settle_orphans(manager, store, handled, report, dry_run)
+    _retired_links(report, dry_run)
     return report
 
 
@@ -433,6 +440,32 @@ def _node_state(manager: Manager, report: GcReport) -> None:
         report.actions.append(GcAction("node-state", member, line, "done"))
     for err in kept.errors:
         report.actions.append(GcAction("node-state", "chain", "node action", "failed", error=err))
+def _retired_links(report: GcReport, dry_run: bool) -> None:
+    """Delete the links a teardown retired (off the network, answered) whose process died before deleting them."""
+    from netplugin.core.netlink import RawNetlink
+
+    with RawNetlink() as nl:
+        left = {i: (name, pid) for i, (name, pid) in nl.retired().items() if not _alive(pid)}
+        failed = {} if dry_run or not left else nl.delete_links(list(left))
+    for index, (name, pid) in sorted(left.items(), key=lambda kv: kv[1]):
+        why = f"taken off the network by a teardown of process {pid}, which died before deleting it"
+        if dry_run:
+            report.actions.append(GcAction("delete-link", name, why, "planned"))
+        elif index in failed:
+            report.actions.append(GcAction("delete-link", name, why, "failed", error=os.strerror(failed[index])))
+        else:
+            report.actions.append(GcAction("delete-link", name, why, "done"))
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (it is deleting the links it retired; this one too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _hostport_leaks(manager: Manager, store: StateStore, report: GcReport, dry_run: bool) -> None:

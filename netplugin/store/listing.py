@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from netplugin.core.names import PodRef
-from netplugin.core.plaindata import dataclass
+from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import NOOP_NAME
 from netplugin.core.texttable import text_table
 from netplugin.store.locks import pod_lock_path
@@ -30,6 +30,7 @@ __all__ = [
     "link_gone",
     "list_pods",
     "pod_busy",
+    "retired_links",
     "still_needed",
 ]
 
@@ -59,6 +60,9 @@ class PodListing:
     corrupt: list[Any]
     #: the configured chain (None: not compared)
     chain: tuple[str, ...] | None = None
+    #: host veths of torn-down pods that the kernel has not deleted yet (a teardown answers before
+    #: that; gc deletes any a crash left)
+    deleting: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         pods = []
@@ -69,7 +73,7 @@ class PodListing:
             if self.chain is not None:
                 d["chain_differs"] = chain_differs(rec, self.chain)
             pods.append(d)
-        return {"pods": pods, "corrupt": [c.to_dict() for c in self.corrupt]}
+        return {"pods": pods, "corrupt": [c.to_dict() for c in self.corrupt], "deleting": list(self.deleting)}
 
     def table(self) -> str:
         header = ("NAMESPACE", "NAME", "INFRA-ID", "STATE", "IP", "PLUGIN", "UPDATED")
@@ -158,7 +162,16 @@ def condition_of(rec: PodRecord, run_dir: str) -> str:
 def list_pods(state_dir: str, run_dir: str, chain: tuple[str, ...] | None = None) -> PodListing:
     """Every record with its condition; ``chain`` (the configured one) marks pods set up by another."""
     scan = StateStore(state_dir).scan()
-    return PodListing([(r, condition_of(r, run_dir)) for r in scan.records], list(scan.corrupt), chain)
+    rows = [(r, condition_of(r, run_dir)) for r in scan.records]
+    return PodListing(rows, list(scan.corrupt), chain, deleting=retired_links())
+
+
+def retired_links() -> list[str]:
+    """The names of the links taken off the network by a teardown and not deleted yet, sorted."""
+    from netplugin.core.netlink import RawNetlink
+
+    with RawNetlink() as nl:
+        return sorted(name for name, _pid in nl.retired().values())
 
 
 def still_needed(state_dir: str, chain: tuple[str, ...]) -> dict[str, list[str]]:

@@ -29,9 +29,10 @@ ARCHITECTURE.md, "The native bridge"; ``tests/plugins/test_bridge.py::test_measu
 prints the current costs): per-pod netlink requests are packed by hand (:mod:`netplugin.core.netlink`:
 one batch in the root netns, :meth:`RawNetlink.add_veth`, one in the pod netns,
 :meth:`RawNetlink.configure_pod`), pyroute2 does only init; namespaced sockets are made without a
-fork (only the calling thread enters the pod netns, for one ``socket()`` call); teardown coalesces
-link deletions into one link-group deletion (:mod:`netplugin.plugins.bridge.reaper`), and
-``teardown`` returns only once its link is gone and its address released.
+fork (only the calling thread enters the pod netns, for one ``socket()`` call); ``teardown`` takes
+the host veth off the network and releases the address, and the link's deletion, coalesced with
+other teardowns' into one link-group deletion, finishes after it returns
+(:mod:`netplugin.plugins.bridge.reaper`).
 
 Threads: every method may be called from many threads at once. Each thread keeps one
 root-netns netlink socket; the pod's lock is the caller's business (netplugin's manager
@@ -51,7 +52,14 @@ from typing import TYPE_CHECKING, Any
 from netplugin.core.errors import NetpluginError, PluginError, PluginFailed, PluginTimeout
 from netplugin.core.extras import require
 from netplugin.core.names import PodRef
-from netplugin.core.netlink import KernelError, RawNetlink, drop_root_netlink, netns_netlink, root_netlink
+from netplugin.core.netlink import (
+    KernelError,
+    RawNetlink,
+    drop_root_netlink,
+    netns_netlink,
+    retired_by,
+    root_netlink,
+)
 from netplugin.core.netns import netns_socket, open_netns
 from netplugin.core.nlwire import IFA_F_NODAD
 from netplugin.core.plugin import CallContext, PodNetworkStatus
@@ -383,8 +391,16 @@ class NativeBridgePlugin:
             root = root_netlink()
             step.what = f"enter network namespace {ctx.netns}"
             with netns_netlink(ctx.netns) as ns:
+                step.what = f"wait for the deletion of the old {host}"
+                self.reaper.settle(host, ctx.timeout)  # a teardown of this pod that answered before it
                 existing = _root_ifindex(host)
                 peer: int | None = None
+                if existing is not None and retired_by(root.group_of(existing) or 0) is not None:
+                    # Retired by a teardown in another process (that died before deleting it, or is
+                    # deleting it now): never reused, deleted here first.
+                    step.what = f"delete retired veth {host}"
+                    self.reaper.delete(host, existing, ctx.timeout)
+                    existing = None
                 if existing is not None:
                     step.what = f"inspect {s.ifname} in {ctx.netns}"
                     found = ns.link_info(s.ifname)
@@ -437,10 +453,14 @@ class NativeBridgePlugin:
     # --- teardown ----------------------------------------------------------------------------------
 
     def teardown(self, pod: PodRef, ctx: CallContext) -> None:
-        """Delete the host veth (and so the pair), then release the addresses. Idempotent.
+        """Take the host veth off the network, release the addresses; the veth's deletion (and so the
+        pair's) finishes after the return. Idempotent.
 
-        Works whether or not the netns, the veth or the address still exist. Returns once the
-        link is gone (concurrent teardowns share one kernel deletion, see :class:`LinkReaper`).
+        Works whether or not the netns, the veth or the address still exist. On return the pod is off
+        the bridge (its host end down, out of forwarding) and its addresses are free; the kernel's
+        deletion of the pair, most of a teardown's time, runs after (:meth:`LinkReaper.retire`:
+        concurrent teardowns share one deletion; a setup of the same pod waits for it; gc deletes
+        what a crash left).
         """
         with self._action("teardown", pod, ctx.timeout) as step:
             step.what = "read the settings"
@@ -448,11 +468,13 @@ class NativeBridgePlugin:
             host = host_veth_name(pod.infra_id)
             # Deleting either end removes the pair; when the netns is gone the kernel already did (or
             # is about to: the pair dies asynchronously with the netns).
-            step.what = f"delete veth {host}"
+            step.what = f"take veth {host} off the network"
             index = _root_ifindex(host)
             if index is not None:
-                self.reaper.delete(host, index, ctx.timeout)
-            # Only now: the address must not be handed out while the old pod still has it.
+                # Down and retired: the old pod is off the bridge, so its addresses may go to a new pod
+                # now; the kernel's deletion (most of a teardown's time) finishes after the answer.
+                self.reaper.retire(host, index)
+            # Only now: the address must not be handed out while the old pod is still on the network.
             step.what = f"release the addresses of {pod.infra_id}"
             self.ipam(s).release(pod.infra_id, timeout=ctx.timeout)
 

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,12 +33,13 @@ from nettest import free_third_octet
 
 from netplugin.core.errors import PluginFailed
 from netplugin.core.names import PodRef
-from netplugin.core.netlink import RawNetlink
+from netplugin.core.netlink import RawNetlink, retired_group
 from netplugin.core.netns import netns_socket
 from netplugin.core.plugin import CallContext, PodNetworkStatus
 from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
 from netplugin.plugins.bridge.reaper import LinkReaper
 from netplugin.plugins.bridge.settings import SettingsError, bridge_mac, host_veth_name, load_settings
+from netplugin.store.listing import list_pods
 
 kernel = pytest.mark.kernel
 
@@ -153,6 +154,7 @@ def assert_mesh(net: NativeNet, pods: list[Pod]) -> None:
 
 def assert_all_gone(net: NativeNet, pods: list[Pod]) -> None:
     for p in pods:
+        net.plugin.reaper.settle(p.host_veth, 10)  # a teardown answers before the kernel's deletion
         assert not link_exists(p.host_veth), p.host_veth
     assert net.bridge_ports() == []
     assert net.ipam_files("ips") == []
@@ -574,6 +576,156 @@ def test_teardown_after_the_veth_is_gone(native_net: NativeNet) -> None:
     assert_all_gone(net, [pod])
 
 
+# --- teardown answers before the kernel's deletion ----------------------------------------------------------
+
+
+@pytest.fixture
+def held_deletion(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """The reaper's deletion waits until the returned event is set (so the state at the answer holds still)."""
+    gate = threading.Event()
+    real = RawNetlink.delete_retired
+
+    def held(self: RawNetlink) -> None:
+        gate.wait(30)
+        real(self)
+
+    monkeypatch.setattr(RawNetlink, "delete_retired", held)
+    yield gate
+    gate.set()
+
+
+def _link_state(name: str) -> tuple[bool, int]:
+    """(up, link group) of root-netns link ``name``."""
+    with RawNetlink() as nl:
+        found = nl.link(name)
+        assert found is not None, name
+        group = nl.group_of(found[0])
+    flags = int(Path(f"/sys/class/net/{name}/flags").read_text(), 16)
+    return bool(flags & 1), group if group is not None else -1
+
+
+@kernel
+def test_teardown_answers_with_the_pod_off_the_network_and_its_address_free(
+    native_factory: Callable[..., NativeNet], held_deletion: threading.Event
+) -> None:
+    net = native_factory(30)  # one pod address: the next pod can only get the old one
+    net.init()
+    old, new = net.pod(0), net.pod(1)
+    net.setup(old)
+    ip = net.pod_ip(old)
+    assert net.ping_from(old, [net.gateway]) == {net.gateway: True}
+    net.teardown(old)
+    # Answered, the deletion not done: the host end is down and retired, the old pod cut off.
+    assert _link_state(old.host_veth) == (False, retired_group())
+    assert old.host_veth in net.plugin.reaper.pending
+    assert net.ping_from(old, [net.gateway]) == {net.gateway: False}
+    # ... so its address went back to the pool, and the next pod gets it and works at once.
+    net.setup(new)
+    assert net.pod_ip(new) == ip
+    assert net.ping_from(new, [net.gateway]) == {net.gateway: True}
+    assert list_pods(str(net.np_state), str(net.np_state / "run")).deleting.count(old.host_veth) == 1
+    held_deletion.set()
+    net.plugin.reaper.settle(old.host_veth, 10)
+    assert not link_exists(old.host_veth)
+    assert net.bridge_ports() == [new.host_veth]
+    net.teardown(new)
+    assert_all_gone(net, [new])
+
+
+@kernel
+def test_the_same_pod_set_up_again_right_after_its_teardown(native_net: NativeNet) -> None:
+    net = native_net
+    pod = net.pod(0)
+    for _ in range(5):  # the runtime's ADD of the same container ID right after its DEL
+        net.setup(pod)
+        assert _link_state(pod.host_veth) == (True, 0)
+        assert net.ping_from(pod, [net.gateway]) == {net.gateway: True}
+        net.teardown(pod)
+    assert_all_gone(net, [pod])
+
+
+@kernel
+def test_a_setup_waits_for_its_old_veth_to_be_deleted(native_net: NativeNet, held_deletion: threading.Event) -> None:
+    net = native_net
+    pod = net.pod(0)
+    net.setup(pod)
+    net.teardown(pod)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (net.setup(pod), done.set()))
+    worker.start()
+    try:
+        assert not done.wait(0.5), "the setup reused a veth that is being deleted"
+    finally:
+        held_deletion.set()
+        worker.join(30)
+    assert done.is_set()
+    assert _link_state(pod.host_veth) == (True, 0)
+    assert net.ping_from(pod, [net.gateway]) == {net.gateway: True}
+    net.teardown(pod)
+    assert_all_gone(net, [pod])
+
+
+_DIE_AFTER_TEARDOWN = """
+import json, os, signal, sys, threading
+from netplugin.core.names import PodRef
+from netplugin.core.netlink import RawNetlink, retired_group
+from netplugin.core.plugin import CallContext
+from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
+
+args = json.loads(sys.argv[1])
+RawNetlink.delete_retired = lambda self: threading.Event().wait()  # the process dies before it deletes
+plugin = NativeBridgePlugin(state_dir=args["state"])
+for ns, name, infra, netns in args["pods"]:
+    plugin.teardown(PodRef(ns, name, infra), CallContext(netns=netns, env=args["env"], state_dir=args["state"],
+                                                         timeout=30))
+print("answered", os.getpid(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@kernel
+def test_a_crash_between_the_answer_and_the_deletion(native_factory: Callable[..., NativeNet], tmp_path: Path) -> None:
+    from netplugin.core.config import load_config
+    from netplugin.hosts.base import NullHost
+    from netplugin.manager.gc import run_gc
+    from netplugin.manager.manager import Manager
+
+    net = native_factory()
+    net.init()
+    again, left = net.pod(0), net.pod(1)
+    for p in (again, left):
+        net.setup(p)
+    args = {"state": str(net.np_state), "env": net.env,
+            "pods": [[p.namespace, p.name, p.infra_id, f"/run/netns/{p.netns}"] for p in (again, left)]}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    done = subprocess.run([sys.executable, "-c", _DIE_AFTER_TEARDOWN, json.dumps(args)], capture_output=True,
+                          text=True, timeout=60, env=env)  # fmt: skip
+    assert (done.returncode, done.stdout.split()[0]) == (-9, "answered"), done.stderr
+    for p in (again, left):  # off the network, never deleted
+        assert _link_state(p.host_veth) == (False, retired_group(int(done.stdout.split()[1])))
+    assert net.ipam_files("pods") == []
+    # `netplugin pods` says so; a setup of the same pod deletes its retired veth before its own.
+    assert {again.host_veth, left.host_veth} <= set(list_pods(str(net.np_state), str(tmp_path)).deleting)
+    net.setup(again)
+    assert _link_state(again.host_veth) == (True, 0)
+    assert net.ping_from(again, [net.gateway]) == {net.gateway: True}
+    # gc deletes the other and says so.
+    empty = tmp_path / "netplugin.yaml"
+    empty.write_text("")
+    overrides = {"plugin": "netplugin.io/bridge", "state_dir": str(net.np_state), "run_dir": str(tmp_path / "run"),
+                 "plugin_dir": str(tmp_path / "exec"),
+                 "env": {k: v for k, v in net.env.items() if k.startswith("NETPLUGIN_BRIDGE_")}}  # fmt: skip
+    m = Manager(load_config(str(empty), environ={}, overrides=overrides), NullHost(), environ={})
+    report = run_gc(m, check_host=False)
+    mine = [a for a in report.actions if a.target == left.host_veth]
+    assert [(a.kind, a.outcome) for a in mine] == [("delete-link", "done")], report.text()
+    assert f"deleted link {left.host_veth}: taken off the network by a teardown of process" in report.text()
+    assert not link_exists(left.host_veth)
+    assert left.host_veth not in list_pods(str(net.np_state), str(tmp_path)).deleting
+    net.teardown(again)
+    assert_all_gone(net, [again, left])
+
+
 @kernel
 def test_setup_with_a_missing_netns_fails_cleanly(native_net: NativeNet) -> None:
     net = native_net
@@ -763,6 +915,7 @@ def test_through_the_manager(native_factory: Callable[..., NativeNet], tmp_path:
     assert st is not None and st.ip == str(net.subnet.network_address + 2)
     assert net.bridge_ports() == [host_veth_name(infra)]
     m.teardown(ref)
+    assert net.wait_gone(host_veth_name(infra))  # deleted after the answer
     assert net.bridge_ports() == [] and net.ipam_files("pods") == []
     assert m.status(ref) is None
 

@@ -143,6 +143,9 @@ class NativeDual(DualNet):
 
     def teardown(self, pod: Pod, **env: str) -> None:
         self.plugin.teardown(self.ref(pod), self.ctx(pod, **env))
+        # it answers before the kernel's deletion of the veth (test_bridge checks that state); these
+        # tests check what is left once it is over
+        self.plugin.reaper.settle(pod.host_veth, 10)
 
     def status(self, pod: Pod, **env: str) -> PodNetworkStatus | None:
         return self.plugin.status(self.ref(pod), self.ctx(pod, **env))

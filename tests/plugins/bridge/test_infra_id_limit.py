@@ -68,5 +68,6 @@ def test_longest_infra_id_with_both_bridge_plugins(bridge_net_factory: Callable[
     assert net.connect_from(pods[0], [ips[1]]) == {ips[1]: pods[1].name}
     for p in pods:
         call(second, "teardown", p)
+        native.reaper.settle(p.host_veth, 10)  # the native teardown answers before the kernel's deletion
         assert not link_exists(p.host_veth)
     assert net.ipam_files("pods") == [] and net.ipam_files("ips") == []

@@ -73,6 +73,12 @@ def _corrupt_warning(path: str, reason: str) -> None:
     click.echo(f"netplugin: warning: corrupt pod record {path}: {reason} (`netplugin gc` sets it aside)", err=True)
 
 
+def _deleting_note(names: list[str]) -> None:
+    if names:
+        click.echo(f"netplugin: {len(names)} host veth(s) of torn-down pods not deleted by the kernel yet, off the "
+                   f"network (a crash's are gc's): {', '.join(names)}", err=True)  # fmt: skip
+
+
 @command()
 @pass_state
 def pods(st: State) -> None:
@@ -92,6 +98,7 @@ def pods(st: State) -> None:
         st.emit(remote["listing"], remote["table"] or NO_PODS, wide=remote["wide"] or NO_PODS)
         for c in remote["listing"]["corrupt"]:
             _corrupt_warning(c["path"], c["reason"])
+        _deleting_note(remote["listing"].get("deleting") or [])
         return
     from netplugin.store.listing import list_pods
 
@@ -102,6 +109,7 @@ def pods(st: State) -> None:
         st.emit(listing.to_dict(), NO_PODS, wide=NO_PODS)
     for corrupt in listing.corrupt:
         _corrupt_warning(corrupt.path, corrupt.reason)
+    _deleting_note(listing.deleting)
 
 
 @command()
