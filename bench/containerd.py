@@ -12,14 +12,21 @@ round switches the network untimed and then runs a block of sandboxes per row, t
 
 Each RunPodSandbox is timed by the CRI client from request to answer; StopPodSandbox likewise
 (the CNI DEL happens there); RemovePodSandbox is not timed.
+
+With containerd 2 (the peer build), a node's pods at once too: ``plan.sandbox_burst`` (110, a
+node's maxPods) RunPodSandbox calls issued together, each from a thread of its own released at
+the same instant, per row and round (the order rotating): the makespan until the last answer,
+and each sandbox's own time (p50, p99). Then all are stopped and removed, untimed.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -29,8 +36,8 @@ from .contenders import cni_dir, reference_version
 from .context import RunContext
 from .daemon import health_request
 from .harness import Live, Plan, stat_row
-from .report import Figure
-from .util import REPO, BenchError, SubnetPool, ms
+from .report import Figure, Row
+from .util import REPO, BenchError, SubnetPool, ms, rotate
 
 __all__ = ["CONTAINERD_LABELS", "fig_containerd"]
 
@@ -133,8 +140,93 @@ def fig_containerd(ctx: RunContext, plan: Plan, pool: SubnetPool, peers: Path | 
                 stops[k] += got[1]
     from netplugin.frontends.wire.client import exchange
 
+    bursts: list[Figure] = []
+    if peers is not None:
+        bursts.append(_bursts(ctx, plan, ctd, nets))
     served = exchange(str(run_dir / "netplugin.sock"), health_request(), timeout=10)["result"]["requests"]
-    return _figures(live, runs, stops, per_block, rounds, served, v)
+    return [*_figures(live, runs, stops, per_block, rounds, served, v), *bursts]
+
+
+def _burst(ctd: Any, key: str, n: int) -> tuple[float, list[float]]:
+    """``n`` RunPodSandbox at once: (makespan, each call's time), ms; then every sandbox stopped and removed."""
+    gate = threading.Event()
+    done: list[tuple[int, float, str | None, str]] = []
+    lock = threading.Lock()
+    host = key == "HOST"
+
+    def one(i: int) -> None:
+        uid = str(uuid.uuid4())
+        gate.wait()
+        t0 = time.perf_counter()
+        sid: str | None = None
+        err = ""
+        try:
+            sid = ctd.run_pod_sandbox("burst", f"b{uid[:8]}", uid, host_network=host)
+        except Exception as e:  # grpc.RpcError: the row fails, after every sandbox is cleaned up
+            err = str(e)[:300]
+        with lock:
+            done.append((i, time.perf_counter() - t0, sid, err))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)  # every thread waiting at the gate
+    t0 = time.perf_counter()
+    gate.set()
+    for t in threads:
+        t.join()
+    makespan = ms(time.perf_counter() - t0)
+    sids = [sid for _, _, sid, _ in done if sid]
+
+    def gone(sid: str) -> None:
+        ctd.stop(sid)
+        ctd.remove(sid)
+
+    cleaners = [threading.Thread(target=gone, args=(sid,)) for sid in sids]
+    for t in cleaners:
+        t.start()
+    for t in cleaners:
+        t.join()
+    errors = [err for _, _, _, err in done if err]
+    if errors:
+        raise BenchError(f"{len(errors)} of {n} RunPodSandbox failed; first: {errors[0]}")
+    return makespan, [ms(d) for _, d, _, _ in done]
+
+
+def _bursts(ctx: RunContext, plan: Plan, ctd: Any, nets: dict[str, Any]) -> Figure:
+    n, rounds = plan.sandbox_burst, plan.node_burst_rounds
+    live = Live(ctx, "containerd2-burst", list(CONTAINERD_LABELS))
+    makespans: dict[str, list[float]] = {k: [] for k in CONTAINERD_LABELS}
+    each: dict[str, list[float]] = {k: [] for k in CONTAINERD_LABELS}
+    ctx.progress(f"  containerd 2: {rounds} round(s) of {n} RunPodSandbox at once x {len(CONTAINERD_LABELS)} rows")
+    for r in range(rounds):
+        for k in rotate(list(CONTAINERD_LABELS), r):
+            if k in live.failed:
+                continue
+            if k in nets:
+                live.call(k, ctd.use_network, nets[k])
+            got = live.call(k, _burst, ctd, k, n)
+            if got is not None:
+                makespans[k].append(got[0])
+                each[k] += got[1]
+    cols = ["median", "min", "max", "per pod", "p50 each", "p99 each"]
+    fig = Figure("containerd2-burst", f"containerd 2: {n} RunPodSandbox at once (makespan, {rounds} round(s))", "ms",
+                 cols, ratio_column="median", samples=makespans, params={"burst": n, "rounds": rounds})  # fmt: skip
+    for k, label in CONTAINERD_LABELS.items():
+        row: Row = stat_row(live, k, label.format(version=reference_version("A")), makespans[k], cols[:3])
+        med = row.values.get("median")
+        row.values["per pod"] = None if med is None else med / n
+        lat = sorted(each[k])
+        row.values["p50 each"] = statistics.median(lat) if lat else None
+        row.values["p99 each"] = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] if lat else None
+        fig.rows.append(row)
+    fig.notes = [
+        f"{n} threads of the benchmark, released together, each one RunPodSandbox (the CRI client's time from "
+        "request to answer: p50 and p99 each, over every round); makespan from the release to the last answer. "
+        "Between rounds every sandbox is stopped and removed, untimed; the network config is switched before "
+        "each row's burst.",
+    ]
+    return fig
 
 
 def _block(ctd: Any, key: str, n: int) -> tuple[list[float], list[float]]:

@@ -67,6 +67,8 @@ class Plan:
     #: the node-scale bursts (ADD processes at once) and their rounds, each on 1 CPU and on all
     node_bursts: tuple[int, ...] = (20, 110)
     node_burst_rounds: int = 5
+    #: RunPodSandbox calls at once through containerd 2 (its rounds: node_burst_rounds)
+    sandbox_burst: int = 110
     drain: int = 100
     drain_rounds: int = 3
     levels: tuple[int, ...] = (10, 100, 500, 1000)
@@ -80,7 +82,7 @@ class Plan:
         if quick:
             return cls(True, pods or 3, burst=5, burst_rounds=1, drain=5, drain_rounds=1, levels=(2, 8),
                        level_samples=3, cold_runs=5, cold_warmups=1, overhead_runs=5, node_bursts=(3,),
-                       node_burst_rounds=1)
+                       node_burst_rounds=1, sandbox_burst=3)
         return cls(False, pods or 60)
 
 

@@ -57,6 +57,7 @@ PLOTS: dict[str, PlotSpec] = {
     "containerd-stop": _BAR_P90,
     "containerd2-run": _BAR_P90,
     "containerd2-stop": _BAR_P90,
+    "containerd2-burst": _BAR_RANGE,
     "cluster-routes": PlotSpec("bars", ("median", "max")),
     "cluster-size": PlotSpec("panels", ("first sync", "RSS"), x="nodes"),
     "chain-setup": _BAR_P90,

@@ -258,6 +258,10 @@ def _runtime_targets(figs: dict[str, Figure]) -> list[Target]:
         out.append(Target("cli-thin", text, "not measured", "≤ +10 ms", None, "H or P unavailable"))
     else:
         out.append(_upper("cli-thin", text, f"{h - p:+.2f} ms", "≤ +10 ms", f"H {_fmt(h)} ms, P {_fmt(p)} ms"))
+    sandboxes = _get(figs, "containerd2-burst")
+    n = sandboxes.params.get("burst", 110) if sandboxes else 110
+    text = f"{n} RunPodSandbox at once through containerd 2 (N): makespan ≤ 0.9x the same with {_ref()} (medians)"
+    out.append(_ratio_target(sandboxes, "containerd2-burst", "N", 0.9, text))
     return [*out, *_node_burst_targets(figs), _containerd_target(figs), *_hostport_targets(figs)]
 
 
