@@ -28,8 +28,9 @@ def check(st: State, file: str | None) -> None:
     """Validate a config file as the daemon's reload does, without the daemon.
 
     FILE defaults to the global --config, else /etc/netplugin/netplugin.yaml. Every key must parse,
-    and each plugin of the chain must be found in the exec dir and trusted. Runs no plugin and
-    touches nothing. The environment and the global flags apply as they would to the daemon.
+    each plugin of the chain must be found in the exec dir and trusted, and each built-in member's
+    settings (NETPLUGIN_BRIDGE_*, NETPLUGIN_HOSTPORT_LOCALHOST) must be what its init accepts. Runs
+    no plugin and touches nothing. The environment and the global flags apply as they would to the daemon.
 
     Exit 0 when the daemon would take it; else the message names the key and the reason, with the
     usual code (2 bad config, 3 plugin not found or not trusted, 5 exec dir unreadable).
