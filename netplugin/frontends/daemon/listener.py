@@ -18,7 +18,13 @@ from netplugin.store.locks import hold, release
 
 log = logging.getLogger(__name__)
 
-__all__ = ["bind_socket", "lock_daemon", "socket_answers", "unlink_if", "unlock_daemon"]
+__all__ = ["BACKLOG", "bind_socket", "lock_daemon", "socket_answers", "unlink_if", "unlock_daemon"]
+
+#: connections the kernel holds for the daemon before it accepts them: a node's pods started at once
+#: (maxPods, 110 by default) each connect together, and a unix socket whose backlog is full refuses
+#: a connection outright (EAGAIN: the compiled shim waits and retries, other callers fail over to
+#: working alone); asyncio's own default is 100, too few
+BACKLOG = 1024
 
 log = logging.getLogger("netplugin.daemon")
 
@@ -61,7 +67,7 @@ def bind_socket(path: str) -> socket.socket:
     old_umask = os.umask(0o177)
     try:
         sock.bind(tmp)
-        sock.listen(128)
+        sock.listen(BACKLOG)
         os.rename(tmp, path)
     except (OSError, ValueError) as e:
         sock.close()

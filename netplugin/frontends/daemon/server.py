@@ -61,7 +61,7 @@ from netplugin.frontends.daemon.cnicalls import check_settings, run_cni
 from netplugin.frontends.daemon.connections import Connections
 from netplugin.frontends.daemon.envelope import pod_of
 from netplugin.frontends.daemon.keepermetrics import register_keepers
-from netplugin.frontends.daemon.listener import bind_socket, lock_daemon, unlink_if, unlock_daemon
+from netplugin.frontends.daemon.listener import BACKLOG, bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import Metrics
 from netplugin.frontends.daemon.reconfig import Live, Reread, refused_text, reload_settings
 from netplugin.frontends.daemon.recordops import gc_answer, pods_answer, still_needed_answer
@@ -297,7 +297,9 @@ class Daemon:
             gc.freeze()
             sock = bind_socket(self.socket_path)
             inode = os.lstat(self.socket_path).st_ino  # the file's, not the socket's (fstat): we hold the lock
-            server = await asyncio.start_unix_server(self.connections.connection, sock=sock, limit=MAX_MESSAGE)
+            server = await asyncio.start_unix_server(
+                self.connections.connection, sock=sock, limit=MAX_MESSAGE, backlog=BACKLOG
+            )
             log.info(
                 "serving on %s (pid %d), metrics on %s",
                 self.socket_path,
