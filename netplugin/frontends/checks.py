@@ -33,6 +33,7 @@ A check that cannot be answered (no daemon to ask) is a problem, with how to fix
 from __future__ import annotations
 
 import glob
+import ipaddress
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -336,6 +337,15 @@ def _bridge_settings(node: Node) -> BridgeSettings | None:
     return NativeBridgePlugin.from_config(cfg).settings(cfg.env, cfg.state_dir, subnets_optional=True)
 
 
+def _pod_families(node: Node, s: BridgeSettings) -> set[int]:
+    """The IP versions of the bridge's pods: its subnets, or with SUBNET=node (no subnet in the
+    settings) the node's pod CIDRs as the daemon knows them; IPv4 when neither says."""
+    if s.subnets:
+        return {n.version for n in s.subnets}
+    cidrs = ((node.health or {}).get("node") or {}).get("pod_cidrs") or []
+    return {ipaddress.ip_network(c, strict=False).version for c in cidrs} or {4}
+
+
 def check_bridge_netfilter(node: Node) -> Check:
     from netplugin.plugins.bridge.mtu import node_links
     from netplugin.plugins.bridge.sysctls import bridge_netfilter_off
@@ -347,7 +357,7 @@ def check_bridge_netfilter(node: Node) -> Check:
     ports = [link.name for link in links if link.master is not None and link.master in bridges]
     if s is None or not ports:
         return Check("bridge_netfilter", "no bridge serving pods")
-    off = bridge_netfilter_off(n.version for n in s.subnets)
+    off = bridge_netfilter_off(sorted(_pod_families(node, s)))
     if off:
         why = f"{', '.join(off)} off while bridge {s.name} serves {len(ports)} pod(s)"
         why += ": a Service whose backend is on the same bridge does not answer"
@@ -365,7 +375,7 @@ def check_policy(node: Node) -> Check:
         return Check("policy", f"no NetworkPolicy agent seen (looked for {', '.join(a.name for a in KNOWN)})")
     found = "; ".join(f"{a.agent} ({a.evidence})" for a in agents)
     s = _bridge_settings(node)
-    off = bridge_netfilter_off(n.version for n in s.subnets) if s is not None else []
+    off = bridge_netfilter_off(sorted(_pod_families(node, s))) if s is not None else []
     if s is not None and off:
         names = ", ".join(a.agent for a in agents)
         why = f"{', '.join(off)} off while {names} enforces NetworkPolicy: traffic between pods on bridge {s.name}"

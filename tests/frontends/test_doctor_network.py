@@ -100,16 +100,18 @@ AGENT_TABLE = (
 
 
 @pytest.mark.parametrize(
-    ("agent", "br_netfilter", "words"),
+    ("agent", "br_netfilter", "subnet_node", "words"),
     [
-        (False, True, "no NetworkPolicy agent seen (looked for kube-network-policies, "),
-        (True, True, "kube-network-policies (nftables table inet kube-network-policies)"),
-        (True, False, "kube-network-policies (nftables table inet kube-network-policies)"),
+        (False, True, False, "no NetworkPolicy agent seen (looked for kube-network-policies, "),
+        (True, True, False, "kube-network-policies (nftables table inet kube-network-policies)"),
+        (True, False, False, "kube-network-policies (nftables table inet kube-network-policies)"),
+        # the shipped config's SUBNET=node: no subnet in the settings, the families come from the node
+        (True, False, True, "kube-network-policies (nftables table inet kube-network-policies)"),
     ],
-    ids=["no-agent", "agent", "agent-without-br-netfilter"],
+    ids=["no-agent", "agent", "agent-without-br-netfilter", "agent-without-br-netfilter-subnet-node"],
 )
 def test_doctor_names_the_policy_agent_and_warns_when_bridged_traffic_bypasses_it(
-    node: NodeBridge, tmp_path: Path, agent: bool, br_netfilter: bool, words: str
+    node: NodeBridge, tmp_path: Path, agent: bool, br_netfilter: bool, subnet_node: bool, words: str
 ) -> None:
     env = {} if br_netfilter else _br_netfilter_off(node)
     node.init(**env)
@@ -118,11 +120,13 @@ def test_doctor_names_the_policy_agent_and_warns_when_bridged_traffic_bypasses_i
         for command in AGENT_TABLE:
             done = node.in_node("nft", command)
             assert done.returncode == 0, done.stderr
-    check = doctor(node, tmp_path, **env)["policy"]
+    checks = doctor(node, tmp_path, **env, **({"NETPLUGIN_BRIDGE_SUBNET": "node"} if subnet_node else {}))
+    check = checks["policy"]
     assert words in check["found"], check
     if agent and not br_netfilter:
         assert not check["ok"], check
         assert "bridge-nf-call-iptables off while kube-network-policies enforces NetworkPolicy" in check["problem"]
         assert "NETPLUGIN_BRIDGE_BR_NETFILTER=true" in check["fix"]
+        assert not checks["bridge_netfilter"]["ok"], checks["bridge_netfilter"]
     else:
         assert check["ok"], check
