@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from netplugin.agent.worker import Worker
+from netplugin.core.defaults import DEFAULT_GC_INTERVAL
 from netplugin.core.errors import NetpluginError
 
 if TYPE_CHECKING:
@@ -56,7 +57,10 @@ class GcKeeper:
         self._manager = manager  #: the daemon's manager now (a reload may swap it)
         self._lock = threading.Lock()  # one run at a time, whatever started it
         self._lock_due = threading.Lock()
-        self._worker = Worker("netplugin-gc", self._loop)
+        # a run past its interval (the default one when periodic runs are off) counts as stuck
+        self._worker = Worker(
+            "netplugin-gc", self._loop, lambda: self._manager().config.gc_interval or DEFAULT_GC_INTERVAL
+        )
         #: when each deleted pod's run is due (monotonic); one run serves every pod due by then
         self._due_deleted: list[float] = []
         self.last: dict[str, object] | None = None  #: the last run, for health
@@ -111,6 +115,10 @@ class GcKeeper:
     def kick(self) -> None:
         """Look at the settings again (a reload may have changed ``gc_interval``)."""
         self._worker.wake()
+
+    @property
+    def worker(self) -> Worker:
+        return self._worker
 
     def start(self) -> None:
         """The run at start (pods lost in a reboot give their addresses back before the daemon takes

@@ -29,8 +29,12 @@
   (:meth:`NodeKeeper.problems`; ``netplugin nodes`` shows them). Routes need ``cluster_cidrs``:
   without it nothing is routed, and each other node's CIDR is a problem that says so.
 
-* it puts back what a kernel change took (:mod:`netplugin.nodenet.kernelwatch`): routes, egress and
-  hostPort tables, and via :mod:`.podrepair` what pods' plugins made (docs/self-repair.md).
+* it puts back what a kernel change took (:mod:`netplugin.nodenet.kernelwatch`): routes and the
+  egress table, the chain members' node-level state (their ``node`` action: the hostPort table),
+  and via :mod:`.podrepair` what pods' plugins made (docs/self-repair.md); the node actions also
+  run at each periodic pass, so a notification missed never leaves that state gone;
+* a fight (repairs less than :data:`INCIDENT_GAP` apart, round after round) is one incident with
+  a count of rounds: health shows the longest, and doctor names it from :data:`FIGHT_ROUNDS` on.
 
 Routes stay when the daemon stops: a restart (an upgrade) must not cut pods off from the other
 nodes. A node leaving the cluster loses its routes on every other node.
@@ -39,18 +43,20 @@ nodes. A node leaving the cluster loses its routes on every other node.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from netplugin.agent.repairlog import RepairLog
 from netplugin.agent.worker import Worker
 from netplugin.core.errors import HostError, NetpluginError
 from netplugin.core.node import NodeInfo
 from netplugin.hosts.base import ClusterHost
+from netplugin.manager.repair import keep_node, repair_kind
 from netplugin.nodenet.egress import Egress
+from netplugin.nodenet.kernelwatch import NODE_STATE
 from netplugin.nodenet.routes import RouteTable
 
 if TYPE_CHECKING:
@@ -66,6 +72,7 @@ if TYPE_CHECKING:
 __all__ = ["STATIC_POLL", "NodeKeeper", "problem_text"]
 
 log = logging.getLogger("netplugin.nodes")
+repair_log = logging.getLogger("netplugin.repair")
 
 #: how often nodes are re-read from a host that cannot watch (files are cheap to read)
 STATIC_POLL = 2.0
@@ -126,6 +133,13 @@ class NodeKeeper:
         #: breakages repaired: repairs less than INCIDENT_GAP apart are one (a flush, however many objects)
         self.incidents = 0
         self._last_incident = -INCIDENT_GAP
+        #: the incident going on (or last): rounds of repair in it, and when it began (monotonic)
+        self._rounds = 0
+        self._began = 0.0
+        #: the incident with the most rounds since the daemon started: {rounds, seconds}
+        self.longest_fight: dict[str, float] = {"rounds": 0, "seconds": 0.0}
+        self.repair_log = RepairLog(repair_log)
+        self._manager = pods
         self._watch: KernelWatch | None = None
         self._lock = threading.Lock()
         #: pod-level self-repair (its chains' ``repair``), with the daemon's manager
@@ -133,8 +147,9 @@ class NodeKeeper:
         if pods is not None:
             from netplugin.agent.podrepair import PodRepairer
 
-            self.pods = PodRepairer(pods, self.repairs, self._lock, self._incident)
-        self._worker = Worker("netplugin-nodes", self._loop)
+            limit = 4 * config.timeout_for("setup")  # a pass repairs pods in parallel, each within its limit
+            self.pods = PodRepairer(pods, self.repairs, self._lock, self._incident, self.repair_log, lambda: limit)
+        self._worker = Worker("netplugin-nodes", self._loop, lambda: self.config.node_resync)
         self._first = threading.Event()  #: the first pass is over (whatever it found)
 
     # --- life cycle ------------------------------------------------------------------------------
@@ -187,8 +202,24 @@ class NodeKeeper:
         """Something changed: look again now (called on watch threads)."""
         self._worker.wake()
 
+    def workers(self) -> list[Worker]:
+        """The keeper threads it runs (its own, the pod repairer's)."""
+        return [self._worker, *([self.pods.worker] if self.pods is not None else [])]
+
+    def broken(self) -> dict[str, str]:
+        """Pods (``NS/NAME/INFRA_ID``) known broken -> why (host interface gone, a repair that keeps failing)."""
+        with self._lock:
+            return dict(self.pods.broken) if self.pods is not None else {}
+
+    def keeper_problems(self) -> list[str]:
+        """Each keeper thread (its own, the pod repairer's, the kernel watch) not running or stuck."""
+        out = [p for w in self.workers() if (p := w.problem()) is not None]
+        if self._watch is not None and not self._watch.alive():
+            out.append("the kernel watch (netplugin-repair) is not running: nothing the kernel loses is put back")
+        return out
+
     def repair(self, kinds: set[str]) -> None:
-        """The kernel changed where netplugin's ``kinds`` ("route", "egress", "hostport") live: check them now."""
+        """The kernel changed where netplugin's ``kinds`` ("route", "egress", "node") live: check them now."""
         with self._lock:
             self._repair |= kinds
         self._worker.wake()
@@ -197,8 +228,8 @@ class NodeKeeper:
         """Put back what a kernel change removed (on the keeper's thread, which owns the routes)."""
         start = time.monotonic()
         fixed = []
-        if "hostport" in kinds and self.pods is not None:
-            fixed += self._repair_hostports()
+        if NODE_STATE in kinds:
+            fixed += self._keep_node()
         egress_gone = False
         if "egress" in kinds and self.egress is not None and self.egress_rules is not None and not self.departed:
             try:
@@ -218,7 +249,11 @@ class NodeKeeper:
             now = time.monotonic()
             if now - self._last_incident >= INCIDENT_GAP:
                 self.incidents += 1
+                self._rounds, self._began = 0, now
+            self._rounds += 1
             self._last_incident = now
+            if self._rounds >= self.longest_fight["rounds"]:
+                self.longest_fight = {"rounds": self._rounds, "seconds": round(now - self._began, 1)}
 
     def _resync(self, kinds: set[str], egress_gone: bool, fixed: list[tuple[str, str]]) -> None:
         self.sync(force=True)
@@ -231,21 +266,16 @@ class NodeKeeper:
     def _repaired(self, kind: str, what: str, start: float) -> None:
         with self._lock:
             self.repairs[kind] += 1
-        log.warning("repair (%s) in %.3fs: %s", kind, time.monotonic() - start, what)
+        self.repair_log.line(kind, "repair (%s) in %.3fs: %s", kind, time.monotonic() - start, what)
 
-    def _repair_hostports(self) -> list[tuple[str, str]]:
-        """The hostPort table, rebuilt from its records when a pod holds hostPorts and it is gone."""
-        from netplugin.core.execplugin.environ import base_env
-        from netplugin.core.hostports import localhost_enabled
-        from netplugin.plugins.hostport import restore_table
-
-        try:
-            localhost = localhost_enabled(base_env(self.config))  # the setting the members run with
-            done = restore_table(os.path.join(self.config.state_dir, "hostport"), localhost=localhost)
-        except NetpluginError as e:
-            log.error("repair: cannot restore the hostPort table: %s", e.message)
+    def _keep_node(self) -> list[tuple[str, str]]:
+        """The members' node-level state made what must exist (their ``node`` action): (kind, what) done."""
+        if self._manager is None:
             return []
-        return [("hostport", done)] if done is not None else []
+        kept = keep_node(self._manager(), init=False)  # the masks of the daemon's init; it runs no init
+        for err in kept.errors:
+            self.repair_log.line("failed", "repair: node state: %s", err, level=logging.ERROR)
+        return [(repair_kind(line), f"{member}: {line}") for member, line in kept.changes]
 
     def _synced(self) -> bool:
         cache = self.cluster.cache if self.cluster is not None else None
@@ -268,9 +298,10 @@ class NodeKeeper:
             try:
                 if self.sync(force=due) and due:
                     last_full = time.monotonic()
+                    self._repair_now({NODE_STATE})  # node-level state even when no notification came
             finally:
                 self._first.set()
-            self._worker.sleep(poll)
+            self._worker.sleep(1.0 if self.repair_log.flush() else poll)
 
     # --- one pass ----------------------------------------------------------------------------------
 
@@ -398,6 +429,9 @@ class NodeKeeper:
                 "repairs": dict(self.repairs),
                 "broken": dict(self.pods.broken) if self.pods is not None else {},
                 "repair_incidents": self.incidents,
+                "longest_fight": dict(self.longest_fight),
+                "repair_lines_not_logged": self.repair_log.dropped_total,
+                "repair_loops": dict(self.pods.looping) if self.pods is not None else {},
                 "kernel_wakeups": self._watch.wakeups if self._watch is not None else None,
                 "pod_repair_calls": self.pods.calls if self.pods is not None else None,
             }
@@ -432,6 +466,9 @@ class NodeKeeper:
             with self._lock:
                 broken = sorted(self.pods.broken.items())
             out += [{"kind": "broken_pod", "node": "", "cidr": "", "reason": f"pod {p}: {why}"} for p, why in broken]
+            with self._lock:
+                loops = sorted(self.pods.looping.items())
+            out += [{"kind": "repair_loop", "node": "", "cidr": "", "reason": f"pod {p}: {why}"} for p, why in loops]
         if watch is None:
             watch = cache.status() if cache is not None else {}
         for resource, st in (watch or {}).items():

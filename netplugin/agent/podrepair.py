@@ -9,8 +9,20 @@ A pod whose host interface is gone is **broken**: only a new setup (its sandbox 
 mend it, so it is reported (log, ``health``, ``netplugin_pods_broken``, ``pods``), never repaired
 or faked as healthy. Pods in setup or teardown are left to their action.
 
-Each thing put back is logged (``repair (KIND) of pod NS/NAME in 0.012s: what``) and counted in
-the keeper's repair counter, by the kinds of :data:`netplugin.core.plugin.REPAIR_KINDS`.
+Each thing put back is logged (``repair (KIND) of pod NS/NAME in 0.012s: what``, rate-limited:
+:mod:`.repairlog`) and counted in the keeper's repair counter, by the kinds of
+:data:`netplugin.core.plugin.REPAIR_KINDS`.
+
+Repair converges:
+
+* a failed repair is retried with backoff (:data:`RETRY_MIN` doubling to :data:`RETRY_MAX`) until
+  it succeeds or the pod is gone; after :data:`BROKEN_AFTER` failures in a row the pod is shown
+  ``broken`` (health, ``pods``, doctor) until one succeeds;
+* a repair that made the bridge again is followed, in the same pass, by a check of every ready
+  pod: a port detached while the bridge was gone is named by no later loss;
+* a pod whose own repair causes the loss it repairs (the next loss names only its interfaces and
+  comes within :data:`SELF_WINDOW` of its repair, :data:`LOOP_ROUNDS` times in a row) is cut off:
+  not repaired again until it is set up anew, and reported (``repair_loop``).
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from netplugin.agent.repairlog import RepairLog
 from netplugin.agent.worker import Worker
 from netplugin.core.errors import NetpluginError, StateError
 from netplugin.core.fileio import TMP_INFIX
@@ -42,6 +55,17 @@ log = logging.getLogger("netplugin.repair")
 
 #: pods repaired at once (each runs its chain's repair: a process per exec member)
 PARALLEL = 8
+#: the wait before a failed pod repair is tried again: doubled at each failure in a row, up to the max
+RETRY_MIN = 0.2
+RETRY_MAX = 5.0
+#: failed repairs in a row after which the pod is shown broken
+BROKEN_AFTER = 3
+#: a loss this soon after a pod's repair, naming only its interfaces, counts as caused by it
+SELF_WINDOW = 0.5
+#: rounds in a row of such a loop after which the pod's repair is cut off
+LOOP_ROUNDS = 20
+#: the "pod" of a loss that stands for every pod (a notification overflow, the first pass)
+EVERY = ""
 
 
 def _key(rec: PodRecord) -> str:
@@ -62,6 +86,8 @@ class PodRepairer:
         repairs: Counter[str],
         lock: threading.Lock,
         on_incident: Callable[[], None] = lambda: None,
+        repair_log: RepairLog | None = None,
+        limit: Callable[[], float] = lambda: 120.0,
     ) -> None:
         self.manager = manager
         self.repairs = repairs  #: shared with the node keeper: one counter, one metric
@@ -69,6 +95,14 @@ class PodRepairer:
         #: pod (``ns/name/infra-id``) -> why it is broken
         self.broken: dict[str, str] = {}
         self.failures = 0
+        #: pod -> (failures in a row, when it is tried again (monotonic), the last error)
+        self.failing: dict[str, tuple[int, float, str]] = {}
+        #: pod -> why its repair was cut off (it re-triggers itself)
+        self.looping: dict[str, str] = {}
+        #: pod -> (rounds in a row its repair caused the next loss, when its last repair ended)
+        self._streak: dict[str, tuple[int, float]] = {}
+        self._first_loss: float | None = None  #: when the pending losses began (monotonic)
+        self.repair_log = repair_log or RepairLog(log)
         #: told once per pass that put something back (one breakage, however many pods it hit)
         self.on_incident = on_incident
         #: pods whose chain's repair was run (a pod setup or teardown never causes one)
@@ -76,10 +110,14 @@ class PodRepairer:
         self._pending = Lost(set(), set())
         #: record path -> ((inode, mtime, size), record): a pass re-reads only the files that changed
         self._records: dict[str, tuple[tuple[int, int, int], PodRecord]] = {}
-        self._worker = Worker("netplugin-pod-repair", self._loop)
+        self._worker = Worker("netplugin-pod-repair", self._loop, limit)
+
+    @property
+    def worker(self) -> Worker:
+        return self._worker
 
     def start(self) -> None:
-        self._pending.damaged.add("")  # the first pass: every ready pod's host interface checked once
+        self._pending.damaged.add(EVERY)  # the first pass: every ready pod's host interface checked once
         self._worker.wake()
         self._worker.start()
 
@@ -89,44 +127,108 @@ class PodRepairer:
     def lost(self, lost: Lost) -> None:
         """The kernel watch's report (on its thread): look at these interfaces' pods soon."""
         with self._lock:
+            if not self._pending:
+                self._first_loss = time.monotonic()
             self._pending.gone |= lost.gone
             self._pending.damaged |= lost.damaged
         self._worker.wake()
 
+    def _next_wait(self) -> float | None:
+        """Until the next retry is due, or a held-back log summary is to be written (None: no limit)."""
+        with self._lock:
+            due = min((d for _, d, _ in self.failing.values()), default=None)
+        waits = [max(0.0, due - time.monotonic())] if due is not None else []
+        if self.repair_log.flush():
+            waits.append(1.0)
+        return min(waits) if waits else None
+
     def _loop(self) -> None:
         while not self._worker.stopping:
-            self._worker.sleep()
+            self._worker.sleep(self._next_wait())
             with self._lock:
                 pending, self._pending = self._pending, Lost(set(), set())
+                first, self._first_loss = self._first_loss, None
+                now = time.monotonic()
+                retry = {p for p, (_, due, _) in self.failing.items() if due <= now}
             if self._worker.stopping:
                 return
             try:
-                self.run(pending.gone | pending.damaged, every="" in pending.damaged)
+                self.run(pending.gone | pending.damaged, every=EVERY in pending.damaged, retry=retry,
+                         lost=pending, since=first)  # fmt: skip
             except NetpluginError as e:
                 log.error("pod repair: cannot read the pod records: %s", e.message)
 
-    def run(self, names: set[str], *, every: bool = False) -> None:
-        """One pass: each ready pod with a host interface in ``names`` (``every``: all) checked."""
+    def run(
+        self,
+        names: set[str],
+        *,
+        every: bool = False,
+        retry: set[str] | None = None,
+        lost: Lost | None = None,
+        since: float | None = None,
+    ) -> None:
+        """One pass: each ready pod with a host interface in ``names`` (``every``: all), and each pod
+        in ``retry`` (its last repair failed), checked. ``lost`` and ``since`` are the losses that
+        woke it and when they began (the loop guard's evidence)."""
         manager = self.manager()
         if manager.state is None:
             return
         records = self._ready_records(manager.state.dir, manager.state.load)
         live = {_key(r) for r in records}
         with self._lock:
-            for pod in [p for p in self.broken if p not in live]:
-                del self.broken[pod]  # torn down (or its record gone): no longer broken
-        hit = [(rec, hifs) for rec in records if (hifs := _host_interfaces(rec)) and (every or names & set(hifs))]
+            for table in (self.broken, self.failing, self.looping, self._streak):
+                for pod in [p for p in table if p not in live]:
+                    del table[pod]  # torn down (or its record gone): no longer broken, failing or looping
+        self._loop_guard(records, lost, since)
+        retry = retry or set()
+        hit = [
+            (rec, hifs)
+            for rec in records
+            if (hifs := _host_interfaces(rec)) and (every or names & set(hifs) or _key(rec) in retry)
+            and _key(rec) not in self.looping
+        ]
         if not hit:
             return
         # The first pod alone: what pods share (the bridge) is put back once, by its repair; then
         # the rest in parallel (actions on different pods may overlap), so a node's worth of ports
         # comes back in a few plugin calls' time rather than in one per pod.
-        changed = self._pod(manager, *hit[0])
-        if len(hit) > 1:
-            with ThreadPoolExecutor(min(PARALLEL, len(hit) - 1), thread_name_prefix="netplugin-repair") as pool:
-                changed |= any(list(pool.map(lambda h: self._pod(manager, *h), hit[1:])))
-        if changed:
+        kinds = self._pod(manager, *hit[0])
+        rest = hit[1:]
+        if "bridge" in kinds and not every:
+            # The bridge was made again: every port detached while it was gone must be checked, and
+            # no later loss names a port that is already detached.
+            rest = [(r, h) for r in records if (h := _host_interfaces(r)) and _key(r) != _key(hit[0][0])
+                    and _key(r) not in self.looping]  # fmt: skip
+        if rest:
+            with ThreadPoolExecutor(min(PARALLEL, len(rest)), thread_name_prefix="netplugin-repair") as pool:
+                for got in pool.map(lambda h: self._pod(manager, *h), rest):
+                    kinds |= got
+        if kinds:
             self.on_incident()
+
+    def _loop_guard(self, records: list[PodRecord], lost: Lost | None, since: float | None) -> None:
+        """Count, per pod, the passes woken by a loss its own last repair caused (only its interfaces,
+        nothing gone, soon after); past :data:`LOOP_ROUNDS` in a row its repair is cut off."""
+        if lost is None or since is None:
+            return
+        for rec in records:
+            pod = _key(rec)
+            with self._lock:
+                count, ended = self._streak.get(pod, (0, -SELF_WINDOW))
+            caused = (not lost.gone and EVERY not in lost.damaged and bool(lost.damaged)
+                      and lost.damaged <= set(_host_interfaces(rec)) and since - ended <= SELF_WINDOW)  # fmt: skip
+            with self._lock:
+                if not caused:
+                    self._streak.pop(pod, None)
+                    continue
+                self._streak[pod] = (count + 1, ended)
+                if count + 1 < LOOP_ROUNDS or pod in self.looping:
+                    continue
+                members = ", ".join(m.plugin for m in rec.chain if m.ran)
+                why = (f"its repair caused the loss it repairs {count + 1} times in a row (members: {members}): "
+                       "cut off until it is set up again")  # fmt: skip
+                self.looping[pod] = why
+            log.error("pod %s: %s", pod, why)
 
     def _ready_records(self, records_dir: str, load: Callable[[str], PodRecord]) -> list[PodRecord]:
         """The ready pods' records. Every teardown deletes a host veth (a loss), so on a full node a
@@ -148,8 +250,8 @@ class PodRepairer:
         self._records = fresh
         return [rec for _, rec in fresh.values() if rec.state == READY]
 
-    def _pod(self, manager: Manager, rec: PodRecord, hifs: list[str]) -> bool:
-        """Check and repair one pod; True when its repair put something back."""
+    def _pod(self, manager: Manager, rec: PodRecord, hifs: list[str]) -> set[str]:
+        """Check and repair one pod; the kinds of what its repair put back."""
         pod = _key(rec)
         missing = [h for h in hifs if link_gone(h)]
         if missing:
@@ -159,27 +261,44 @@ class PodRepairer:
                 self.broken[pod] = why
             if not known:
                 log.error("pod %s is broken: %s", pod, why)
-            return False
+            return set()
         start = time.monotonic()
         with self._lock:
             self.calls += 1
         try:
             done = repair_pod(manager, rec.ref)
+            errors = done.errors
         except NetpluginError as e:
-            with self._lock:
-                self.failures += 1
-            log.error("repair of pod %s failed: %s", pod, e.message)
-            return False
+            done, errors = None, [e.message]
         took = time.monotonic() - start
-        for member, line in done.changes:
+        kinds = set()
+        for member, line in done.changes if done is not None else []:
             kind = repair_kind(line)
+            kinds.add(kind)
             with self._lock:
                 self.repairs[kind] += 1
-            log.warning("repair (%s) of pod %s in %.3fs by %s: %s", kind, pod, took, member, line)
-        for err in done.errors:
-            with self._lock:
-                self.failures += 1
-            log.error("repair of pod %s failed: %s", pod, err)
-        if done.unrepairable:
+            self.repair_log.line(kind, "repair (%s) of pod %s in %.3fs by %s: %s", kind, pod, took, member, line)
+        with self._lock:
+            count = self._streak.get(pod, (0, 0.0))[0]
+            self._streak[pod] = (count, time.monotonic()) if kinds else (0, -SELF_WINDOW)
+        self._failed(pod, errors)
+        if done is not None and done.unrepairable:
             log.info("pod %s: %s declare(s) no repair: not put back", pod, ", ".join(done.unrepairable))
-        return bool(done.changes)
+        return kinds
+
+    def _failed(self, pod: str, errors: list[str]) -> None:
+        """Schedule the retry of a failed repair (and call the pod broken past BROKEN_AFTER), or clear it."""
+        with self._lock:
+            if not errors:
+                if self.failing.pop(pod, None) is not None and self.broken.get(pod, "").startswith("its repair"):
+                    del self.broken[pod]
+                return
+            self.failures += len(errors)
+            count = self.failing.get(pod, (0, 0.0, ""))[0] + 1
+            wait = min(RETRY_MIN * 2 ** (count - 1), RETRY_MAX)
+            self.failing[pod] = (count, time.monotonic() + wait, errors[0])
+            if count >= BROKEN_AFTER:
+                self.broken[pod] = f"its repair keeps failing ({count} times in a row): {errors[0]}"
+        for err in errors:
+            msg = "repair of pod %s failed (try %d, again in %.1fs): %s"
+            self.repair_log.line("failed", msg, pod, count, wait, err, level=logging.ERROR)

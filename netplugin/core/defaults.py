@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_SOCKET",
     "DEFAULT_STATE_DIR",
     "DEFAULT_TIMEOUTS",
+    "FIGHT_ROUNDS",
     "LIMIT_OF",
     "SOCKET_NAME",
     "answer_timeout",
@@ -43,6 +44,8 @@ DEFAULT_NETNS_TEMPLATE = "/var/run/netns/{infra_id}"
 SOCKET_NAME = "netplugin.sock"
 DEFAULT_SOCKET = DEFAULT_RUN_DIR + "/" + SOCKET_NAME
 ACTIONS = ("init", "setup", "teardown", "status")
+#: rounds of self-repair in one incident (repairs less than 2 s apart) from which doctor calls it a fight
+FIGHT_ROUNDS = 10
 #: the time limit of each plugin action, in seconds
 DEFAULT_TIMEOUTS = {"init": 10.0, "setup": 30.0, "teardown": 30.0, "status": 10.0}
 #: actions without a limit of their own run under another's (each member under its own: see core.plugin)

@@ -24,6 +24,8 @@
               flows are not flushed), and whether 127.0.0.1 hostPorts are on (route_localnet);
               without one, a conflist declaring ``portMappings`` is a problem (every hostPort pod's
               ADD fails), with the chain to configure;
+``keepers``   the daemon's control loops (node keeper, pod repairer, gc keeper, kernel watch) run,
+              none stuck in a pass past its interval;
 ``dirs``      the state and run dirs are netplugin's own (root's, not group/world-writable, no links).
 
 A check that cannot be answered (no daemon to ask) is a problem, with how to fix it. The CLI
@@ -37,6 +39,7 @@ import ipaddress
 import os
 from typing import TYPE_CHECKING, Any
 
+from netplugin.core.defaults import FIGHT_ROUNDS
 from netplugin.core.errors import NetpluginError
 from netplugin.core.plaindata import dataclass
 from netplugin.frontends.cni.installed import (
@@ -256,7 +259,7 @@ def check_node(node: Node) -> Check:
             "kube-controller-manager --allocate-node-cidrs --cluster-cidr=..., or set the Node's podCIDRs by hand",
         )
     found = f"node {me}: pod CIDRs {', '.join(cidrs) or 'none'}; {len(routes)} route(s) to {st.get('nodes')} node(s)"
-    problems = [p for p in st.get("problems") or [] if p.get("kind") != "broken_pod"]  # check_repairs's
+    problems = [p for p in st.get("problems") or [] if p.get("kind") not in ("broken_pod", "repair_loop")]  # repairs
     if problems:
         text = "; ".join(f"{p.get('node')} {p.get('cidr')}: {p.get('reason')}" for p in problems[:5])
         return Check("node", found, f"{len(problems)} node(s) cannot be routed: {text}", "see netplugin nodes")
@@ -295,6 +298,21 @@ def check_repairs(node: Node) -> Check:
         text = "; ".join(f"{pod}: {why}" for pod, why in sorted(broken.items())[:5])
         fix = "delete those pods (the kubelet makes them a new sandbox), or netplugin teardown NS NAME INFRA_ID"
         return Check("repairs", found, f"{len(broken)} pod(s) broken: {text}", fix)
+    loops = st.get("repair_loops") or {}
+    if loops:
+        text = "; ".join(f"{pod}: {why}" for pod, why in sorted(loops.items())[:5])
+        fix = "fix the member's repair (it must not remove what it puts back); the pod is repaired once set up anew"
+        return Check("repairs", found, f"{len(loops)} pod(s) whose repair re-triggers itself: {text}", fix)
+    fight = st.get("longest_fight") or {}
+    if fight.get("rounds", 0) >= FIGHT_ROUNDS:
+        return Check(
+            "repairs",
+            f"{found} (longest fight: {fight['rounds']} rounds in {fight.get('seconds', 0):.0f}s)",
+            f"a fight: the daemon put back what netplugin made {fight['rounds']} times in a row over "
+            f"{fight.get('seconds', 0):.0f}s: something on the node keeps removing it",
+            "find what removes it (an agent deleting the bridge, a firewall flushing nftables, a script "
+            "flushing routes); see the daemon's 'repair' log",
+        )
     # Incidents, not objects: one deleted bridge puts back every pod's port, once.
     incidents = st.get("repair_incidents", sum(repairs.values()))
     if incidents >= RECURRING_REPAIRS:
@@ -306,6 +324,18 @@ def check_repairs(node: Node) -> Check:
             "find what flushes them (a firewall reload, a network manager, a script); see the daemon's 'repair' log",
         )
     return Check("repairs", found)
+
+
+def check_keepers(node: Node) -> Check:
+    if node.health is None:
+        return Check("keepers", "no daemon: no keeper runs")
+    keepers = node.health.get("keepers") or {}
+    found = f"{len(keepers)} keeper(s): {', '.join(sorted(keepers)) or 'none'}"
+    problems = node.health.get("keeper_problems") or []
+    if problems:
+        fix = "see the daemon's log (its ERROR lines), then systemctl restart netplugin"
+        return Check("keepers", found, "; ".join(problems), fix)
+    return Check("keepers", f"{found}: running")
 
 
 def check_dirs(node: Node) -> Check:
@@ -480,6 +510,7 @@ CHECKS = (
     check_mtu,
     check_hostport,
     check_repairs,
+    check_keepers,
     check_dirs,
 )
 

@@ -7,8 +7,8 @@ polling: an idle daemon spends no CPU here), waits a moment for a burst to end, 
 
 * a deleted ``proto 78`` route (``ip route flush proto 78``, an admin's mistake): kind "route";
 * an nftables change (``nft flush ruleset``, what a firewalld reload does): kinds "egress" and
-  "hostport" (the tables are reinstalled if they are gone; our own reinstall is a change too,
-  but then the tables are there);
+  "node" (the chain members' node-level state, a hostPort table: their ``node`` action makes it
+  what it must be; our own reinstall is a change too, but then the state is right);
 * interfaces that lost something a pod's plugin made (:mod:`.linkview`: a deleted bridge, a port
   that lost its master or hairpin, a deleted qdisc), for the pod repairer (:mod:`netplugin.agent.podrepair`).
 
@@ -48,15 +48,17 @@ from netplugin.core.nlwire import (
 )
 from netplugin.nodenet.linkview import LinkView, Lost
 
-__all__ = ["KernelWatch"]
+__all__ = ["NODE_STATE", "KernelWatch"]
 
 log = logging.getLogger("netplugin.repair")
 
 _LINK_GROUPS = (RTNLGRP_LINK, RTNLGRP_TC, RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR)
 #: a burst of changes (a flush removes routes one message at a time) is acted on once
 SETTLE = 0.05
+#: the kind of the chain members' node-level state (their ``node`` action keeps it)
+NODE_STATE = "node"
 #: what an nftables change may have flushed
-NFT_KINDS = frozenset({"egress", "hostport"})
+NFT_KINDS = frozenset({"egress", NODE_STATE})
 
 
 def _subscribe(proto: int, groups: tuple[int, ...]) -> socket.socket:
@@ -97,6 +99,8 @@ class KernelWatch:
         self.view = LinkView()
         #: how often the thread woke: only for kernel notifications (an idle node: never)
         self.wakeups = 0
+        #: batches that raised (logged with their traceback; the thread goes on)
+        self.errors = 0
         self._stop_r, self._stop_w = socket.socketpair()
         self._thread: threading.Thread | None = None
 
@@ -138,6 +142,10 @@ class KernelWatch:
         self._stop_r.close()
         self._stop_w.close()
 
+    def alive(self) -> bool:
+        """Whether its thread runs (it survives any exception of one batch: logged, then everything checked)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def _loop(self, routes: socket.socket, links: socket.socket | None, nft: socket.socket | None) -> None:
         socks = [s for s in (routes, links, nft) if s is not None]
         try:
@@ -146,17 +154,31 @@ class KernelWatch:
                 if self._stop_r in ready:
                     return
                 self.wakeups += 1
-                lost = Lost(set(), set())
-                kinds = self._read(ready, routes, links, nft, lost)
-                time.sleep(SETTLE)
-                kinds |= self._read(select.select(socks, [], [], 0)[0], routes, links, nft, lost)  # the burst's rest
-                if kinds:
-                    self.on_change(kinds)
-                if lost and self.on_lost is not None:
-                    self.on_lost(lost)
+                try:
+                    self._batch(ready, routes, links, nft)
+                except Exception as e:
+                    self.errors += 1
+                    log.error("kernel watch: %s: %s; checking everything", type(e).__name__, e, exc_info=True)
+                    time.sleep(SETTLE * 10)  # a bound on a batch that keeps failing
+                    self.on_change({"route", *NFT_KINDS})
+                    if self.on_lost is not None:
+                        self.on_lost(Lost(set(), {""}))  # "" stands for every pod
         finally:
             for s in socks:
                 s.close()
+
+    def _batch(
+        self, ready: Sequence[object], routes: socket.socket, links: socket.socket | None, nft: socket.socket | None
+    ) -> None:
+        socks = [s for s in (routes, links, nft) if s is not None]
+        lost = Lost(set(), set())
+        kinds = self._read(ready, routes, links, nft, lost)
+        time.sleep(SETTLE)
+        kinds |= self._read(select.select(socks, [], [], 0)[0], routes, links, nft, lost)  # the burst's rest
+        if kinds:
+            self.on_change(kinds)
+        if lost and self.on_lost is not None:
+            self.on_lost(lost)
 
     def _read(
         self,

@@ -139,7 +139,7 @@ def test_doctor_without_a_daemon_is_a_problem_and_text_output_has_one_line_per_c
     code, checks = node.doctor()
     assert code == 7
     assert list(checks) == ["conflist", "shim", "daemon", "settings", "plugin", "node", "egress", "bridge_netfilter",
-                           "policy", "forward", "mtu", "hostport", "repairs", "dirs"]  # fmt: skip
+                           "policy", "forward", "mtu", "hostport", "repairs", "keepers", "dirs"]  # fmt: skip
     assert "no daemon answers" in checks["daemon"]["problem"] and "systemctl start" in checks["daemon"]["fix"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NETPLUGIN_")}
     env["PYTHONPATH"] = str(REPO)

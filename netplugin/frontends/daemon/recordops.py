@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from netplugin.frontends.wire.codes import error_classes
 from netplugin.frontends.wire.protocol import progress_line
 from netplugin.manager.gc import GcIncomplete, run_gc
 from netplugin.store.listing import list_pods, still_needed
+from netplugin.store.records import READY
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -44,9 +45,16 @@ def progress_sink(writer: asyncio.StreamWriter) -> Callable[[str], None]:
     return send
 
 
-def pods_answer(config: Config) -> dict[str, Any]:
-    """The ``pods`` op: the listing, and its tables as ``netplugin pods`` prints them (plain and wide)."""
+def pods_answer(config: Config, broken: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``pods`` op: the listing, and its tables as ``netplugin pods`` prints them (plain and wide).
+
+    ``broken``: the pods (``NS/NAME/INFRA_ID``) the daemon's repairer knows broken (a repair that
+    keeps failing): a ready one among them is shown ``broken``."""
     listing = list_pods(config.state_dir, config.run_dir, config.chain)
+    known = broken or {}
+    listing.rows = [
+        (r, "broken" if c == READY and f"{r.ref}/{r.ref.infra_id}" in known else c) for r, c in listing.rows
+    ]
     if not listing.rows:
         return {"listing": listing.to_dict(), "table": None, "wide": None}
     return {"listing": listing.to_dict(), "table": listing.table(), "wide": listing.wide_table()}

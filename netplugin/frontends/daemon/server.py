@@ -205,7 +205,7 @@ class Daemon:
         if op == "plugins":
             return [c.to_dict() for c in self.manager.candidates()]
         if op == "pods":
-            return pods_answer(self.config)
+            return pods_answer(self.config, self.nodes.broken())
         if op == "gc":
             return gc_answer(self.manager, req)
         raise InvalidArgument("op", op, f"must be one of {', '.join(OPS)}")
@@ -238,6 +238,9 @@ class Daemon:
             "refused": self.refused,
             "node": self.nodes.status(),
             "gc": self.gc.last,
+            # the node's control loops: each running, no pass past its interval (else a problem, exit 7)
+            "keepers": {w.name: w.status() for w in [self.gc.worker, *self.nodes.workers()]},
+            "keeper_problems": [p for p in [self.gc.worker.problem()] if p] + self.nodes.keeper_problems(),
             "stuck": [c.to_dict() for c in stuck_calls()],  # in-process actions past their limits
             "plugins_still_needed": still_needed_answer(self.config) if self._chain_changed else {},
         }

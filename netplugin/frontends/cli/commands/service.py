@@ -63,7 +63,8 @@ def health(st: State, wait: float) -> None:
     """Ask the daemon whether it serves: exit 0 if it does, 6 when nobody answers (a stale socket too).
 
     Exit 7 when it serves but refused the config on disk at its last reload (it keeps its running
-    settings).
+    settings), or when one of its keepers (the node keeper, the pod repairer, the gc keeper, the
+    kernel watch) is not running or has not completed a pass within its interval.
 
     The DaemonSet's liveness and readiness probes run this.
 
@@ -80,7 +81,8 @@ def health(st: State, wait: float) -> None:
     # A broken pod is reported, not a reason for the probe to restart the daemon (it cannot mend it).
     n = len((h.get("node") or {}).get("broken") or {})
     broken = f"; {n} pod(s) broken, their host interface gone (see netplugin doctor)" if n else ""
+    keepers = "".join(f"; {p}" for p in h.get("keeper_problems") or [])
     up = f"serving: pid {h['pid']}, plugin {h['plugin'] or '-'}, up {h['uptime_seconds']:.0f} s"
-    st.emit(h, f"{up}{stuck}{broken}{refused}")
-    if refused:
+    st.emit(h, f"{up}{stuck}{broken}{refused}{keepers}")
+    if refused or keepers:
         raise click.exceptions.Exit(EXIT_DOCTOR_PROBLEMS)
