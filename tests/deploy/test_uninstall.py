@@ -247,3 +247,26 @@ def test_uninstall_removes_the_man_page_link_install_made(tmp_path: Path) -> Non
     gone = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     assert f"removed {man}/netplugin.1" in gone.stdout, gone.stdout + gone.stderr
     assert not (man / "netplugin.1").is_symlink() and (man / "other.1").is_symlink()
+
+
+def test_purge_keeps_the_state_of_a_pod_whose_teardown_fails(netns: str, tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    failer = root / "exec" / "failer"
+    failer.mkdir(parents=True)
+    (failer / "failer").write_text('#!/bin/bash\n[ "$1" != teardown ] || { echo "cannot let go" >&2; exit 1; }\n')
+    for path, mode in ((root, 0o755), (root / "exec", 0o755), (failer, 0o755), (failer / "failer", 0o755)):
+        path.chmod(mode)
+    flags, config = _node(root)
+    cm = tmp_path / "cm.yaml"
+    cm.write_text(f"plugin: failer\nplugin_dir: {root}/exec\nstate_dir: {root}/state\nrun_dir: {root}/run\n"
+                  "host: none\nmetrics_address: none\n")  # fmt: skip
+    done = _in(netns, "bash", str(INSTALL), *flags, "--config-from", str(cm))
+    assert done.returncode == 0, done.stdout + done.stderr
+    pod = _in(netns, sys.executable, "-m", "netplugin", "--config", str(config), "setup", "default", "w", "i")
+    assert pod.returncode == 0, pod.stderr
+    records = sorted((root / "state" / "pods").glob("*.json"))
+    gone = _in(netns, "bash", str(INSTALL), *flags, "--uninstall", "--purge")
+    # the records are all that can still free the pod: they stay
+    assert records and sorted((root / "state" / "pods").glob("*.json")) == records, gone.stdout
+    assert gone.returncode == 1, gone.stdout + gone.stderr
+    assert "cannot let go" in gone.stderr and "could not be torn down" in gone.stderr, gone.stderr
