@@ -37,6 +37,7 @@ from shipped import daemonset
 
 from netplugin.core.defaults import SOCKET_NAME
 from netplugin.frontends.cni.native import slots
+from tests.waits import WITHIN, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "scripts" / "build-image.sh"
@@ -307,7 +308,9 @@ def test_daemon_in_the_image_serves_pods_set_up_from_the_host(image: str, node: 
     for ns in (early, late):
         out = node.cli("teardown", "default", f"pod-{ns}", ns)
         assert out.returncode == 0, out.stderr
-        assert not link_exists(host_veth_name(ns))
+        # the built-in bridge answers with the veth off the network; the kernel deletes it just after
+        veth = host_veth_name(ns)
+        wait_for(lambda veth=veth: not link_exists(veth), f"{veth} deleted", WITHIN)
     assert _metric(node, "kubelet_network_plugin_operations_total", "tear_down_pod") == 2.0
 
     # The kubelet's path: the runtime calls the shim on the host (the compiled one the init container
@@ -319,7 +322,7 @@ def test_daemon_in_the_image_serves_pods_set_up_from_the_host(image: str, node: 
     assert link_exists(host_veth_name(early))
     delete = _shim(node, "DEL", early, "web-0")
     assert delete.returncode == 0, delete.stdout + delete.stderr
-    assert not link_exists(host_veth_name(early))
+    wait_for(lambda: not link_exists(host_veth_name(early)), f"{host_veth_name(early)} deleted", WITHIN)
     assert _metric(node, "kubelet_network_plugin_operations_total", "set_up_pod") == 3.0
     assert _metric(node, "kubelet_network_plugin_operations_total", "tear_down_pod") == 3.0
     assert list((node.state / "pods").glob("*.json")) == []

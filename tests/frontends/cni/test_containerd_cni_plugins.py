@@ -32,6 +32,8 @@ from gopeers import require
 from nettest import ip_in, kernel_unavailable_reason, tcp_rate
 from portcheck import Server, ask
 
+from tests.waits import WITHIN, wait_for
+
 from .containerd import Containerd, PortMap, unavailable_reason
 from .test_containerd import CONTAINERD2_PEERS, CniNet
 
@@ -175,7 +177,8 @@ def test_cnis_portmap_bandwidth_and_firewall_chain_after_netplugin_cni(node: Nod
         net.sandboxes.remove(sb.id)
         assert sb.ip not in node.nat_rules()
         assert sb.ip not in _run(["ip", "netns", "exec", node.name, "iptables", "-S"]).stdout
-        assert veth not in node.links()
+        # the built-in bridge answers with the veth off the network; the kernel deletes it just after
+        wait_for(lambda: veth not in node.links(), f"{veth} deleted", WITHIN)
         assert ask(node.host, node.node_ip, 31080, timeout=1) == ""
     finally:
         for server in servers:
