@@ -37,11 +37,11 @@ from __future__ import annotations
 import glob
 import ipaddress
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.defaults import FIGHT_ROUNDS
 from netplugin.core.errors import NetpluginError
-from netplugin.core.plaindata import dataclass
 from netplugin.frontends.cni.installed import (
     CNI_BIN_DIRS,
     CONF_SUFFIXES,

@@ -24,10 +24,10 @@ import ssl
 import tempfile
 import urllib.parse
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from netplugin.core.errors import HostError
-from netplugin.core.plaindata import dataclass, field
 
 __all__ = [
     "DEFAULT_SERVICE_ACCOUNT_DIR",

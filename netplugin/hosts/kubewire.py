@@ -23,10 +23,10 @@ import http.client
 import json
 import socket
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from netplugin.core._yaml import MAX_NODES, DocumentError, load_json, shape_problem
-from netplugin.core.plaindata import dataclass
 
 __all__ = [
     "MAX_EVENT_BYTES",

@@ -36,11 +36,11 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from netplugin.core._yaml import short_repr
 from netplugin.core.errors import HostError
-from netplugin.core.plaindata import dataclass
 from netplugin.hosts.kubewire import BadObject, WatchStream, object_problem, parse_event, parse_list_page
 
 __all__ = [

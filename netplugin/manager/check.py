@@ -11,10 +11,10 @@ swaps; a check from the command line runs nothing. What is wrong comes back as a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from netplugin.core.errors import ConfigError, NetpluginError, PluginInvalid, PluginNotFound
-from netplugin.core.plaindata import dataclass
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config

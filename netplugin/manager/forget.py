@@ -10,11 +10,11 @@ was never torn down. It happens under the pod's lock, so never during an action 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import InvalidArgument
 from netplugin.core.names import PodRef
-from netplugin.core.plaindata import dataclass
 
 if TYPE_CHECKING:
     from netplugin.manager.manager import Manager

@@ -31,12 +31,12 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError, NetpluginError, PluginFailed, StateError
 from netplugin.core.names import PodRef
 from netplugin.core.netns import netns_gone
-from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import NOOP_NAME
 from netplugin.hosts.base import NullHost
 from netplugin.hosts.static import StaticHost

@@ -10,11 +10,11 @@ its own action, or gc, owns it. :func:`keep_node` runs the ``node`` action of ea
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from netplugin.core.errors import NetpluginError
 from netplugin.core.names import PodRef
-from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import REPAIR_KINDS
 from netplugin.store.records import READY
 

@@ -46,9 +46,9 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from netplugin.core.netns import in_netns
-from netplugin.core.plaindata import dataclass
 
 from ..core.errors import TAIL, InvalidArgument, NetpluginError
 

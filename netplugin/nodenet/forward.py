@@ -38,10 +38,10 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from netplugin.core.errors import TAIL, InvalidArgument, NetpluginError
 from netplugin.core.netns import in_netns
-from netplugin.core.plaindata import dataclass
 from netplugin.nodenet.policyagents import KNOWN
 
 __all__ = ["CHAIN", "COMMENT", "Forward", "ForwardError", "ForwardState"]

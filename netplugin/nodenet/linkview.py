@@ -14,6 +14,7 @@ nothing.
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 
 from netplugin.core.nlwire import (
     IFADDR,
@@ -35,7 +36,6 @@ from netplugin.core.nlwire import (
     find_attr,
     messages,
 )
-from netplugin.core.plaindata import dataclass
 
 __all__ = ["LinkView", "Lost"]
 

@@ -15,11 +15,11 @@ import json
 import shutil
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from netplugin.core.errors import NetpluginError, SystemFailure
 from netplugin.core.hostports import HOSTPORT_TABLE
 from netplugin.core.netns import in_netns
-from netplugin.core.plaindata import dataclass
 from netplugin.nodenet.egress import DEFAULT_TABLE, Egress
 from netplugin.nodenet.forward import Forward
 from netplugin.nodenet.routes import RTPROT_NETPLUGIN

@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from dataclasses import dataclass
 
 from netplugin.core.netns import in_netns
-from netplugin.core.plaindata import dataclass
 
 __all__ = ["KNOWN", "KUBE_NETWORK_POLICIES", "KnownAgent", "Seen", "seen"]
 

@@ -36,10 +36,10 @@ import ipaddress
 import socket
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from netplugin.core.node import NodeInfo
-from netplugin.core.plaindata import dataclass, field
 
 __all__ = ["PROBLEM_KINDS", "RTPROT_NETPLUGIN", "Route", "RouteProblem", "RouteReport", "RouteTable"]
 

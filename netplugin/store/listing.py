@@ -11,10 +11,10 @@ import fcntl
 import os
 import socket
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from netplugin.core.names import PodRef
-from netplugin.core.plaindata import dataclass, field
 from netplugin.core.plugin import NOOP_NAME
 from netplugin.core.texttable import text_table
 from netplugin.store.locks import pod_lock_path

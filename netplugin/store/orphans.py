@@ -22,12 +22,12 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from netplugin.core.errors import NetpluginError
 from netplugin.core.execplugin.calls import ENV as CALL_ENV
 from netplugin.core.execplugin.calls import boot_clock, call_key, token_time, verify_token
 from netplugin.core.names import PodRef
-from netplugin.core.plaindata import dataclass, replace
 from netplugin.core.procs import proc_start
 
 __all__ = ["POD_ACTIONS", "PluginProcess", "plugin_processes", "settle"]

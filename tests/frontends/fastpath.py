@@ -1,5 +1,11 @@
-"""What the per-call fast paths (``cli/entry.py``, ``cni/router.py``) may import: the standard library
-(minus its expensive ``json`` and ``typing``) and these netplugin modules, nothing else."""
+"""netplugin's per-call import set, named here once: what one ``netplugin`` or ``netplugin-cni`` process
+may import.
+
+Through the daemon (``cli/entry.py``, ``cni/router.py``: BENCHMARKS.md rows H and Gpy): the standard
+library (minus its expensive ``json`` and ``typing``) and :data:`ALLOWED_NETPLUGIN`, nothing else.
+Running the call itself (no daemon: the CLI's cold start B-i and per-pod B, and the router's local
+run): :data:`PER_CALL`. Only these modules may keep the speed tricks (``core/plaindata`` instead of
+``dataclasses``, imports inside functions); tests/test_per_call_imports.py checks that they hold."""
 
 from __future__ import annotations
 
@@ -23,6 +29,68 @@ ALLOWED_NETPLUGIN = frozenset(
         "netplugin.frontends.cni.router",
     }
 )
+#: the modules a call run in its own process adds (the CLI's ``setup``/``status``/``teardown`` with the
+#: built-in no-op and with an exec plugin, the CNI shim's ADD/CHECK/DEL with no daemon answering; a
+#: config file read through its cache)
+LOCAL_RUN = frozenset(
+    {
+        "netplugin.core._yaml",
+        "netplugin.core.chaining",
+        "netplugin.core.config",
+        "netplugin.core.configcache",
+        "netplugin.core.configkeys",
+        "netplugin.core.dirs",
+        "netplugin.core.discovery",
+        "netplugin.core.errors",
+        "netplugin.core.execplugin",
+        "netplugin.core.execplugin._launch",
+        "netplugin.core.execplugin._proctree",
+        "netplugin.core.execplugin._pump",
+        "netplugin.core.execplugin.calls",
+        "netplugin.core.execplugin.environ",
+        "netplugin.core.execplugin.exec_plugin",
+        "netplugin.core.execplugin.invoke",
+        "netplugin.core.execplugin.status",
+        "netplugin.core.execplugin.trust",
+        "netplugin.core.fileio",
+        "netplugin.core.hostports",
+        "netplugin.core.names",
+        "netplugin.core.netlink",
+        "netplugin.core.netns",
+        "netplugin.core.nlwire",
+        "netplugin.core.node",
+        "netplugin.core.plaindata",
+        "netplugin.core.plugin",
+        "netplugin.core.podlink",
+        "netplugin.core.procs",
+        "netplugin.core.spares",
+        "netplugin.frontends.cni.attachments",
+        "netplugin.frontends.cni.netconf",
+        "netplugin.frontends.cni.operations",
+        "netplugin.frontends.cni.result",
+        "netplugin.frontends.cni.spec",
+        "netplugin.hosts",
+        "netplugin.hosts.base",
+        "netplugin.hosts.static",
+        "netplugin.manager",
+        "netplugin.manager.chain",
+        "netplugin.manager.initonce",
+        "netplugin.manager.manager",
+        "netplugin.manager.reporting",
+        "netplugin.plugins",
+        "netplugin.plugins.bounded",
+        "netplugin.plugins.noop",
+        "netplugin.store",
+        "netplugin.store.commit",
+        "netplugin.store.ipclaims",
+        "netplugin.store.locks",
+        "netplugin.store.records",
+        "netplugin.store.state",
+        "netplugin.store.statenetplugin",
+    }
+)
+#: netplugin's per-call import set
+PER_CALL = ALLOWED_NETPLUGIN | LOCAL_RUN
 #: standard modules that cost about as much as the interpreter's start each
 EXPENSIVE_STDLIB = ("json", "typing")
 

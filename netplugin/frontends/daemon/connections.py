@@ -18,11 +18,11 @@ import socket
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core._yaml import load_json
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, NetpluginError
-from netplugin.core.plaindata import dataclass
 from netplugin.frontends.daemon.actionlog import log_refusal
 from netplugin.frontends.daemon.cnicalls import run_cni_call
 from netplugin.frontends.daemon.envelope import check_request, pod_of, pod_text

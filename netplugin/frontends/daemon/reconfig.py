@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import NetpluginError
-from netplugin.core.plaindata import dataclass, fields
 from netplugin.frontends.wire.fingerprint import fingerprint
 from netplugin.manager.check import Refusal, checked_manager, refusal_of
 
@@ -86,7 +86,7 @@ class Reconfig:
 def plan(old: Config, new: Config) -> Reconfig:
     """Compare the running settings with the file's; ``config_path`` itself never differs."""
     changed = tuple(
-        f.name for f in fields(old) if f.name != "config_path" and getattr(old, f.name) != getattr(new, f.name)
+        k for k in old.to_dict() if k != "config_path" and getattr(old, k) != getattr(new, k)
     )
     return Reconfig(changed, tuple(k for k in changed if k in RESTART_KEYS))
 

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from netplugin.core.config import Config, load_config
@@ -30,7 +31,6 @@ from netplugin.core.datadir import DATA_DIR_ENV, data_dirs
 from netplugin.core.errors import InvalidArgument, NetpluginError, SystemFailure
 from netplugin.core.execplugin.invoke import Background, SpawnError, run, start
 from netplugin.core.names import PodRef
-from netplugin.core.plaindata import dataclass, field
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.manager import Manager
 

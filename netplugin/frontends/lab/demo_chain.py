@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,6 @@ from netplugin.core.config import Config, load_config
 from netplugin.core.errors import NetpluginError, SystemFailure
 from netplugin.core.execplugin.invoke import run, start
 from netplugin.core.names import PodRef
-from netplugin.core.plaindata import dataclass, field
 from netplugin.frontends.lab.demo import DEMO_NAMESPACE, check_prerequisites, find_plugin_source, run_ip
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.manager import Manager

@@ -20,11 +20,11 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from netplugin.core.errors import InvalidArgument, NetpluginError, SystemFailure
-from netplugin.core.plaindata import dataclass, field
 from netplugin.frontends.lab.simcluster.cluster import OUTSIDE_V4, OUTSIDE_V6, SimCluster, SimNode, SimPod
 from netplugin.frontends.lab.simcluster.nsexec import netns_exists
 

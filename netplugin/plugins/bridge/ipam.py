@@ -44,10 +44,10 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.names import validate_infra_id, validate_namespace, validate_pod_name
-from netplugin.core.plaindata import dataclass
 from netplugin.core.spares import spares_for
 from netplugin.plugins.bridge.ipam_files import DirLock, IPAMError, listdir, read_owner, read_text, unlink, write_record
 

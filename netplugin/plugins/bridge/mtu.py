@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from netplugin.core.fileio import atomic_write
-from netplugin.core.plaindata import dataclass
 
 __all__ = ["DEFAULT_MTU", "IPV6_MIN_MTU", "NodeLink", "node_links", "read_record", "underlay_mtu", "write_record"]
 

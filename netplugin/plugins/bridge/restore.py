@@ -11,10 +11,10 @@ import errno
 import ipaddress
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from netplugin.core.netlink import KernelError, root_netlink
 from netplugin.core.nlwire import IFA_F_NODAD
-from netplugin.core.plaindata import dataclass
 from netplugin.plugins.bridge.settings import BridgeError, BridgeSettings
 
 __all__ = ["repair_bridge", "repair_port"]

@@ -15,10 +15,10 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from netplugin.core.defaults import DEFAULT_STATE_DIR
 from netplugin.core.errors import NetpluginError
-from netplugin.core.plaindata import dataclass
 
 __all__ = [
     "SETTING_KEYS",

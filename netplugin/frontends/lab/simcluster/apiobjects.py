@@ -8,9 +8,8 @@ body with ``reason`` and ``code``, field selectors with ``=``, ``==``, ``!=``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
-
-from netplugin.core.plaindata import dataclass, field
 
 __all__ = ["KINDS", "BadRequest", "Event", "Selector", "kubelet_node", "make_node", "make_pod", "resource_of", "status"]
 

@@ -32,13 +32,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from netplugin.core.defaults import socket_path
 from netplugin.core.errors import NetpluginError, SystemFailure
 from netplugin.core.execplugin.invoke import run
-from netplugin.core.plaindata import dataclass, field
 from netplugin.frontends.lab.demo import find_plugin_source
 from netplugin.frontends.lab.simcluster.apiserver import ApiServer, make_node, make_pod
 from netplugin.frontends.lab.simcluster.nsexec import ip, ip_json, netns_exists, socket_in_netns
