@@ -237,7 +237,8 @@ def _figures(plan: Plan, keys: Sequence[str], levels: Sequence[int], live: Live,
             "last exit. F and G: the compiled shim forwards each call to the daemon, which runs them concurrently. "
             "K: the floor's requests from one thread, pipelined; K-seq: one pod after the other.",
             "/ K = the row's median over the kernel floor's burst (K) of the same size: how far from the physical "
-            "limit of this machine each contender is.",
+            "limit of this machine each contender is. Where G's burst serialises (the daemon's Python per pod, "
+            "one GIL; the kernel's RTNL), measured: docs/benchmarks.md, \"Where a burst serialises in the daemon\".",
         ]
         out.append(fig)
     if len(levels) > 1:
