@@ -41,19 +41,16 @@ import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from netplugin.core._yaml import DocumentError
+from netplugin.core._yaml import DocumentError, load_json
 from netplugin.core.errors import HostError
 from netplugin.core.node import NodeInfo, node_name
 from netplugin.hosts.kubeconfig import DEFAULT_SERVICE_ACCOUNT_DIR, KubeSettings
 from netplugin.hosts.kubehttp import KubeTransport, read_body
-from netplugin.hosts.kubewire import MAX_LIST_BODY, parse_list
-
-if TYPE_CHECKING:
-    from netplugin.hosts.kubewire import WatchStream
-    from netplugin.hosts.nodeobjects import NodeParser
-    from netplugin.hosts.watch import ClusterCache
+from netplugin.hosts.kubewire import MAX_LIST_BODY, WatchStream, keepalive, parse_list
+from netplugin.hosts.nodeobjects import NodeParser
+from netplugin.hosts.watch import ClusterCache
 
 __all__ = ["DEFAULT_TIMEOUT", "KubeHost"]
 
@@ -255,8 +252,6 @@ class KubeHost:
 
         A Node that does not parse is left out, and logged once per revision (:meth:`node_problems`).
         """
-        from netplugin.hosts.nodeobjects import NodeParser
-
         cache = self.cache
         if cache is not None and cache.nodes.synced.is_set():
             objs = cache.nodes.items()
@@ -294,8 +289,6 @@ class KubeHost:
 
     def watch_collection(self, path: str, query: Mapping[str, str], timeout: float) -> WatchStream:
         """Open a watch of a collection (``query`` has ``watch=1``); HostError with ``status`` if not 200."""
-        from netplugin.hosts.kubewire import WatchStream, keepalive
-
         url = self.settings.server + path + "?" + urllib.parse.urlencode(query)
         resource = path.rsplit("/", 1)[-1]
         where = f"cannot watch {resource} at {url}"
@@ -326,8 +319,6 @@ class KubeHost:
         ``on_nodes_change`` is called (on the watch thread) whenever a Node changed,
         ``on_pod_deleted(namespace, name)`` when a Pod of this node was deleted.
         """
-        from netplugin.hosts.watch import ClusterCache
-
         if self.cache is None:
             self.cache = ClusterCache(self, self.node_name, on_nodes_change, on_pod_deleted)
             self.cache.start()
@@ -365,8 +356,6 @@ class KubeHost:
 
 
 def _json(body: bytes) -> Any:
-    from netplugin.core._yaml import DocumentError, load_json
-
     try:
         return load_json(body, duplicates=True)  # bounded depth: no RecursionError from a deep body
     except DocumentError:

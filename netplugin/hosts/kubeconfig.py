@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from netplugin.core._yaml import DocumentError, load_yaml, read_document
 from netplugin.core.errors import HostError
 
 __all__ = [
@@ -133,8 +134,6 @@ MAX_KUBECONFIG_BYTES = 16 << 20
 
 def _merge_kubeconfigs(files: Sequence[str]) -> _Merged:
     """Read every file; for each named cluster, user and context the first file that defines it wins."""
-    from netplugin.core._yaml import DocumentError, load_yaml, read_document
-
     merged = _Merged()
     for path in files:
         try:

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from netplugin.core.errors import ConfigError, NetpluginError, PluginInvalid, PluginNotFound
+from netplugin.core.execplugin.environ import base_env
+from netplugin.manager.manager import Manager
+from netplugin.plugins import check_builtin_settings
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
     from netplugin.hosts.base import Host
-    from netplugin.manager.manager import Manager
     from netplugin.manager.reporting import Hooks
 
 __all__ = ["Refusal", "checked_manager", "refusal_of"]
@@ -55,10 +57,6 @@ def checked_manager(
     """A manager of ``config`` (telling ``hooks`` of its work) whose chain is selected (each member
     found and trusted) and, with ``init``, initialised where needed. Raises the NetpluginError that
     makes ``config`` unservable."""
-    from netplugin.core.execplugin.environ import base_env
-    from netplugin.manager.manager import Manager
-    from netplugin.plugins import check_builtin_settings
-
     manager = Manager(config, host=host, hooks=hooks)
     _ = manager.plugins
     check_builtin_settings(config, manager.chain_names, base_env(config))

@@ -7,6 +7,7 @@ another chain than the configured one is torn down by its recorded chain: the li
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import os
 import socket
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netplugin.core.names import PodRef
+from netplugin.core.netlink import RawNetlink
 from netplugin.core.plugin import NOOP_NAME
 from netplugin.core.texttable import text_table
 from netplugin.store.locks import pod_lock_path
@@ -113,8 +115,6 @@ class PodListing:
 def age(since: str, now: float) -> str:
     """How long before ``now`` (seconds since the epoch) ``since`` (a record's ISO 8601 time) was,
     as kubectl prints ages: 42s, 5m, 3h, 12d (a unit from twice its size)."""
-    import datetime  # only -o wide reads a record's times; gc imports this module on the CLI's path
-
     then = datetime.datetime.fromisoformat(since)
     if then.tzinfo is None:
         then = then.replace(tzinfo=datetime.UTC)
@@ -168,8 +168,6 @@ def list_pods(state_dir: str, run_dir: str, chain: tuple[str, ...] | None = None
 
 def retired_links() -> list[str]:
     """The names of the links taken off the network by a teardown and not deleted yet, sorted."""
-    from netplugin.core.netlink import RawNetlink
-
     with RawNetlink() as nl:
         return sorted(name for name, _pid in nl.retired().values())
 

@@ -26,11 +26,18 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from netplugin.core._yaml import DocumentError, load_json, short_repr
 from netplugin.core.config import Config
+from netplugin.core.dirs import ensure_dir
+from netplugin.core.errors import NetpluginError, SystemFailure
+from netplugin.core.fileio import read_small, stale_temps
 from netplugin.core.names import PodRef
+from netplugin.core.netns import netns_identity, netns_problem
 from netplugin.core.plaindata import dataclass
+from netplugin.core.spares import discard, spares_for
 from netplugin.frontends.cni.spec import CniError
 from netplugin.frontends.wire.codes import CNI_INVALID_CONFIG, CNI_INVALID_ENV
+from netplugin.store.locks import flocked
 
 __all__ = [
     "Attachment",
@@ -88,8 +95,6 @@ class Attachment:
 
     @property
     def pod(self) -> PodRef:
-        from netplugin.core.names import PodRef
-
         return PodRef(self.namespace, self.name, self.container_id)
 
     def to_dict(self) -> dict[str, str]:
@@ -114,10 +119,6 @@ def record_attachment(cfg: Config, network: str, att: Attachment) -> str:
     """Write the attachment record atomically (from a spare inode when there is one: see
     :mod:`netplugin.core.spares`); not synced: the setup's intent record makes it durable in the
     same commit (CallOptions.durable_with). Returns its path."""
-    from netplugin.core.dirs import ensure_dir
-    from netplugin.core.errors import SystemFailure
-    from netplugin.core.spares import spares_for
-
     directory = attachment_dir(cfg.state_dir, network)
     ensure_dir(directory, base=cfg.state_dir)
     path = attachment_path(cfg.state_dir, network, att.container_id, att.ifname)
@@ -131,18 +132,12 @@ def record_attachment(cfg: Config, network: str, att: Attachment) -> str:
 def stock_attachments(state_dir: str, network: str) -> int:
     """Make spare inodes for ``network``'s attachment records ahead of need (the daemon, once per
     network); how many it made."""
-    from netplugin.core.dirs import ensure_dir
-    from netplugin.core.spares import spares_for
-
     directory = attachment_dir(state_dir, network)
     ensure_dir(directory, base=state_dir)
     return spares_for(directory, state_dir).fill()
 
 
 def _index_lock(state_dir: str) -> Any:
-    from netplugin.core.dirs import ensure_dir
-    from netplugin.store.locks import flocked
-
     ensure_dir(os.path.join(state_dir, "cni"), base=state_dir)
     # one fixed file taken on every CNI call: kept, not created and removed per call
     return flocked(os.path.join(state_dir, "cni", ".lock"), base=state_dir, keep=True)
@@ -154,8 +149,6 @@ def attachments_of(state_dir: str, container_id: str) -> list[tuple[str, str]]:
     Read from the file names alone, so a torn record still counts. Raises SystemFailure when
     the index cannot be listed (guessing "none" could tear down or clobber a live attachment).
     """
-    from netplugin.core.errors import SystemFailure
-
     root = os.path.join(state_dir, "cni")
     prefix = container_id + ":"
     found: list[tuple[str, str]] = []
@@ -219,9 +212,6 @@ def claim_attachment(cfg: Config, network: str, att: Attachment) -> str:
 def refuse_foreign_netns(netns: str) -> None:
     """CniError 4 when ``netns`` is this process's or the node's own network namespace (or no
     namespace file at all, but missing): see :func:`netplugin.core.netns.netns_problem`."""
-    from netplugin.core._yaml import short_repr
-    from netplugin.core.netns import netns_problem
-
     problem = netns_problem(netns)
     if problem is not None:
         raise CniError(CNI_INVALID_ENV, f"invalid CNI_NETNS {short_repr(netns)}: {problem}")
@@ -233,9 +223,6 @@ def _netns_index(state_dir: str, ident: tuple[int, int]) -> str:
 
 def _index_owner(index: str) -> str:
     """The container whose attachment record ``index`` is a hard link of ("" when none)."""
-    from netplugin.core.errors import NetpluginError
-    from netplugin.core.fileio import read_small
-
     try:
         doc = json.loads(read_small(index))
         return str(doc["containerID"]) if isinstance(doc, dict) else ""
@@ -256,9 +243,6 @@ def _shared_netns(cfg: Config, att: Attachment) -> tuple[int, int] | None:
     container still has an attachment whose netns path names the same namespace now, so a stale
     entry, or a namespace inode number the kernel reused, never blocks a new pod.
     """
-    from netplugin.core._yaml import short_repr
-    from netplugin.core.netns import netns_identity
-
     try:
         mine = netns_identity(att.netns)
     except OSError:
@@ -284,9 +268,6 @@ def _shared_netns(cfg: Config, att: Attachment) -> tuple[int, int] | None:
 
 
 def _index_netns(cfg: Config, network: str, att: Attachment, ident: tuple[int, int]) -> None:
-    from netplugin.core.dirs import ensure_dir
-    from netplugin.core.errors import SystemFailure
-
     index = _netns_index(cfg.state_dir, ident)
     record = attachment_path(cfg.state_dir, network, att.container_id, att.ifname)
     try:
@@ -320,10 +301,6 @@ def prune_netns_index(state_dir: str) -> None:
 
 def recorded_attachment(cfg: Config, network: str, container_id: str, ifname: str) -> Attachment | None:
     """The attachment ADD recorded, or None when there is no (usable) record."""
-    from netplugin.core._yaml import DocumentError, load_json
-    from netplugin.core.errors import NetpluginError
-    from netplugin.core.fileio import read_small
-
     path = attachment_path(cfg.state_dir, network, container_id, ifname)
     try:
         doc = load_json(read_small(path), duplicates=True)  # O_NOFOLLOW, a regular file, bounded
@@ -340,9 +317,6 @@ def forget_attachment(cfg: Config, network: str, container_id: str, ifname: str,
     """Remove the attachment record, and the netns index's link to it when ``netns`` still names
     the namespace it indexes; the record's inode then becomes a spare (:mod:`netplugin.core.spares`).
     A record still linked from the index is unlinked (the index entry goes at the next CNI GC)."""
-    from netplugin.core.errors import SystemFailure
-    from netplugin.core.spares import discard, spares_for
-
     path = attachment_path(cfg.state_dir, network, container_id, ifname)
     try:
         if netns:
@@ -357,8 +331,6 @@ def forget_attachment(cfg: Config, network: str, container_id: str, ifname: str,
 
 def _unindex(state_dir: str, record: str, netns: str) -> None:
     """Drop ``cni/.netns/<dev>-<ino>`` of ``netns`` if it is a link of ``record`` (under the index lock)."""
-    from netplugin.core.netns import netns_identity
-
     try:
         ident = netns_identity(netns)
     except OSError:
@@ -374,8 +346,6 @@ def _unindex(state_dir: str, record: str, netns: str) -> None:
 
 def remove_stale_temps(state_dir: str, network: str) -> list[str]:
     """Remove the temp files of record writes whose writer died (a SIGKILL mid-ADD); the problems."""
-    from netplugin.core.fileio import stale_temps
-
     problems = []
     for path in stale_temps(attachment_dir(state_dir, network), max_depth=0):
         try:
@@ -389,9 +359,6 @@ def remove_stale_temps(state_dir: str, network: str) -> list[str]:
 
 def list_attachments(state_dir: str, network: str) -> tuple[list[Attachment], list[str]]:
     """The attachments recorded for ``network``, and the problems met reading them."""
-    from netplugin.core.errors import NetpluginError
-    from netplugin.core.fileio import read_small
-
     directory = attachment_dir(state_dir, network)
     try:
         names = sorted(os.listdir(directory))

@@ -12,10 +12,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core._yaml import short_repr
-from netplugin.core.config import Config, FileSnapshot, file_identity
-from netplugin.core.names import PodRef
+from netplugin.core.config import Config, FileSnapshot, file_identity, load_config
+from netplugin.core.defaults import DEFAULT_CONFIG
+from netplugin.core.errors import ConfigError, InvalidArgument
+from netplugin.core.hostports import ENV_HOST_PORTS, from_runtime_config, to_env
+from netplugin.core.names import PodRef, validate_namespace, validate_pod_name
 from netplugin.core.plaindata import replace
 from netplugin.frontends.cni.spec import DEFAULT_NAMESPACE, NO_NETNS, CniError, CniRequest
+from netplugin.frontends.wire.codec import dumps
 from netplugin.frontends.wire.codes import CNI_INVALID_CONFIG, CNI_INVALID_ENV
 from netplugin.frontends.wire.fingerprint import BuiltSettings, fingerprint
 
@@ -60,8 +64,6 @@ def _flag_to_cni(where: dict[str, str]) -> Callable[[str], str]:
 
 
 def _check_env_map(value: Any, key: str) -> dict[str, str]:
-    from netplugin.core.errors import ConfigError
-
     if not isinstance(value, dict):
         raise ConfigError(key, "must be an object of variable name to string value", source="CNI network config")
     out: dict[str, str] = {}
@@ -87,9 +89,6 @@ def _cache_key(
     """What build_config's result depends on: the setting keys, NETPLUGIN_* and the config file's
     identity (the daemon's snapshot of it, else inode, size, mtime, ctime: an edited or replaced
     file is read again). None: uncachable."""
-    from netplugin.core.defaults import DEFAULT_CONFIG
-    from netplugin.frontends.wire.codec import dumps
-
     try:
         settings = dumps({k: req.conf[k] for k in _SETTING_KEYS if k in req.conf}, sort_keys=True)
     except (TypeError, ValueError):
@@ -123,9 +122,6 @@ def built_config(
 
 
 def _build_config(req: CniRequest, environ: Mapping[str, str], snapshot: FileSnapshot | None) -> Config:
-    from netplugin.core.config import load_config
-    from netplugin.core.errors import ConfigError
-
     conf = req.conf
     src = "CNI network config"
     overrides: dict[str, Any] = {}
@@ -220,9 +216,6 @@ def bandwidth_env(conf: Mapping[str, Any]) -> dict[str, str]:
 def host_ports_env(conf: Mapping[str, Any]) -> dict[str, str]:
     """``runtimeConfig.portMappings`` (the runtime's, for a conflist declaring the capability) as
     ``NETPLUGIN_HOST_PORTS`` (:mod:`netplugin.core.hostports`); a bad entry is error 7 naming it."""
-    from netplugin.core.errors import InvalidArgument
-    from netplugin.core.hostports import ENV_HOST_PORTS, from_runtime_config, to_env
-
     try:
         maps = from_runtime_config(conf)
     except InvalidArgument as e:
@@ -232,9 +225,6 @@ def host_ports_env(conf: Mapping[str, Any]) -> dict[str, str]:
 
 def pod_ref_for(req: CniRequest) -> PodRef:
     """(namespace, name, infra id) of the call; see "Pod identity" in the module docstring."""
-    from netplugin.core.errors import InvalidArgument
-    from netplugin.core.names import PodRef, validate_namespace
-
     args = req.args
     k8s_ns = args.get("K8S_POD_NAMESPACE")
     k8s_name = args.get("K8S_POD_NAME")
@@ -250,9 +240,6 @@ def pod_ref_for(req: CniRequest) -> PodRef:
 
 
 def _is_pod_name(value: str) -> bool:
-    from netplugin.core.errors import InvalidArgument
-    from netplugin.core.names import validate_pod_name
-
     try:
         validate_pod_name(value)
     except InvalidArgument:

@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from netplugin.core.errors import ConfigError, InvalidArgument, NetpluginError
 from netplugin.core.plaindata import dataclass, replace
 from netplugin.frontends.cni.attachments import (
     Attachment,
@@ -47,6 +48,7 @@ from netplugin.frontends.wire.codes import (
     CNI_TRY_AGAIN,
     CNI_UNKNOWN_CONTAINER,
 )
+from netplugin.frontends.wire.fingerprint import differing_settings, fingerprint
 from netplugin.frontends.wire.protocol import CNI_COMMANDS, version_answer
 
 if TYPE_CHECKING:
@@ -116,7 +118,6 @@ class _Ops:
             self.manager = Manager(cfg, environ=dict(environ))
             self.timed: Callable[[str, Callable[[], Any]], Any] = lambda op, fn: fn()
             return
-        from netplugin.frontends.wire.fingerprint import differing_settings, fingerprint
 
         if cfg.use_daemon == "never":
             raise Refused("the call's settings say use_daemon: never")
@@ -181,8 +182,6 @@ def _add(ops: _Ops) -> dict[str, Any]:
 
 
 def _recorded_attachment(cfg: Config, network: str, container_id: str, ifname: str) -> Attachment | None:
-    from netplugin.core.errors import InvalidArgument
-
     path = attachment_path(cfg.state_dir, network, container_id, ifname)
     try:
         with open(path, "rb") as f:
@@ -237,8 +236,6 @@ def _status(ops: _Ops) -> None:
 
 def _gc(ops: _Ops) -> None:
     """Tear down this network's recorded attachments that are not in the valid set (see "GC")."""
-    from netplugin.core.errors import NetpluginError
-
     req, cfg = ops.req, ops.cfg
     valid = valid_attachments(req.conf)
     network = req.conf.get("name")
@@ -295,7 +292,6 @@ def _dispatch(
     check_version_rules(req)
     if req.refused:
         return None  # a DEL of an attachment whose ADD was refused: nothing of it exists
-    from netplugin.core.errors import ConfigError, NetpluginError
 
     try:
         if daemon is None:

@@ -7,9 +7,14 @@ Listing the host-side interface (no ``sandbox``) is what makes the result chaina
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
+import socket
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from netplugin.core.netns import entered
 
 __all__ = ["host_link_mac", "link_mac", "make_result", "prev_ips"]
 
@@ -54,10 +59,6 @@ def link_mac(netns: str, ifname: str) -> str | None:
     SIOCGIFHWADDR on it: no process and no thread is started (a thread per ADD cost the daemon
     about a millisecond). /sys cannot be used: it shows the netns of whoever mounted it.
     """
-    import socket
-
-    from netplugin.core.netns import entered
-
     try:
         with entered(netns):
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
@@ -69,16 +70,11 @@ def link_mac(netns: str, ifname: str) -> str | None:
 
 def host_link_mac(ifname: str) -> str | None:
     """The MAC address of ``ifname`` in the caller's own netns (a pod's host veth), or None."""
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
         return _mac_of(sock, ifname)
 
 
 def _mac_of(sock: Any, ifname: str) -> str | None:
-    import fcntl
-    import struct
-
     try:
         ifreq = fcntl.ioctl(sock.fileno(), _SIOCGIFHWADDR, struct.pack("256s", ifname.encode()))
     except OSError:  # no such interface: the MAC is optional in a CNI result

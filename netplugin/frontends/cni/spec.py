@@ -14,8 +14,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from netplugin.core._yaml import short_repr
-from netplugin.core.errors import NetpluginError
+from netplugin.core._yaml import DocumentError, load_json, short_repr
+from netplugin.core.errors import ConfigError, InvalidArgument, NetpluginError, PluginError
+from netplugin.core.names import validate_infra_id
 from netplugin.core.plaindata import dataclass, field
 from netplugin.frontends.wire.codes import (
     CNI_DECODE_FAILURE,
@@ -195,8 +196,6 @@ def parse_request(environ: Mapping[str, str], stdin: bytes) -> CniRequest:
 
 
 def _read_conf(text: bytes) -> dict[str, Any]:
-    from netplugin.core._yaml import DocumentError, load_json
-
     if len(text) > MAX_STDIN:  # too large, whatever it holds: said so, not "not JSON"
         raise CniError(CNI_IO_FAILURE, f"network config on stdin is too large (more than {MAX_STDIN} bytes)")
     try:  # bounded depth; duplicate keys: the last one wins, as in libcni (Go)
@@ -234,9 +233,6 @@ def _check_request(req: CniRequest, environ: Mapping[str, str]) -> CniRequest:
         req.args = parse_cni_args(environ.get("CNI_ARGS", ""))
         return req
     # ADD, DEL, CHECK
-    from netplugin.core.errors import InvalidArgument
-    from netplugin.core.names import validate_infra_id
-
     req.container_id = environ.get("CNI_CONTAINERID", "")
     try:
         validate_infra_id(req.container_id)
@@ -290,8 +286,6 @@ def check_version_rules(req: CniRequest) -> None:
 def error_for(err: NetpluginError, command: str) -> CniError:
     """The CNI error for a netplugin error: :data:`~netplugin.frontends.wire.codes.CNI_CODES`, except
     that STATUS reports any but a config error as "plugin unavailable", and a bad plugin name is a config error."""
-    from netplugin.core.errors import ConfigError, InvalidArgument, PluginError
-
     details = ""
     if isinstance(err, PluginError):
         # The message already quotes the stderr tail; details carry it verbatim for tooling.

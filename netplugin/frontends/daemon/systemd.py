@@ -24,6 +24,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from netplugin.core.logs import configure
+
 if TYPE_CHECKING:
     from netplugin.core.config import Config
 
@@ -118,6 +120,5 @@ def configure_logging(environ: Mapping[str, str], config: Config, was: Config | 
     """
     if was is not None and (was.log_level, was.log_format) == (config.log_level, config.log_format):
         return
-    from netplugin.core.logs import configure
 
     configure(config.log_level, config.log_format, journal=stderr_is_journal(environ))
