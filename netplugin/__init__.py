@@ -2,7 +2,7 @@
 
 The library's entry points are :class:`netplugin.manager.Manager`,
 :func:`netplugin.core.config.load_config` and :class:`netplugin.core.names.PodRef`; the
-plugin contract is the docstring of :mod:`netplugin.core.plugin`. ARCHITECTURE.md maps the
+plugin contract is ``docs/plugin-contract.md``. ARCHITECTURE.md maps the
 layers (core, store/hosts/plugins/nodenet, manager, agent, frontends). Submodules are
 imported on demand so that the CLI stays fast to start.
 """

@@ -1,6 +1,6 @@
 """What a chain member declares (its action mask) and what a chain passes along (the prev result).
 
-Part of the plugin contract (:mod:`netplugin.core.plugin` describes the semantics); this module
+Part of the plugin contract (``docs/plugin-contract.md`` describes the semantics); this module
 holds the two documents' shapes, their parsers and the environment variables that carry them, so
 the manager, the built-in plugins and the tests share one definition.
 
@@ -15,7 +15,7 @@ The action mask
     hostPorts whose chain has no member declaring it fails its setup before any member runs.
 
 The prev result
-    What a member's ``setup`` reports is the contract's setup document (:mod:`netplugin.core.plugin`,
+    What a member's ``setup`` reports is the contract's setup document (``docs/plugin-contract.md``,
     "The setup document"; parsed by :func:`netplugin.core.execplugin.status.parse_setup_document`):
     the status document with ``"kind": "PodNetworkStatus"`` and an optional ``hostInterface``, the
     host-side interface it created for the pod. Any other output is ignored (plugins that print

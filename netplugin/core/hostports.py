@@ -4,7 +4,7 @@ Sources: the CNI ``portMappings`` capability (``runtimeConfig.portMappings``, wh
 CRI-O pass for a conflist declaring it), else the Pod's spec (``containers[].ports[]`` with a
 ``hostPort``) when the Host knows the pod, as kubenet's hostport manager read it.
 
-Plugins get them in ``NETPLUGIN_HOST_PORTS`` (part of the plugin contract, core/plugin.py): one
+Plugins get them in ``NETPLUGIN_HOST_PORTS`` (part of the plugin contract, docs/plugin-contract.md): one
 entry per mapping, separated by spaces, each ``PROTOCOL/HOSTPORT/CONTAINERPORT`` or
 ``PROTOCOL/HOSTPORT/CONTAINERPORT/HOSTIP`` (protocol ``tcp``, ``udp`` or ``sctp``; the host IP in
 its canonical form), already validated: a bash plugin splits it without parsing JSON.

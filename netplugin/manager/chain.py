@@ -1,6 +1,6 @@
 """Running one pod action across a plugin chain: order, rollback, deadlines, per-member progress.
 
-The semantics are the contract's (:mod:`netplugin.core.plugin`, "Chains"); this module is their
+The semantics are the contract's (``docs/plugin-contract.md``, "Chains"); this module is their
 one implementation, for the manager and gc alike:
 
 * ``setup`` runs the members that handle it in order, each with what is left of the action's

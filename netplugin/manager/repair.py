@@ -1,5 +1,5 @@
 """Repair: one ready pod's recorded chain's ``repair``, and the chain's ``node`` actions (contract:
-:mod:`netplugin.core.plugin`).
+``docs/plugin-contract.md``).
 
 The daemon's keepers (:mod:`netplugin.agent`) decide when; :func:`repair_pod` runs a pod's under
 the pod's lock, with the chain the pod was set up with and the environment rebuilt from its record

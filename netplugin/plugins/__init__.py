@@ -1,9 +1,9 @@
 """Built-in plugins: in-process implementations of the plugin contract, and their registry.
 
-The contract (:mod:`netplugin.core.plugin`) knows no implementation; this package registers
-each built-in explicitly in :data:`BUILTINS`, which the manager consults before the exec dir.
-Implementations are imported only when selected: the native bridge pulls in pyroute2 for its
-init, which must stay off every other path.
+The contract (``docs/plugin-contract.md``; its types: :mod:`netplugin.core.plugin`) knows no
+implementation; this package registers each built-in explicitly in :data:`BUILTINS`, which the
+manager consults before the exec dir. Implementations are imported only when selected: the native
+bridge pulls in pyroute2 for its init, which must stay off every other path.
 """
 
 from __future__ import annotations

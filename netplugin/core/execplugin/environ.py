@@ -1,6 +1,6 @@
 """The environment an exec plugin gets: inherited (or the safe few), the config's ``env:``, and ours.
 
-See the contract's "Environment" (:mod:`netplugin.core.plugin`). Built-in plugins get the same
+See the contract's "Environment" (``docs/plugin-contract.md``). Built-in plugins get the same
 environment in ``CallContext.env``.
 """
 

@@ -1,6 +1,6 @@
 """Parsing a ``status`` action's stdout (or a ``setup``'s) into a :class:`~netplugin.core.plugin.PodNetworkStatus`.
 
-The document's shape is part of the contract (:mod:`netplugin.core.plugin`, "Exit status and
+The document's shape is part of the contract (``docs/plugin-contract.md``, "Exit status and
 output" and "Chains"); this is the one parser of it, for both actions.
 """
 
