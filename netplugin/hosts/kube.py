@@ -6,29 +6,7 @@ process a fraction of what lightkube's import does (BENCHMARKS.md, the CLI cold
 start row B-i). lightkube is imported only inside :meth:`KubeHost.kube_client`,
 for the long-running daemon and for plugins that want a full client.
 
-Settings come from :mod:`netplugin.hosts.kubeconfig` (kubeconfig files or the in-cluster account).
-
-Supported: the kubeconfig's current context (or ``context=``), ``server``
-over ``https`` (``certificate-authority``, ``certificate-authority-data`` or
-``insecure-skip-tls-verify``) or plain ``http``; users with ``token``,
-``tokenFile`` (re-read at every request, because the kubelet rotates projected
-service-account tokens), ``client-certificate``/``client-key`` (files or
-``-data``), ``username``/``password`` (sent as HTTP basic auth, as kubectl
-does), or no credentials at all. ``exec`` and ``auth-provider`` users are
-refused with a clear error rather than silently sent anonymously.
-
-Outcomes of :meth:`KubeHost.get_pod_by_name`:
-
-* 200 with a Pod -> the pod as a dict;
-* 404 with a Kubernetes ``Status`` body -> ``None``: the pod does not exist,
-  and the manager runs the plugin without pod JSON (the kubelet did the same);
-* anything else (401, 403, other 4xx, 5xx, a redirect, a timeout, a refused
-  connection, TLS failures, a body that is not a Pod) -> :class:`HostError`
-  naming the URL (never credentials) and the reason.
-
-With ``fallback_on_error=True`` those errors become ``None`` ("pod unknown"),
-the error is kept in :attr:`KubeHost.last_error` and logged as a warning, so a
-node whose API server is down can still wire pods that do not need pod data.
+How it works, in detail: ``docs/cluster.md``, "The kube host's API requests".
 """
 
 from __future__ import annotations

@@ -7,30 +7,7 @@ start path. On the daemon path it imports only ``os``, ``sys``, ``time``, ``_soc
 not even ``json`` or ``typing`` (each costs about as much as the interpreter's own start), and
 no click, yaml, psutil, nor the manager or the plugin machinery.
 
-Which daemon, decided from the call's own inputs (the YAML config file is never read here):
-
-* ``use_daemon``: the network config's ``netplugin.use_daemon``, else ``NETPLUGIN_USE_DAEMON``,
-  else ``auto``. ``never``: always run here. ``auto``: the daemon when its socket answers and it
-  runs with the call's settings, else here. ``always``: the daemon, or CNI error 11 (try again
-  later) when it does not answer.
-* the socket: ``netplugin.socket``, else ``NETPLUGIN_SOCKET``, else ``<run dir>/netplugin.sock``
-  with the run dir from ``runDir``, ``netplugin.run_dir`` or ``NETPLUGIN_RUN_DIR``, else
-  ``/run/netplugin``.
-
-The shim sends the ``CNI_*`` and ``NETPLUGIN_*`` variables and stdin (op ``cni``). The daemon builds
-the call's netplugin config exactly as the shim would (reading the same config file), and runs
-the call only when that config's fingerprint equals its own and its ``use_daemon`` is not
-``never``; otherwise it answers "unavailable" and the shim runs the call itself, so the result
-never depends on who ran it. The daemon runs the call with its selected plugin, init marker,
-host, state records, per-pod locks and metrics; the exec plugin gets the daemon's environment
-plus the call's ``CNI_*`` variables (when ``inherit_env``), not the runtime's other variables.
-A connection lost after the request was sent is CNI error 11: the call may or may not have run,
-and the runtime retries it.
-
-``VERSION`` is always answered here. The ``logFile`` line of each call says ``"via": "daemon"``
-or ``"local"``, and for a local run ``"daemon"``: why the daemon did not run it (no socket, draining,
-or the keys in which the call's settings differ from the daemon's). A local run whose settings say
-``use_daemon: always`` (a cluster node, whose daemon owns the Node's pod CIDRs) is CNI error 11.
+How it works, in detail: ``docs/cni.md``, "Routing a call to the daemon".
 """
 
 # No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);

@@ -4,39 +4,7 @@ One process keeps the manager (selected plugin, init marker, host, state store, 
 plugins their warm libraries) and answers the thin client of :mod:`netplugin.frontends.wire.client`
 on a unix socket; see that module for the protocol.
 
-* **Start.** Takes ``<socket>.lock`` (one daemon per socket), runs the plugin's init once and
-  the ``node`` action of the members that declare one (their node-level state made what must
-  exist, at every start; a failure is logged, not fatal: the next operation retries it, and
-  SIGHUP rescans once the plugin is installed), starts the metrics server, then binds the socket:
-  created under a 0177 umask (mode 0600 from the first instant) beside its final path and renamed
-  over it, so a stale socket left by a killed daemon is replaced atomically, and only after it
-  proved dead (it does not answer). Then it tells systemd ``READY=1`` (``Type=notify``).
-* **Connections** are read and answered by :mod:`.connections` (a :class:`Connections` the daemon holds).
-* **Operations** run in a thread pool, so different pods proceed in parallel; actions on one
-  pod serialise on the manager's per-pod flock, which the CLI and the CNI shim take too, so
-  daemon and direct callers never overlap (``pods`` and ``gc``: :mod:`.recordops`). Requests for
-  a pod that is busy wait for their turn in the event loop, not in a worker thread: a stuck
-  pod holds one worker however many requests queue on it, and every other pod is served at
-  once. At most :data:`~netplugin.frontends.daemon.podqueue.MAX_WAITING_PER_POD` may wait per pod;
-  more are answered ``DaemonUnavailable`` (not run, so a CLI in ``auto`` mode runs them itself).
-* **Metrics** (Prometheus text on ``http://<metrics_address>/metrics``): the kubelet's
-  ``kubelet_network_plugin_operations_*`` by ``operation_type``, whose time, as in the kubelet,
-  includes waiting for the pod's lock, and netplugin's own ``netplugin_*``; every series is a
-  row of :data:`.metrics.SERIES`.
-* **Nodes** (:mod:`netplugin.agent.nodekeeper`): with ``host: kube`` the
-  daemon lists and watches every Node and this node's Pods, so pod and node
-  lookups are answered from memory; it keeps routes to the other nodes' pod
-  CIDRs (``node_routes``) and reports what it cannot route, in its health answer (``node``) and as
-  ``netplugin_node_*`` and ``netplugin_kube_*`` metrics; with ``cluster_cidrs`` it installs the egress
-  masquerade (``table inet netplugin``, removed at stop) and the FORWARD accepts (kept).
-* **GC** runs at start before ``READY=1``, periodically and after Pod deletions (:mod:`netplugin.agent.gckeeper`).
-* **SIGHUP** re-reads the config file as started, checks it whole (chain found, trusted, init
-  where changed) and swaps only then, or keeps its settings and says why (:mod:`.reconfig`;
-  ``RELOADING=1`` ... ``READY=1`` around it); a plugin it drops that recorded pods still need is
-  named in health (``plugins_still_needed``). Under ``WatchdogSec=`` the loop pings
-  ``WATCHDOG=1``; log lines get journald's ``<N>`` prefixes on the journal (:mod:`.systemd`).
-* **SIGTERM** (or SIGINT) stops accepting, removes the socket (new callers then work alone),
-  answers requests already read, waits for operations in flight (each bounded) and exits 0.
+How it works, in detail: ``docs/daemon.md``, "Inside the daemon".
 """
 
 from __future__ import annotations

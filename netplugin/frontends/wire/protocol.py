@@ -5,43 +5,7 @@ Standard library only, and cheap to import: the per-call fast paths (``netplugin
 load it on every call. :mod:`netplugin.frontends.wire.client` carries these messages (transport only),
 :mod:`netplugin.frontends.daemon.server` answers them.
 
-Protocol: one unix stream socket, newline-delimited JSON (:mod:`.codec`), any number of requests per
-connection, answered in order: ``{"v": 1, "op": "setup", "namespace": ..., "pod": ..., "infra_id": ...}``
-in; ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}, "classes": [...]}`` out.
-
-``op`` is one of :data:`OPS`: setup, teardown, status (pod triple required, :func:`pod_request`),
-init (``force``), plugins, pods, gc (``dry_run``, ``check_host``, ``progress``), health, and cni
-(:func:`cni_request`: ``environ``, the ``CNI_*`` and ``NETPLUGIN_*`` variables, and ``stdin``, the
-network config; the result is ``{"code": exit status, "doc": what the shim prints}``). ``error`` is
-:meth:`~netplugin.core.errors.NetpluginError.to_dict` and ``classes`` the remote class and its
-bases, so the caller re-raises the very same error (same class, message, details and so the same
-exit code) as the local run would.
-
-Progress lines: a request with ``"progress": true`` (gc's) may be answered, before its one answer,
-by any number of ``{"ok": true, "progress": "text"}`` lines (:func:`is_progress`), one per thing
-the caller would see printed if it ran the operation itself (a pod gc waits for). A request
-without it never gets one, so older clients read answers as before.
-
-``config`` is the caller's :func:`~.fingerprint.fingerprint`: the daemon refuses, with DaemonUnavailable, a
-request made under different settings (:func:`~.fingerprint.differing_settings`), because it would not do
-what the caller asked. DaemonUnavailable always means "not run", so a caller may then do the
-work itself. Callers that cannot build a Config cheaply (the two fast paths) send ``settings``
-instead (:func:`settings`): the daemon builds the config from them as the caller would have and
-compares its fingerprint.
-
-The compiled CNI shim's binary frame (``netplugin_cni.c`` parses no JSON; it includes the header
-:func:`c_header` writes, so every number of the frame has this one home). Integers are big-endian; a
-JSON request line starts with ``{``, so the daemon's listener tells a frame by its first byte.
-
-* Request: :data:`FRAME_MAGIC`, ``u32`` body length (at most :data:`FRAME_MAX_REQUEST`), then
-  fields ``tag (1 byte) | u32 length | value``: ``E`` one ``CNI_*`` or ``NETPLUGIN_*`` environment
-  entry (at most :data:`FRAME_MAX_ENV`, each at most :data:`FRAME_MAX_ENV_ENTRY` bytes); ``I`` the
-  standard input, at most once, at most :data:`FRAME_MAX_STDIN` bytes (one byte past
-  :data:`MAX_STDIN`, so an oversized config gets the very message a local run gives).
-* Answer: :data:`FRAME_MAGIC`, ``u32`` body length (at most :data:`FRAME_MAX_ANSWER`), then fields:
-  ``X`` the exit status (1 byte, exactly once), ``O`` stdout and ``R`` stderr (each at most once);
-  or ``U`` instead of ``X``: the daemon did not run the call, the value says why, and the shim
-  falls back (execs the Python shim, or prints CNI error :data:`~.codes.CNI_TRY_AGAIN`).
+How it works, in detail: ``docs/daemon.md``, "The wire format".
 """
 
 # No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
