@@ -24,8 +24,7 @@
               flows are not flushed), and whether 127.0.0.1 hostPorts are on (route_localnet);
               without one, a conflist declaring ``portMappings`` is a problem (every hostPort pod's
               ADD fails), with the chain to configure;
-``keepers``   the daemon's control loops (node keeper, pod repairer, gc keeper, kernel watch) run,
-              none stuck in a pass past its interval;
+``keepers``   the daemon's control loops run (node, pod repair, gc, kernel watch), none stuck past its interval;
 ``dirs``      the state and run dirs are netplugin's own (root's, not group/world-writable, no links).
 
 A check that cannot be answered (no daemon to ask) is a problem, with how to fix it. The CLI
@@ -298,21 +297,15 @@ def check_repairs(node: Node) -> Check:
         text = "; ".join(f"{pod}: {why}" for pod, why in sorted(broken.items())[:5])
         fix = "delete those pods (the kubelet makes them a new sandbox), or netplugin teardown NS NAME INFRA_ID"
         return Check("repairs", found, f"{len(broken)} pod(s) broken: {text}", fix)
-    loops = st.get("repair_loops") or {}
-    if loops:
+    if loops := st.get("repair_loops") or {}:
         text = "; ".join(f"{pod}: {why}" for pod, why in sorted(loops.items())[:5])
         fix = "fix the member's repair (it must not remove what it puts back); the pod is repaired once set up anew"
         return Check("repairs", found, f"{len(loops)} pod(s) whose repair re-triggers itself: {text}", fix)
-    fight = st.get("longest_fight") or {}
-    if fight.get("rounds", 0) >= FIGHT_ROUNDS:
-        return Check(
-            "repairs",
-            f"{found} (longest fight: {fight['rounds']} rounds in {fight.get('seconds', 0):.0f}s)",
-            f"a fight: the daemon put back what netplugin made {fight['rounds']} times in a row over "
-            f"{fight.get('seconds', 0):.0f}s: something on the node keeps removing it",
-            "find what removes it (an agent deleting the bridge, a firewall flushing nftables, a script "
-            "flushing routes); see the daemon's 'repair' log",
-        )
+    n, secs = (st.get("longest_fight") or {}).get("rounds", 0), (st.get("longest_fight") or {}).get("seconds", 0)
+    if n >= FIGHT_ROUNDS:
+        why = f"a fight: the daemon put back what netplugin made {n} times in a row over {secs:.0f}s: something"
+        fix = "find what removes it (an agent deleting the bridge, a firewall or script flushing); see the 'repair' log"
+        return Check("repairs", f"{found} (longest fight: {n} rounds)", f"{why} on the node keeps removing it", fix)
     # Incidents, not objects: one deleted bridge puts back every pod's port, once.
     incidents = st.get("repair_incidents", sum(repairs.values()))
     if incidents >= RECURRING_REPAIRS:
@@ -329,12 +322,9 @@ def check_repairs(node: Node) -> Check:
 def check_keepers(node: Node) -> Check:
     if node.health is None:
         return Check("keepers", "no daemon: no keeper runs")
-    keepers = node.health.get("keepers") or {}
-    found = f"{len(keepers)} keeper(s): {', '.join(sorted(keepers)) or 'none'}"
-    problems = node.health.get("keeper_problems") or []
-    if problems:
-        fix = "see the daemon's log (its ERROR lines), then systemctl restart netplugin"
-        return Check("keepers", found, "; ".join(problems), fix)
+    found = f"keepers: {', '.join(sorted(node.health.get('keepers') or {})) or 'none'}"
+    if problems := node.health.get("keeper_problems") or []:
+        return Check("keepers", found, "; ".join(problems), "see the daemon's ERROR lines; systemctl restart netplugin")
     return Check("keepers", f"{found}: running")
 
 
