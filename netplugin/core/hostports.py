@@ -28,7 +28,6 @@ from netplugin.core.plaindata import dataclass
 __all__ = [
     "ENV_HOST_PORTS",
     "ENV_LOCALHOST",
-    "HOSTPORT_MEMBERS",
     "HOSTPORT_TABLE",
     "LOCALHOST_DEFAULT",
     "PROTOCOLS",
@@ -45,9 +44,6 @@ __all__ = [
 
 #: the nftables table of hostPort rules (the built-in and the bash `hostport` plugin), which uninstall removes
 HOSTPORT_TABLE = "inet netplugin_hostport"
-
-#: the members netplugin ships that map hostPorts (each declares it in its init mask): the built-in, then the bash one
-HOSTPORT_MEMBERS = ("netplugin.io/hostport", "hostport")
 
 ENV_HOST_PORTS = "NETPLUGIN_HOST_PORTS"
 PROTOCOLS = ("tcp", "udp", "sctp")
@@ -169,13 +165,14 @@ def check_families(maps: Iterable[HostPort], pod_ips: Iterable[str]) -> None:
             raise InvalidArgument(f"{ENV_HOST_PORTS}[{i}].hostIP", m.host_ip, reason)
 
 
-def unmapped(chain: Iterable[str], value: str) -> ConfigError:
+def unmapped(chain: Iterable[str], value: str, members: tuple[str, str]) -> ConfigError:
     """The error of a pod whose hostPorts (the variable's ``value``) no member of ``chain`` maps: a
-    pod must not start without the ports it asked for, nor a second one on the same port."""
+    pod must not start without the ports it asked for, nor a second one on the same port.
+    ``members``: the hostport members to suggest (the built-in one, the shipped bash one)."""
     names = list(chain)
     entries = [e.split("/") for e in value.split()]
     ports = ", ".join(dict.fromkeys(f"{e[1]}/{e[0]}" for e in entries if len(e) >= 3))
-    member, bash = HOSTPORT_MEMBERS
+    member, bash = members
     reason = (
         f"the pod asks for hostPorts ({ports}) but no member of the chain ({', '.join(names)}) maps them: "
         f"the hostport member is missing; add {member} (after netplugin.io/bridge) or {bash} (after bridge) "

@@ -51,6 +51,7 @@ from netplugin.frontends.cni.installed import (
     safe_call_conf,
     shim_problem,
 )
+from netplugin.plugins.hostport import HOSTPORT_MEMBERS
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -441,7 +442,6 @@ def _maps_host_ports(cfg: Config, name: str) -> bool:
     import json
 
     from netplugin.core.chaining import DECLARES_HOST_PORTS
-    from netplugin.core.hostports import HOSTPORT_MEMBERS
     from netplugin.core.names import escape_plugin_name
 
     if name in HOSTPORT_MEMBERS:
@@ -457,7 +457,7 @@ def _maps_host_ports(cfg: Config, name: str) -> bool:
 def check_hostport(node: Node) -> Check:
     import shutil
 
-    from netplugin.core.hostports import ENV_LOCALHOST, HOSTPORT_MEMBERS, localhost_enabled
+    from netplugin.core.hostports import ENV_LOCALHOST, localhost_enabled
 
     cfg = node.config
     member = next((m for m in cfg.chain if _maps_host_ports(cfg, m)), None)

@@ -170,7 +170,9 @@ class ChainRun:
         """
         wanted = self.context(Action.SETUP).env.get(ENV_HOST_PORTS)
         if wanted and not any(DECLARES_HOST_PORTS in m.handles for m in self.members):
-            raise unmapped(self.names, wanted)  # before any member runs: nothing to roll back
+            from netplugin.plugins.hostport import HOSTPORT_MEMBERS  # the error's hint only: off the setup path
+
+            raise unmapped(self.names, wanted, HOSTPORT_MEMBERS)  # before any member runs: nothing to roll back
         deadline: list[float] = []
         macs: dict[int, str] = {}  # not recorded: only this call's result needs the pod interface's MAC
         for i, m in enumerate(self.members):

@@ -52,6 +52,7 @@ from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext, PodNetworkStatus
 
 __all__ = [
+    "HOSTPORT_MEMBERS",
     "HOSTPORT_NAME",
     "TABLE",
     "HostPortPlugin",
@@ -68,6 +69,8 @@ __all__ = [
 ]
 
 HOSTPORT_NAME = "netplugin.io/hostport"
+#: the members netplugin ships that map hostPorts (each declares it in its init mask): the built-in, then the bash one
+HOSTPORT_MEMBERS = (HOSTPORT_NAME, "hostport")
 TABLE = HOSTPORT_TABLE
 HAIRPIN_MARK = "0x2000"
 _DNAT4 = re.compile(r" dnat ip to (\d+\.\d+\.\d+\.\d+):\d+$")
