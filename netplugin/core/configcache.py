@@ -22,6 +22,9 @@ unwritten; the command's outcome is the same either way.
 
 from __future__ import annotations
 
+# Imports inside this module's functions are kept for the per-call import set
+# (tests/frontends/fastpath.py): each keeps a module off the calls that do not need it
+# (BENCHMARKS.md rows B-i and B: the CLI's cold start and per-pod run without a daemon).
 import json
 import math
 import os

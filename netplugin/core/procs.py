@@ -4,6 +4,10 @@ A pid alone is reused; (pid, start time, boot id) names one process for ever. Bo
 (record owners) and the manager (init markers) need these, so they live here, below both.
 """
 
+# Imports inside this module's functions are kept for the per-call import set
+# (tests/frontends/fastpath.py): each keeps a module off the calls that do not need it
+# (BENCHMARKS.md rows B-i and B: the CLI's cold start and per-pod run without a daemon).
+
 from __future__ import annotations
 
 __all__ = ["boot_id", "proc_start", "proc_stat"]

@@ -21,6 +21,9 @@ duration and outcome (the daemon's per-member histogram).
 
 from __future__ import annotations
 
+# Imports inside this module's functions are kept for the per-call import set
+# (tests/frontends/fastpath.py): each keeps a module off the calls that do not need it
+# (BENCHMARKS.md rows B-i and B: the CLI's cold start and per-pod run without a daemon).
 import time
 from collections.abc import Callable, Sequence
 from typing import cast

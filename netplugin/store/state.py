@@ -41,6 +41,9 @@ listing reports it and goes on, :meth:`StateStore.set_aside` moves it to ``pods/
 
 from __future__ import annotations
 
+# Imports inside this module's functions are kept for the per-call import set
+# (tests/frontends/fastpath.py): each keeps a module off the calls that do not need it
+# (BENCHMARKS.md rows B-i and B: the CLI's cold start and per-pod run without a daemon).
 import contextlib
 import errno
 import os

@@ -14,6 +14,9 @@ not readable by other users) would still fail the uid check.
 
 from __future__ import annotations
 
+# Imports inside this module's functions are kept for the per-call import set
+# (tests/frontends/fastpath.py): each keeps a module off the calls that do not need it
+# (BENCHMARKS.md rows B-i and B: the CLI's cold start and per-pod run without a daemon).
 import errno
 import os
 import threading

@@ -6,6 +6,9 @@ output" and "Chains"); this is the one parser of it, for both actions.
 
 from __future__ import annotations
 
+# Imports inside this module's functions are kept for the per-call import set
+# (tests/frontends/fastpath.py): each keeps a module off the calls that do not need it
+# (BENCHMARKS.md rows B-i and B: the CLI's cold start and per-pod run without a daemon).
 import json
 from collections.abc import Callable
 from typing import Any

@@ -7,6 +7,10 @@ behind GC), :mod:`.operations` (the operations, run here or in the daemon), :mod
 (the conflists and the shim installed for the runtime, as doctor and version read them).
 """
 
+# Imports inside this module's functions are kept for the per-call import set
+# (tests/frontends/fastpath.py): each keeps a module off the calls that do not need it
+# (BENCHMARKS.md rows H and Gpy: the CLI and the Python shim through the daemon).
+
 __all__ = ["main"]
 
 

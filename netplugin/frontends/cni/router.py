@@ -13,6 +13,9 @@ How it works, in detail: ``docs/cni.md``, "Routing a call to the daemon".
 # No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path);
 # annotations of names imported only for type checking are strings instead.
 
+# Imports inside this module's functions are kept for the per-call import set
+# (tests/frontends/fastpath.py): each keeps a module off the calls that do not need it
+# (BENCHMARKS.md rows H and Gpy: the CLI and the Python shim through the daemon).
 import posix
 import sys
 import time

@@ -14,6 +14,9 @@ lost after the request was sent: SystemFailure, the operation may have run).
 
 # The C module: ``socket`` adds enum wrappers and ``selectors`` this client does not use, and
 # importing them costs more than everything else here.
+# Imports inside this module's functions are kept for the per-call import set
+# (tests/frontends/fastpath.py): each keeps a module off the calls that do not need it
+# (BENCHMARKS.md rows H and Gpy: the CLI and the Python shim through the daemon).
 import _socket as socket
 
 # _struct, not struct: the same functions without loading struct.py on every call

@@ -10,6 +10,9 @@ does :func:`loads` import ``json`` (to raise :class:`json.JSONDecodeError` with 
 
 # No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path).
 
+# Imports inside this module's functions are kept for the per-call import set
+# (tests/frontends/fastpath.py): each keeps a module off the calls that do not need it
+# (BENCHMARKS.md rows H and Gpy: the CLI and the Python shim through the daemon).
 import _json
 
 __all__ = ["dumps", "loads"]

@@ -8,6 +8,9 @@ per distinct settings: :class:`BuiltSettings`.
 
 # No `from __future__ import annotations`: it loads the __future__ module on every call (a fast path).
 
+# Imports inside this module's functions are kept for the per-call import set
+# (tests/frontends/fastpath.py): each keeps a module off the calls that do not need it
+# (BENCHMARKS.md rows H and Gpy: the CLI and the Python shim through the daemon).
 from _thread import allocate_lock  # threading's Lock, without importing threading on the per-call path
 
 __all__ = ["BuiltSettings", "differing_settings", "fingerprint"]
