@@ -311,9 +311,11 @@ class Snapshot:
             out.pop("last_sync", None)
             return json.dumps(out)  # in the answer's key order
 
-        self.sample(
-            "keeper_problems", lambda: json.dumps(keeper.problems({"nodes": {"failing": True, "last_error": "x"}}))
-        )
+        def problems() -> str:
+            found = keeper.problems({"nodes": {"failing": True, "last_error": "x"}})
+            return json.dumps([p if isinstance(p, dict) else p.to_dict() for p in found])  # dicts before NodeProblem
+
+        self.sample("keeper_problems", problems)
         self.sample("keeper_status", status)
 
     def netlink_samples(self) -> None:

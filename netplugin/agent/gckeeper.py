@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from netplugin.agent.worker import Worker
 from netplugin.core.defaults import DEFAULT_GC_INTERVAL
 from netplugin.core.errors import NetpluginError
+from netplugin.manager.gc import FREEING_KINDS, GcKind, run_gc
 
 if TYPE_CHECKING:
     from netplugin.manager.gc import GcReport
@@ -36,8 +37,8 @@ __all__ = ["FREED_KINDS", "GcCounts", "GcKeeper"]
 
 log = logging.getLogger("netplugin.gc")
 
-#: what a gc run frees, by its action kind (the ``kind`` label)
-FREED_KINDS = ("teardown", "set-aside", "settle", "remove-temp")
+#: what a gc run frees, by its action kind (the ``kind`` label), in the kinds' order
+FREED_KINDS = tuple(kind for kind in GcKind if kind in FREEING_KINDS)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class GcCounts:
     #: runs by (trigger, outcome), in the order each pair first happened
     runs: dict[tuple[str, str], int]
     #: what they freed, by action kind (every kind of :data:`FREED_KINDS`, zero or more)
-    freed: dict[str, int]
+    freed: dict[GcKind, int]
 
 
 class GcKeeper:
@@ -66,22 +67,20 @@ class GcKeeper:
         self.last: dict[str, object] | None = None  #: the last run, for health
         self._count_lock = threading.Lock()  # not the run's lock: a scrape never waits for a run
         self._runs: Counter[tuple[str, str]] = Counter()
-        self._freed: Counter[str] = Counter(dict.fromkeys(FREED_KINDS, 0))
+        self._freed: Counter[GcKind] = Counter(dict.fromkeys(FREED_KINDS, 0))
 
     def counts(self) -> GcCounts:
         """The runs and what they freed so far (a copy)."""
         with self._count_lock:
             return GcCounts(dict(self._runs), dict(self._freed))
 
-    def _count(self, trigger: str, outcome: str, freed: list[str]) -> None:
+    def _count(self, trigger: str, outcome: str, freed: list[GcKind]) -> None:
         with self._count_lock:
             self._runs[trigger, outcome] += 1
             self._freed.update(freed)
 
     def run(self, trigger: str) -> GcReport | None:
         """One gc run now (on the caller's thread); None when it could not run at all."""
-        from netplugin.manager.gc import run_gc
-
         with self._lock:
             start = time.monotonic()
             try:
@@ -92,7 +91,7 @@ class GcKeeper:
                 return None
             done = [a for a in report.actions if a.outcome == "done"]
             outcome = "failed" if report.failed else "ok"
-            self._count(trigger, outcome, [a.kind for a in done if a.kind in FREED_KINDS])
+            self._count(trigger, outcome, [a.kind for a in done if a.kind in FREEING_KINDS])
             self.last = {"trigger": trigger, "time": time.time(), "freed": len(done), "failed": len(report.failed)}
             took = time.monotonic() - start
             if done or report.failed:

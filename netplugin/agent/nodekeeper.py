@@ -46,13 +46,16 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from netplugin.agent.problems import BAD_NODE, BROKEN_POD, REPAIR_LOOP, WATCH, NodeProblem
 from netplugin.agent.repairlog import RepairLog
 from netplugin.agent.worker import Worker
 from netplugin.core.errors import HostError, NetpluginError
 from netplugin.core.node import NodeInfo
+from netplugin.core.plugin import RepairKind
 from netplugin.hosts.base import ClusterHost
 from netplugin.manager.repair import keep_node, repair_kind
 from netplugin.nodenet.egress import Egress
@@ -69,7 +72,7 @@ if TYPE_CHECKING:
     from netplugin.nodenet.kernelwatch import KernelWatch
     from netplugin.nodenet.routes import RouteReport, RouteTable
 
-__all__ = ["STATIC_POLL", "NodeKeeper", "problem_text"]
+__all__ = ["STATIC_POLL", "NodeCounts", "NodeKeeper"]
 
 log = logging.getLogger("netplugin.nodes")
 repair_log = logging.getLogger("netplugin.repair")
@@ -81,6 +84,25 @@ STATIC_POLL = 2.0
 FIRST_PASS_WAIT = 30.0
 #: repairs closer together than this count as one incident (what doctor calls recurring counts these)
 INCIDENT_GAP = 2.0
+
+
+@dataclass(frozen=True)
+class NodeCounts:
+    """What the keeper counts and knows, read at each scrape of the daemon's metrics (a copy)."""
+
+    #: the destinations of the routes to other nodes in place
+    routes: list[str]
+    #: pod CIDRs of other nodes that cannot be routed
+    route_problems: int
+    problems: list[NodeProblem]
+    #: nodes in the cluster, as last read
+    nodes: int
+    syncs: int
+    #: what was put back, by kind (every kind, zero or more)
+    repairs: dict[RepairKind, int]
+    #: with a host that watches the cluster: its requests by (verb, resource), and each list+watch's status
+    kube_requests: dict[tuple[str, str], int] | None = None
+    watches: dict[str, dict[str, Any]] | None = None
 
 
 class NodeKeeper:
@@ -95,7 +117,7 @@ class NodeKeeper:
         egress: Egress | None = None,
         forward: Forward | None = None,
         on_pod_deleted: Callable[[str, str], None] | None = None,
-        pods: Callable[[], Manager] | None = None,
+        manager: Callable[[], Manager] | None = None,
     ) -> None:
         self.config = config
         self.host = host
@@ -139,16 +161,18 @@ class NodeKeeper:
         #: the incident with the most rounds since the daemon started: {rounds, seconds}
         self.longest_fight: dict[str, float] = {"rounds": 0, "seconds": 0.0}
         self.repair_log = RepairLog(repair_log)
-        self._manager = pods
+        self._manager = manager
         self._watch: KernelWatch | None = None
         self._lock = threading.Lock()
         #: pod-level self-repair (its chains' ``repair``), with the daemon's manager
-        self.pods: PodRepairer | None = None
-        if pods is not None:
+        self.repairer: PodRepairer | None = None
+        if manager is not None:
             from netplugin.agent.podrepair import PodRepairer
 
             limit = 4 * config.timeout_for("setup")  # a pass repairs pods in parallel, each within its limit
-            self.pods = PodRepairer(pods, self.repairs, self._lock, self._incident, self.repair_log, lambda: limit)
+            self.repairer = PodRepairer(
+                manager, self.repairs, self._lock, self._incident, self.repair_log, lambda: limit
+            )
         self._worker = Worker("netplugin-nodes", self._loop, lambda: self.config.node_resync)
         self._first = threading.Event()  #: the first pass is over (whatever it found)
 
@@ -161,11 +185,11 @@ class NodeKeeper:
         inside the daemon's."""
         if self.cluster is not None:
             self.cluster.start_watching(self.kick, on_pod_deleted=self.on_pod_deleted)
-        if self.routes is not None or self.egress is not None or self.pods is not None:
+        if self.routes is not None or self.egress is not None or self.repairer is not None:
             from netplugin.nodenet.kernelwatch import KernelWatch
             from netplugin.nodenet.routes import RTPROT_NETPLUGIN
 
-            on_lost = self.pods.lost if self.pods is not None else None
+            on_lost = self.repairer.lost if self.repairer is not None else None
             watch = KernelWatch(self.repair, route_protocol=RTPROT_NETPLUGIN, on_lost=on_lost)
             try:
                 watch.start()
@@ -173,8 +197,8 @@ class NodeKeeper:
             except OSError as e:  # routes and egress are still kept, by the periodic pass only
                 watch.stop()
                 log.warning("cannot watch the kernel's route changes (%s): no self-repair", e)
-        if self.pods is not None:
-            self.pods.start()
+        if self.repairer is not None:
+            self.repairer.start()
         self._worker.start()
         if not self.watching:
             self._first.wait(FIRST_PASS_WAIT)
@@ -182,8 +206,8 @@ class NodeKeeper:
     def stop(self) -> None:
         if self._watch is not None:
             self._watch.stop()
-        if self.pods is not None:
-            self.pods.stop()
+        if self.repairer is not None:
+            self.repairer.stop()
         self._worker.stop()
         if self.cluster is not None:
             self.cluster.stop_watching()
@@ -204,12 +228,12 @@ class NodeKeeper:
 
     def workers(self) -> list[Worker]:
         """The keeper threads it runs (its own, the pod repairer's)."""
-        return [self._worker, *([self.pods.worker] if self.pods is not None else [])]
+        return [self._worker, *([self.repairer.worker] if self.repairer is not None else [])]
 
     def broken(self) -> dict[str, str]:
         """Pods (``NS/NAME/INFRA_ID``) known broken -> why (host interface gone, a repair that keeps failing)."""
         with self._lock:
-            return dict(self.pods.broken) if self.pods is not None else {}
+            return dict(self.repairer.broken) if self.repairer is not None else {}
 
     def keeper_problems(self) -> list[str]:
         """Each keeper thread (its own, the pod repairer's, the kernel watch) not running or stuck."""
@@ -427,61 +451,65 @@ class NodeKeeper:
                 "last_sync_seconds": round(self.sync_seconds, 4),
                 "error": self.error,
                 "repairs": dict(self.repairs),
-                "broken": dict(self.pods.broken) if self.pods is not None else {},
+                "broken": dict(self.repairer.broken) if self.repairer is not None else {},
                 "repair_incidents": self.incidents,
                 "longest_fight": dict(self.longest_fight),
                 "repair_lines_not_logged": self.repair_log.dropped_total,
-                "repair_loops": dict(self.pods.looping) if self.pods is not None else {},
+                "repair_loops": dict(self.repairer.looping) if self.repairer is not None else {},
                 "kernel_wakeups": self._watch.wakeups if self._watch is not None else None,
-                "pod_repair_calls": self.pods.calls if self.pods is not None else None,
+                "pod_repair_calls": self.repairer.calls if self.repairer is not None else None,
             }
             if self.report is not None:
                 out.update(self.report.to_dict())
         cache = self.cluster.cache if self.cluster is not None else None
         if cache is not None:
             out["watch"] = cache.status()
-        out["problems"] = self.problems(out.get("watch"))
+        out["problems"] = [p.to_dict() for p in self.problems(out.get("watch"))]
         return out
 
-    def problems(self, watch: dict[str, Any] | None = None) -> list[dict[str, str]]:
+    def problems(self, watch: dict[str, Any] | None = None) -> list[NodeProblem]:
         """Everything about the cluster this node cannot act on: what ``health`` and ``doctor`` show.
 
-        Each is ``{kind, node, cidr, reason}`` (``node``/``cidr`` empty when they do not apply);
-        ``kind`` is a route problem's kind (:data:`netplugin.nodenet.routes.PROBLEM_KINDS`),
-        ``bad_node`` (a Node that cannot be read), ``watch`` (a list+watch that is failing), or
-        ``broken_pod`` (a ready pod whose host interface is gone: :mod:`.podrepair`).
+        A route problem (:data:`netplugin.nodenet.routes.PROBLEM_KINDS`), a Node that cannot be
+        read, a list+watch that is failing, a ready pod whose host interface is gone or whose repair
+        loops (:mod:`.podrepair`).
         """
         with self._lock:
             report = self.report
-        out = [
-            {"kind": p.kind, "node": p.node, "cidr": p.cidr, "reason": p.reason}
-            for p in (report.problems if report else [])
-        ]
+        out = [NodeProblem.of_route(p) for p in (report.problems if report else [])]
         cache = None
         if self.cluster is not None:
-            bad = self.cluster.node_problems()
-            out += [{"kind": "bad_node", "node": n, "cidr": "", "reason": why} for n, why in bad]
+            out += [NodeProblem(BAD_NODE, n, reason=why) for n, why in self.cluster.node_problems()]
             cache = self.cluster.cache
-        if self.pods is not None:
+        if self.repairer is not None:
             with self._lock:
-                broken = sorted(self.pods.broken.items())
-            out += [{"kind": "broken_pod", "node": "", "cidr": "", "reason": f"pod {p}: {why}"} for p, why in broken]
+                broken = sorted(self.repairer.broken.items())
+            out += [NodeProblem(BROKEN_POD, reason=f"pod {p}: {why}") for p, why in broken]
             with self._lock:
-                loops = sorted(self.pods.looping.items())
-            out += [{"kind": "repair_loop", "node": "", "cidr": "", "reason": f"pod {p}: {why}"} for p, why in loops]
+                loops = sorted(self.repairer.looping.items())
+            out += [NodeProblem(REPAIR_LOOP, reason=f"pod {p}: {why}") for p, why in loops]
         if watch is None:
             watch = cache.status() if cache is not None else {}
         for resource, st in (watch or {}).items():
             if st.get("failing") or not st.get("alive", True):
                 why = st.get("last_error") or "the watch thread is not running"
-                out.append({"kind": "watch", "node": "", "cidr": "", "reason": f"watch of {resource}: {why}"})
+                out.append(NodeProblem(WATCH, reason=f"watch of {resource}: {why}"))
         return out
 
-
-def problem_text(p: Mapping[str, str]) -> str:
-    """One line for a problem of :meth:`NodeKeeper.problems` (``netplugin nodes``, ``doctor``)."""
-    if p.get("cidr"):
-        return f"node {p['node']} pod CIDR {p['cidr']}: {p['reason']}"
-    if p.get("node"):
-        return f"node {p['node']}: {p['reason']}"
-    return str(p["reason"])
+    def counts(self) -> NodeCounts:
+        """What the metrics read at a scrape."""
+        with self._lock:
+            report, nodes, syncs = self.report, self.nodes, self.syncs
+            repairs = {kind: self.repairs[kind] for kind in RepairKind}
+        cluster = self.cluster
+        cache = cluster.cache if cluster is not None else None
+        return NodeCounts(
+            routes=[r.dst for r in report.routes] if report else [],
+            route_problems=len(report.problems) if report else 0,
+            problems=self.problems(),
+            nodes=len(nodes or []),
+            syncs=syncs,
+            repairs=repairs,
+            kube_requests=dict(cluster.requests) if cluster is not None else None,
+            watches=cache.status() if cache is not None else None,
+        )

@@ -271,7 +271,7 @@ class PodRepairer:
         except NetpluginError as e:
             done, errors = None, [e.message]
         took = time.monotonic() - start
-        kinds = set()
+        kinds: set[str] = set()
         for member, line in done.changes if done is not None else []:
             kind = repair_kind(line)
             kinds.add(kind)

@@ -398,10 +398,6 @@ class RawNetlink:
                 found[version] = socket.inet_ntop(family, raw)
         return found
 
-    def ipv4_address(self, index: int) -> str | None:
-        """The first IPv4 address of link ``index`` (like ``ip -4 addr show``), or None."""
-        return self.addresses(index).get(4)
-
     def retire(self, index: int) -> bool:
         """Take link ``index`` off the network now, for a deletion later: down (a veth's peer loses its
         carrier; a bridge port stops forwarding and forgets its addresses) and into this process's

@@ -75,6 +75,7 @@ __all__ = [
     "RTNLGRP_IPV6_ROUTE",
     "RTNLGRP_LINK",
     "RTNLGRP_TC",
+    "RTN_NAMES",
     "RTN_UNICAST",
     "RTPROT_BOOT",
     "RT_SCOPE_UNIVERSE",
@@ -163,6 +164,8 @@ RT_TABLE_MAIN = 254
 RT_SCOPE_UNIVERSE = 0
 RTPROT_BOOT = 3  # what `ip route` uses: routes look the same whichever bridge plugin made them
 RTN_UNICAST = 1
+#: the other route types a route lookup may answer with, by name (linux/rtnetlink.h)
+RTN_NAMES = {3: "broadcast", 6: "blackhole", 7: "unreachable", 8: "prohibit", 9: "throw"}
 
 # headers: nlmsghdr, ifinfomsg, ifaddrmsg, rtmsg, tcmsg
 NLHDR = struct.Struct("=IHHII")

@@ -31,13 +31,26 @@ __all__ = [
     "Plugin",
     "PluginFactory",
     "PodNetworkStatus",
+    "RepairKind",
 ]
 
 NOOP_NAME = "kubernetes.io/no-op"
 
-#: what a repair put back, by kind: node-level objects the daemon keeps itself (routes, egress and
-#: hostPort tables) and pod-level ones a member's ``repair`` reports as ``KIND: what``
-REPAIR_KINDS = ("route", "egress", "hostport", "bridge", "port", "qdisc", "other")
+class RepairKind(enum.StrEnum):
+    """What a repair put back: node-level objects the daemon keeps itself (routes, egress and
+    hostPort tables) and pod-level ones a member's ``repair`` reports as ``KIND: what``."""
+
+    ROUTE = "route"
+    EGRESS = "egress"
+    HOSTPORT = "hostport"
+    BRIDGE = "bridge"
+    PORT = "port"
+    QDISC = "qdisc"
+    OTHER = "other"
+
+
+#: every repair kind's name (a member's ``KIND:`` outside it counts as ``other``)
+REPAIR_KINDS = frozenset(k.value for k in RepairKind)
 
 
 class Action(enum.Enum):

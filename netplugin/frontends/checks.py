@@ -39,6 +39,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from netplugin.agent.problems import POD_KINDS, NodeProblem
 from netplugin.core.defaults import FIGHT_ROUNDS
 from netplugin.core.errors import NetpluginError
 from netplugin.frontends.cni.installed import (
@@ -259,9 +260,8 @@ def check_node(node: Node) -> Check:
             "kube-controller-manager --allocate-node-cidrs --cluster-cidr=..., or set the Node's podCIDRs by hand",
         )
     found = f"node {me}: pod CIDRs {', '.join(cidrs) or 'none'}; {len(routes)} route(s) to {st.get('nodes')} node(s)"
-    problems = [p for p in st.get("problems") or [] if p.get("kind") not in ("broken_pod", "repair_loop")]  # repairs
-    if problems:
-        text = "; ".join(f"{p.get('node')} {p.get('cidr')}: {p.get('reason')}" for p in problems[:5])
+    if problems := [p for p in map(NodeProblem.from_dict, st.get("problems") or []) if p.kind not in POD_KINDS]:
+        text = "; ".join(f"{p.node} {p.cidr}: {p.reason}" for p in problems[:5])
         return Check("node", found, f"{len(problems)} node(s) cannot be routed: {text}", "see netplugin nodes")
     return Check("node", found)
 

@@ -28,6 +28,7 @@ never overlaps a setup or teardown of the same pod; each decision is re-checked 
 
 from __future__ import annotations
 
+import enum
 import functools
 import os
 from collections.abc import Callable, Iterator
@@ -52,8 +53,10 @@ if TYPE_CHECKING:
     from netplugin.manager.manager import Manager
 
 __all__ = [
+    "FREEING_KINDS",
     "GcAction",
     "GcIncomplete",
+    "GcKind",
     "GcReport",
     "host_is_authoritative",
     "plugin_processes",
@@ -124,12 +127,27 @@ def _reason(rec: PodRecord, host: Host | None, notes: list[str]) -> str | None:
 # --- reporting -------------------------------------------------------------------------------------------
 
 
+class GcKind(enum.StrEnum):
+    """What one gc action is (its ``action`` in the report)."""
+    TEARDOWN = "teardown"
+    SET_ASIDE = "set-aside"
+    SETTLE = "settle"
+    REMOVE_TEMP = "remove-temp"
+    SKIP = "skip"
+    FORGET_HOSTPORTS = "forget-hostports"
+    NODE_STATE = "node-state"
+    DELETE_LINK = "delete-link"
+
+
+#: the kinds that free something when done (what the daemon's metrics count as freed)
+FREEING_KINDS = frozenset({GcKind.TEARDOWN, GcKind.SET_ASIDE, GcKind.SETTLE, GcKind.REMOVE_TEMP})
+
+
 @dataclass
 class GcAction:
     """One thing gc did (or, in a dry run, would do)."""
 
-    #: "teardown" | "set-aside" | "settle" | "remove-temp" | "skip" | "forget-hostports" | "node-state" | "delete-link"
-    kind: str
+    kind: GcKind
     target: str
     reason: str
     outcome: str  # "done" | "planned" | "failed" | "skipped"
@@ -140,7 +158,7 @@ class GcAction:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "action": self.kind,
+            "action": self.kind.value,
             "target": self.target,
             "reason": self.reason,
             "outcome": self.outcome,
@@ -157,30 +175,30 @@ class GcAction:
 
     def describe(self) -> str:
         planned = self.outcome == "planned"
-        if self.kind == "teardown":
+        if self.kind is GcKind.TEARDOWN:
             if self.outcome == "failed":
                 return f"FAILED to tear down {self.target} ({self.reason}): {self.error}; record kept"
             verb = "would tear down" if planned else "tore down"
             extra = f"; waited for {len(self.pids)} orphaned plugin process(es)" if self.pids else ""
             return f"{verb} {self.target}: {self.reason}{extra}"
-        if self.kind == "set-aside":
+        if self.kind is GcKind.SET_ASIDE:
             if planned:
                 return f"would set aside corrupt record {self.target}: {self.reason}"
             return f"set aside corrupt record {self.target} as {self.moved_to}: {self.reason}"
-        if self.kind == "settle":
+        if self.kind is GcKind.SETTLE:
             pids = ", ".join(map(str, self.pids))
             verb = "would stop" if planned else "stopped"
             return f"{verb} orphaned plugin process(es) {pids} of {self.target}: {self.reason}"
-        if self.kind == "remove-temp":
+        if self.kind is GcKind.REMOVE_TEMP:
             verb = "would remove" if planned else "removed"
             return f"{verb} {self.target}: {self.reason}"
         if self.outcome == "failed":
             return f"FAILED: {self.target}: {self.reason}: {self.error}"
-        if self.kind == "delete-link":
+        if self.kind is GcKind.DELETE_LINK:
             return f"{'would delete' if planned else 'deleted'} link {self.target}: {self.reason}"
-        if self.kind == "node-state":
+        if self.kind is GcKind.NODE_STATE:
             return f"{self.target}'s node state: {self.reason}"
-        if self.kind == "forget-hostports":
+        if self.kind is GcKind.FORGET_HOSTPORTS:
             verb = "would remove" if planned else "removed"
             return f"{verb} the hostPort rules of {self.target}: {self.reason}"
         return f"skipped {self.target}: {self.reason}"
@@ -209,7 +227,7 @@ class GcReport:
     def text(self) -> str:
         lines = [a.describe() for a in self.actions]
         lines += [f"note: {n}" for n in self.notes]
-        torn = sum(1 for a in self.actions if a.kind == "teardown" and a.outcome in ("done", "planned"))
+        torn = sum(1 for a in self.actions if a.kind is GcKind.TEARDOWN and a.outcome in ("done", "planned"))
         if not self.actions:
             lines.append(f"gc: nothing to do ({self.checked} record(s) checked)")
         else:
@@ -290,14 +308,14 @@ def _teardown(
             current = store.get(ref)
         except StateError as e:
             moved = store.set_aside(e.path, e.reason)
-            report.actions.append(GcAction("set-aside", e.path, e.reason, "done", moved_to=moved))
+            report.actions.append(GcAction(GcKind.SET_ASIDE, e.path, e.reason, "done", moved_to=moved))
             return
         if current is None:
             return  # torn down by someone else meanwhile
         reason = _reason(current, host, [])  # host trouble was noted by the pre-check
         if reason is None:
             return  # e.g. the setup we waited for completed
-        action = GcAction("teardown", _describe(ref), reason, "done", pod=ref)
+        action = GcAction(GcKind.TEARDOWN, _describe(ref), reason, "done", pod=ref)
         try:
             members = recorded_members(current.chain, plugins.get, manager.member)
             pod_obj = _pod_object(manager, current)
@@ -359,10 +377,10 @@ def run_gc(
             why = None if busy else _reason(rec, host, report.notes)
             if busy:
                 report.actions.append(
-                    GcAction("skip", _describe(rec.ref), "an action on it is in progress", "skipped", pod=rec.ref)
+                    GcAction(GcKind.SKIP, _describe(rec.ref), "an action on it is in progress", "skipped", pod=rec.ref)
                 )
             elif why is not None:
-                report.actions.append(GcAction("teardown", _describe(rec.ref), why, "planned", pod=rec.ref))
+                report.actions.append(GcAction(GcKind.TEARDOWN, _describe(rec.ref), why, "planned", pod=rec.ref))
             continue
         if _reason(rec, host, report.notes) is None:
             continue  # cheap pre-check without the lock; re-checked under it
@@ -381,13 +399,13 @@ def _set_aside_corrupt(store: StateStore, scan: Scan, report: GcReport, dry_run:
     """Move each corrupt record aside (or plan to)."""
     for c in scan.corrupt:
         if dry_run:
-            report.actions.append(GcAction("set-aside", c.path, c.reason, "planned"))
+            report.actions.append(GcAction(GcKind.SET_ASIDE, c.path, c.reason, "planned"))
             continue
         try:
             moved = store.set_aside(c.path, c.reason)
-            report.actions.append(GcAction("set-aside", c.path, c.reason, "done", moved_to=moved))
+            report.actions.append(GcAction(GcKind.SET_ASIDE, c.path, c.reason, "done", moved_to=moved))
         except NetpluginError as e:
-            report.actions.append(GcAction("set-aside", c.path, c.reason, "failed", error=e.message))
+            report.actions.append(GcAction(GcKind.SET_ASIDE, c.path, c.reason, "failed", error=e.message))
 
 
 def _remove_temps(store: StateStore, scan: Scan, report: GcReport, dry_run: bool) -> None:
@@ -399,13 +417,13 @@ def _remove_temps(store: StateStore, scan: Scan, report: GcReport, dry_run: bool
     for tmp in [*scan.stale_temps, *others]:
         reason = "temporary file of an interrupted write"
         if dry_run:
-            report.actions.append(GcAction("remove-temp", tmp, reason, "planned"))
+            report.actions.append(GcAction(GcKind.REMOVE_TEMP, tmp, reason, "planned"))
         else:
             try:
                 if store.remove_temp(tmp):
-                    report.actions.append(GcAction("remove-temp", tmp, reason, "done"))
+                    report.actions.append(GcAction(GcKind.REMOVE_TEMP, tmp, reason, "done"))
             except NetpluginError as e:
-                report.actions.append(GcAction("remove-temp", tmp, reason, "failed", error=e.message))
+                report.actions.append(GcAction(GcKind.REMOVE_TEMP, tmp, reason, "failed", error=e.message))
 
 
 def _settle_orphans(manager: Manager, store: StateStore, handled: set[PodRef], report: GcReport, dry_run: bool) -> None:
@@ -415,14 +433,14 @@ def _settle_orphans(manager: Manager, store: StateStore, handled: set[PodRef], r
         why = "their netplugin is gone"
         if dry_run:
             if not pod_busy(manager.config.run_dir, ref):
-                report.actions.append(GcAction("settle", _describe(ref), why, "planned", pod=ref, pids=pids))
+                report.actions.append(GcAction(GcKind.SETTLE, _describe(ref), why, "planned", pod=ref, pids=pids))
             continue
         with manager.pod_lock(ref):
             # Under the lock no live action runs for this pod: whatever is left is orphaned.
             procs = plugin_processes(store.state_dir, pod=ref)
             if procs:
                 got = settle(procs, timeout_for=manager.config.timeout_for, kill_grace=manager.config.kill_grace)
-                report.actions.append(GcAction("settle", _describe(ref), why, "done", pod=ref, pids=got))
+                report.actions.append(GcAction(GcKind.SETTLE, _describe(ref), why, "done", pod=ref, pids=got))
 
 
 def _node_state(manager: Manager, report: GcReport) -> None:
@@ -437,9 +455,11 @@ def _node_state(manager: Manager, report: GcReport) -> None:
     if kept.init_error is not None:
         report.notes.append(f"node state: the chain's init failed ({kept.init_error})")
     for member, line in kept.changes:
-        report.actions.append(GcAction("node-state", member, line, "done"))
+        report.actions.append(GcAction(GcKind.NODE_STATE, member, line, "done"))
     for err in kept.errors:
-        report.actions.append(GcAction("node-state", "chain", "node action", "failed", error=err))
+        report.actions.append(GcAction(GcKind.NODE_STATE, "chain", "node action", "failed", error=err))
+
+
 def _retired_links(report: GcReport, dry_run: bool) -> None:
     """Delete the links a teardown retired (off the network, answered) whose process died before deleting them."""
     from netplugin.core.netlink import RawNetlink
@@ -450,11 +470,11 @@ def _retired_links(report: GcReport, dry_run: bool) -> None:
     for index, (name, pid) in sorted(left.items(), key=lambda kv: kv[1]):
         why = f"taken off the network by a teardown of process {pid}, which died before deleting it"
         if dry_run:
-            report.actions.append(GcAction("delete-link", name, why, "planned"))
+            report.actions.append(GcAction(GcKind.DELETE_LINK, name, why, "planned"))
         elif index in failed:
-            report.actions.append(GcAction("delete-link", name, why, "failed", error=os.strerror(failed[index])))
+            report.actions.append(GcAction(GcKind.DELETE_LINK, name, why, "failed", error=os.strerror(failed[index])))
         else:
-            report.actions.append(GcAction("delete-link", name, why, "done"))
+            report.actions.append(GcAction(GcKind.DELETE_LINK, name, why, "done"))
 
 
 def _alive(pid: int) -> bool:
@@ -481,20 +501,20 @@ def _hostport_leaks(manager: Manager, store: StateStore, report: GcReport, dry_r
         try:
             ref = PodRef(*holder.partition("/")[::2], infra)
         except NetpluginError as e:
-            report.actions.append(GcAction("forget-hostports", chain, why, "failed", error=e.message))
+            report.actions.append(GcAction(GcKind.FORGET_HOSTPORTS, chain, why, "failed", error=e.message))
             continue
         with manager.pod_lock(ref):  # a setup of the pod holds it: its record exists before its rules
             rec = store.get(ref)
             if rec is not None and rec.ref.infra_id == infra:
                 continue
             if dry_run:
-                report.actions.append(GcAction("forget-hostports", holder, why, "planned", pod=ref))
+                report.actions.append(GcAction(GcKind.FORGET_HOSTPORTS, holder, why, "planned", pod=ref))
                 continue
             try:
                 forget(records, chain)
-                report.actions.append(GcAction("forget-hostports", holder, why, "done", pod=ref))
+                report.actions.append(GcAction(GcKind.FORGET_HOSTPORTS, holder, why, "done", pod=ref))
             except NetpluginError as e:
-                report.actions.append(GcAction("forget-hostports", holder, why, "failed", error=e.message))
+                report.actions.append(GcAction(GcKind.FORGET_HOSTPORTS, holder, why, "failed", error=e.message))
 
 
 # --- listing ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from netplugin.core.errors import NetpluginError
 from netplugin.core.names import PodRef
-from netplugin.core.plugin import REPAIR_KINDS
+from netplugin.core.plugin import REPAIR_KINDS, RepairKind
 from netplugin.store.records import READY
 
 if TYPE_CHECKING:
@@ -39,10 +39,10 @@ class PodRepair:
     ran: bool = False
 
 
-def repair_kind(line: str) -> str:
+def repair_kind(line: str) -> RepairKind:
     """The kind a repair line counts under: its ``KIND:`` prefix when it is a known kind, else ``other``."""
     head, sep, _ = line.partition(":")
-    return head.strip() if sep and head.strip() in REPAIR_KINDS else "other"
+    return RepairKind(head.strip()) if sep and head.strip() in REPAIR_KINDS else RepairKind.OTHER
 
 
 def repair_pod(manager: Manager, pod: PodRef) -> PodRepair:

@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from netplugin.core.nlwire import RT_TABLE_MAIN, RTN_NAMES, RTN_UNICAST
 from netplugin.core.node import NodeInfo
 
 __all__ = ["PROBLEM_KINDS", "RTPROT_NETPLUGIN", "Route", "RouteProblem", "RouteReport", "RouteTable"]
@@ -58,10 +59,6 @@ PROBLEM_KINDS = (
 
 #: The routing protocol number marking netplugin's routes (unassigned in iproute2's rt_protos).
 RTPROT_NETPLUGIN = 78
-_MAIN_TABLE = 254
-_RTN_UNICAST = 1
-_RTN_LOCAL = 2
-_TYPES = {3: "broadcast", 6: "blackhole", 7: "unreachable", 8: "prohibit", 9: "throw"}
 _FAMILIES = {4: socket.AF_INET, 6: socket.AF_INET6}
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -129,7 +126,7 @@ class RouteTable:
         *,
         cluster_cidrs: Iterable[str] = (),
         proto: int = RTPROT_NETPLUGIN,
-        table: int = _MAIN_TABLE,
+        table: int = RT_TABLE_MAIN,
         netns: str | None = None,
     ) -> None:
         self.self_name = self_name
@@ -180,7 +177,7 @@ class RouteTable:
                 zero = "0.0.0.0" if family == socket.AF_INET else "::"
                 net = ipaddress.ip_network(f"{dst_addr or zero}/{r['dst_len']}", strict=False)
                 gateway = r.get_attr("RTA_GATEWAY") or ("multipath" if r.get_attr("RTA_MULTIPATH") else None)
-                if r["proto"] == self.proto and r["type"] == _RTN_UNICAST:
+                if r["proto"] == self.proto and r["type"] == RTN_UNICAST:
                     view.ours[str(net)] = (gateway, r.get_attr("RTA_OIF"))
                 else:
                     view.others.append((net, r["type"], gateway, r.get_attr("RTA_OIF")))
@@ -202,8 +199,8 @@ class RouteTable:
         for net, rtype, via, oif in view.others:
             if net.version != addr.version or addr not in net:
                 continue
-            if rtype != _RTN_UNICAST:
-                return None, f"InternalIP {gateway} is unreachable (a {_TYPES.get(rtype, rtype)} route covers it)"
+            if rtype != RTN_UNICAST:
+                return None, f"InternalIP {gateway} is unreachable (a {RTN_NAMES.get(rtype, rtype)} route covers it)"
             if via:
                 return (
                     None,
@@ -259,7 +256,7 @@ class RouteTable:
         for other, rtype, via, _ in view.others:
             if other.version != net.version or not other.overlaps(net):
                 continue
-            if rtype == _RTN_UNICAST and via is None and other.prefixlen > 0:
+            if rtype == RTN_UNICAST and via is None and other.prefixlen > 0:
                 return "connected_route", f"overlaps {other}, a directly connected network of this node"
             if other == net:
                 return "foreign_route", "a route to it that netplugin did not make exists"

@@ -22,7 +22,7 @@ from netplugin.core.defaults import DEFAULT_CONFIG
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument
 from netplugin.frontends.cni.operations import DaemonSide, Refused, run
 from netplugin.frontends.cni.spec import LATEST, CniError
-from netplugin.frontends.daemon.reconfig import Live
+from netplugin.frontends.daemon.reconfig import ServedSettings
 from netplugin.frontends.wire.codes import CNI_INVALID_ENV
 from netplugin.frontends.wire.fingerprint import BuiltSettings, differing_settings
 
@@ -38,7 +38,7 @@ def _str_map(value: Any, what: str) -> dict[str, str]:
     return dict(value)
 
 
-def check_settings(settings: Any, live: Live, socket_path: str) -> Config:
+def check_settings(settings: Any, live: ServedSettings, socket_path: str) -> Config:
     """The caller's config from its raw ``settings``; DaemonUnavailable unless it is the daemon's."""
     if not isinstance(settings, dict):
         raise InvalidArgument("settings", type(settings).__name__, "must be an object")
@@ -87,7 +87,7 @@ def environ_problem(environ: Mapping[str, str]) -> str | None:
 
 
 def run_cni(
-    req: dict[str, Any], live: Live, socket_path: str, timed: Callable[[str, Callable[[], Any]], Any]
+    req: dict[str, Any], live: ServedSettings, socket_path: str, timed: Callable[[str, Callable[[], Any]], Any]
 ) -> dict[str, Any]:
     """Op ``cni``: one CNI call of the shim, run here; ``{"code": exit status, "doc": document}``."""
     environ = _str_map(req.get("environ"), "environ")
@@ -101,7 +101,7 @@ def run_cni(
 def run_cni_call(
     environ: dict[str, str],
     stdin: bytes,
-    live: Live,
+    live: ServedSettings,
     socket_path: str,
     timed: Callable[[str, Callable[[], Any]], Any],
 ) -> tuple[int, dict[str, Any] | None]:

@@ -28,14 +28,14 @@ from netplugin.frontends.daemon.cnicalls import run_cni_call
 from netplugin.frontends.daemon.envelope import check_request, pod_of, pod_text
 from netplugin.frontends.daemon.metrics import INVALID_OP
 from netplugin.frontends.daemon.nativecalls import read_frame, run_frame
-from netplugin.frontends.daemon.podqueue import Turns, container_turn
+from netplugin.frontends.daemon.podqueue import PodTurns, container_turn
 from netplugin.frontends.daemon.recordops import PROGRESS, progress_sink
 from netplugin.frontends.wire.codes import error_classes
 from netplugin.frontends.wire.protocol import FRAME_MAGIC, POD_OPS, encode_unavailable
 
 if TYPE_CHECKING:
     from netplugin.frontends.daemon.metrics import Metrics
-    from netplugin.frontends.daemon.reconfig import Live
+    from netplugin.frontends.daemon.reconfig import ServedSettings
 
 __all__ = ["Connections", "Stats"]
 
@@ -63,7 +63,7 @@ class Connections:
         self,
         socket_path: str,
         metrics: Metrics,
-        live: Callable[[], Live],
+        live: Callable[[], ServedSettings],
         *,
         dispatch: Callable[[dict[str, Any]], Any],
         health: Callable[[], dict[str, Any]],
@@ -82,7 +82,7 @@ class Connections:
         self._idle.set()
         self._conns: set[asyncio.Task[None]] = set()
         #: each pod's turn (and each forwarded CNI call's container's), waited for in the event loop
-        self.turns = Turns(socket_path, lambda: self.stopping)
+        self.turns = PodTurns(socket_path, lambda: self.stopping)
 
     async def drain(self, bound: float) -> bool:
         """Wait (at most ``bound`` seconds) for the requests in flight; then close idle connections.

@@ -12,21 +12,16 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from netplugin.core.plugin import REPAIR_KINDS
+from netplugin.agent.problems import NODE_PROBLEM_KINDS
 from netplugin.frontends.daemon import metrics
 from netplugin.frontends.daemon.metrics import family
-from netplugin.nodenet.routes import PROBLEM_KINDS
 
 if TYPE_CHECKING:
-    import threading
-
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import Metric
 
     from netplugin.agent.gckeeper import GcCounts
-    from netplugin.core.node import NodeInfo
-    from netplugin.hosts.base import ClusterHost
-    from netplugin.nodenet.routes import RouteReport
+    from netplugin.agent.nodekeeper import NodeCounts
 
 __all__ = ["GcCollector", "KeptGc", "KeptNodes", "NodeCollector", "register_keepers"]
 
@@ -34,14 +29,7 @@ __all__ = ["GcCollector", "KeptGc", "KeptNodes", "NodeCollector", "register_keep
 class KeptNodes(Protocol):
     """What the collector reads of a :class:`~netplugin.agent.nodekeeper.NodeKeeper`."""
 
-    _lock: threading.Lock
-    report: RouteReport | None
-    nodes: list[NodeInfo] | None
-    syncs: int
-    repairs: Counter[str]
-    cluster: ClusterHost | None
-
-    def problems(self) -> list[dict[str, str]]: ...
+    def counts(self) -> NodeCounts: ...
 
 
 class KeptGc(Protocol):
@@ -73,7 +61,7 @@ class GcCollector:
         yield runs
         freed = family(metrics.GC_FREED)
         for kind, n in counts.freed.items():
-            freed.add_metric([kind], n)
+            freed.add_metric([kind.value], n)
         yield freed
 
 
@@ -87,43 +75,37 @@ class NodeCollector:
         return []  # collected lazily; describing nothing keeps registration cheap
 
     def collect(self) -> Iterator[Metric]:
-
-        k = self.keeper
-        with k._lock:
-            report, nodes, syncs = k.report, k.nodes, k.syncs
+        counts = self.keeper.counts()
         routes = family(metrics.NODE_ROUTES)
         for fam in ("4", "6"):
-            count = sum(1 for r in report.routes if (":" in r.dst) == (fam == "6")) if report else 0
-            routes.add_metric([fam], count)
+            routes.add_metric([fam], sum(1 for dst in counts.routes if (":" in dst) == (fam == "6")))
         yield routes
-        yield family(metrics.NODE_ROUTE_PROBLEMS, value=len(report.problems) if report else 0)
+        yield family(metrics.NODE_ROUTE_PROBLEMS, value=counts.route_problems)
         by_kind = family(metrics.NODE_PROBLEMS)
-        kinds = Counter(p["kind"] for p in k.problems())
-        for kind in (*PROBLEM_KINDS, "bad_node", "watch", "broken_pod"):
+        kinds = Counter(p.kind for p in counts.problems)
+        for kind in NODE_PROBLEM_KINDS:
             by_kind.add_metric([kind], kinds.get(kind, 0))
         yield by_kind
-        yield family(metrics.NODES, value=len(nodes or []))
-        yield family(metrics.NODE_SYNCS, value=syncs)
+        yield family(metrics.NODES, value=counts.nodes)
+        yield family(metrics.NODE_SYNCS, value=counts.syncs)
         repairs = family(metrics.REPAIRS)
-        with k._lock:
-            for kind in REPAIR_KINDS:
-                repairs.add_metric([kind], k.repairs[kind])
+        for kind, n in counts.repairs.items():
+            repairs.add_metric([kind.value], n)
         yield repairs
-        if k.cluster is not None:
-            yield from _cluster_metrics(k.cluster)
+        if counts.kube_requests is not None:
+            yield from _cluster_metrics(counts)
 
 
-def _cluster_metrics(cluster: ClusterHost) -> Iterator[Metric]:
+def _cluster_metrics(counts: NodeCounts) -> Iterator[Metric]:
     """The metrics of a host that watches the cluster: its API requests and its list+watch caches."""
     req = family(metrics.KUBE_REQUESTS)
-    for (verb, resource), n in sorted(dict(cluster.requests).items()):
+    for (verb, resource), n in sorted((counts.kube_requests or {}).items()):
         req.add_metric([verb, resource], n)
     yield req
-    cache = cluster.cache
-    if cache is not None:
+    if counts.watches is not None:
         watch = family(metrics.KUBE_WATCH_EVENTS)
         relists = family(metrics.KUBE_RELISTS)
-        for resource, st in cache.status().items():
+        for resource, st in counts.watches.items():
             for kind in ("lists", "watches", "relists", "failures", "events", "bookmarks"):
                 watch.add_metric([resource, kind], st[kind])
             relists.add_metric([resource], st["relists"])

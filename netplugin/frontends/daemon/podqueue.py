@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 
 from netplugin.core.errors import DaemonUnavailable
 
-__all__ = ["MAX_WAITING_PER_POD", "Turns", "container_turn"]
+__all__ = ["MAX_WAITING_PER_POD", "PodTurns", "container_turn"]
 
 #: requests that may wait for one pod; more are answered DaemonUnavailable (the caller may do it itself)
 MAX_WAITING_PER_POD = 64
@@ -28,8 +28,8 @@ def container_turn(container: str) -> tuple[str, str]:
     return f"cni:{container}", f"container {container[:80]}"
 
 
-class Turns:
-    """One asyncio lock and a waiter count per key (event loop only)."""
+class PodTurns:
+    """Whose turn it is per pod (or container) key: one asyncio lock and a waiter count each (event loop only)."""
 
     def __init__(self, socket_path: str, stopping: Callable[[], bool]) -> None:
         self._socket_path = socket_path

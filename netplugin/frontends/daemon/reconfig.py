@@ -31,11 +31,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RESTART_KEYS",
-    "Live",
     "Reconfig",
     "Refusal",
     "Reloaded",
     "Reread",
+    "ServedSettings",
     "plan",
     "refused_text",
     "reload_settings",
@@ -96,7 +96,7 @@ Reread = Callable[[], "tuple[Config, FileSnapshot | None]"]
 
 
 @dataclass(frozen=True)
-class Live:
+class ServedSettings:
     """The settings the daemon serves with and what was built from them, swapped whole on reload.
 
     ``snapshot`` is the config file as read for them: calls forwarded by a shim or the CLI build
@@ -108,7 +108,7 @@ class Live:
     snapshot: FileSnapshot | None = None
 
     @classmethod
-    def of(cls, config: Config, manager: Manager, snapshot: FileSnapshot | None = None) -> Live:
+    def of(cls, config: Config, manager: Manager, snapshot: FileSnapshot | None = None) -> ServedSettings:
         return cls(config, manager, fingerprint(config), snapshot)
 
 
@@ -117,17 +117,17 @@ class Reloaded:
     """What a reload did: what to serve with now, what to log, whether that is fine, and the
     refusal of the config on disk (None: it was taken, or needs only a restart)."""
 
-    live: Live
+    live: ServedSettings
     text: str
     ok: bool
     refused: Refusal | None = None
 
 
-def _refused(live: Live, refusal: Refusal) -> Reloaded:
+def _refused(live: ServedSettings, refusal: Refusal) -> Reloaded:
     return Reloaded(live, f"not reloaded: {refusal.text()}; the daemon keeps its running settings", False, refusal)
 
 
-def reload_settings(live: Live, reread: Reread | None) -> Reloaded:
+def reload_settings(live: ServedSettings, reread: Reread | None) -> Reloaded:
     """Re-read the file, then select and initialise its chain on a new manager; swap only when all
     of it worked. ``reread`` None: the settings as started, the exec dir scanned again. Never raises
     a NetpluginError: a failure keeps ``live`` whole and says which key and why."""
@@ -152,7 +152,7 @@ def reload_settings(live: Live, reread: Reread | None) -> Reloaded:
         manager = checked_manager(new, host=live.manager.host, init=True, hooks=live.manager.hooks)
     except NetpluginError as e:
         return _refused(live, refusal_of(e, new))
-    return Reloaded(Live.of(new, manager, snapshot), text, True)
+    return Reloaded(ServedSettings.of(new, manager, snapshot), text, True)
 
 
 def refused_text(refusal: Refusal, at: float | None = None) -> str:

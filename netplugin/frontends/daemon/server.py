@@ -31,7 +31,7 @@ from netplugin.frontends.daemon.envelope import pod_of
 from netplugin.frontends.daemon.keepermetrics import register_keepers
 from netplugin.frontends.daemon.listener import BACKLOG, bind_socket, lock_daemon, unlink_if, unlock_daemon
 from netplugin.frontends.daemon.metrics import Metrics
-from netplugin.frontends.daemon.reconfig import Live, Reread, refused_text, reload_settings
+from netplugin.frontends.daemon.reconfig import Reread, ServedSettings, refused_text, reload_settings
 from netplugin.frontends.daemon.recordops import gc_answer, pods_answer, still_needed_answer
 from netplugin.frontends.daemon.systemd import Watchdog, configure_logging, keep_watchdog, reloading_message, sd_notify
 from netplugin.frontends.wire.protocol import MAX_MESSAGE, OPS, POD_OPS, init_result, run_pod_op
@@ -65,7 +65,7 @@ class Daemon:
         reread: Reread | None = None,
         snapshot: FileSnapshot | None = None,
     ) -> None:
-        self._live = Live.of(config, manager, snapshot)
+        self._live = ServedSettings.of(config, manager, snapshot)
         self.reread = reread  #: the config as the daemon was started (SIGHUP); None: rescan only
         self.settings_status = "as started"
         #: "config on disk refused at <time>: <key>: <reason>" since a reload was refused, till one is taken
@@ -78,7 +78,7 @@ class Daemon:
         self.metrics_address: str | None = None
         self.gc = GcKeeper(lambda: self._live.manager)
         self.nodes = NodeKeeper(
-            config, manager.host, on_pod_deleted=self.gc.pod_deleted, pods=lambda: self._live.manager
+            config, manager.host, on_pod_deleted=self.gc.pod_deleted, manager=lambda: self._live.manager
         )
         register_keepers(self.metrics.registry, self.gc, self.nodes)
         #: the socket's connections: each request read, given its turn, run here and answered

@@ -11,14 +11,14 @@ import pytest
 from netplugin.core.config import FileSnapshot, load_config, snapshot_config
 from netplugin.core.errors import ConfigError, DaemonUnavailable
 from netplugin.frontends.daemon.cnicalls import check_settings
-from netplugin.frontends.daemon.reconfig import Live
+from netplugin.frontends.daemon.reconfig import ServedSettings
 from netplugin.manager.manager import Manager
 
 
-def _live(conf: Path, snapshot: FileSnapshot | None = None) -> Live:
+def _live(conf: Path, snapshot: FileSnapshot | None = None) -> ServedSettings:
     """A daemon's settings loaded from ``conf`` (with ``snapshot``: as the daemon keeps them)."""
     cfg = load_config(str(conf), environ={}, snapshot=snapshot)
-    return Live.of(cfg, Manager(cfg), snapshot)
+    return ServedSettings.of(cfg, Manager(cfg), snapshot)
 
 
 def _settings(path: Path, **environ: str) -> dict[str, object]:

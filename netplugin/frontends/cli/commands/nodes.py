@@ -52,8 +52,8 @@ def _nodes_text(info: dict[str, Any]) -> str:
     lines += [f"  {r['dst']:<28} via {r['via']:<28} {r['node']}" for r in routes]
     problems = info.get("problems") or []
     if problems:
-        from netplugin.agent.nodekeeper import problem_text
+        from netplugin.agent.problems import NodeProblem
 
         lines.append(f"problems ({len(problems)}):")
-        lines += [f"  {problem_text(p)}" for p in problems]
+        lines += [f"  {NodeProblem.from_dict(p).text()}" for p in problems]
     return "\n".join(lines)
