@@ -317,6 +317,7 @@ class Snapshot:
 
         self.sample("keeper_problems", problems)
         self.sample("keeper_status", status)
+        self.sample("keeper_metrics", lambda: _node_metrics(keeper))
 
     def netlink_samples(self) -> None:
         """Kernel notifications as the watch parses them (the link view, deleted routes, a dump's end)."""
@@ -394,32 +395,43 @@ class Snapshot:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _linkview() -> Any:
-    for module in ("netplugin.nodenet.linkview", "netplugin.frontends.daemon.linkview"):
-        try:
-            return __import__(module, fromlist=["LinkView"]).LinkView
-        except ImportError:
+def _own(*modules: str) -> Any:
+    """The first of ``modules`` that this tree has (by its file: an installed netplugin elsewhere may
+    answer an import this tree cannot)."""
+    for name in modules:
+        if not (REPO / (name.replace(".", "/") + ".py")).is_file():
             continue
-    raise ImportError("no LinkView")
+        return __import__(name, fromlist=["_"])
+    raise ImportError(f"none of {modules} in {REPO}")
+
+
+def _linkview() -> Any:
+    return _own("netplugin.nodenet.linkview", "netplugin.frontends.daemon.linkview").LinkView
 
 
 def _node_keeper() -> Any:
-    for module in ("netplugin.agent.nodekeeper", "netplugin.frontends.daemon.nodekeeper"):
-        try:
-            return __import__(module, fromlist=["NodeKeeper"]).NodeKeeper
-        except ImportError:
-            continue
-    raise ImportError("no NodeKeeper")
+    return _own("netplugin.agent.nodekeeper", "netplugin.frontends.daemon.nodekeeper").NodeKeeper
+
+
+def _node_metrics(keeper: Any) -> str:
+    """The node keeper's families of ``/metrics``, with repairs of two kinds counted."""
+    import prometheus_client
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    keeper.repairs["route"] += 2
+    keeper.repairs["qdisc"] += 1
+    registry = CollectorRegistry()
+    if (REPO / "netplugin/frontends/daemon/keepermetrics.py").is_file():
+        registry.register(_own("netplugin.frontends.daemon.keepermetrics").NodeCollector(keeper))
+    else:  # before the agent layer: the keeper registered its own collector
+        keeper.register(registry)
+    return str(generate_latest(registry).decode())
 
 
 def _watch_parsers() -> tuple[Callable[[bytes, int], bool], Callable[[bytes], bool]]:
-    for module in ("netplugin.nodenet.kernelwatch", "netplugin.frontends.daemon.kernelwatch"):
-        try:
-            mod = __import__(module, fromlist=["_deleted_routes"])
-        except ImportError:
-            continue
-        return mod._deleted_routes, mod._done
-    raise ImportError("no kernelwatch")
+    mod = _own("netplugin.nodenet.kernelwatch", "netplugin.frontends.daemon.kernelwatch")
+    return mod._deleted_routes, mod._done
 
 
 def main() -> None:
