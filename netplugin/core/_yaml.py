@@ -3,24 +3,7 @@
 netplugin reads documents that other people wrote (pod manifests, its config, kubeconfigs, CNI
 network configs). Every loader here enforces, before anything big is built:
 
-* **size**: the caller's byte limit, checked before parsing;
-* **nesting depth**: at most :data:`MAX_DEPTH` collections deep. libyaml's own composer recurses
-  on the C stack and segfaults near 100000 levels, and ``json`` raises RecursionError near 1000;
-  here the YAML node tree is composed by a loop over the C parser's events (no recursion), and
-  depth is counted while parsing;
-* **aliases**: allowed (Kubernetes accepts them) but the document *with every alias expanded*
-  has at most :data:`MAX_NODES` nodes and :data:`MAX_CHARS` characters of scalars, so a
-  "billion laughs" (or a long string aliased many times) is refused while it is still small
-  and nothing downstream (validation, a value quoted in an error, the JSON handed to a plugin)
-  can blow it up; an alias to its own enclosing node (a cycle) is refused too;
-* **duplicate keys**: a YAML mapping that names a key twice is refused with the key and both
-  lines (PyYAML keeps the last one silently). :func:`load_json` refuses them too unless told
-  otherwise (Go's encoding/json, so libcni, keeps the last one).
-
-Errors are :class:`DocumentError` (a ValueError) with a one-line reason (for YAML with the line
-and column). libyaml (the C parser) is used when PyYAML has it: the composer here comes close to the C
-composer's time and is much faster than PyYAML's pure-Python loader. ``yaml`` is
-imported lazily, on the first YAML document.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

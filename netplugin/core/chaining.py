@@ -4,33 +4,7 @@ Part of the plugin contract (``docs/plugin-contract.md`` describes the semantics
 holds the two documents' shapes, their parsers and the environment variables that carry them, so
 the manager, the built-in plugins and the tests share one definition.
 
-The action mask
-    ``init`` may print one JSON object on stdout, ``{"actions": ["setup", "teardown"]}``: the pod
-    actions the plugin handles, and the opt-in ones (``repair``, ``node``). A member that leaves an
-    action out is never called for it. Empty output (every plugin written before chains) means all
-    pod actions and no opt-in one. ``setup`` without
-    ``teardown`` is refused: rollback and gc must be able to undo what setup did.
-    The list may also name what the member takes beyond its actions (:data:`DECLARATIONS`):
-    ``"hostports"``, it maps the pod's ``NETPLUGIN_HOST_PORTS`` (a hostport member). A pod with
-    hostPorts whose chain has no member declaring it fails its setup before any member runs.
-
-The prev result
-    What a member's ``setup`` reports is the contract's setup document (``docs/plugin-contract.md``,
-    "The setup document"; parsed by :func:`netplugin.core.execplugin.status.parse_setup_document`):
-    the status document with ``"kind": "PodNetworkStatus"`` and an optional ``hostInterface``, the
-    host-side interface it created for the pod. Any other output is ignored (plugins that print
-    progress keep working). Later members, and every member's ``teardown``, get what the members
-    before them reported:
-
-    * ``NETPLUGIN_PREV_RESULT``: ``{"kind": "NetpluginPrevResult", "netns": ..., "ips": [...],
-      "hostInterface": ..., "members": [{"plugin": ..., "ips": [...], "hostInterface": ...}]}``;
-      ``ips`` and ``hostInterface`` are the first ones any earlier member reported;
-    * ``NETPLUGIN_PREV_IPS`` (comma-separated) and ``NETPLUGIN_PREV_HOST_INTERFACE``, the same
-      for shell scripts;
-    * ``NETPLUGIN_CHAIN`` (every member's name, comma-separated, in order) and
-      ``NETPLUGIN_CHAIN_INDEX`` (this member's position, from 1).
-
-    All five are always set for pod actions (empty when nothing was reported).
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

@@ -5,26 +5,7 @@ file is expected never hangs the reader (and is refused), accept only regular fi
 devices on request: ``/dev/null`` as an empty config), refuse a symbolic link unless told to
 follow, and read at most one byte past the limit, so ``/dev/zero`` or a huge file costs nothing.
 
-Writes (:func:`replace_file`, :func:`atomic_write`, :func:`create_file`) go through a temp file
-next to the destination, created ``O_CREAT | O_EXCL | O_NOFOLLOW`` (a planted file or symbolic
-link under the temp name is never written through) with exactly the given mode, whatever the
-umask; the temp file is removed when anything fails. ``os.replace`` replaces a symbolic link at
-the destination instead of following it. A file that is kept but need not be durable can have its
-writeback started at once (:func:`start_writeback`), so the files of a burst of writes do not pile
-up as dirty data that a later fsync's journal commit must wait for. The directory is one of netplugin's own (checked by
-the caller with :func:`netplugin.core.dirs.ensure_dir`).
-
-Temp files of writes that never finished (a SIGKILL between create and rename): every writer
-names its temp after its process, so :func:`stale_temps` finds those whose writer is dead, in the
-three shapes netplugin's writers use:
-
-* ``<containerID>:<ifname>.json.tmp.<pid>.<tid>``: a CNI attachment record (pod records' temps
-  are the state store's, ``StateStore.scan``). The ``:`` matters: an IPAM record is named after
-  an infra id, which may end in ``.json.tmp.1.2`` but never contains ``:``;
-* ``.<name>.<pid>.<tid>.tmp``: the native bridge's IPAM (hidden temps, :func:`temp_name`);
-* ``.<name>.<pid>.tmp``: the bash bridge's IPAM (``replace_file``).
-
-``netplugin gc`` and the CNI shim's GC remove them.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

@@ -9,22 +9,7 @@ third of the daemon's CPU in the runtime benchmark), and on any file system it i
 Here a removed file moves into its directory's ``.spare/`` (up to :data:`CAP` of them), the inode
 a rename replaces stays there too (a hard link made first), and the next write takes one back.
 
-The three writes keep their meaning for every reader:
-
-* :meth:`Spares.replace`: the path names a complete file at every moment, old or new (a spare is
-  renamed to the write's temp name, written, renamed over the path), as :func:`replace_file`;
-* :meth:`Spares.create`: the file appears complete or not at all (a written spare hard-linked to
-  the path; ``EEXIST`` says someone else has it), and is never replaced, as ``O_EXCL``;
-* :meth:`Spares.remove`: the path is gone (the file renamed into ``.spare/``), as ``unlink``.
-
-A crash leaves the temp names the plain writers leave, which gc removes once their writer is dead.
-A spare is written only while it has one link: a crash between keeping an old inode (the hard link)
-and the rename over it would leave a "spare" that is also a live file, and such a name is dropped.
-
-What changes: a reader that holds no lock and opened a file just before it was removed may, if
-the spare is taken and written before it reads, read another file's bytes. The pod records' scan
-reads a corrupt-looking record a second time (``StateStore.scan``); IPAM records and lock files
-are read only under the lock that their writers hold.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

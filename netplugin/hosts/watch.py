@@ -3,30 +3,7 @@
 An :class:`Informer` keeps :meth:`Informer.items` equal to a collection on the API server
 (``/api/v1/nodes``, or ``/api/v1/pods`` with ``fieldSelector=spec.nodeName=<node>``):
 
-* it LISTs once, remembers the list's ``resourceVersion``, then WATCHes from there with
-  ``allowWatchBookmarks=true`` and a ``timeoutSeconds`` spread over 5-10 minutes (so that a
-  fleet of daemons does not reconnect in step);
-* every event moves the cache and the remembered revision; ``BOOKMARK`` events move only
-  the revision, so a quiet collection does not fall out of the server's history;
-* a stream that ends (the server's timeout) is watched again at once from the remembered
-  revision, so no event is lost; a broken stream or a failed request is retried with
-  exponential backoff (0.2 s doubling to 30 s, with jitter), reset by the next good event;
-* a ``410 Gone`` (the revision left the server's history), as an HTTP status or as an
-  ``ERROR`` event, LISTs again: the new list replaces the cache, and the difference is
-  delivered as ADDED/MODIFIED/DELETED, so a consumer never misses a deletion it slept through.
-  As client-go's reflector, relists are backed off (0.8 s doubling to 30 s, with jitter, reset
-  after 2 quiet minutes): an API server answering 410 to every watch is asked again about 14
-  times in the first 5 minutes, then twice a minute, not a thousand times a second;
-* what the server sends is read within bounds (:mod:`netplugin.hosts.kubewire`): an object that
-  is too big, too deep or nameless is left out of the cache and logged once per revision
-  (:meth:`Informer.bad_objects`), the rest of its page is used;
-* any failure of the loop (a broken line, a bug, an exception of any kind) is recorded: the
-  status says ``synced: false`` and the last error until a LIST or an event succeeds again, and
-  the loop starts over (after an unexpected error: from a fresh LIST) with backoff. The thread
-  never dies while the informer runs.
-
-The transport is the host's (:class:`WatchTransport`): the standard library's HTTP client in
-:class:`~netplugin.hosts.kube.KubeHost`. This module starts threads, so only the daemon uses it.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

@@ -5,21 +5,7 @@ file conflict even inside one process: the same helper serialises threads of
 the daemon and separate CLI processes alike. Locks die with their holder, so a
 killed netplugin never leaves a pod locked.
 
-Lock files do not pile up: the last holder removes the file when it lets go,
-unless it asks to ``keep`` it: a lock taken again soon (the CNI index lock, a
-live pod's lock between its setup and its teardown) keeps its file, because
-creating a file allocates an inode, and a node that creates and removes several
-per pod action pays for that churn (ext4 without a journal scans every inode
-freed in the last minute on each allocation). Removal is safe with flock only
-together with a check on the taking side: after
-``flock`` returns, the descriptor must still be the file the path names (same
-device and inode); otherwise somebody removed (or replaced) it while we waited,
-the lock protects nothing, and we take the new file. The releasing side removes
-the file only while holding it exclusively (a shared holder first tries to
-upgrade without blocking; if others still share it, it leaves the file).
-
-Lock files are opened ``O_NOFOLLOW`` and must be regular files of netplugin's
-uid in one of netplugin's trusted directories (:func:`ensure_dir`).
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

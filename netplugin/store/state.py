@@ -5,38 +5,7 @@ One human-readable JSON file per pod sandbox, ``<state_dir>/pods/<namespace>_<na
 infra id is part of the key, so a pod re-created with a new sandbox gets a new record and the old
 sandbox's record stays until its own teardown (or ``netplugin gc``) removes it.
 
-Life of a record, every write atomic (temp file, rename):
-
-* ``begin``        before the plugin's setup runs: state ``setting-up`` (the intent);
-* ``complete``     after setup succeeded: state ``ready``, with the IP from ``status`` if any;
-* ``mark_teardown`` before the plugin's teardown runs: state ``tearing-down``;
-* ``remove``       after teardown (or a rollback) succeeded: the file is gone.
-
-Writes reuse spare inodes (``pods/.spare/``, :mod:`netplugin.core.spares`), so a scan reads a
-corrupt-looking record twice before reporting it (without the pod's lock it may be a spare).
-
-A chain's record also lists its members, each with its own progress (``chain``, see
-:class:`~netplugin.store.records.MemberState`): ``begin`` writes it right before the first member's
-setup starts, :meth:`StateStore.progress` before each later member's setup starts and after each
-member's teardown succeeded, so that gc tears down exactly the members that ran.
-
-Durability: a write is synced only when it records an *intent* (a plugin is about to run and may
-hold resources that only the record would tell gc about after a crash): ``begin``, with the files
-the caller names (``durable_with``), and each :meth:`StateStore.progress` that marks a later chain
-member ``setting-up``. Both go through the process's group commit (:mod:`netplugin.store.commit`),
-so concurrent setups share their fsyncs. Every other transition is atomic but not synced: only a
-machine crash can lose it, which also loses the namespaces and veths, and gc then merely tears
-down again (teardown is idempotent). ARCHITECTURE.md, "Pod records", gives the reasoning.
-
-Every transition happens under the pod's lock, so a record that is not ``ready`` while nobody
-holds the lock belongs to an interrupted action: ``netplugin gc`` tears such pods down. Each
-record names its *owner* (pid, start time, boot id); when the owner is dead, plugin processes it
-started may still run: :meth:`StateStore.begin` and :meth:`StateStore.mark_teardown` let them
-finish, or stop them at their deadline, so an orphaned setup cannot race the teardown after it.
-
-A file that cannot be parsed is a :class:`~netplugin.core.errors.StateError` naming the path;
-listing reports it and goes on, :meth:`StateStore.set_aside` moves it to ``pods/corrupt/`` with a
-``.reason`` file beside it. A corrupt file never makes every command fail.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

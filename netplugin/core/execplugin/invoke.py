@@ -4,32 +4,7 @@ Mechanism only, no policy: :func:`run` executes an argv list (never a shell)
 with a given environment and stdin, captures stdout and stderr separately and
 bounded, and enforces a deadline on the *whole process tree*:
 
-* the child starts in its own session, so its process group holds everything it
-  forks that does not deliberately detach;
-* the wait is event-driven (a pidfd and the pipes in one ``select``), so a call
-  costs no polling sleeps (``subprocess.run(timeout=...)`` polls with sleeps);
-* on timeout the tree is snapshotted (psutil, to also catch children that
-  called ``setsid``), the group gets SIGTERM, then after a grace SIGKILL, and the
-  group is killed again after the leader exits;
-* processes still in the call's *session* after the leader exited normally are
-  killed too, and reported in :attr:`Completed.leftover`, so nothing a plugin
-  started outlives the call: leaving the process group (``set -m``, ``setpgid``)
-  or the environment (``env -i``) does not help, only ``setsid`` detaches (the
-  contract's way to start a daemon). A session's id is its leader's pid, and
-  Linux does not reuse a pid while a session or group with that id exists, so
-  the session names this call's processes and no one else's;
-* ``exe_fd`` runs the very file a caller validated: an ``O_PATH`` descriptor is
-  passed to the child and executed as ``/proc/self/fd/N`` (argv[0] stays the
-  path), so a path swapped after the check does not matter. The descriptor stays
-  open in the plugin (execution through it needs that); it grants nothing the
-  plugin does not have.
-
-The mechanism is split in three: this module spawns and assembles the result,
-:mod:`netplugin.core.execplugin._pump` waits (pipes and exit in one ``select`` loop) and
-:mod:`netplugin.core.execplugin._proctree` kills.
-
-What the caller makes of the outcome (which exit status is an error, what to
-quote) is decided in :mod:`netplugin.core.execplugin.exec_plugin`.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

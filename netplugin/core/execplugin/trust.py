@@ -4,21 +4,7 @@ netplugin runs as root and executes, reads and writes what it finds, so a path i
 safe as the least protected directory on it: whoever may write a directory may replace any
 entry in it. The rules (stated for users in docs/trust.md):
 
-* a directory or file netplugin trusts is owned by root or by netplugin's effective uid, and
-  is not writable by its group or by others;
-* *above* one of netplugin's own directories (the exec dir, the state dir, the run dir), a
-  directory owned by root or netplugin's uid that is group/world-writable but has the sticky
-  bit (``/tmp``) is accepted: there only an entry's owner may rename or remove it, and every
-  entry the walk goes through must itself be owned by root or netplugin's uid;
-* netplugin's own directories and everything below them (the plugin's ``NAME/`` and its
-  executable, ``pods/``, ``locks/``) get no sticky exception;
-* a symbolic link on the path is followed only if it is owned by root or netplugin's uid
-  (``fs.protected_symlinks`` may be off); where netplugin expects a directory of its own
-  (``pods/``, ``locks/``), a symbolic link is refused outright.
-
-The walk opens every component with ``O_PATH | O_NOFOLLOW`` relative to the previous one, so
-what it checks is what it returns: the final descriptor names the very inode that passed,
-whatever happens to the path afterwards.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

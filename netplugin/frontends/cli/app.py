@@ -5,20 +5,7 @@ Data goes to stdout, messages to stderr. A command's module is imported only whe
 command runs (or ``--help`` lists them), so a ``setup`` loads click, :mod:`.commands.pods` and
 netplugin's small modules, nothing heavy.
 
-Exit codes (stable, documented in docs/cli.md; the table is :mod:`netplugin.frontends.wire.codes`):
-
-====  ==================================================================
-0     success
-1     the plugin failed (non-zero exit, signal, bad status output)
-2     bad input or usage: an argument, an option or the config is wrong
-3     the plugin was not found or is invalid (permissions, not executable)
-4     the plugin timed out (its process tree was killed)
-5     a system error: exec dir unreadable, lock, state, host lookup, I/O
-6     the daemon was required (``use_daemon: always``) but did not answer
-7     ``doctor`` found at least one problem on this node
-70    an internal error (a bug: please report it, run with -v for details)
-130   interrupted (Ctrl-C)
-====  ==================================================================
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

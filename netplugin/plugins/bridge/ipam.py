@@ -5,35 +5,7 @@ byte for byte, so a node can switch between the two plugins (or run both at
 once: both take the same ``lock``) without losing an allocation. The directory
 (``$NETPLUGIN_BRIDGE_STATE_DIR/<bridge-name>/``) holds::
 
-    lock              flock'd (exclusively) around every allocate/release, of either family
-    subnet            "<network>/<prefixlen>\\n": the subnet the directory belongs to
-    cursor            "<a.b.c.d>\\n": the last address handed out
-    ips/<a.b.c.d>     "<infra-id>\\n": one file per allocated address
-    pods/<infra-id>   "<a.b.c.d>/<prefixlen> <namespace> <pod-name>\\n"
-    ipv6/             the same files (but lock) for the IPv6 subnet of a dual-stack bridge
-
-IPv4 stays at the top so that directories written before dual stack keep working. One
-:class:`IPAM` serves one family; :class:`~netplugin.plugins.bridge.podipam.PodIPAM` takes the lock
-once for all of a pod's families. IPv6 addresses are written in RFC 5952 form (``str()`` of
-``ipaddress``, as the bash plugin prints them); the IPv6 pool is the subnet's host addresses
-``::1`` to ``::ffff:ffff`` (the bash plugin's arithmetic needs the last 32 bits).
-
-A pod record is written atomically (a ``.``-named temp file, then ``rename``: listings skip
-them), an address file is created with ``O_EXCL``, the cursor is rewritten in place. The bash
-plugin writes records in place under the lock, so every reader here takes the lock too. Files
-are not fsync'ed: they describe kernel state that a machine crash loses too, and a torn record
-is reported, never trusted: allocate and lookup raise :class:`CorruptRecord` naming the file,
-release falls back to a scan of ``ips/`` so a teardown can always clean up.
-
-Allocation returns the pod's existing address when ``pods/<infra-id>`` exists;
-otherwise it probes forward, round-robin, from the address after ``cursor``,
-skipping the network, (IPv4) broadcast and gateway addresses. Release reads
-``pods/<infra-id>``, removes ``ips/<addr>`` only if it still names that infra
-id, then removes the pod record: both are O(1) in the number of allocations.
-
-The order of writes makes a crash at any point recoverable without a scan: allocate writes
-``pods/<id>`` before ``ips/<addr>``, release removes ``ips/<addr>`` before ``pods/<id>``; a retry
-finds the pod record and finishes. (More on the format: ARCHITECTURE.md, "Bridge IPAM".)
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

@@ -4,22 +4,7 @@ No kube-apiserver can be installed on the machines netplugin is tested on, so th
 cluster (tests, benchmarks, ``netplugin demo --nodes``) talks to this instead. It speaks the
 parts of the API that netplugin uses, with their real shapes and semantics:
 
-* ``GET /api/v1/nodes/{name}``, ``GET /api/v1/namespaces/{ns}/pods/{name}``: the object, or
-  404 with a ``Status``;
-* ``GET /api/v1/nodes``, ``/api/v1/pods``, ``/api/v1/namespaces/{ns}/pods``: a ``NodeList`` /
-  ``PodList`` whose ``metadata.resourceVersion`` is the store's revision (items without
-  ``kind``/``apiVersion``, as the real server sends them), paged with ``limit``/``continue``;
-* the same with ``watch=1``: a chunked stream of ``{"type": ..., "object": ...}`` lines,
-  ``ADDED``/``MODIFIED``/``DELETED`` after ``resourceVersion`` (all objects as ``ADDED`` first
-  when it is absent or ``"0"``), ``BOOKMARK`` events when ``allowWatchBookmarks=true``, the end
-  of the stream after ``timeoutSeconds``; a ``resourceVersion`` older than the retained history
-  answers ``ERROR`` with a 410 ``Expired`` ``Status`` (or, when asked by a test, HTTP 410);
-* ``fieldSelector`` (``spec.nodeName``, ``metadata.name``, ``metadata.namespace``,
-  ``status.phase`` for pods; ``metadata.name`` for nodes) with ``=``, ``==``, ``!=``; an object
-  leaving a watch's selector is sent as ``DELETED``, one entering it as ``ADDED``.
-
-Objects are changed in-process (:meth:`ApiServer.apply`, :meth:`ApiServer.delete`); tests can
-break watch streams, expire history and count requests.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations
