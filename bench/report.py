@@ -392,6 +392,23 @@ def _coldstart_finding(v: Callable[[str, str], float | None]) -> str | None:
     return text
 
 
+def _node_burst_findings(figs: dict[str, Figure]) -> list[str]:
+    """Per burst size: ms per pod of each contender and of the kernel floor; the 1 -> N CPU speedups."""
+    out = []
+    for fig in sorted((f for f in figs.values() if f.id.startswith("node-burst-") and "burst" in f.params),
+                      key=lambda f: f.params["burst"]):  # fmt: skip
+        per = [f"{r.key} {_fmt(r.values.get('per pod'))}" for r in fig.rows if r.values.get("per pod") is not None]
+        if per:
+            out.append(f"Node burst of {fig.params['burst']}, ms per pod (makespan / pods): " + ", ".join(per) + ".")
+    cores = figs.get("node-burst-cores")
+    if cores is not None:
+        ups = [f"{r.key} {_ratio(r.values.get('speedup'))}" for r in cores.rows if r.values.get("speedup")]
+        if ups:
+            lo, hi = cores.params.get("low", 1), cores.params.get("high", 2)
+            out.append(f"Node burst from {lo} CPU to {hi}, speedup of the makespan: " + ", ".join(ups) + ".")
+    return out
+
+
 def findings(figures: Sequence[Figure]) -> list[str]:
     """Differences between rows that explain the figures, computed from them (no interpretation added)."""
     figs = {f.id: f for f in figures}
@@ -415,7 +432,7 @@ def findings(figures: Sequence[Figure]) -> list[str]:
         out.append(f"Overhead: a daemon status request (plugin exec'd, no state written) costs {cst - direct:+.2f} "
                    f"ms over the direct exec; a setup request {cs - direct:+.2f} ms. The {cs - cst:+.2f} ms "
                    "between them is the setup path's own work (its durable state records and init check).")
-    out += [_coldstart_finding(v), _runtime_finding(v)]
+    out += [_coldstart_finding(v), _runtime_finding(v), *_node_burst_findings(figs)]
     scale = figs.get("scale")
     if scale is not None:
         growth = [f"{r.key} {_ratio(r.values.get('growth'))}" for r in scale.rows if r.values.get("growth")]

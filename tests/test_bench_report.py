@@ -77,6 +77,16 @@ def test_a_ratio_printed_equal_to_its_limit_is_met(g: float, measured: str, met:
     assert _target(fig, "node-burst-20-G") == (measured, met)
 
 
+def test_node_burst_findings_state_the_printed_numbers() -> None:
+    burst = make_figure("node-burst-110", {"G": {"median": 660.0, "per pod": 6.0}, "K": {"median": 220.0,
+                                           "per pod": 2.0}}, params={"burst": 110})  # fmt: skip
+    cores = make_figure("node-burst-cores", {"G-110": {"speedup": 1.25}, "A-110": {"speedup": 1.6}},
+                        params={"low": 1, "high": 2})  # fmt: skip
+    found = findings([burst, cores])
+    assert "Node burst of 110, ms per pod (makespan / pods): G 6.00, K 2.00." in found
+    assert "Node burst from 1 CPU to 2, speedup of the makespan: G-110 1.25x, A-110 1.60x." in found
+
+
 @pytest.mark.parametrize(
     ("fid", "values", "tid", "measured", "met"),
     [
