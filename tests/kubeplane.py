@@ -99,11 +99,23 @@ def make_pki(d: Path, san_ips: tuple[str, ...] = ()) -> None:
     ips = ",".join(f"IP:{a}" for a in ("127.0.0.1", *san_ips))
     _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
              "-subj", "/CN=netplugin-test-ca", "-keyout", "ca.key", "-out", "ca.crt", cwd=d)  # fmt: skip
-    (d / "san.ext").write_text(f"subjectAltName={ips},DNS:localhost,DNS:kubernetes.default.svc\n")
+    names = ",".join(
+        f"DNS:{n}"
+        for n in (
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        )
+    )
+    (d / "san.ext").write_text(f"subjectAltName={ips},{names}\n")
     # the identities Kubernetes' default RBAC binds to the components' roles
+    # (kubelet-client: the API server's own identity towards the kubelets, for pods/exec, log and proxy)
     subjects = {"apiserver": "/CN=kube-apiserver", "admin": "/O=system:masters/CN=netplugin-test-admin",
                 "kcm": "/CN=system:kube-controller-manager", "kube-scheduler": "/CN=system:kube-scheduler",
-                "kube-proxy": "/CN=system:kube-proxy"}  # fmt: skip
+                "kube-proxy": "/CN=system:kube-proxy",
+                "kubelet-client": "/O=system:masters/CN=kube-apiserver-kubelet-client"}  # fmt: skip
     for name, subject in subjects.items():
         make_cert(d, name, subject, ["-extfile", "san.ext"] if name == "apiserver" else None)
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
@@ -114,16 +126,28 @@ class ControlPlane:
     """etcd, kube-apiserver, kube-controller-manager (and kube-scheduler) under ``root``, from ``peers``."""
 
     def __init__(
-        self, root: Path, peers: Path, *, san_ips: tuple[str, ...] = (), for_kubelets: bool = False
+        self,
+        root: Path,
+        peers: Path,
+        *,
+        san_ips: tuple[str, ...] = (),
+        for_kubelets: bool = False,
+        address: str = "127.0.0.1",
+        all_controllers: bool = False,
     ) -> None:
         """``san_ips``: addresses besides 127.0.0.1 its certificate names (where a relay exposes it);
-        ``for_kubelets``: also kube-scheduler and :data:`KUBELET_CONTROLLERS`."""
+        ``for_kubelets``: also kube-scheduler and :data:`KUBELET_CONTROLLERS`; ``address``: where the
+        API server listens and what it advertises: any but loopback makes it the real endpoint of the
+        ``kubernetes`` Service (port 6443), as in a real cluster; ``all_controllers``: every controller
+        kube-controller-manager runs by default (``--controllers=*``: namespace, endpoints, endpoint
+        slices, garbage collector... as a real cluster's), not only those the tests above need."""
         self.root, self.peers, self.san_ips = root, peers, san_ips
         self.for_kubelets = for_kubelets
+        self.address, self.all_controllers = address, all_controllers
         self.pki = root / "pki"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
+        self.port = free_port() if address == "127.0.0.1" else 6443
+        self.url = f"https://{address}:{self.port}"
         self.audit_log = root / "audit.log"
         self._ctx: ssl.SSLContext | None = None
 
@@ -155,16 +179,23 @@ class ControlPlane:
             return "(no log)"
 
     def start(self) -> None:
-        make_pki(self.pki, self.san_ips)
+        make_pki(self.pki, (*self.san_ips, *([] if self.address == "127.0.0.1" else [self.address])))
         p, etcd_port = self.pki, free_port()
         self._spawn("etcd", [str(self.peers / "etcd"), f"--data-dir={self.root / 'etcd'}",
                              f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
                              f"--listen-peer-urls=http://127.0.0.1:{free_port()}"])  # fmt: skip
         self._spawn("kube-apiserver", [
             str(self.peers / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
-            # no kubernetes Service endpoints: a loopback address may not be one
-            "--endpoint-reconciler-type=none",
+            f"--bind-address={self.address}", f"--advertise-address={self.address}", f"--secure-port={self.port}",
+            # no kubernetes Service endpoints when on loopback: a loopback address may not be one
+            *(["--endpoint-reconciler-type=none"] if self.address == "127.0.0.1" else []),
+            # pods/exec, log and proxy reach each kubelet at its Node's InternalIP (the default tries
+            # the Hostname first, which no resolver here knows), with a client certificate of this CA
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={p / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={p / 'kubelet-client.key'}",
+            # a network agent's DaemonSet (netplugin's) runs privileged
+            "--allow-privileged=true",
             f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
             f"--client-ca-file={p / 'ca.crt'}", f"--service-account-key-file={p / 'sa.pub'}",
             f"--service-account-signing-key-file={p / 'sa.key'}",
@@ -184,7 +215,7 @@ class ControlPlane:
             "--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false",
             # each controller as its own ServiceAccount, with the rights Kubernetes' default RBAC gives it
             "--use-service-account-credentials",
-            f"--controllers={','.join(controllers)}",
+            f"--controllers={'*' if self.all_controllers else ','.join(controllers)}",
             "--allocate-node-cidrs", f"--cluster-cidr={','.join(CLUSTER_CIDRS)}",
             "--node-cidr-mask-size-ipv4=24", "--node-cidr-mask-size-ipv6=64",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
