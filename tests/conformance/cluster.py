@@ -112,6 +112,12 @@ while True:
 """
 
 
+def _daemonset_host_paths() -> list[str]:
+    """The hostPath directories of the shipped DaemonSet."""
+    [ds] = [d for d in yaml.safe_load_all((REPO / "etc/kubernetes/daemonset.yaml").read_text()) if d]
+    return [v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v]
+
+
 def _log_default(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -155,6 +161,13 @@ class Node:
         for target, (sub, shared) in NODE_DIRS.items():
             (self.root / sub).mkdir()
             binds.append((str(self.root / sub), target, shared))
+        # The DaemonSet's hostPath dirs start empty, whatever the machine has there (a CNI config of
+        # its own in /etc/cni/net.d would make the node's network ready before netplugin runs).
+        for path in _daemonset_host_paths():
+            if path not in NODE_DIRS:
+                sub = "host" + path.replace("/", "-")
+                (self.root / sub).mkdir()
+                binds.append((str(self.root / sub), path, False))
         (self.root / "tunables").mkdir()
         tunables = []
         for name, value in KERNEL_TUNABLES.items():
@@ -506,6 +519,7 @@ class Cluster:
         t = time.monotonic()
         self.deploy_netplugin()
         self.wait_nodes_ready()
+        self.wait_system_pods_ready()
         self._timed("netplugin's DaemonSet running and every Node Ready", t)
         t = time.monotonic()
         self.deploy_coredns()
