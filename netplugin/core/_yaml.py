@@ -1,9 +1,9 @@
 """Bounded YAML and JSON loading: what a document costs is bounded by its size, whoever wrote it.
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 netplugin reads documents that other people wrote (pod manifests, its config, kubeconfigs, CNI
 network configs). Every loader here enforces, before anything big is built:
-
-In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

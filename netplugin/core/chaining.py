@@ -1,10 +1,10 @@
 """What a chain member declares (its action mask) and what a chain passes along (the prev result).
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 Part of the plugin contract (``docs/plugin-contract.md`` describes the semantics); this module
 holds the two documents' shapes, their parsers and the environment variables that carry them, so
 the manager, the built-in plugins and the tests share one definition.
-
-In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Bounded file reads and atomic, durable small-file writes: the one home of both.
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 Reads (:func:`read_bounded`, :func:`read_small`) open non-blocking, so a FIFO planted where a
 file is expected never hangs the reader (and is refused), accept only regular files (character
 devices on request: ``/dev/null`` as an empty config), refuse a symbolic link unless told to
 follow, and read at most one byte past the limit, so ``/dev/zero`` or a huge file costs nothing.
-
-In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

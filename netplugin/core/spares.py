@@ -1,5 +1,7 @@
 """Spare inodes: the files a pod's life removes or replaces hold the next pod's files instead of being freed.
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 A pod's life used to create a file and free one at each of its records' writes: the pod record's
 three transitions (a temp file renamed over the record), its lock file, and the native bridge
 IPAM's two records. Allocating an inode is not free: on ext4 without a journal, each allocation
@@ -8,8 +10,6 @@ setting pods up and tearing them down at a steady rate paid more per file the bu
 third of the daemon's CPU in the runtime benchmark), and on any file system it is metadata work.
 Here a removed file moves into its directory's ``.spare/`` (up to :data:`CAP` of them), the inode
 a rename replaces stays there too (a hard link made first), and the next write takes one back.
-
-In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

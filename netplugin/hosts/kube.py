@@ -24,7 +24,7 @@ from typing import Any
 from netplugin.core._yaml import DocumentError, load_json
 from netplugin.core.errors import HostError
 from netplugin.core.node import NodeInfo, node_name
-from netplugin.hosts.kubeconfig import DEFAULT_SERVICE_ACCOUNT_DIR, KubeSettings
+from netplugin.hosts.kubeconfig import DEFAULT_SERVICE_ACCOUNT_DIR, KubeSettings, resolve_settings
 from netplugin.hosts.kubehttp import KubeTransport, read_body
 from netplugin.hosts.kubewire import MAX_LIST_BODY, WatchStream, keepalive, parse_list
 from netplugin.hosts.nodeobjects import NodeParser
@@ -74,11 +74,10 @@ class KubeHost:
         self.proxies = None if proxies is None else dict(proxies)
         #: the API's HTTP side: settings resolved once, the opener, each bounded GET
         self.http = KubeTransport(
-            kubeconfig,
-            context=context,
+            lambda: resolve_settings(
+                kubeconfig, context=context, environ=environ, service_account_dir=service_account_dir
+            ),
             timeout=self.timeout,
-            environ=environ,
-            service_account_dir=service_account_dir,
             proxies=self.proxies,
             settings=settings,
         )

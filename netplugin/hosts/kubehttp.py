@@ -18,12 +18,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from netplugin import __version__
 from netplugin.core.errors import HostError
-from netplugin.hosts.kubeconfig import KubeSettings, resolve_settings, ssl_context
+from netplugin.hosts.kubeconfig import KubeSettings, ssl_context
 
 __all__ = ["MAX_BODY", "USER_AGENT", "KubeTransport", "read_body"]
 
@@ -42,29 +42,19 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 class KubeTransport:
     """Settings, opener and GET of a host of the Kubernetes API. Thread-safe.
 
-    Built with where the settings come from (``kubeconfig``, ``context``, ``environ``, the
-    service account's dir; or ``settings`` already resolved), the time limit of a GET and the
-    ``proxies`` (None: the environment's).
+    Built with ``resolve()``, which finds the settings on first use (unless ``settings`` are given
+    already resolved), the time limit of a GET and the ``proxies`` (None: the environment's).
     """
 
     def __init__(
         self,
-        kubeconfig: str | None,
+        resolve: Callable[[], KubeSettings],
         *,
-        context: str | None,
         timeout: float,
-        environ: Mapping[str, str] | None,
-        service_account_dir: str,
         proxies: dict[str, str] | None,
         settings: KubeSettings | None = None,
     ) -> None:
-        self.kubeconfig = kubeconfig
-        self.context = context
-        self.timeout = timeout
-        self.environ = environ
-        self.service_account_dir = service_account_dir
-        self.proxies = proxies
-        self._settings = settings
+        self._resolve, self.timeout, self.proxies, self._settings = resolve, timeout, proxies, settings
         self._opener: urllib.request.OpenerDirector | None = None
         # Several threads call (the daemon's); settings and opener are built once.
         self._lock = threading.Lock()
@@ -75,12 +65,7 @@ class KubeTransport:
         if self._settings is None:
             with self._lock:
                 if self._settings is None:
-                    self._settings = resolve_settings(
-                        self.kubeconfig,
-                        context=self.context,
-                        environ=self.environ,
-                        service_account_dir=self.service_account_dir,
-                    )
+                    self._settings = self._resolve()
         return self._settings
 
     def _get_opener(self, s: KubeSettings) -> urllib.request.OpenerDirector:

@@ -1,9 +1,9 @@
 """List+watch of one Kubernetes collection into a local cache (client-go's reflector, small).
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 An :class:`Informer` keeps :meth:`Informer.items` equal to a collection on the API server
 (``/api/v1/nodes``, or ``/api/v1/pods`` with ``fieldSelector=spec.nodeName=<node>``):
-
-In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

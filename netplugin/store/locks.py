@@ -1,11 +1,11 @@
 """File locks shared by every netplugin process on the node (CLI, daemon, CNI shim).
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 ``flock`` locks belong to an open file description, so two opens of the same
 file conflict even inside one process: the same helper serialises threads of
 the daemon and separate CLI processes alike. Locks die with their holder, so a
 killed netplugin never leaves a pod locked.
-
-In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Durable pod records: what netplugin set up, written so that a crash loses nothing.
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 One human-readable JSON file per pod sandbox, ``<state_dir>/pods/<namespace>_<name>_<infra-id>.json``
 (long keys are shortened with a hash; ``~`` marks those, and never occurs in a plain key). The
 infra id is part of the key, so a pod re-created with a new sandbox gets a new record and the old
 sandbox's record stays until its own teardown (or ``netplugin gc``) removes it.
-
-In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

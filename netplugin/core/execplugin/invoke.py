@@ -1,10 +1,10 @@
 """The one place netplugin starts processes.
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 Mechanism only, no policy: :func:`run` executes an argv list (never a shell)
 with a given environment and stdin, captures stdout and stderr separately and
 bounded, and enforces a deadline on the *whole process tree*:
-
-In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

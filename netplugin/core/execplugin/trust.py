@@ -1,10 +1,10 @@
 """Which paths root may trust: ownership and mode of every directory on a path, walked by fd.
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 netplugin runs as root and executes, reads and writes what it finds, so a path is only as
 safe as the least protected directory on it: whoever may write a directory may replace any
 entry in it. The rules (stated for users in docs/trust.md):
-
-In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

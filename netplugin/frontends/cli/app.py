@@ -1,11 +1,11 @@
 """The ``netplugin`` click group, its lazy registry of command modules, and :func:`main`:
+
+In detail: ``ARCHITECTURE.md``, "Module notes".
 the one place where errors become exit codes and text.
 
 Data goes to stdout, messages to stderr. A command's module is imported only when that
 command runs (or ``--help`` lists them), so a ``setup`` loads click, :mod:`.commands.pods` and
 netplugin's small modules, nothing heavy.
-
-In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

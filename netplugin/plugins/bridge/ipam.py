@@ -1,11 +1,11 @@
 """The bridge plugins' host-local IPAM: plain files under one flock'd directory.
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 The on-disk format is shared with the bash plugin ``exec_plugins/bridge/bridge``
 byte for byte, so a node can switch between the two plugins (or run both at
 once: both take the same ``lock``) without losing an allocation. The directory
 (``$NETPLUGIN_BRIDGE_STATE_DIR/<bridge-name>/``) holds::
-
-In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """A small Kubernetes API server for Nodes and Pods: the real REST shapes, in one process.
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 No kube-apiserver can be installed on the machines netplugin is tested on, so the simulated
 cluster (tests, benchmarks, ``netplugin demo --nodes``) talks to this instead. It speaks the
 parts of the API that netplugin uses, with their real shapes and semantics:
-
-In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations
