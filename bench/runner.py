@@ -36,10 +36,11 @@ from .plots import HINT, available, plot_all
 from .plotspec import prune
 from .pods import fig_burst, fig_drain, fig_pods
 from .repair import fig_repair
-from .report import Figure, Meta, evaluate_targets, render, write_json
+from .report import Figure, Meta, evaluate_targets
 from .runtime import fig_runtime
 from .scale import fig_scale
 from .util import REPO, BenchError, Cleanup, NetnsFactory, SubnetPool
+from .writer import render, write_json
 
 __all__ = ["FIGURES", "run"]
 

@@ -24,8 +24,8 @@ from bench.report import (  # noqa: E402
     findings,
     meets,
     part_of,
-    render,
 )
+from bench.writer import render  # noqa: E402
 
 
 def make_figure(fid: str, values: dict[str, dict[str, float | None]], **kw: object) -> Figure:

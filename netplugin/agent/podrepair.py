@@ -41,7 +41,7 @@ from netplugin.agent.worker import Worker
 from netplugin.core.errors import NetpluginError, StateError
 from netplugin.core.fileio import TMP_INFIX
 from netplugin.manager.repair import repair_kind, repair_pod
-from netplugin.nodenet.linkview import Lost
+from netplugin.nodenet.linkview import LostInterfaces
 from netplugin.store.listing import link_gone
 from netplugin.store.records import READY, RECORD_SUFFIX
 
@@ -64,8 +64,6 @@ BROKEN_AFTER = 3
 SELF_WINDOW = 0.5
 #: rounds in a row of such a loop after which the pod's repair is cut off
 LOOP_ROUNDS = 20
-#: the "pod" of a loss that stands for every pod (a notification overflow, the first pass)
-EVERY = ""
 
 
 def _key(rec: PodRecord) -> str:
@@ -107,7 +105,7 @@ class PodRepairer:
         self.on_incident = on_incident
         #: pods whose chain's repair was run (a pod setup or teardown never causes one)
         self.calls = 0
-        self._pending = Lost(set(), set())
+        self._pending = LostInterfaces()
         #: record path -> ((inode, mtime, size), record): a pass re-reads only the files that changed
         self._records: dict[str, tuple[tuple[int, int, int], PodRecord]] = {}
         self._worker = Worker("netplugin-pod-repair", self._loop, limit)
@@ -117,20 +115,19 @@ class PodRepairer:
         return self._worker
 
     def start(self) -> None:
-        self._pending.damaged.add(EVERY)  # the first pass: every ready pod's host interface checked once
+        self._pending.every = True  # the first pass: every ready pod's host interface checked once
         self._worker.wake()
         self._worker.start()
 
     def stop(self) -> None:
         self._worker.stop()
 
-    def lost(self, lost: Lost) -> None:
+    def lost(self, lost: LostInterfaces) -> None:
         """The kernel watch's report (on its thread): look at these interfaces' pods soon."""
         with self._lock:
             if not self._pending:
                 self._first_loss = time.monotonic()
-            self._pending.gone |= lost.gone
-            self._pending.damaged |= lost.damaged
+            self._pending.add(lost)
         self._worker.wake()
 
     def _next_wait(self) -> float | None:
@@ -146,14 +143,14 @@ class PodRepairer:
         while not self._worker.stopping:
             self._worker.sleep(self._next_wait())
             with self._lock:
-                pending, self._pending = self._pending, Lost(set(), set())
+                pending, self._pending = self._pending, LostInterfaces()
                 first, self._first_loss = self._first_loss, None
                 now = time.monotonic()
                 retry = {p for p, (_, due, _) in self.failing.items() if due <= now}
             if self._worker.stopping:
                 return
             try:
-                self.run(pending.gone | pending.damaged, every=EVERY in pending.damaged, retry=retry,
+                self.run(pending.gone | pending.damaged, every=pending.every, retry=retry,
                          lost=pending, since=first)  # fmt: skip
             except NetpluginError as e:
                 log.error("pod repair: cannot read the pod records: %s", e.message)
@@ -164,7 +161,7 @@ class PodRepairer:
         *,
         every: bool = False,
         retry: set[str] | None = None,
-        lost: Lost | None = None,
+        lost: LostInterfaces | None = None,
         since: float | None = None,
     ) -> None:
         """One pass: each ready pod with a host interface in ``names`` (``every``: all), and each pod
@@ -206,7 +203,7 @@ class PodRepairer:
         if kinds:
             self.on_incident()
 
-    def _loop_guard(self, records: list[PodRecord], lost: Lost | None, since: float | None) -> None:
+    def _loop_guard(self, records: list[PodRecord], lost: LostInterfaces | None, since: float | None) -> None:
         """Count, per pod, the passes woken by a loss its own last repair caused (only its interfaces,
         nothing gone, soon after); past :data:`LOOP_ROUNDS` in a row its repair is cut off."""
         if lost is None or since is None:
@@ -215,7 +212,7 @@ class PodRepairer:
             pod = _key(rec)
             with self._lock:
                 count, ended = self._streak.get(pod, (0, -SELF_WINDOW))
-            caused = (not lost.gone and EVERY not in lost.damaged and bool(lost.damaged)
+            caused = (not lost.gone and not lost.every and bool(lost.damaged)
                       and lost.damaged <= set(_host_interfaces(rec)) and since - ended <= SELF_WINDOW)  # fmt: skip
             with self._lock:
                 if not caused:

@@ -46,7 +46,7 @@ from netplugin.core.nlwire import (
     SOL_NETLINK,
     messages,
 )
-from netplugin.nodenet.linkview import LinkView, Lost
+from netplugin.nodenet.linkview import LinkView, LostInterfaces
 
 __all__ = ["NODE_STATE", "KernelWatch"]
 
@@ -91,7 +91,7 @@ class KernelWatch:
         on_change: Callable[[set[str]], None],
         *,
         route_protocol: int,
-        on_lost: Callable[[Lost], None] | None = None,
+        on_lost: Callable[[LostInterfaces], None] | None = None,
     ) -> None:
         self.on_change = on_change
         self.on_lost = on_lost
@@ -162,7 +162,7 @@ class KernelWatch:
                     time.sleep(SETTLE * 10)  # a bound on a batch that keeps failing
                     self.on_change({"route", *NFT_KINDS})
                     if self.on_lost is not None:
-                        self.on_lost(Lost(set(), {""}))  # "" stands for every pod
+                        self.on_lost(LostInterfaces(every=True))
         finally:
             for s in socks:
                 s.close()
@@ -171,7 +171,7 @@ class KernelWatch:
         self, ready: Sequence[object], routes: socket.socket, links: socket.socket | None, nft: socket.socket | None
     ) -> None:
         socks = [s for s in (routes, links, nft) if s is not None]
-        lost = Lost(set(), set())
+        lost = LostInterfaces()
         kinds = self._read(ready, routes, links, nft, lost)
         time.sleep(SETTLE)
         kinds |= self._read(select.select(socks, [], [], 0)[0], routes, links, nft, lost)  # the burst's rest
@@ -186,7 +186,7 @@ class KernelWatch:
         routes: socket.socket,
         links: socket.socket | None,
         nft: socket.socket | None,
-        lost: Lost,
+        lost: LostInterfaces,
     ) -> set[str]:
         kinds: set[str] = set()
         for sock in (routes, links, nft):
@@ -198,7 +198,7 @@ class KernelWatch:
                 except OSError as e:  # ENOBUFS: messages were lost; look at everything
                     log.warning("kernel notifications overflowed (%s): checking everything", e)
                     kinds |= {"route", *NFT_KINDS}
-                    lost.damaged.add("")  # "" stands for every pod
+                    lost.every = True
                     break
                 if sock is nft:
                     kinds |= NFT_KINDS

@@ -14,7 +14,7 @@ nothing.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from netplugin.core.nlwire import (
     IFADDR,
@@ -37,7 +37,7 @@ from netplugin.core.nlwire import (
     messages,
 )
 
-__all__ = ["LinkView", "Lost"]
+__all__ = ["LinkView", "LostInterfaces"]
 
 #: the other messages that can tell a loss, with the size of their header
 _OTHER_HEADER = {RTM_DELADDR: IFADDR.size, RTM_DELQDISC: TCMSG.size}
@@ -56,16 +56,24 @@ class _Link:
 
 
 @dataclass
-class Lost:
-    """What one batch of messages took away, by interface name."""
+class LostInterfaces:
+    """What one batch of messages took away, by interface name; or, with ``every``, what cannot be
+    told (notifications lost, the watch failing): every pod's interfaces are to be checked."""
 
     #: links deleted
-    gone: set[str]
+    gone: set[str] = field(default_factory=set)
     #: links still there that lost something (a master, hairpin, a qdisc, their master's state)
-    damaged: set[str]
+    damaged: set[str] = field(default_factory=set)
+    #: every pod's host interfaces, whatever their names
+    every: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.gone or self.damaged)
+        return bool(self.gone or self.damaged or self.every)
+
+    def add(self, other: LostInterfaces) -> None:
+        self.gone |= other.gone
+        self.damaged |= other.damaged
+        self.every = self.every or other.every
 
 
 def _u32(data: bytes | None) -> int:
@@ -88,8 +96,8 @@ class LinkView:
     def former_ports_of(self, index: int) -> set[str]:
         return {link.name for link in self.links.values() if index in (link.master, link.last_master)}
 
-    def feed(self, data: bytes) -> Lost:
-        lost = Lost(set(), set())
+    def feed(self, data: bytes) -> LostInterfaces:
+        lost = LostInterfaces()
         for kind, _, _, body in messages(data):
             if kind in (RTM_NEWLINK, RTM_DELLINK) and len(body) >= IFINFO.size:
                 self._link(kind, body, lost)
@@ -97,7 +105,7 @@ class LinkView:
                 self._other(kind, body, lost)
         return lost
 
-    def _link(self, kind: int, body: bytes, lost: Lost) -> None:
+    def _link(self, kind: int, body: bytes, lost: LostInterfaces) -> None:
         family, _, index, flags, _ = IFINFO.unpack_from(body)
         old = self.links.get(index)
         if kind == RTM_DELLINK:
@@ -132,12 +140,12 @@ class LinkView:
             lost.damaged |= self.ports_of(index)
 
     @staticmethod
-    def _hairpin(link: _Link, on: bool, lost: Lost) -> None:
+    def _hairpin(link: _Link, on: bool, lost: LostInterfaces) -> None:
         if link.hairpin and not on:
             lost.damaged.add(link.name)
         link.hairpin = on
 
-    def _other(self, kind: int, body: bytes, lost: Lost) -> None:
+    def _other(self, kind: int, body: bytes, lost: LostInterfaces) -> None:
         if kind == RTM_DELQDISC:
             _, index, handle, _, _ = TCMSG.unpack_from(body)
             # Handle 0 is a qdisc the kernel attached by default (noqueue, pfifo_fast...), which
