@@ -404,10 +404,18 @@ def test_netplugin_puts_back_its_tables_and_leaves_the_agents_alone_while_denied
         wait_for(lambda: _repaired(cluster, node, want), f"netplugin's tables back on {node.name}", 60.0,
                  detail=lambda: cluster.daemon_log(node)[-1500:])  # fmt: skip
         repaired = time.monotonic()
-        wait_for(lambda: all(probes.passed(p, repaired) for p in CLIENTS), "the clients' probes after the repair", 30.0)
+        # Probed across the repair, and after it: each stranger's attempts run back to back throughout.
+        wait_for(
+            lambda: (
+                all(probes.passed(p, repaired) for p in CLIENTS)
+                and all(probes.tried(p, repaired) >= 2 for p in STRANGERS)
+            ),
+            "the clients' and strangers' probes after the repair",
+            30.0,
+        )
     assert agent.table() == before  # not one rule of the agent's rewritten, moved or removed
     assert {p: probes.passed(p) for p in STRANGERS} == dict.fromkeys(STRANGERS, 0)
-    assert all(probes.tried(p, gone) for p in STRANGERS), "the strangers were probed during the repair"
+    assert all(probes.tried(p, gone) >= 2 for p in STRANGERS), "the strangers were probed across the repair"
     assert "repair" in cluster.daemon_log(node)
 
 
@@ -438,7 +446,14 @@ def test_after_a_full_flush_netplugin_repairs_under_the_re_synced_policy(
             wait_for(lambda: _repaired(cluster, node, want), f"netplugin's tables back on {node.name}", 60.0,
                      detail=lambda: cluster.daemon_log(node)[-1500:])  # fmt: skip
             repaired = time.monotonic()
-            wait_for(lambda: all(probes.passed(p, repaired) for p in CLIENTS), "the clients after the repair", 30.0)
+            wait_for(
+                lambda: (
+                    all(probes.passed(p, repaired) for p in CLIENTS)
+                    and all(probes.tried(p, repaired) >= 2 for p in STRANGERS)
+                ),
+                "the clients' and strangers' probes after the repair",
+                30.0,
+            )
     finally:
         os.kill(node.daemon.pid, signal.SIGCONT)
     assert agent.table() == before
