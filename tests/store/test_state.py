@@ -413,7 +413,7 @@ def test_pods_command_lists_records_as_a_table_and_as_json(cli: Any, sc: Any, ne
     names = sc_env["NETPLUGIN_PLUGINS"].split(",")
     plugin = names[0] if len(names) == 1 else ",".join(f"{n}:ready" for n in names)  # a chain: each member
     assert cli("pods").stdout == "No pods\n"
-    assert json.loads(cli("-o", "json", "pods").stdout) == {"pods": [], "corrupt": []}
+    assert json.loads(cli("-o", "json", "pods").stdout) == {"pods": [], "corrupt": [], "deleting": []}
     sc.set("status", stdout=json.dumps({"ip": "10.0.0.5"}))
     for ref in (POD, PodRef("kube-system", "dns", "infra9")):
         make_netns(netns_dir, ref)
