@@ -58,7 +58,7 @@ from netplugin.core.node import NodeInfo
 from netplugin.core.plugin import RepairKind
 from netplugin.hosts.base import ClusterHost
 from netplugin.manager.repair import keep_node, repair_kind
-from netplugin.nodenet.egress import Egress
+from netplugin.nodenet.egress import Egress, parse_cidrs
 from netplugin.nodenet.kernelwatch import NODE_STATE
 from netplugin.nodenet.routes import RouteTable
 
@@ -406,7 +406,6 @@ class NodeKeeper:
     def _forward(self, me: NodeInfo | None, errors: list[str]) -> None:
         if self.forward is None:
             return
-        from netplugin.nodenet.egress import parse_cidrs
 
         try:
             if self.departed:  # a node that left the cluster forwards no pod traffic, as it masquerades none

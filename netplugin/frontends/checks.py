@@ -35,13 +35,19 @@ from __future__ import annotations
 
 import glob
 import ipaddress
+import json
 import os
+import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from netplugin.agent.problems import POD_KINDS, NodeProblem
+from netplugin.core.chaining import DECLARES_HOST_PORTS
 from netplugin.core.defaults import FIGHT_ROUNDS
+from netplugin.core.dirs import UnsafeDirectory, ensure_dir
 from netplugin.core.errors import NetpluginError
+from netplugin.core.hostports import ENV_LOCALHOST, localhost_enabled
+from netplugin.core.names import escape_plugin_name
 from netplugin.frontends.cni.installed import (
     CNI_BIN_DIRS,
     CONF_SUFFIXES,
@@ -52,6 +58,17 @@ from netplugin.frontends.cni.installed import (
     safe_call_conf,
     shim_problem,
 )
+from netplugin.frontends.cni.native import slots
+from netplugin.frontends.cni.router import daemon_target
+from netplugin.frontends.wire.client import NoAnswer, NotSent, exchange
+from netplugin.frontends.wire.protocol import request
+from netplugin.manager.manager import Manager
+from netplugin.nodenet.egress import parse_cidrs
+from netplugin.nodenet.forward import Forward
+from netplugin.nodenet.policyagents import KNOWN, seen
+from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
+from netplugin.plugins.bridge.mtu import node_links, read_record, underlay_mtu
+from netplugin.plugins.bridge.sysctls import bridge_netfilter_off
 from netplugin.plugins.hostport import HOSTPORT_MEMBERS
 
 if TYPE_CHECKING:
@@ -129,9 +146,6 @@ def check_shim(node: Node) -> Check:
 
 def _slot_problem(path: str, node: Node) -> str | None:
     """A compiled shim calls the socket written into it: the one a call from the conflist must reach."""
-    from netplugin.frontends.cni.native import slots
-    from netplugin.frontends.cni.router import daemon_target
-
     with open(path, "rb") as f:
         if f.read(4) != b"\x7fELF" or node.call_conf is None:
             return None
@@ -146,10 +160,6 @@ def _slot_problem(path: str, node: Node) -> str | None:
 
 
 def check_daemon(node: Node) -> Check:
-    from netplugin.frontends.cni.router import daemon_target
-    from netplugin.frontends.wire.client import NoAnswer, NotSent, exchange
-    from netplugin.frontends.wire.protocol import request
-
     if node.call_conf is None:
         return Check("daemon", "no netplugin conflist picked", "calls reach neither netplugin nor its daemon")
     mode, sock = daemon_target(node.call_conf, {})
@@ -227,7 +237,6 @@ def check_plugin(node: Node) -> Check:
                 "fix it, then systemctl reload netplugin",
             )
         return Check("plugin", f"{node.health.get('plugin')}: selected and initialised by the daemon")
-    from netplugin.manager.manager import Manager
 
     try:
         m = Manager(cfg, state=False)
@@ -330,8 +339,6 @@ def check_keepers(node: Node) -> Check:
 
 
 def check_dirs(node: Node) -> Check:
-    from netplugin.core.dirs import UnsafeDirectory, ensure_dir
-
     found, problems = [], []
     for what, path in (("state", node.config.state_dir), ("run", node.config.run_dir)):
         try:
@@ -352,7 +359,6 @@ def _bridge_settings(node: Node) -> BridgeSettings | None:
     """The bridge plugin's settings when the chain has one (else None), as its init reads them."""
     if not any(m in _BRIDGES for m in node.config.chain):
         return None
-    from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
 
     cfg = node.config
     return NativeBridgePlugin.from_config(cfg).settings(cfg.env, cfg.state_dir, subnets_optional=True)
@@ -368,9 +374,6 @@ def _pod_families(node: Node, s: BridgeSettings) -> set[int]:
 
 
 def check_bridge_netfilter(node: Node) -> Check:
-    from netplugin.plugins.bridge.mtu import node_links
-    from netplugin.plugins.bridge.sysctls import bridge_netfilter_off
-
     s = _bridge_settings(node)
     # netlink, not /sys/class/net/BRIDGE/brif: sysfs may show another netns's links (see node_links)
     links = node_links() if s is not None else []
@@ -388,9 +391,6 @@ def check_bridge_netfilter(node: Node) -> Check:
 
 
 def check_policy(node: Node) -> Check:
-    from netplugin.nodenet.policyagents import KNOWN, seen
-    from netplugin.plugins.bridge.sysctls import bridge_netfilter_off
-
     agents = seen()
     if not agents:
         return Check("policy", f"no NetworkPolicy agent seen (looked for {', '.join(a.name for a in KNOWN)})")
@@ -407,9 +407,6 @@ def check_policy(node: Node) -> Check:
 
 
 def check_forward(node: Node) -> Check:
-    from netplugin.nodenet.egress import parse_cidrs
-    from netplugin.nodenet.forward import Forward
-
     s = _bridge_settings(node)
     pod_cidrs = ((node.health or {}).get("node") or {}).get("pod_cidrs") or []
     cidrs = [*parse_cidrs("cluster_cidrs", node.config.cluster_cidrs), *parse_cidrs("pod_cidrs", pod_cidrs)]
@@ -422,8 +419,6 @@ def check_forward(node: Node) -> Check:
 
 
 def check_mtu(node: Node) -> Check:
-    from netplugin.plugins.bridge.mtu import node_links, read_record, underlay_mtu
-
     s = _bridge_settings(node)
     if s is None:
         return Check("mtu", "no bridge plugin")
@@ -439,11 +434,6 @@ def check_mtu(node: Node) -> Check:
 
 def _maps_host_ports(cfg: Config, name: str) -> bool:
     """Whether chain member ``name`` maps hostPorts: one netplugin ships, or one whose init declared it."""
-    import json
-
-    from netplugin.core.chaining import DECLARES_HOST_PORTS
-    from netplugin.core.names import escape_plugin_name
-
     if name in HOSTPORT_MEMBERS:
         return True
     try:
@@ -455,10 +445,6 @@ def _maps_host_ports(cfg: Config, name: str) -> bool:
 
 
 def check_hostport(node: Node) -> Check:
-    import shutil
-
-    from netplugin.core.hostports import ENV_LOCALHOST, localhost_enabled
-
     cfg = node.config
     member = next((m for m in cfg.chain if _maps_host_ports(cfg, m)), None)
     if member is None:

@@ -17,6 +17,11 @@ import os
 import subprocess
 import sys
 
+import netplugin
+from netplugin import __version__
+from netplugin.core.errors import SystemFailure
+from netplugin.core.fileio import replace_file
+
 __all__ = ["KINDS", "entry_script", "install_entry"]
 
 #: kind -> (module, what it is)
@@ -40,8 +45,6 @@ def _stdlib_path(python: str) -> list[str]:
 
 def search_path(python: str) -> list[str]:
     """The explicit path of the script: netplugin's directory, then this interpreter's extras."""
-    import netplugin
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(netplugin.__file__)))
     have = set(_stdlib_path(python))
     out = [root]
@@ -54,8 +57,6 @@ def search_path(python: str) -> list[str]:
 
 def entry_script(kind: str, *, python: str | None = None) -> str:
     """The text of the entry script for ``kind`` (``cni`` or ``cli``)."""
-    from netplugin import __version__
-
     module, what = KINDS[kind]
     interpreter = os.path.realpath(python or sys.executable)
     path = search_path(interpreter)
@@ -76,9 +77,6 @@ def install_entry(kind: str, dest: str, *, python: str | None = None) -> str:
 
     Raises SystemFailure when the interpreter cannot be run or the file cannot be written.
     """
-    from netplugin.core.errors import SystemFailure
-    from netplugin.core.fileio import replace_file
-
     interpreter = os.path.realpath(python or sys.executable)
     try:
         text = entry_script(kind, python=interpreter)

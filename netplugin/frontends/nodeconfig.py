@@ -33,7 +33,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from netplugin.core.config import load_config, read_config_file
-from netplugin.core.errors import ConfigError
+from netplugin.core.discovery import scan
+from netplugin.core.errors import ConfigError, NetpluginError
+from netplugin.core.names import escape_plugin_name
+from netplugin.plugins import BUILTINS
 
 __all__ = ["DIR_KEYS", "changes", "main", "merged", "render"]
 
@@ -172,11 +175,6 @@ def _check(text: str, path: str) -> Any:
 def _check_chain(cfg: Any, path: str, shipped: str | None) -> None:
     """Each plugin of ``cfg``'s chain is built in, shipped in ``shipped`` (installed by this run) or
     found and trusted in the exec dir; else ConfigError naming the key, nothing written."""
-    from netplugin.core.discovery import scan
-    from netplugin.core.errors import NetpluginError
-    from netplugin.core.names import escape_plugin_name
-    from netplugin.plugins import BUILTINS
-
     def is_shipped(name: str) -> bool:
         if shipped is None:
             return False

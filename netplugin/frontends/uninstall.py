@@ -27,7 +27,12 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from netplugin.core.config import load_config
 from netplugin.core.errors import NetpluginError
+from netplugin.frontends.wire.client import request
+from netplugin.manager.manager import Manager
+from netplugin.nodenet.owned import remove_owned
+from netplugin.store.state import StateStore
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -41,8 +46,6 @@ EXIT_PODS_LEFT = 3
 
 
 def _stop_daemon(socket_path: str, dry_run: bool, say: list[str]) -> None:
-    from netplugin.frontends.wire.client import request
-
     try:
         pid = int(request(socket_path, "health", timeout=5)["pid"])
     except (NetpluginError, KeyError, TypeError, ValueError):
@@ -63,8 +66,6 @@ def _stop_daemon(socket_path: str, dry_run: bool, say: list[str]) -> None:
 
 def _config(path: str) -> tuple[Config | None, str | None]:
     """(the node's Config, None), or (None, why it cannot be used)."""
-    from netplugin.core.config import load_config
-
     if not os.path.exists(path):
         return None, f"the config file {path} is gone"
     try:
@@ -75,8 +76,6 @@ def _config(path: str) -> tuple[Config | None, str | None]:
 
 def _recorded(state_dir: str | None) -> int:
     """How many pods the state dir records (0 when there is none)."""
-    from netplugin.store.state import StateStore
-
     if not state_dir or not os.path.isdir(state_dir):
         return 0
     scan = StateStore(state_dir).scan()
@@ -85,8 +84,6 @@ def _recorded(state_dir: str | None) -> int:
 
 def _purge_pods(config: Config, dry_run: bool, say: list[str], errors: list[str]) -> int:
     """Tear down every recorded pod; how many are left recorded."""
-    from netplugin.manager.manager import Manager
-
     manager = Manager(config)
     assert manager.state is not None
     left = 0
@@ -112,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--purge", action="store_true", help="tear down every recorded pod first")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
-    from netplugin.nodenet.owned import remove_owned
 
     say: list[str] = []
     errors: list[str] = []

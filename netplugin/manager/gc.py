@@ -36,12 +36,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from netplugin.core.errors import HostError, NetpluginError, PluginFailed, StateError
+from netplugin.core.fileio import stale_temps
 from netplugin.core.names import PodRef
+from netplugin.core.netlink import RawNetlink
 from netplugin.core.netns import netns_gone
 from netplugin.core.plugin import NOOP_NAME
 from netplugin.hosts.base import NullHost
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.chain import recorded_members
+from netplugin.manager.repair import keep_node
+from netplugin.plugins.hostport import forget, recorded_pods
 from netplugin.store.listing import pod_busy
 from netplugin.store.orphans import POD_ACTIONS, plugin_processes, settle
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, PodRecord
@@ -410,8 +414,6 @@ def _set_aside_corrupt(store: StateStore, scan: Scan, report: GcReport, dry_run:
 
 def _remove_temps(store: StateStore, scan: Scan, report: GcReport, dry_run: bool) -> None:
     """Remove (or plan to remove) the temp files of interrupted writes anywhere in the state dir."""
-    from netplugin.core.fileio import stale_temps
-
     # Also the CNI attachment index's and the bridge plugins' IPAM temp files (state-dir subtrees).
     others = [p for p in stale_temps(store.state_dir) if os.path.dirname(p) != store.dir]
     for tmp in [*scan.stale_temps, *others]:
@@ -445,8 +447,6 @@ def _settle_orphans(manager: Manager, store: StateStore, handled: set[PodRef], r
 
 def _node_state(manager: Manager, report: GcReport) -> None:
     """The members' node-level state compared with their records both ways, and made equal."""
-    from netplugin.manager.repair import keep_node
-
     try:  # an init gc would run is a pod action's to run (and retry), not gc's
         ready = manager.init_done()
     except (NetpluginError, OSError):
@@ -462,8 +462,6 @@ def _node_state(manager: Manager, report: GcReport) -> None:
 
 def _retired_links(report: GcReport, dry_run: bool) -> None:
     """Delete the links a teardown retired (off the network, answered) whose process died before deleting them."""
-    from netplugin.core.netlink import RawNetlink
-
     with RawNetlink() as nl:
         left = {i: (name, pid) for i, (name, pid) in nl.retired().items() if not _alive(pid)}
         failed = {} if dry_run or not left else nl.delete_links(list(left))
@@ -490,8 +488,6 @@ def _alive(pid: int) -> bool:
 
 def _hostport_leaks(manager: Manager, store: StateStore, report: GcReport, dry_run: bool) -> None:
     """hostPort rules whose pod netplugin no longer records (a crash between its teardown's steps)."""
-    from netplugin.plugins.hostport import forget, recorded_pods
-
     # Keyed on the records, not the configured chain: rules of a chain that has since changed leak too.
     records = os.path.join(store.state_dir, "hostport")
     if not os.path.isdir(records):

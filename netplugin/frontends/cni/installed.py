@@ -12,6 +12,11 @@ import json
 import subprocess
 from typing import Any
 
+from netplugin import __version__
+from netplugin.core._yaml import load_json, read_document
+from netplugin.core.config import load_config
+from netplugin.frontends.wire.protocol import CNI_VERSIONS
+
 __all__ = [
     "CNI_BIN_DIRS",
     "CONF_SUFFIXES",
@@ -33,8 +38,6 @@ SHIM_NAME = "netplugin-cni"
 
 def load_conflist(path: str) -> dict[str, Any]:
     """A network config file as a JSON object (bounded read); OSError or ValueError otherwise."""
-    from netplugin.core._yaml import load_json, read_document
-
     doc = load_json(read_document(path, 1 << 20))
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
@@ -68,9 +71,7 @@ def written_by(head: bytes) -> str | None:
 
 
 def shim_problem(path: str) -> str | None:
-    from netplugin import __version__
     from netplugin.frontends.cni.native import MAX_BINARY
-    from netplugin.frontends.wire.protocol import CNI_VERSIONS
 
     with open(path, "rb") as f:
         head = f.read(MAX_BINARY)  # a statically linked shim's own strings sit past libc's
@@ -92,7 +93,6 @@ def shim_problem(path: str) -> str | None:
 
 def inline_differences(call_conf: dict[str, Any]) -> list[str]:
     """Settings keys in which the conflist's own values make the call's config differ from its config file's."""
-    from netplugin.core.config import load_config
     from netplugin.frontends.cni.netconf import build_config
     from netplugin.frontends.cni.spec import CniRequest
     from netplugin.frontends.wire.fingerprint import fingerprint

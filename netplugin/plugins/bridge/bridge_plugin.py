@@ -42,6 +42,8 @@ serialises actions per pod), the IPAM has its own.
 from __future__ import annotations
 
 import errno
+import hashlib
+import importlib.util
 import os
 import sys
 import threading
@@ -66,6 +68,7 @@ from netplugin.core.plugin import CallContext, PodNetworkStatus
 from netplugin.plugins.bridge.mtu import DEFAULT_MTU, IPV6_MIN_MTU, node_links, read_record, underlay_mtu, write_record
 from netplugin.plugins.bridge.podipam import PodIPAM
 from netplugin.plugins.bridge.reaper import LinkReaper
+from netplugin.plugins.bridge.restore import repair_bridge, repair_port
 from netplugin.plugins.bridge.settings import (
     SETTING_KEYS,
     BridgeError,
@@ -172,9 +175,6 @@ _CODE = (
     "netplugin.core.fileio",
 )
 def _code_version() -> str:
-    import hashlib
-    import importlib.util
-
     h = hashlib.sha256()
     # Every module whose code decides what init does; a change to any of them runs init again.
     for name in _CODE:
@@ -482,8 +482,6 @@ class NativeBridgePlugin:
 
     def repair(self, pod: PodRef, ctx: CallContext) -> tuple[str, ...]:
         """The bridge (addresses, MTU, up) and the pod's port (master, hairpin), put back where lost."""
-        from netplugin.plugins.bridge.restore import repair_bridge, repair_port
-
         with self._action("repair", pod, ctx.timeout) as step:
             step.what = "read the settings"
             s = self.settings(ctx.env, ctx.state_dir)

@@ -19,6 +19,9 @@ import shutil
 import subprocess
 import tempfile
 
+from netplugin import __version__
+from netplugin.frontends.wire.protocol import c_header
+
 __all__ = [
     "CFLAGS",
     "LINKS",
@@ -127,9 +130,6 @@ def build_native(
     Raises NoCompiler, ValueError for a path that cannot be a C string, or
     subprocess.CalledProcessError with the compiler's output (of the last link tried).
     """
-    from netplugin import __version__
-    from netplugin.frontends.wire.protocol import c_header
-
     cc = compiler()
     args = [f"-DNP_FALLBACK={_c_string(fallback, 'fallback')}", f"-DNP_SLOT_SIZE={SLOT_SIZE}", *defines]
     args += [f"-DNP_VERSION={_c_string(__version__, 'version')}"]
