@@ -1,43 +1,6 @@
 """The daemon's node-level work: watch the cluster's nodes, keep the routes to them.
 
-:class:`NodeKeeper` runs beside the socket server:
-
-* with a host that watches (``host: kube``) it starts the host's list+watch caches (every
-  Node, and the Pods bound to this node, so that pod lookups need no request), and acts on
-  every Node change; with a host that does not (``host: static``) it re-reads the host's
-  nodes every 2 seconds and acts when they changed;
-* it keeps this node's routes to every other node's pod CIDRs (``node_routes``, on by
-  default: :class:`netplugin.nodenet.routes.RouteTable`), and re-checks them every
-  ``node_resync`` seconds even when nothing changed (a route someone deleted comes back);
-* it never acts on a view it has not fully read (a daemon that just started, or whose API
-  server is away, keeps the routes it has rather than removing them), and an empty view
-  (no cluster described at all) leaves the routing table alone;
-* with ``cluster_cidrs`` set it keeps the egress masquerade (:mod:`netplugin.nodenet.egress`)
-  for this node's pod CIDRs (all of ``cluster_cidrs`` while it does not know them), and removes
-  it when the daemon stops;
-* with ``cluster_cidrs`` set it also accepts pod traffic in iptables FORWARD through a chain of its
-  own (:mod:`netplugin.nodenet.forward`: hosts whose FORWARD policy is DROP), kept when it stops
-  (pods forward through a restart), removed when the node leaves the cluster and by the uninstall;
-* when this node's own Node is deleted (the node leaves the cluster) it removes its routes
-  and its egress table, and keeps them removed until the Node comes back;
-* what cannot be routed (a node without an InternalIP of the family, or not on a directly
-  connected network, a pod CIDR outside ``cluster_cidrs`` or overlapping this node's addresses,
-  its connected networks, a foreign route or another node's CIDR: see
-  :mod:`netplugin.nodenet.routes`), a Node that cannot be read, and a list+watch that keeps
-  failing are each logged when they appear and when they are resolved, counted in
-  ``netplugin_node_problems{kind}`` and listed in the daemon's ``health`` answer
-  (:meth:`NodeKeeper.problems`; ``netplugin nodes`` shows them). Routes need ``cluster_cidrs``:
-  without it nothing is routed, and each other node's CIDR is a problem that says so.
-
-* it puts back what a kernel change took (:mod:`netplugin.nodenet.kernelwatch`): routes and the
-  egress table, the chain members' node-level state (their ``node`` action: the hostPort table),
-  and via :mod:`.podrepair` what pods' plugins made (docs/self-repair.md); the node actions also
-  run at each periodic pass, so a notification missed never leaves that state gone;
-* a fight (repairs less than :data:`INCIDENT_GAP` apart, round after round) is one incident with
-  a count of rounds: health shows the longest, and doctor names it from :data:`FIGHT_ROUNDS` on.
-
-Routes stay when the daemon stops: a restart (an upgrade) must not cut pods off from the other
-nodes. A node leaving the cluster loses its routes on every other node.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

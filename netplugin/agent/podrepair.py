@@ -1,5 +1,7 @@
 """Pod-level self-repair: a ready pod whose host interface lost something gets its chain's ``repair``.
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 The kernel watch (:mod:`netplugin.nodenet.kernelwatch`, :mod:`netplugin.nodenet.linkview`) says which
 interfaces lost something (a
 master, hairpin, a qdisc, their bridge); this repairer maps them to the ready pods whose records
@@ -8,21 +10,6 @@ and must not hold up the routes) runs each such pod's repair (:mod:`netplugin.ma
 A pod whose host interface is gone is **broken**: only a new setup (its sandbox recreated) can
 mend it, so it is reported (log, ``health``, ``netplugin_pods_broken``, ``pods``), never repaired
 or faked as healthy. Pods in setup or teardown are left to their action.
-
-Each thing put back is logged (``repair (KIND) of pod NS/NAME in 0.012s: what``, rate-limited:
-:mod:`.repairlog`) and counted in the keeper's repair counter, by the kinds of
-:data:`netplugin.core.plugin.REPAIR_KINDS`.
-
-Repair converges:
-
-* a failed repair is retried with backoff (:data:`RETRY_MIN` doubling to :data:`RETRY_MAX`) until
-  it succeeds or the pod is gone; after :data:`BROKEN_AFTER` failures in a row the pod is shown
-  ``broken`` (health, ``pods``, doctor) until one succeeds;
-* a repair that made the bridge again is followed, in the same pass, by a check of every ready
-  pod: a port detached while the bridge was gone is named by no later loss;
-* a pod whose own repair causes the loss it repairs (the next loss names only its interfaces and
-  comes within :data:`SELF_WINDOW` of its repair, :data:`LOOP_ROUNDS` times in a row) is cut off:
-  not repaired again until it is set up anew, and reported (``repair_loop``).
 """
 
 from __future__ import annotations

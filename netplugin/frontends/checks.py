@@ -1,34 +1,6 @@
 """``netplugin doctor``'s checks: does this node work as installed? Each check is data, not text.
 
-:func:`run_checks` returns one :class:`Check` per question, in this order:
-
-``conflist``  the CNI network configs in the runtime's conf dir, and which one it picks (the
-              first by file name, as libcni and containerd do): it must be netplugin's;
-``shim``      the ``netplugin-cni`` that conflist runs (in the CNI bin dirs): ours, answering
-              ``VERSION`` with the versions this netplugin speaks, and of this netplugin's version;
-              the compiled one reads no conflist: the socket written into it must be the conflist's;
-``daemon``    whether a call made from that conflist reaches the daemon: its socket, its answer,
-              not draining, and the call's settings equal the daemon's (else the keys that differ);
-``settings``  the conflist carries no settings of its own (or they equal the config file's), and
-              the daemon runs what its config file says now (else: reload it);
-``plugin``    the selected plugin is valid and its init ran (this boot, these settings);
-``node``      this node's pod CIDRs and the routes to the other nodes (the daemon's view);
-``egress``    the egress masquerade table, when ``cluster_cidrs`` asks for one;
-``bridge_netfilter``  bridge-nf-call-ip(6)tables on while the bridge plugin's bridge serves pods;
-``policy``    the NetworkPolicy agents seen on the node (kube-network-policies' nftables table, ...): while
-              one runs, bridged pod traffic must pass netfilter (bridge-nf-call-ip(6)tables) or it
-              bypasses the agent's rules;
-``forward``   pod traffic not dropped by an iptables FORWARD policy DROP (netplugin's chain accepts it);
-``mtu``       the bridge plugin's MTU (configured, or recorded by init) not above the underlay's;
-``hostport``  with a hostport member in the chain: ``conntrack`` on the plugins' PATH (else stale UDP
-              flows are not flushed), and whether 127.0.0.1 hostPorts are on (route_localnet);
-              without one, a conflist declaring ``portMappings`` is a problem (every hostPort pod's
-              ADD fails), with the chain to configure;
-``keepers``   the daemon's control loops run (node, pod repair, gc, kernel watch), none stuck past its interval;
-``dirs``      the state and run dirs are netplugin's own (root's, not group/world-writable, no links).
-
-A check that cannot be answered (no daemon to ask) is a problem, with how to fix it. The CLI
-(``netplugin doctor``) prints them and turns them into its exit code.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

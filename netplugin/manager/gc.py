@@ -1,29 +1,6 @@
 """Garbage collection: reconcile pod records with reality, and the record listing.
 
-``netplugin gc`` repairs what a crash, a kill or a failed action left behind:
-
-* a record whose setup or teardown was interrupted (it is not ``ready`` and nobody holds the
-  pod's lock) is torn down, then removed: for a chain, exactly the members that ran (their
-  setup started and their teardown did not finish, as the record's ``chain`` says), in reverse;
-* a ``ready`` record whose network namespace is gone (it existed at setup) is torn down;
-* a ``ready`` record of a pod the host knew at setup and now says no longer exists, or that was
-  re-created (its uid changed), is torn down (without the new pod's object on stdin); a pod the
-  host did not know at setup is never judged by the host, and hosts that cannot know (no host, a
-  static host without its pod directory) are not asked;
-* plugin processes whose netplugin died (they run in their own session, so they survive it)
-  are allowed to finish, up to their action's time limit, then killed;
-* corrupt record files are set aside in ``pods/corrupt/``; temp files of dead writers removed;
-* each configured member's node-level state is made what its records say, both ways (the
-  contract's ``node`` action: a hostPort rule in the kernel with no record is removed, a recorded
-  one the kernel lost is put back);
-* links a teardown took off the network for a deletion after its answer (its process's retired
-  link group, :func:`~netplugin.core.netlink.retired_group`) whose process is gone (a crash came
-  between the answer and the deletion) are deleted.
-
-Teardown is best effort and idempotent: a teardown that fails keeps the record (gc retries it
-next time) and makes gc's exit status non-zero. Every pod is handled under its pod lock, so gc
-never overlaps a setup or teardown of the same pod; each decision is re-checked under the lock.
-``dry_run`` only reports what would be done.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,42 +1,13 @@
 """Egress: masquerade pod traffic that leaves the cluster, with nftables.
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 Pods have addresses from the node's pod CIDRs, which nothing outside the cluster routes back to.
 Traffic from a pod to an address outside the cluster CIDRs therefore leaves the node with the
 node's own address as its source (``masquerade``: the address of the outgoing interface, looked
 up per connection, so a node whose address changes needs no update). Traffic between pods, on one
 node or across nodes, keeps the pod's address: Kubernetes requires pods to see each other's real
 addresses.
-
-Everything lives in one table that this module alone writes, ``table inet netplugin`` by default
-(``inet``: one table for IPv4 and IPv6)::
-
-    table inet netplugin {
-        set pods4 { type ipv4_addr; flags interval; elements = { 10.244.1.0/24 } }
-        set inside4 { type ipv4_addr; flags interval; elements = { 10.244.0.0/16 } }
-        set pods6 ...
-        set inside6 ...
-        chain postrouting {
-            type nat hook postrouting priority srcnat; policy accept;
-            ip saddr @pods4 ip daddr != @inside4 masquerade comment "netplugin pod egress"
-            ip6 saddr @pods6 ip6 daddr != @inside6 masquerade comment "netplugin pod egress"
-        }
-    }
-
-``pods`` are this node's pod CIDRs (the cluster CIDRs when none are given: then any pod address
-routed through this node is masqueraded), ``inside`` is the cluster CIDRs plus the pod CIDRs.
-A family without pod (or cluster) CIDRs gets no set and no rule.
-
-:meth:`Egress.ensure` replaces the table in **one nftables transaction** (``table``; ``delete
-table``; the new table), so the rules are never half there and the CIDRs can change under traffic
-without a gap. :meth:`Egress.remove` deletes the table the same way (it succeeds whether or not
-the table exists). Nothing else is ever named or read: other tables (the operator's, kube-proxy's,
-a firewall's) are left alone, and nftables rules belong to a network namespace, so daemons in
-different namespaces never collide; a different ``table`` name separates two users of one.
-
-It runs the ``nft`` command, not python3-nftables, which is a binding for Debian's own interpreter
-only (see ARCHITECTURE.md, "Egress"); egress changes only at daemon start, stop and when the
-node's CIDRs change, never per pod, so one ``nft`` run per change is cheap enough.
-Needs Debian's ``nftables`` package (the ``nft`` command) and CAP_NET_ADMIN.
 """
 
 from __future__ import annotations

@@ -1,33 +1,7 @@
 """Pod traffic through hosts whose FORWARD policy is DROP (Docker, ufw, firewalld): accepted in a chain
 netplugin owns, the way CNI's ``firewall`` plugin does it.
 
-An nftables ``accept`` in netplugin's own table cannot override a ``drop`` verdict of another base
-chain on the same hook (iptables-nft's ``filter FORWARD`` is one), so the accepts go where that
-drop is: iptables (and ip6tables) ``filter``, in a chain of netplugin's own, jumped to from the top
-of ``FORWARD`` once::
-
-    -A FORWARD -m comment --comment "netplugin pod forwarding" -j NETPLUGIN-FORWARD   (inserted first)
-    -A NETPLUGIN-FORWARD -s 10.244.0.0/16 -m comment --comment "netplugin pod forwarding" -j ACCEPT
-    -A NETPLUGIN-FORWARD -d 10.244.0.0/16 -m comment --comment "netplugin pod forwarding" -j ACCEPT
-
-for every CIDR pods have (the cluster CIDRs and this node's pod CIDRs): pod to pod on this node
-(bridged frames pass FORWARD with br_netfilter), to and from other nodes, and to the underlay
-(masqueraded by :mod:`netplugin.nodenet.egress`) with its replies, hostPort and NodePort traffic
-DNATed to a pod included. Nothing else is accepted, and nothing of anyone else's is touched.
-
-An ACCEPT ends the chain it is in: a NetworkPolicy agent that filters in FORWARD (kube-router and
-Calico in iptables mode jump to their chain from FORWARD, :data:`~netplugin.nodenet.policyagents.KNOWN`)
-would never see a packet netplugin accepted first. So the jump goes *after* the last jump to such a
-chain (first when there is none), and a jump of ours found before one is moved after it, in the same
-restore; another's rules are never moved, rewritten or removed. (kube-network-policies judges in
-``postrouting``, which an accept in FORWARD does not skip.)
-
-:meth:`Forward.apply` rewrites the chain in one ``iptables-restore --noflush`` (declaring the chain
-empties it: never a second copy of a rule) and inserts the jump only when it is missing.
-:meth:`Forward.remove` (the uninstall's) deletes every jump to the chain, then the chain.
-:meth:`Forward.check` reads what is there, for ``netplugin doctor``. A node without the command of
-a family has no iptables FORWARD to drop in: that family is skipped (``present`` False).
-Needs iptables (the ``iptables`` package, either backend) and CAP_NET_ADMIN.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

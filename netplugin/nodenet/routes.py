@@ -1,33 +1,12 @@
 """Routes between nodes (host-gw): each other node's pod CIDRs via its InternalIP.
 
+In detail: ``ARCHITECTURE.md``, "Module notes".
+
 As flannel's host-gw backend does, a node reaches the pods of another node by a plain
 kernel route, ``<their pod CIDR> via <their InternalIP>``, one per family, which works when
 the nodes share an L2 segment (the next hop must be directly reachable). :class:`RouteTable`
 computes the routes a list of :class:`~netplugin.core.nodes.NodeInfo` asks for and makes the
 kernel's main table match them, with pyroute2 (the daemon calls it; nothing on a per-pod path).
-
-Ownership: every route netplugin makes carries the routing protocol number
-:data:`RTPROT_NETPLUGIN` (``ip route show proto 78``). Routes with another protocol are never
-changed or removed; a route of someone else to the same destination is reported as a conflict
-rather than replaced. :meth:`RouteTable.flush` removes exactly ours.
-
-What a Node object can make this node route is bounded (a Node is written by its kubelet, and
-a compromised kubelet writes what it likes). A pod CIDR gets a route only when it is
-
-* inside ``cluster_cidrs`` (no ``cluster_cidrs``: nothing is routed, and every CIDR says why),
-  so ``128.0.0.0/1`` or a piece of the underlay is never routed;
-* clear of this node's own pod CIDRs and addresses;
-* clear of every connected route of the table (the node's LANs: neither inside one nor
-  containing one) and of every other route more specific than or equal to it (someone else's
-  routes win); a broader route with a gateway (the default route) is what it refines, as intended;
-* clear of every other node's pod CIDRs, partial overlaps included. Of two overlapping claims
-  the older Node (``metadata.creationTimestamp``) keeps its route and the newer one is refused
-  (a re-registered hostile Node cannot take an honest node's pods); when neither is known to be
-  older (same second, or no timestamp, as in node files) both are refused.
-
-Nodes that cannot be routed are reported, not silently skipped: each :class:`RouteProblem`
-names the node, the CIDR, a ``kind`` (a metric label) and why (no InternalIP of that family, next
-hop not on a directly connected network, one of the overlaps above, a netlink error).
 """
 
 from __future__ import annotations

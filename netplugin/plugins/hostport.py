@@ -1,26 +1,6 @@
 """``netplugin.io/hostport``: a pod's hostPorts DNATed with nftables, in process.
 
-The same table, chain names, rules and records as the bash plugin ``exec_plugins/hostport/hostport``
-(its README section says what a mapping does and how conflicts are refused), so the two are
-interchangeable on a node and either can follow either bridge in a chain. What this one adds:
-
-* ``init`` rebuilds the whole table from the pod records in one nft transaction (``table``;
-  ``delete table``; the table with every recorded pod's chain and map elements): after a reboot,
-  a ``nft flush ruleset`` or a firewall reload, the daemon's start brings every hostPort back.
-  :func:`rebuild_script` is what :meth:`HostPortPlugin.init` runs (:func:`remove_table` takes it away).
-* the contract's ``node`` action (:func:`keep_table`) makes the table what the records say, both
-  ways: the table, its base chains and the route_localnet guard always (no pod record needed: the
-  guard must be there while any bridge has route_localnet on), each recorded pod's chain and
-  ports, and no chain or port without a record; a setup that finds the table gone makes it.
-* setup, teardown and the rebuilds take one lock (``.lock`` among the records), so a rebuild
-  never reads records a teardown is removing (no DNAT of a torn-down pod comes back) and never
-  drops the rules of a setup that has not written its record yet.
-* with ``NETPLUGIN_HOSTPORT_LOCALHOST=true``, ``init`` also turns ``route_localnet`` back on for
-  the recorded pods' bridges (a bridge made again after a reboot starts with it off).
-* no bash: one ``nft`` process a setup or teardown.
-
-A record, ``$NETPLUGIN_STATE_DIR/hostport/<chain>``: line 1 ``namespace/name infra-id``, line 2
-the pod's keys (``tcp.8080 udp.53``), then the pod's ``add rule`` lines (its DNAT rules).
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations

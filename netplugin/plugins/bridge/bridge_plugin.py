@@ -1,42 +1,6 @@
 """``netplugin.io/bridge``: the bridge plugin, in process.
 
-The same network and the same files as the bash plugin ``exec_plugins/bridge/bridge``: one
-Linux bridge with the gateway address; per pod a veth pair whose host end (named
-:func:`host_veth_name` of the infra id) is a bridge port with hairpin on and whose pod end
-(``eth0``) is created directly inside the pod's network namespace (the host end has no IPv6
-address of its own: the bridge holds the node's addresses), with an address of each
-configured family (IPv4, IPv6 or both) from :mod:`netplugin.plugins.bridge.podipam` and a default
-route per family via the gateway. Settings, their validation and
-messages, the state dir layout and the veth names are identical, so a node can switch
-between the two plugins (or run both: they share the IPAM lock) without losing a pod.
-
-Settings (keys, defaults and precedence: :mod:`netplugin.plugins.bridge.settings`, and
-ARCHITECTURE.md, "The native bridge"): built-in defaults < the bash plugin's ``bridge.conf`` <
-the file named by ``NETPLUGIN_BRIDGE_CONF`` < ``NETPLUGIN_BRIDGE_*`` in the call's environment.
-
-IPv6 addresses (the bridge's and the pods') are added without duplicate address detection
-(``nodad``), and the bridge's own link-local address skips it too, so a pod is reachable over
-IPv6 as soon as setup returns rather than after DAD's delay.
-
-On a bridge without IPv6 (SUBNET of IPv4 only) the pod end gets no IPv6 link-local address either
-(``addr_gen_mode none``, set before it goes up), like the host end: a link-local address brings
-MLD reports, DAD and router solicitations, multicast that a bridge without a querier floods to
-every port, so each new pod would cost every pod present a few frames. A dual-stack pod keeps
-its link-local address, which neighbour discovery and MLD use.
-
-This module is imported only when the plugin is selected. Its per-pod choices (each explained in
-ARCHITECTURE.md, "The native bridge"; ``tests/plugins/test_bridge.py::test_measure_per_pod_costs``
-prints the current costs): per-pod netlink requests are packed by hand (:mod:`netplugin.core.netlink`:
-one batch in the root netns, :meth:`RawNetlink.add_veth`, one in the pod netns,
-:meth:`RawNetlink.configure_pod`), pyroute2 does only init; namespaced sockets are made without a
-fork (only the calling thread enters the pod netns, for one ``socket()`` call); ``teardown`` takes
-the host veth off the network and releases the address, and the link's deletion, coalesced with
-other teardowns' into one link-group deletion, finishes after it returns
-(:mod:`netplugin.plugins.bridge.reaper`).
-
-Threads: every method may be called from many threads at once. Each thread keeps one
-root-netns netlink socket; the pod's lock is the caller's business (netplugin's manager
-serialises actions per pod), the IPAM has its own.
+In detail: ``ARCHITECTURE.md``, "Module notes".
 """
 
 from __future__ import annotations
