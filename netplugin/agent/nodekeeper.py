@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from netplugin.agent.podrepair import PodRepairer
 from netplugin.agent.problems import BAD_NODE, BROKEN_POD, REPAIR_LOOP, WATCH, NodeProblem
 from netplugin.agent.repairlog import RepairLog
 from netplugin.agent.worker import Worker
@@ -22,17 +23,15 @@ from netplugin.core.plugin import RepairKind
 from netplugin.hosts.base import ClusterHost
 from netplugin.manager.repair import keep_node, repair_kind
 from netplugin.nodenet.egress import Egress, parse_cidrs
-from netplugin.nodenet.kernelwatch import NODE_STATE
-from netplugin.nodenet.routes import RouteTable
+from netplugin.nodenet.forward import Forward
+from netplugin.nodenet.kernelwatch import NODE_STATE, KernelWatch
+from netplugin.nodenet.routes import RTPROT_NETPLUGIN, RouteTable
 
 if TYPE_CHECKING:
-    from netplugin.agent.podrepair import PodRepairer
     from netplugin.core.config import Config
     from netplugin.hosts import Host
     from netplugin.manager.manager import Manager
     from netplugin.nodenet.egress import Egress, EgressRules
-    from netplugin.nodenet.forward import Forward
-    from netplugin.nodenet.kernelwatch import KernelWatch
     from netplugin.nodenet.routes import RouteReport, RouteTable
 
 __all__ = ["STATIC_POLL", "NodeCounts", "NodeKeeper"]
@@ -94,8 +93,6 @@ class NodeKeeper:
         self.egress_rules: EgressRules | None = None
         self.forward = forward
         if forward is None and config.cluster_cidrs:
-            from netplugin.nodenet.forward import Forward
-
             self.forward = Forward()
         self._forward_error: str | None = None
         self._egress_error: str | None = None
@@ -130,8 +127,6 @@ class NodeKeeper:
         #: pod-level self-repair (its chains' ``repair``), with the daemon's manager
         self.repairer: PodRepairer | None = None
         if manager is not None:
-            from netplugin.agent.podrepair import PodRepairer
-
             limit = 4 * config.timeout_for("setup")  # a pass repairs pods in parallel, each within its limit
             self.repairer = PodRepairer(
                 manager, self.repairs, self._lock, self._incident, self.repair_log, lambda: limit
@@ -149,9 +144,6 @@ class NodeKeeper:
         if self.cluster is not None:
             self.cluster.start_watching(self.kick, on_pod_deleted=self.on_pod_deleted)
         if self.routes is not None or self.egress is not None or self.repairer is not None:
-            from netplugin.nodenet.kernelwatch import KernelWatch
-            from netplugin.nodenet.routes import RTPROT_NETPLUGIN
-
             on_lost = self.repairer.lost if self.repairer is not None else None
             watch = KernelWatch(self.repair, route_protocol=RTPROT_NETPLUGIN, on_lost=on_lost)
             try:

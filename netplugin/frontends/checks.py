@@ -31,8 +31,11 @@ from netplugin.frontends.cni.installed import (
     shim_problem,
 )
 from netplugin.frontends.cni.native import slots
+from netplugin.frontends.cni.netconf import build_config
 from netplugin.frontends.cni.router import daemon_target
+from netplugin.frontends.cni.spec import CniRequest
 from netplugin.frontends.wire.client import NoAnswer, NotSent, exchange
+from netplugin.frontends.wire.fingerprint import fingerprint
 from netplugin.frontends.wire.protocol import request
 from netplugin.manager.manager import Manager
 from netplugin.nodenet.egress import parse_cidrs
@@ -150,10 +153,6 @@ def check_daemon(node: Node) -> Check:
         return Check("daemon", sock, f"the daemon does not serve: {said}", start)
     node.health = answer["result"]
     try:
-        from netplugin.frontends.cni.netconf import build_config
-        from netplugin.frontends.cni.spec import CniRequest
-        from netplugin.frontends.wire.fingerprint import fingerprint
-
         mine = fingerprint(build_config(CniRequest(command="ADD", conf=node.call_conf), {}))
     except NetpluginError as e:
         return Check("daemon", sock, f"the conflist's settings are invalid: {e.message}", "fix the config file")
