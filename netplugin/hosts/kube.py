@@ -24,6 +24,7 @@ from typing import Any
 from netplugin.core._yaml import DocumentError, load_json
 from netplugin.core.errors import HostError
 from netplugin.core.node import NodeInfo, node_name
+from netplugin.hosts.kubeclient import lightkube_client
 from netplugin.hosts.kubeconfig import DEFAULT_SERVICE_ACCOUNT_DIR, KubeSettings, resolve_settings
 from netplugin.hosts.kubehttp import KubeTransport, read_body
 from netplugin.hosts.kubewire import MAX_LIST_BODY, WatchStream, keepalive, parse_list
@@ -323,7 +324,6 @@ class KubeHost:
     def _build_client(self) -> Any:
         if self._client is not None:
             return self._client
-        from netplugin.hosts.kubeclient import lightkube_client
 
         client = lightkube_client(self.settings, self.timeout, self.proxies)
         with self._lock:

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from netplugin import __version__
+from netplugin.core.errors import NetpluginError
 from netplugin.frontends.cli.commands.tools import COMPLETE_VAR
 from netplugin.frontends.cli.context import State
 from netplugin.frontends.cli.options import configure_logging, global_options
@@ -77,7 +79,6 @@ def version_info() -> tuple[dict[str, str], str]:
     """``--version``: the JSON document and the text line."""
     import platform
 
-    from netplugin import __version__
 
     return {"version": __version__, "python": platform.python_version()}, f"netplugin {__version__}"
 
@@ -182,8 +183,6 @@ def _fail(message: str, code: int, st: State | None, data: dict[str, Any] | None
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Entry point: run the CLI, turning every error into a message and an exit code."""
-    from netplugin.core.errors import NetpluginError
-
     args = list(sys.argv[1:] if argv is None else argv)
     if COMPLETE_VAR in os.environ:
         # Shell completion (`netplugin completion SHELL` prints the hook that sets this): click's own

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.shell_completion import CompletionItem
 
+from netplugin.core.errors import NetpluginError
+
 if TYPE_CHECKING:
     from netplugin.core.config import Config
 
@@ -21,7 +23,6 @@ __all__ = ["complete_infra_id", "complete_namespace", "complete_plugin", "comple
 
 def _config(ctx: click.Context) -> Config | None:
     from netplugin.core.config import load_config
-    from netplugin.core.errors import NetpluginError
 
     given = ctx.find_root().params
     overrides = {k: given.get(k) for k in ("plugin_dir", "state_dir", "run_dir")}
@@ -37,7 +38,6 @@ def _matching(words: Any, incomplete: str) -> list[CompletionItem]:
 
 def complete_plugin(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """The valid plugins: the built-ins and the exec dir's."""
-    from netplugin.core.errors import NetpluginError
     from netplugin.manager.manager import Manager
 
     cfg = _config(ctx)
@@ -51,7 +51,6 @@ def complete_plugin(ctx: click.Context, param: click.Parameter, incomplete: str)
 
 
 def _records(ctx: click.Context) -> list[Any]:
-    from netplugin.core.errors import NetpluginError
     from netplugin.store.state import StateStore
 
     cfg = _config(ctx)

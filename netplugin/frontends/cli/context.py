@@ -5,9 +5,12 @@ Every command gets it through :data:`pass_state`; nothing is built before a comm
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import click
+
+from netplugin.core.errors import DaemonUnavailable
 
 if TYPE_CHECKING:
     from netplugin.core.config import Config
@@ -68,12 +71,9 @@ class State:
         with our settings), else LOCAL; always -> the daemon or DaemonUnavailable (exit 6).
         Only the thin client is imported on this path: no manager, no plugin machinery.
         """
-        import os
-
         cfg = self.config
         if cfg.use_daemon == "never" or (cfg.use_daemon == "auto" and not os.path.exists(cfg.socket_path)):
             return LOCAL
-        from netplugin.core.errors import DaemonUnavailable
         from netplugin.frontends.wire.client import request
 
         try:

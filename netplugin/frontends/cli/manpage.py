@@ -11,6 +11,10 @@ import sys
 
 import click
 
+from netplugin import __version__
+from netplugin.core.configkeys import ENV_VARS
+from netplugin.frontends.wire.codes import EXIT_MEANINGS
+
 __all__ = ["render"]
 
 _SEE_ALSO = "journalctl(1), systemctl(1), kubelet(8)"
@@ -48,10 +52,6 @@ def _options(cmd: click.Command, ctx: click.Context) -> str:
 
 def render(group: click.Group) -> str:
     """The manual page of ``group`` and every command it lists."""
-    from netplugin import __version__
-    from netplugin.core.configkeys import ENV_VARS
-    from netplugin.frontends.wire.codes import EXIT_MEANINGS
-
     root = click.Context(group, info_name="netplugin")
     page = [
         f'.TH NETPLUGIN 1 "" "netplugin {__version__}" "netplugin manual"',

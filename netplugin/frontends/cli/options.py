@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 import click
 
 from netplugin.frontends.cli import GLOBAL_VALUE_OPTIONS, OUTPUTS, Flag
+from netplugin.frontends.cli.completion import complete_infra_id, complete_namespace, complete_plugin, complete_pod
+from netplugin.frontends.cli.context import State
 
 __all__ = [
     "GLOBAL_EPILOG",
@@ -39,7 +41,6 @@ class AsciiIntRange(click.IntRange):
 def _state(ctx: click.Context) -> Any:
     # The root context's object is the CLI's State (made by the group's callback, which click runs
     # before it parses the subcommand); absent while completing.
-    from netplugin.frontends.cli.context import State
 
     state = ctx.find_root().obj
     return state if isinstance(state, State) else None
@@ -144,7 +145,6 @@ def _completer(flag: Flag) -> Any:
     """What completes a global option's value: plugin names for --plugin; else click's default."""
     if flag.dest != "plugin":
         return None
-    from netplugin.frontends.cli.completion import complete_plugin
 
     return complete_plugin
 
@@ -171,8 +171,6 @@ def global_options(fn: F) -> F:
 
 def pod_arguments(fn: F) -> F:
     """NAMESPACE POD INFRA_ID, completed from the recorded pods."""
-    from netplugin.frontends.cli.completion import complete_infra_id, complete_namespace, complete_pod
-
     for name, complete in (("infra_id", complete_infra_id), ("pod", complete_pod), ("namespace", complete_namespace)):
         fn = click.argument(name, shell_complete=complete)(fn)
     return fn

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from netplugin.core.errors import ConfigError
 from netplugin.frontends.cli.context import State, pass_state
 from netplugin.frontends.cli.options import cni_bin_dirs, command
 from netplugin.frontends.wire.codes import EXIT_DOCTOR_PROBLEMS, EXIT_OK
@@ -52,7 +53,6 @@ def doctor(st: State, cni_conf_dir: str, bin_dirs: tuple[str, ...]) -> None:
       netplugin doctor --config /etc/netplugin/netplugin.yaml
       netplugin doctor -o json
     """
-    from netplugin.core.errors import ConfigError
     from netplugin.frontends.checks import Check, run_checks
     from netplugin.frontends.cni.installed import CNI_BIN_DIRS
 

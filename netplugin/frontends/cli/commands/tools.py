@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.shell_completion import get_completion_class
 
+from netplugin.core.errors import InvalidArgument, NetpluginError, SystemFailure
 from netplugin.frontends.cli.context import State, pass_state
 from netplugin.frontends.cli.options import AsciiIntRange, command
 
@@ -98,7 +102,6 @@ def _plot_path(plot: str | None, plottable: bool) -> Path | None:
     """Where --plot writes, checked (and matplotlib found) before the demo does anything."""
     if plot is None:
         return None
-    from netplugin.core.errors import InvalidArgument
     from netplugin.frontends.lab.demoplot import check_plot_path, require_matplotlib
 
     if not plottable:
@@ -111,7 +114,6 @@ def _plot_path(plot: str | None, plottable: bool) -> Path | None:
 def _chain_demo(
     st: State, first: str, plugin_source: str | None, subnet: str | None, say: Any, plot: Path | None
 ) -> None:
-    from netplugin.core.errors import NetpluginError
     from netplugin.frontends.lab.demo_chain import run_chain_demo
 
     report = run_chain_demo(first=first, plugin_source=plugin_source, subnet=subnet, progress=say)
@@ -129,7 +131,6 @@ def _chain_demo(
 
 
 def _cluster_demo(st: State, nodes: int, plugin: str, plugin_source: str | None, say: Any, plot: Path | None) -> None:
-    from netplugin.core.errors import NetpluginError
     from netplugin.frontends.lab.demo_cluster import run_cluster_demo
 
     report = run_cluster_demo(nodes, plugin=plugin, plugin_source=plugin_source, progress=say)
@@ -163,11 +164,6 @@ def bench(quick: bool, out_dir: str | None, pods: int | None, no_plots: bool) ->
       sudo netplugin bench --quick
       sudo netplugin bench --out /tmp/bench
     """
-    import importlib.util
-    from pathlib import Path
-
-    from netplugin.core.errors import SystemFailure
-
     # bench/ is a top-level package of the checkout, beside netplugin/, not part of the installed package.
     pkg = Path(__file__).resolve().parents[4] / "bench"
     spec = importlib.util.spec_from_file_location("bench", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
@@ -220,7 +216,6 @@ def install_shim(dest: str, kind: str, python: str | None, sock: str | None, fal
         return
     import subprocess
 
-    from netplugin.core.errors import SystemFailure
     from netplugin.frontends.cni.native import NoCompiler, build_native
 
     try:
@@ -236,8 +231,6 @@ def install_shim(dest: str, kind: str, python: str | None, sock: str | None, fal
 def completion_script(group: click.Group, shell: str) -> str:
     """The hook for ``shell`` (bash, zsh, fish): source it, or install it as the shell's completion file
     (for example ``netplugin completion bash > /etc/bash_completion.d/netplugin``)."""
-    from click.shell_completion import get_completion_class
-
     comp_cls = get_completion_class(shell)
     if comp_cls is None:
         raise click.BadParameter(f"no completion for {shell!r}", param_hint="SHELL")

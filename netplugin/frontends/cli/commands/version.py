@@ -6,6 +6,8 @@ import os
 import platform
 from typing import Any
 
+from netplugin import __version__
+from netplugin.core.errors import NetpluginError
 from netplugin.frontends.cli.context import LOCAL, State, pass_state
 from netplugin.frontends.cli.options import cni_bin_dirs, command
 
@@ -40,8 +42,6 @@ def _shim(bin_dirs: tuple[str, ...]) -> dict[str, Any] | None:
 
 def _daemon(st: State) -> dict[str, Any] | None:
     """The daemon's version when it answers (None: it does not)."""
-    from netplugin.core.errors import NetpluginError
-
     try:
         health = st.daemon("health")
     except NetpluginError:
@@ -52,8 +52,6 @@ def _daemon(st: State) -> dict[str, Any] | None:
 
 
 def _chain(st: State) -> tuple[list[dict[str, Any]], str | None]:
-    from netplugin.core.errors import NetpluginError
-
     try:
         return [{"name": p.name, "version": p.version()} for p in st.manager.plugins], None
     except NetpluginError as e:
@@ -88,7 +86,6 @@ def version(st: State, bin_dirs: tuple[str, ...]) -> None:
       netplugin version
       netplugin version -o yaml
     """
-    from netplugin import __version__
     from netplugin.frontends.cni.installed import CNI_BIN_DIRS
 
     chain, problem = _chain(st)

@@ -14,9 +14,11 @@ read, write and a length-prefixed frame, where libc is all one needs.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 
 from netplugin import __version__
@@ -229,9 +231,6 @@ def main(argv: list[str] | None = None) -> int:
     For install scripts that run an interpreter without netplugin's CLI (stdlib only). Exit 0 built,
     3 no compiler, 1 the build failed (the compiler's output on stderr), 2 usage.
     """
-    import argparse
-    import sys
-
     parser = argparse.ArgumentParser(prog="python -m netplugin.frontends.cni.native")
     parser.add_argument("dest")
     parser.add_argument("--socket", default=None)
