@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import psutil
+
 from netplugin.core.errors import NetpluginError
 from netplugin.core.execplugin.calls import ENV as CALL_ENV
 from netplugin.core.execplugin.calls import boot_clock, call_key, token_time, verify_token
@@ -84,8 +86,6 @@ def _environ(pid: int) -> dict[str, str] | None:
 
 def _identity(pid: int) -> tuple[int, int, int, float, list[str], float] | None:
     """(uid, pgid, sid, start time, argv, start in seconds since boot) of a live, non-zombie process."""
-    import psutil
-
     ticks = proc_start(pid)
     if ticks is None:
         return None
@@ -173,8 +173,6 @@ def _session_members(tokened: list[PluginProcess], euid: int) -> list[PluginProc
 
 
 def _alive(p: PluginProcess) -> bool:
-    import psutil
-
     try:
         proc = psutil.Process(p.pid)
         return abs(proc.create_time() - p.started) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE

@@ -10,6 +10,7 @@ prometheus_client is imported here only, when the daemon starts: never on a per-
 
 from __future__ import annotations
 
+import platform
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -181,8 +182,6 @@ class Metrics:
     """The daemon's Prometheus metrics, on a registry of their own."""
 
     def __init__(self) -> None:
-        import platform
-
         import prometheus_client
         from prometheus_client import CollectorRegistry
 

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -301,8 +302,6 @@ class NativeBridgePlugin:
         if _in_event_loop():
             # pyroute2's sync API runs its own event loop and cannot inside a running one
             # (svinota/pyroute2#1342): called from a coroutine, do the netlink part in a thread.
-            from concurrent.futures import ThreadPoolExecutor
-
             with ThreadPoolExecutor(1) as ex:
                 index = ex.submit(_configure_bridge, s, step).result()
         else:
