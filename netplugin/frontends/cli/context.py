@@ -5,6 +5,7 @@ Every command gets it through :data:`pass_state`; nothing is built before a comm
 
 from __future__ import annotations
 
+import json
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -89,8 +90,6 @@ class State:
         """Print data: as JSON or YAML when asked, else ``text`` (``wide``: the wider table for
         ``-o wide``, where a command has one; nothing when None)."""
         if self.output in ("json", "yaml"):
-            import json
-
             doc = json.dumps(data, indent=None, sort_keys=True, default=str)
             if self.output == "json":
                 click.echo(doc)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from netplugin.core.errors import error_from_dict
 from netplugin.frontends.cli.context import LOCAL, State, pass_state
 from netplugin.frontends.cli.options import command, pod_arguments
 from netplugin.frontends.wire.protocol import pod_output, run_pod_op
@@ -148,8 +149,6 @@ def gc(st: State, dry_run: bool, no_host_check: bool, forget: str | None) -> Non
     if remote is not LOCAL:
         st.emit(remote["report"], remote["text"])
         if remote["error"] is not None:
-            from netplugin.core.errors import error_from_dict
-
             raise error_from_dict(remote["error"], remote["classes"])
         return
     from netplugin.manager.gc import GcIncomplete, run_gc

@@ -90,8 +90,6 @@ def demo(
     )
     st.emit(report.to_dict(), None)
     if not report.ok:
-        from netplugin.core.errors import NetpluginError
-
         raise NetpluginError(
             "demo failed: "
             + "; ".join([f"{a} -> {b} unreachable" for a, b, ok in report.checks if not ok] + report.leftovers)
