@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 PEERS = REPO / "scripts" / "build-peers.sh"
 IMAGE = REPO / "scripts" / "build-image.sh"
 #: a package source's URL: the Go proxy, Debian's archive, or any mirror
-SOURCE_URL = re.compile(r"https?://(proxy\.golang|deb\.debian|.*mirror)")
+SOURCE_URL = re.compile(r"https?://(proxy\.golang|deb\.debian|[^\s)\]'\"`]*mirror)")
 
 needs_go = pytest.mark.skipif(shutil.which("go") is None, reason="no go command on PATH")
 needs_apt = pytest.mark.skipif(shutil.which("apt-get") is None, reason="no apt-get on PATH")
