@@ -74,7 +74,7 @@ finish_build() {
     build_pid=""
     sed 's/^/  peers: /' "$work/peers.log" >&2
     echo "== peers: ready $((SECONDS - build_started)) s after the start (exit $build_rc)" >&2
-    # A peer that cannot be built is named above; the tests that need it then fail under CI (tests/gopeers.py).
+    # A peer that cannot be built is named above; the tests that need it then fail under CI (tests/support/gopeers.py).
     if [ "$build_rc" -ne 0 ]; then echo "test: not every peer was built (see above)" >&2; fi
     NETPLUGIN_PEERS=$(cat "$work/peers.dir")
     export NETPLUGIN_PEERS

@@ -1,5 +1,6 @@
 """Shared fixtures: a plugin-dir factory, the scriptable test plugin, CLI/library drivers, a fake runner at
-the invoker seam, process-liveness checks; the kernel gate; and (plugin module ``bridgenet``) test bridge networks."""
+the invoker seam, process-liveness checks; the kernel gate; and (plugin module ``tests.support.bridgenet``)
+test bridge networks."""
 
 from __future__ import annotations
 
@@ -14,21 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gopeers import MARK, uses_peers
-from nettest import kernel_gate
-from nodebridge import NodeBridge
 
 from netplugin.core.defaults import DEFAULT_KILL_GRACE, DEFAULT_MAX_OUTPUT
 from netplugin.core.execplugin.invoke import Completed, SpawnError
 from netplugin.manager.manager import Manager
 from netplugin.store.state import StateStore
-from tests.procs import pid_alive, read_pids, still_alive
+from tests.support.gopeers import MARK, uses_peers
+from tests.support.nettest import kernel_gate
+from tests.support.nodebridge import NodeBridge
+from tests.support.procs import pid_alive, read_pids, still_alive
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTABLE = Path(__file__).resolve().parent / "testplugins" / "scriptable"
 EXEC_PLUGINS = REPO / "exec_plugins"
 
-pytest_plugins = ["bridgenet"]
+pytest_plugins = ["tests.support.bridgenet"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,7 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``peers`` each test that needs a peer (tests/gopeers.py decides, never a hand list), then
+    """Mark ``peers`` each test that needs a peer (tests/support/gopeers.py decides, never a hand list), then
     keep the phase asked for by ``--peers``."""
     for item in items:
         info = getattr(item, "_fixtureinfo", None)

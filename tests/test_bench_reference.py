@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from gopeers import require
+
+from tests.support.gopeers import require
 
 REPO = Path(__file__).resolve().parent.parent
 _PROBE = """

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import HostileUser, hostile_user
+
+from tests.support.hostile import HostileUser, hostile_user
 
 MARK_PLUGIN = "#!/bin/sh\ntouch \"$(dirname \"$0\")/../../ran\"\nexit 0\n"
 

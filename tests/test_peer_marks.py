@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import gopeers
 import pytest
-from gopeers import require, uses_peers
+
+from tests.support import gopeers
+from tests.support.gopeers import require, uses_peers
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -22,7 +22,7 @@ from netplugin.core.config import Config
 from netplugin.core.configkeys import ENV_VARS, PARSERS
 from netplugin.frontends.cli import GLOBAL_VALUE_OPTIONS
 from netplugin.frontends.cli.app import cli
-from tests.nettest import kernel_gate
+from tests.support.nettest import kernel_gate
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"

@@ -20,7 +20,7 @@ from netplugin.core.config import load_config
 from netplugin.frontends.checks import Node, check_repairs
 from tests.agent.test_hostile_keepers import NFT
 from tests.agent.test_hostile_keepers import Node as KeptNode
-from tests.nettest import kernel_gate
+from tests.support.nettest import kernel_gate
 
 pytestmark = pytest.mark.kernel
 

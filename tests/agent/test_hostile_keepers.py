@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.chaosnode import BUILTIN_CHAIN, ChaosNode, veth_of
-from tests.nettest import kernel_gate
+from tests.support.nettest import kernel_gate
 
 pytestmark = pytest.mark.kernel
 

@@ -21,8 +21,8 @@ from netplugin.core.node import NodeInfo
 from netplugin.frontends.daemon.keepermetrics import NodeCollector
 from netplugin.frontends.daemon.metrics import SERIES
 from netplugin.nodenet.routes import Route, RouteProblem, RouteReport
-from tests.fakehost import FakeHost
-from tests.waits import WITHIN, wait_for
+from tests.support.fakehost import FakeHost
+from tests.support.waits import WITHIN, wait_for
 
 ME = NodeInfo("fake-node", ("10.206.129.0/24",), ("10.206.0.11",))
 PEER = NodeInfo("peer", ("10.206.130.0/24",), ("10.206.0.12",))

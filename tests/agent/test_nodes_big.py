@@ -23,8 +23,8 @@ from netplugin.hosts.kubeconfig import KubeSettings
 from netplugin.nodenet.egress import Egress
 from netplugin.nodenet.forward import Forward
 from netplugin.nodenet.routes import RouteTable
-from tests.nettest import ip_in as ip
-from tests.nettest import kernel_gate, underlay_netns
+from tests.support.nettest import ip_in as ip
+from tests.support.nettest import kernel_gate, underlay_netns
 
 pytestmark = pytest.mark.kernel
 

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubeplane import CLUSTER_CIDRS, ApiError, ControlPlane
 
 from netplugin.frontends.lab.simcluster.apiobjects import make_node
 from netplugin.frontends.lab.simcluster.cluster import UNDERLAY_V4, SimCluster, SimNode
 from netplugin.frontends.lab.simcluster.nsexec import socket_in_netns
 from netplugin.frontends.lab.simcluster.sessions import stop_session
+from tests.support.kubeplane import CLUSTER_CIDRS, ApiError, ControlPlane
 
 __all__ = ["SA_USER", "KubeCluster", "Relay", "apply_shipped_rbac"]
 

@@ -38,14 +38,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kubeplane import ApiError, ControlPlane
-
 from netplugin.frontends.lab.simcluster.cluster import SimNode
 from netplugin.frontends.lab.simcluster.sessions import stop_session
 from tests.cluster.kubecluster import KubeCluster
 from tests.cluster.shippednodes import ShippedNodes
 from tests.frontends.cni.containerd import NETNS_DIR, image_archive
-from tests.waits import wait_for
+from tests.support.kubeplane import ApiError, ControlPlane
+from tests.support.waits import wait_for
 
 __all__ = ["KUBELET_PEERS", "WEB_IMAGE", "KubeletCluster"]
 

@@ -12,7 +12,7 @@ import sys
 from typing import TypeVar
 
 from netplugin.frontends.lab.simcluster.cluster import SimCluster, SimNode
-from tests.nettest import kernel_unavailable_reason
+from tests.support.nettest import kernel_unavailable_reason
 
 __all__ = ["cluster_unavailable_reason", "plugin_operations", "scrape_metrics", "started"]
 

@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubeplane import ControlPlane
 
 from netplugin.frontends.lab.simcluster.cluster import UNDERLAY_V4, SimCluster, SimNode
 from netplugin.frontends.lab.simcluster.sessions import stop_session
 from netplugin.nodenet.policyagents import KUBE_NETWORK_POLICIES
-from tests.waits import wait_for
+from tests.support.kubeplane import ControlPlane
+from tests.support.waits import wait_for
 
 __all__ = ["AGENT", "AGENT_PEERS", "MANIFEST", "PolicyAgent", "agent_args", "apply_rbac", "manifest"]
 

@@ -27,7 +27,7 @@ import yaml
 
 from netplugin.frontends.lab.simcluster.cluster import CLUSTER_CIDRS, SimCluster, SimNode
 from tests.frontends.cni.containerd import Containerd
-from tests.shipped import configmap_settings, daemonset, init_install_argv, main_container, run_install
+from tests.support.shipped import configmap_settings, daemonset, init_install_argv, main_container, run_install
 
 __all__ = ["ShippedNodes"]
 

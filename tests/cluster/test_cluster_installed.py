@@ -22,14 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gopeers import require
-from portcheck import Server, ask
 
 from netplugin.frontends.lab.simcluster.apiserver import make_node, make_pod
 from netplugin.frontends.lab.simcluster.cluster import SimNode
 from tests.cluster.labnodes import cluster_unavailable_reason, plugin_operations
 from tests.cluster.shippednodes import ShippedNodes
 from tests.frontends.cni.containerd import PortMap, Sandbox, unavailable_reason
+from tests.support.gopeers import require
+from tests.support.portcheck import Server, ask
 
 pytestmark = [pytest.mark.kernel, pytest.mark.containerd]
 

@@ -1,7 +1,7 @@
 """The cluster suite against a real control plane: kube-apiserver, etcd and kube-controller-manager.
 
 Three nodes (network namespaces on an underlay, each with ``netplugin serve``, ``host: kube``),
-against Kubernetes' own API (tests/kubeplane.py, built by scripts/build-peers.sh):
+against Kubernetes' own API (tests/support/kubeplane.py, built by scripts/build-peers.sh):
 kube-controller-manager gives each Node its podCIDRs, each daemon holds a ServiceAccount token
 that the shipped etc/kubernetes objects, applied as shipped, bind to the shipped ClusterRole, and
 Nodes and Pods are added, changed and removed through the API. The API server's audit log shows
@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gopeers import require
-from kubeplane import CLUSTER_CIDRS, KUBE_PEERS, ApiError, ControlPlane
 
 from netplugin.frontends.lab.simcluster.apiobjects import make_node, make_pod
 from netplugin.frontends.lab.simcluster.cluster import OUTSIDE_V4, OUTSIDE_V6, UNDERLAY_V4, SimNode, SimPod
@@ -30,6 +28,8 @@ from netplugin.frontends.lab.simcluster.nsexec import ip_json, netns_exists
 from netplugin.hosts.kubehttp import USER_AGENT
 from tests.cluster.kubecluster import SA_NAME, SA_NAMESPACE, SA_USER, KubeCluster, apply_shipped_rbac
 from tests.cluster.labnodes import cluster_unavailable_reason, scrape_metrics, started
+from tests.support.gopeers import require
+from tests.support.kubeplane import CLUSTER_CIDRS, KUBE_PEERS, ApiError, ControlPlane
 
 pytestmark = pytest.mark.kernel
 

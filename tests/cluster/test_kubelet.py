@@ -3,7 +3,7 @@
 Two nodes (tests/cluster/kubeletnodes.py), each a network namespace holding containerd 2, netplugin
 installed as the shipped DaemonSet installs it (its daemon started with the container's command), and
 a kubelet (1.37, from scripts/build-peers.sh) that registers its Node with the real control plane of
-tests/kubeplane.py, where kube-controller-manager allocates each Node's pod CIDRs and kube-scheduler
+tests/support/kubeplane.py, where kube-controller-manager allocates each Node's pod CIDRs and kube-scheduler
 runs. Everything after the nodes joined goes through the API only, as a user deploys an app: a
 Deployment whose Pods are spread over both nodes by a topology spread constraint; its ReplicaSet
 creates them, the scheduler binds them, each kubelet runs its own through containerd, whose CNI
@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gopeers import require
-from kubeplane import KUBE_PEERS, ControlPlane
 
 from netplugin.frontends.lab.simcluster.cluster import UNDERLAY_V4, SimNode
 from netplugin.frontends.lab.simcluster.nsexec import ip_json
@@ -34,6 +32,8 @@ from tests.cluster.kubecluster import apply_shipped_rbac
 from tests.cluster.kubeletnodes import KERNEL_TUNABLES, KUBELET_PEERS, WEB_IMAGE, KubeletCluster
 from tests.cluster.labnodes import cluster_unavailable_reason, plugin_operations
 from tests.frontends.cni.containerd import unavailable_reason
+from tests.support.gopeers import require
+from tests.support.kubeplane import KUBE_PEERS, ControlPlane
 
 pytestmark = [pytest.mark.kernel, pytest.mark.containerd]
 

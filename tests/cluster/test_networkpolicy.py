@@ -2,7 +2,7 @@
 netplugin's self-repair while a deny policy is in force.
 
 Two nodes (network namespaces on an underlay) against Kubernetes' own API server
-(tests/kubeplane.py). Each node is installed from the shipped ConfigMap and DaemonSet
+(tests/support/kubeplane.py). Each node is installed from the shipped ConfigMap and DaemonSet
 (tests/cluster/shippednodes.py: the init container's install, the daemon container's command) and
 runs the real kube-network-policies as its upstream DaemonSet does (tests/cluster/policyagent.py:
 hostNetwork, the manifest's flags and RBAC, pod IPs from the API). Pods are network namespaces set up
@@ -42,8 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gopeers import require
-from kubeplane import KUBE_PEERS, ControlPlane
 
 from netplugin.frontends.lab.simcluster.apiobjects import make_node, make_pod
 from netplugin.frontends.lab.simcluster.cluster import UNDERLAY_V4, SimNode, SimPod
@@ -52,7 +50,9 @@ from tests.cluster.kubecluster import KubeCluster, apply_shipped_rbac
 from tests.cluster.labnodes import cluster_unavailable_reason
 from tests.cluster.policyagent import AGENT, AGENT_PEERS, PolicyAgent, apply_rbac
 from tests.cluster.shippednodes import ShippedNodes
-from tests.waits import wait_for
+from tests.support.gopeers import require
+from tests.support.kubeplane import KUBE_PEERS, ControlPlane
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.kernel
 

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubeplane import CLUSTER_CIDRS, SERVICE_CIDR, ApiError, ControlPlane
 
 from netplugin.core.netns import setns
 from netplugin.frontends.lab.simcluster.cluster import UNDERLAY_V4, UNDERLAY_V6, node_addresses
@@ -56,6 +55,7 @@ from netplugin.frontends.lab.simcluster.nsexec import ip, netns_exists
 from netplugin.frontends.lab.simcluster.sessions import stop_session
 from tests.cluster.kubeletnodes import KERNEL_TUNABLES
 from tests.conformance.images import archive_refs
+from tests.support.kubeplane import CLUSTER_CIDRS, SERVICE_CIDR, ApiError, ControlPlane
 
 __all__ = ["API_ADDRESS", "DNS_IP", "Cluster", "Node"]
 

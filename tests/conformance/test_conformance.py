@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from gopeers import require
 
 from tests.cluster.labnodes import cluster_unavailable_reason
 from tests.conformance.run import DEFAULT_FOCUS, DEFAULT_SKIP, SMALL_FOCUS, joined, read_junit, selected_specs
+from tests.support.gopeers import require
 
 pytestmark = [pytest.mark.kernel, pytest.mark.image]
 

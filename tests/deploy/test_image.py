@@ -32,12 +32,12 @@ from typing import Any
 
 import pytest
 import yaml
-from nettest import free_third_octet, host_veth_name, link_exists
-from shipped import daemonset
 
 from netplugin.core.defaults import SOCKET_NAME
 from netplugin.frontends.cni.native import slots
-from tests.waits import WITHIN, wait_for
+from tests.support.nettest import free_third_octet, host_veth_name, link_exists
+from tests.support.shipped import daemonset
+from tests.support.waits import WITHIN, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "scripts" / "build-image.sh"

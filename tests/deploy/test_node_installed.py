@@ -36,13 +36,13 @@ from typing import Any
 
 import grpc
 import pytest
-from gopeers import require
-from nettest import free_third_octet, ip_in, kernel_gate, link_exists, underlay_netns
-from portcheck import Server, ask
-from shipped import INSTALL, unit_command
 
 from netplugin.frontends.wire.client import NotSent, exchange
 from tests.frontends.cni.containerd import NETNS_DIR, Containerd, PortMap, Sandbox, unavailable_reason
+from tests.support.gopeers import require
+from tests.support.nettest import free_third_octet, ip_in, kernel_gate, link_exists, underlay_netns
+from tests.support.portcheck import Server, ask
+from tests.support.shipped import INSTALL, unit_command
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 TEST_RANGE = "10.201.0.0/16"  # the CNI suites' range (docs/development.md)

@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nettest import host_veth_name, ip_in, kernel_gate, underlay_netns
 
 from tests.deploy.test_node_installed import CONTAINERD_ROWS, InstalledNode, installed_node
 from tests.frontends.cni.containerd import PortMap, Sandbox
-from tests.waits import WITHIN, wait_for
+from tests.support.nettest import host_veth_name, ip_in, kernel_gate, underlay_netns
+from tests.support.waits import WITHIN, wait_for
 
 pytestmark = [
     pytest.mark.containerd,

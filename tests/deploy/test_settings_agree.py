@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 import yaml
-from shipped import REPO, configmap_settings, init_install_argv, main_container, run_install, unit_command
 
 from netplugin.core.config import load_config
 from netplugin.core.defaults import DEFAULT_CONFIG, DEFAULT_RUN_DIR
@@ -34,6 +33,7 @@ from netplugin.frontends.cni.netconf import build_config
 from netplugin.frontends.cni.router import daemon_target
 from netplugin.frontends.cni.spec import CniRequest
 from netplugin.frontends.wire.fingerprint import fingerprint
+from tests.support.shipped import REPO, configmap_settings, init_install_argv, main_container, run_install, unit_command
 
 UNIT = REPO / "etc" / "systemd" / "netplugin.service"
 CONFLIST = REPO / "etc" / "cni" / "10-netplugin.conflist"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.nettest import kernel_gate, underlay_netns
-from tests.waits import wait_answering
+from tests.support.nettest import kernel_gate, underlay_netns
+from tests.support.waits import wait_answering
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL = REPO / "scripts" / "install.sh"

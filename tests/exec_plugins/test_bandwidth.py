@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from bridgenet import EXEC_PLUGINS, BridgeNet, Pod, link_exists
-from nettest import tcp_rate
 
 from netplugin.core.errors import PluginFailed
 from netplugin.core.names import PodRef
 from netplugin.manager.manager import CallOptions, Manager
 from netplugin.plugins import BRIDGE_NAME
-from tests.fakehost import FakeHost
-from tests.waits import wait_for
+from tests.support.bridgenet import EXEC_PLUGINS, BridgeNet, Pod, link_exists
+from tests.support.fakehost import FakeHost
+from tests.support.nettest import tcp_rate
+from tests.support.waits import wait_for
 
 kernel = pytest.mark.kernel
 BANDWIDTH = EXEC_PLUGINS / "bandwidth" / "bandwidth"

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bridgenet import EXEC_PLUGINS
+
+from tests.support.bridgenet import EXEC_PLUGINS
 
 pytestmark = pytest.mark.kernel
 BANDWIDTH = EXEC_PLUGINS / "bandwidth" / "bandwidth"

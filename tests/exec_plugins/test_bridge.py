@@ -22,8 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from bridgenet import AUDIT, BRIDGE, EXEC_PLUGINS, LOOPBACK, TCP_PORT, BridgeNet, Pod, link_exists
-from nettest import host_veth_name
+
+from tests.support.bridgenet import AUDIT, BRIDGE, EXEC_PLUGINS, LOOPBACK, TCP_PORT, BridgeNet, Pod, link_exists
+from tests.support.nettest import host_veth_name
 
 kernel = pytest.mark.kernel
 

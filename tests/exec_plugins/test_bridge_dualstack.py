@@ -1,7 +1,7 @@
 """The bash bridge plugin with IPv4 and IPv6 (dual stack) and with SUBNET=node (issue 11).
 
 Real namespaces, veths and a bridge in the host netns (names "np" + random hex, 10.205.X.0/24 and
-fd00:10:205:X::/64, see tests/dualnet.py), checked with iproute2, the IPAM files and real TCP
+fd00:10:205:X::/64, see tests/support/dualnet.py), checked with iproute2, the IPAM files and real TCP
 traffic over both families; the forwarding test runs init inside a namespace of its own.
 """
 
@@ -15,8 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bridgenet import BRIDGE, BridgeNet
-from dualnet import DualNet, pod_addrs, pod_default_routes
+
+from tests.support.bridgenet import BRIDGE, BridgeNet
+from tests.support.dualnet import DualNet, pod_addrs, pod_default_routes
 
 pytestmark = pytest.mark.kernel
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nettest import close_all, free_third_octet, host_veth_name, kernel_gate, link_exists
+
+from tests.support.nettest import close_all, free_third_octet, host_veth_name, kernel_gate, link_exists
 
 REPO = Path(__file__).resolve().parents[2]
 BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.nettest import kernel_unavailable_reason
+from tests.support.nettest import kernel_unavailable_reason
 
 pytestmark = pytest.mark.kernel
 

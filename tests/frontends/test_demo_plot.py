@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.nettest import kernel_unavailable_reason
+from tests.support.nettest import kernel_unavailable_reason
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.waits import WITHIN, wait_answering, wait_for
+from tests.support.waits import WITHIN, wait_answering, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nodebridge import NodeBridge
 
 from netplugin.nodenet.forward import Forward
 from netplugin.plugins.bridge.sysctls import BRIDGE_NF_CALL
+from tests.support.nodebridge import NodeBridge
 
 pytestmark = pytest.mark.kernel
 CHECKS = ("bridge_netfilter", "forward", "mtu")

@@ -17,7 +17,7 @@ from netplugin.hosts.base import ClusterHost, Host, NullHost
 from netplugin.hosts.kube import KubeHost
 from netplugin.hosts.kubeconfig import KubeSettings
 from netplugin.hosts.static import MAX_MANIFEST_BYTES, StaticHost, load_manifest
-from tests.fakehost import FakeHost
+from tests.support.fakehost import FakeHost
 
 WEB_YAML = """\
 apiVersion: v1

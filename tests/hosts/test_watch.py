@@ -17,7 +17,7 @@ from netplugin.core.errors import HostError
 from netplugin.core.node import NodeInfo
 from netplugin.frontends.lab.simcluster.apiserver import ApiServer, make_node, make_pod
 from netplugin.hosts.watch import Backoff, Informer, object_key
-from tests.waits import WITHIN, wait_for
+from tests.support.waits import WITHIN, wait_for
 
 from .conftest import host_for
 

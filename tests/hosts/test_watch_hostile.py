@@ -22,7 +22,7 @@ from netplugin.core._yaml import MAX_NODES
 from netplugin.frontends.lab.simcluster.apiserver import ApiServer, kubelet_node, make_node, make_pod
 from netplugin.hosts.kubewire import MAX_OBJECT_NODES, WatchStream
 from netplugin.hosts.watch import Backoff, Informer, relist_backoff
-from tests.waits import WITHIN, wait_for
+from tests.support.waits import WITHIN, wait_for
 
 from .conftest import host_for
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import psutil
 import pytest
-from podveth import pod_veth
 
 from netplugin.core.config import load_config
 from netplugin.core.errors import ChainInvalid, ConfigError, PluginFailed, PluginOutputError, PluginTimeout
@@ -27,8 +26,9 @@ from netplugin.manager.gc import run_gc
 from netplugin.manager.manager import Manager
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN
 from netplugin.store.state import StateStore
-from tests.nettest import live_netns_file
-from tests.waits import WITHIN, wait_for
+from tests.support.nettest import live_netns_file
+from tests.support.podveth import pod_veth
+from tests.support.waits import WITHIN, wait_for
 
 POD = PodRef("default", "web-0", "infra0")
 ARGV = "default web-0 infra0"

@@ -25,10 +25,10 @@ from netplugin.manager.manager import Manager
 from netplugin.store.orphans import plugin_processes
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, record_filename
 from netplugin.store.state import StateStore
-from tests.fakehost import DownHost, FakeHost
-from tests.nettest import live_netns_file
-from tests.procs import pid_alive
-from tests.waits import WITHIN, wait_for
+from tests.support.fakehost import DownHost, FakeHost
+from tests.support.nettest import live_netns_file
+from tests.support.procs import pid_alive
+from tests.support.waits import WITHIN, wait_for
 
 POD = PodRef("default", "web-0", "infra0")
 ARGV = "default web-0 infra0"

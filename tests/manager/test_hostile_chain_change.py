@@ -26,7 +26,7 @@ from netplugin.core.names import PodRef
 from netplugin.manager.gc import run_gc
 from netplugin.store.records import TEARING_DOWN
 from netplugin.store.state import StateStore
-from tests.nettest import live_netns_file
+from tests.support.nettest import live_netns_file
 
 POD = PodRef("default", "web-0", "infra0")
 ARGV = ("default", "web-0", "infra0")

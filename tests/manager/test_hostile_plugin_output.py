@@ -18,7 +18,7 @@ import pytest
 from netplugin.core.errors import PluginOutputError
 from netplugin.core.names import PodRef
 from netplugin.store.state import StateStore
-from tests.nettest import live_netns_file
+from tests.support.nettest import live_netns_file
 
 MASKS = [
     pytest.param('{"actions": [["setup"]]}', id="nested-list"),

@@ -32,7 +32,7 @@ from netplugin.core.procs import boot_id
 from netplugin.hosts.base import NullHost
 from netplugin.manager.manager import Manager
 from netplugin.plugins import BUILTINS
-from tests.fakehost import DownHost, FakeHost
+from tests.support.fakehost import DownHost, FakeHost
 
 POD = PodRef("default", "web-0", "abc123")
 POD_ARGS = "default web-0 abc123"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.waits import wait_answering
+from tests.support.waits import wait_answering
 
 pytestmark = pytest.mark.kernel
 

@@ -18,12 +18,12 @@ import shutil
 from collections.abc import Callable
 
 import pytest
-from nettest import ip_in
-from nodebridge import NodeBridge
-from portcheck import Server, ask
 
 from netplugin.nodenet.egress import Egress
 from netplugin.nodenet.forward import CHAIN, Forward
+from tests.support.nettest import ip_in
+from tests.support.nodebridge import NodeBridge
+from tests.support.portcheck import Server, ask
 
 pytestmark = pytest.mark.kernel
 

@@ -9,9 +9,9 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from nettest import kernel_unavailable_reason
 
 from netplugin.nodenet.policyagents import KNOWN, KUBE_NETWORK_POLICIES, Seen, seen
+from tests.support.nettest import kernel_unavailable_reason
 
 pytestmark = pytest.mark.kernel
 

@@ -9,8 +9,8 @@ import pytest
 
 from netplugin.core.node import NodeInfo
 from netplugin.nodenet.routes import RTPROT_NETPLUGIN, RouteProblem, RouteTable
-from tests.nettest import ip_in as ip
-from tests.nettest import kernel_gate, underlay_netns
+from tests.support.nettest import ip_in as ip
+from tests.support.nettest import kernel_gate, underlay_netns
 
 pytestmark = pytest.mark.kernel
 

@@ -14,7 +14,7 @@ import pytest
 
 from netplugin.core.node import NodeInfo
 from netplugin.nodenet.routes import RouteTable, node_overlaps
-from tests.nettest import kernel_gate, underlay_netns
+from tests.support.nettest import kernel_gate, underlay_netns
 
 from .test_routes import CLUSTER, ME, ip, peer, routes
 

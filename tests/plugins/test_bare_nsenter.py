@@ -19,7 +19,7 @@ import pytest
 
 from netplugin.plugins.bridge.settings import host_veth_name
 from netplugin.plugins.hostport import TABLE, chain_name
-from tests.waits import wait_answering
+from tests.support.waits import wait_answering
 
 pytestmark = pytest.mark.kernel
 REPO = Path(__file__).resolve().parents[2]

@@ -19,12 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from nettest import ip_in
-from nodebridge import NodeBridge
-from portcheck import Server, ask
 
 from netplugin.core.hostports import ENV_LOCALHOST
 from netplugin.plugins.hostport import chain_name
+from tests.support.nettest import ip_in
+from tests.support.nodebridge import NodeBridge
+from tests.support.portcheck import Server, ask
 
 from .test_hostport import call
 

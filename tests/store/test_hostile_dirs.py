@@ -1,6 +1,6 @@
 """Hostile node, class 2: root never writes where an unprivileged user chose, and locks clean up.
 
-A throwaway local user (``tests/hostile.py``) owns or can write netplugin's state and run
+A throwaway local user (``tests/support/hostile.py``) owns or can write netplugin's state and run
 dirs, plants symbolic links where netplugin expects its own directories and files, and runs
 netplugin under umask 000; netplugin refuses (naming the directory and why) and touches
 nothing. Lock files are removed by their last holder without ever letting two holders in.
@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import HostileUser, hostile_user
 
 from netplugin.core.dirs import UnsafeDirectory, ensure_dir
 from netplugin.core.errors import SystemFailure
@@ -29,6 +28,7 @@ from netplugin.core.names import PodRef
 from netplugin.core.spares import SPARE_DIR, spares_for
 from netplugin.store.locks import flocked, hold, release
 from netplugin.store.state import StateStore
+from tests.support.hostile import HostileUser, hostile_user
 
 POD = PodRef("default", "web-0", "abc123")
 

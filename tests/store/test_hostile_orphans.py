@@ -1,6 +1,6 @@
 """Hostile node, class 3 (and 7's escapes): only processes netplugin started are its plugin processes.
 
-A throwaway local user (``tests/hostile.py``) plants processes dressed up as plugin calls
+A throwaway local user (``tests/support/hostile.py``) plants processes dressed up as plugin calls
 (``NETPLUGIN_*`` variables, a forged ``NETPLUGIN_CALL_ID``, the call's argv, a session of
 their own); root does the same with a copied environment. Neither is waited for nor signalled
 by orphan settling before a new action or by gc. A plugin's own ``setsid`` daemon survives,
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import HostileUser, hostile_user
 
 from netplugin.core.errors import PluginFailed
 from netplugin.core.execplugin.calls import ENV as CALL_ENV
@@ -26,8 +25,9 @@ from netplugin.core.execplugin.calls import call_key, make_token, verify_token
 from netplugin.core.names import PodRef
 from netplugin.manager.gc import run_gc
 from netplugin.store.orphans import plugin_processes
-from tests.procs import pid_alive
-from tests.waits import WITHIN, wait_for
+from tests.support.hostile import HostileUser, hostile_user
+from tests.support.procs import pid_alive
+from tests.support.waits import WITHIN, wait_for
 
 POD = PodRef("default", "web-0", "infra0")
 ARGV = ["default", "web-0", "infra0"]

@@ -22,7 +22,7 @@ from netplugin.core.spares import SPARE_DIR
 from netplugin.manager.manager import Manager
 from netplugin.store.records import READY, SETTING_UP, TEARING_DOWN, PodRecord, parse_record, record_filename
 from netplugin.store.state import StateStore
-from tests.nettest import live_netns_file
+from tests.support.nettest import live_netns_file
 
 POD = PodRef("default", "web-0", "infra0")
 

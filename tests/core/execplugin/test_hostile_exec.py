@@ -1,6 +1,6 @@
 """Hostile node, class 1: root never executes a plugin an unprivileged user could have chosen.
 
-Each test makes a throwaway local user (``tests/hostile.py``) who attacks the exec dir the
+Each test makes a throwaway local user (``tests/support/hostile.py``) who attacks the exec dir the
 way a user on the node could: owning a directory on the plugin's resolved path, planting
 symbolic links, swapping files with ``mv`` or ``renameat2(RENAME_EXCHANGE)`` while root runs
 setups, swapping the file after a long-lived Manager (the daemon's) selected it, and shebang
@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import HostileUser, hostile_user
 
 from netplugin.core.config import load_config
 from netplugin.core.discovery import open_executable, scan
@@ -27,6 +26,7 @@ from netplugin.core.errors import NetpluginError, PluginFailed, PluginInvalid
 from netplugin.core.names import PodRef
 from netplugin.hosts.base import NullHost
 from netplugin.manager.manager import Manager
+from tests.support.hostile import HostileUser, hostile_user
 
 POD = PodRef("default", "web-0", "abc123")
 GOOD = "#!/bin/sh\necho \"$0 $*\" >> \"$(dirname \"$0\")/calls.log\"\nexit 0\n"

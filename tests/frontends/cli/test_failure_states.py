@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.waits import WITHIN, wait_for
+from tests.support.waits import WITHIN, wait_for
 
 POD = ("default", "web-0", "infra0")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from netplugin.frontends.wire.client import exchange
-from tests.waits import wait_answering
+from tests.support.waits import wait_answering
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostworld import World, world  # noqa: F401 (fixture)
-from nettest import host_veth_name
 
 from netplugin.frontends.wire.client import exchange
 from tests.frontends.cni.daemonworld import daemon_config
-from tests.waits import wait_answering
+from tests.support.hostworld import World, world  # noqa: F401 (fixture)
+from tests.support.nettest import host_veth_name
+from tests.support.waits import wait_answering
 
 from .test_podman import BRIDGE
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nettest import free_third_octet
 
 from netplugin.core.spares import SPARE_DIR
 from netplugin.frontends.cni.result import link_mac
+from tests.support.nettest import free_third_octet
 
 from .test_podman import BRIDGE, TEST_RANGE
 

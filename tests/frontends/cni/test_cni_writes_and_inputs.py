@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostworld import world  # noqa: F401 (fixture)
+
+from tests.support.hostworld import world  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[3]
 

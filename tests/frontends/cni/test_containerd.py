@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gopeers import require
-from nettest import free_third_octet
 
 from netplugin.core.spares import SPARE_DIR
 from netplugin.frontends.wire.client import NotSent, exchange
+from tests.support.gopeers import require
+from tests.support.nettest import free_third_octet
 
 from .conftest import bridge_shim_conf
 from .containerd import Containerd, Sandbox, unavailable_reason

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nettest import tcp_rate
+
+from tests.support.nettest import tcp_rate
 
 from .containerd import Containerd
 from .test_containerd import CniNet, assert_nothing_left, containerd  # noqa: F401 - the session fixture

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gopeers import require
-from nettest import ip_in, kernel_unavailable_reason, tcp_rate
-from portcheck import Server, ask
 
-from tests.waits import WITHIN, wait_for
+from tests.support.gopeers import require
+from tests.support.nettest import ip_in, kernel_unavailable_reason, tcp_rate
+from tests.support.portcheck import Server, ask
+from tests.support.waits import WITHIN, wait_for
 
 from .containerd import Containerd, PortMap, unavailable_reason
 from .test_containerd import CONTAINERD2_PEERS, CniNet

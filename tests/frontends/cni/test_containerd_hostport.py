@@ -22,7 +22,8 @@ from typing import Any
 
 import grpc
 import pytest
-from portcheck import Server, ask
+
+from tests.support.portcheck import Server, ask
 
 from .containerd import PortMap
 from .test_containerd import CniNet

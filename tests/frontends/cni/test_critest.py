@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from gopeers import require
-from nettest import ip_in
 
 from netplugin.core.hostports import ENV_LOCALHOST
+from tests.support.gopeers import require
+from tests.support.nettest import ip_in
 
 from .containerd import NETNS_DIR, Containerd, image_archive, unavailable_reason
 from .test_containerd import CONTAINERD2_PEERS, CniNet

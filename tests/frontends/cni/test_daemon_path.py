@@ -17,7 +17,7 @@ from typing import Any
 
 from tests.frontends.cni.daemonworld import World
 from tests.frontends.fastpath import outside_allowed
-from tests.waits import WITHIN, wait_for
+from tests.support.waits import WITHIN, wait_for
 
 
 def test_add_and_del_run_in_the_daemon_when_it_has_the_same_settings(world: World, fake: Any) -> None:

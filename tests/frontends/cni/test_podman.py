@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from nettest import free_third_octet
 
 from netplugin.core.spares import SPARE_DIR
 from netplugin.frontends.cni.native import build_native
+from tests.support.nettest import free_third_octet
 
 from .conftest import bridge_shim_conf
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from netplugin.frontends.wire.client import request
-from tests.waits import WITHIN, wait_for
+from tests.support.waits import WITHIN, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -36,7 +36,7 @@ from bench.chaosnode import (
 )
 from netplugin.core.config import load_config
 from netplugin.frontends.checks import Node, check_repairs
-from tests.nettest import kernel_gate
+from tests.support.nettest import kernel_gate
 
 pytestmark = pytest.mark.kernel
 

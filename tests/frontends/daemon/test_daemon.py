@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from netplugin.core.errors import DaemonUnavailable, InvalidArgument, PluginFailed
 from netplugin.core.spares import CAP, SPARE_DIR
-from tests.waits import WITHIN, wait_for
+from tests.support.waits import WITHIN, wait_for
 
 from .conftest import GATE
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from netplugin.frontends.wire.client import exchange
-from tests.nettest import live_netns_file
-from tests.waits import WITHIN, wait_for
+from tests.support.nettest import live_netns_file
+from tests.support.waits import WITHIN, wait_for
 
 
 def _sample(text: str, name: str, **labels: str) -> float:

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hostile import HostileUser, hostile_user
+
+from tests.support.hostile import HostileUser, hostile_user
 
 POD = ("default", "web-0", "infra0")
 

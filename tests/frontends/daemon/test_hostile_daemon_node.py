@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from netplugin.frontends.wire.client import exchange
-from tests.waits import wait_answering
+from tests.support.waits import wait_answering
 
 LAUNCHER = """
 import os, runpy, sys

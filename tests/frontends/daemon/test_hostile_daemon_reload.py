@@ -14,7 +14,7 @@ from typing import Any
 
 from netplugin.core.names import PodRef
 from netplugin.store.state import StateStore
-from tests.waits import WITHIN, wait_for
+from tests.support.waits import WITHIN, wait_for
 
 POD = PodRef("default", "web-0", "infra0")
 

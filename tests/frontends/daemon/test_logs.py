@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.waits import WITHIN, wait_for
+from tests.support.waits import WITHIN, wait_for
 
 POD = ("default", "web-0", "infra0")
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"

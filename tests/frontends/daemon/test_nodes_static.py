@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.nettest import ip_in as ip
-from tests.nettest import kernel_gate, underlay_netns
-from tests.waits import WITHIN, wait_for
+from tests.support.nettest import ip_in as ip
+from tests.support.nettest import kernel_gate, underlay_netns
+from tests.support.waits import WITHIN, wait_for
 
 from .conftest import REPO, StaticNode, node_file
 

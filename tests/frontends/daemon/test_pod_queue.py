@@ -16,7 +16,7 @@ from typing import Any
 
 from netplugin.frontends.daemon.podqueue import MAX_WAITING_PER_POD
 from netplugin.frontends.daemon.server import MAX_WORKERS
-from tests.waits import WITHIN, wait_for
+from tests.support.waits import WITHIN, wait_for
 
 from .conftest import GATE
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.waits import WITHIN, wait_for
+from tests.support.waits import WITHIN, wait_for
 
 BASE = "plugin: scripted\nenv:\n  NP_A: one\n"
 

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from netplugin.frontends.wire.client import NotSent, exchange
-from tests.nettest import ip_in as ip
-from tests.nettest import kernel_gate, underlay_netns
-from tests.waits import WITHIN, wait_for
+from tests.support.nettest import ip_in as ip
+from tests.support.nettest import kernel_gate, underlay_netns
+from tests.support.waits import WITHIN, wait_for
 
 from .conftest import StaticNode, node_file
 

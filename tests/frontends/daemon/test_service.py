@@ -24,7 +24,7 @@ from netplugin.core.errors import InvalidArgument
 from netplugin.core.logs import LineFormatter
 from netplugin.frontends.daemon.metrics import SERIES
 from netplugin.frontends.daemon.systemd import Watchdog, stderr_is_journal
-from tests.waits import WITHIN, wait_for
+from tests.support.waits import WITHIN, wait_for
 
 POD = ("default", "web-0", "infra0")
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.procs import pid_alive
-from tests.waits import wait_for
+from tests.support.procs import pid_alive
+from tests.support.waits import wait_for
 
 RUNS = 50
 

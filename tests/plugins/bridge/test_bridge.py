@@ -27,9 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from bridgenet import BRIDGE, TCP_PORT, BridgeNet, Pod, bash_config, bash_settings, bridge_env, link_exists
-from bridgenet import host_veth_name as mirror_veth_name
-from nettest import free_third_octet
 
 from netplugin.core.errors import PluginFailed
 from netplugin.core.names import PodRef
@@ -40,6 +37,18 @@ from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
 from netplugin.plugins.bridge.reaper import LinkReaper
 from netplugin.plugins.bridge.settings import SettingsError, bridge_mac, host_veth_name, load_settings
 from netplugin.store.listing import list_pods
+from tests.support.bridgenet import (
+    BRIDGE,
+    TCP_PORT,
+    BridgeNet,
+    Pod,
+    bash_config,
+    bash_settings,
+    bridge_env,
+    link_exists,
+)
+from tests.support.bridgenet import host_veth_name as mirror_veth_name
+from tests.support.nettest import free_third_octet
 
 kernel = pytest.mark.kernel
 

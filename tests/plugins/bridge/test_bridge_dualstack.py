@@ -2,7 +2,7 @@
 
 Settings are checked against the bash plugin's ``config`` output and messages (no root needed);
 the kernel tests use real namespaces, veths and a bridge with 10.205.X.0/24 and
-fd00:10:205:X::/64 (tests/dualnet.py) and real TCP traffic over both families. The interop tests
+fd00:10:205:X::/64 (tests/support/dualnet.py) and real TCP traffic over both families. The interop tests
 run both plugins on one bridge and IPAM directory, both ways.
 """
 
@@ -14,8 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bridgenet import BridgeNet, Pod, bash_config, bash_settings, bridge_env
-from dualnet import DualNet, pod_addrs, pod_default_routes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +22,8 @@ from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext, PodNetworkStatus
 from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
 from netplugin.plugins.bridge.settings import SettingsError, load_settings
+from tests.support.bridgenet import BridgeNet, Pod, bash_config, bash_settings, bridge_env
+from tests.support.dualnet import DualNet, pod_addrs, pod_default_routes
 
 kernel = pytest.mark.kernel
 

@@ -12,12 +12,12 @@ import subprocess
 from collections.abc import Callable
 
 import pytest
-from bridgenet import BridgeNet, Pod, host_veth_name, link_exists
 
 from netplugin.core.errors import InvalidArgument
 from netplugin.core.names import MAX_INFRA_ID, PodRef, validate_infra_id
 from netplugin.core.plugin import CallContext
 from netplugin.plugins.bridge.bridge_plugin import NativeBridgePlugin
+from tests.support.bridgenet import BridgeNet, Pod, host_veth_name, link_exists
 
 kernel = pytest.mark.kernel
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from nodebridge import KINDS, NodeBridge
-from portcheck import Server, ask
 
 from netplugin.plugins.bridge.sysctls import BRIDGE_NF_CALL
+from tests.support.nodebridge import KINDS, NodeBridge
+from tests.support.portcheck import Server, ask
 
 pytestmark = pytest.mark.kernel
 

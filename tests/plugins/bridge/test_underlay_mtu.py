@@ -11,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from nettest import ip_in
-from nodebridge import KINDS, NodeBridge
 
 from netplugin.plugins.bridge.mtu import DEFAULT_MTU, NodeLink, underlay_mtu
+from tests.support.nettest import ip_in
+from tests.support.nodebridge import KINDS, NodeBridge
 
 UP, LOOPBACK = 0x1, 0x8
 

@@ -13,8 +13,8 @@ import ipaddress
 import subprocess
 from pathlib import Path
 
-from bridgenet import BridgeNet, Pod
-from nettest import free_third_octet
+from tests.support.bridgenet import BridgeNet, Pod
+from tests.support.nettest import free_third_octet
 
 __all__ = ["DUAL_RANGE", "DualNet", "pod_addrs", "pod_default_routes"]
 

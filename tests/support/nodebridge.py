@@ -17,11 +17,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from nettest import free_third_octet, ip_in
+from tests.support.nettest import free_third_octet, ip_in
 
 __all__ = ["BASH_BRIDGE", "KINDS", "NodeBridge"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BASH_BRIDGE = REPO / "exec_plugins" / "bridge" / "bridge"
 KINDS = ("bash", "native")
 

@@ -104,4 +104,4 @@ def uses_peers(funcs: Iterable[Callable[..., Any]]) -> bool:
 
 _HELPERS = (require, peer, missing_reason)
 _MODULE = sys.modules[__name__]
-_TESTS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

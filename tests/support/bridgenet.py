@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from nettest import close_all, free_third_octet, host_veth_name, kernel_unavailable_reason, link_exists
+
+from tests.support.nettest import close_all, free_third_octet, host_veth_name, kernel_unavailable_reason, link_exists
 
 __all__ = [
     "AUDIT",
@@ -39,7 +40,7 @@ __all__ = [
     "link_exists",
 ]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXEC_PLUGINS = REPO / "exec_plugins"
 BRIDGE = EXEC_PLUGINS / "bridge" / "bridge"
 LOOPBACK = EXEC_PLUGINS / "loopback" / "loopback"

@@ -20,11 +20,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from nettest import free_third_octet, kernel_unavailable_reason
+
+from tests.support.nettest import free_third_octet, kernel_unavailable_reason
 
 __all__ = ["World", "world"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CNI_RANGE = "10.201.0.0/16"
 
 

@@ -28,7 +28,7 @@ __all__ = [
     "unit_command",
 ]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 INSTALL = REPO / "scripts" / "install.sh"
 KUBE_DIR = REPO / "etc" / "kubernetes"
 #: what systemd gives a service besides its unit's Environment= (systemd.exec(5): PATH, LANG)

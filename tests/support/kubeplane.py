@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from netplugin.frontends.lab.simcluster.sessions import stop_session
-from tests.waits import WITHIN, wait_for
+from tests.support.waits import WITHIN, wait_for
 
 __all__ = [
     "CLUSTER_CIDRS",
