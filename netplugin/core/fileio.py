@@ -247,22 +247,15 @@ def temp_writer_pids(name: str) -> list[int]:
     return [int(m.group(1)) for m in (shape.fullmatch(name) for shape in _SHAPES) if m]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
-
-
 def stale_temps(root: str, *, max_depth: int = 4) -> list[str]:
     """Temp files under ``root`` (at most ``max_depth`` directories down) whose writer is dead.
 
     Symbolic links are neither followed nor listed; only regular files count. A directory that
     cannot be listed is skipped (gc reports what it removes, not what it could not see).
     """
+    # gc's alone: fileio is on the per-call paths, which need no process probe
+    from netplugin.core.procs import pid_alive
+
     found: list[str] = []
     todo = [(root, 0)]
     while todo:
@@ -282,6 +275,6 @@ def stale_temps(root: str, *, max_depth: int = 4) -> list[str]:
                     todo.append((entry.path, depth + 1))
                 continue
             pids = temp_writer_pids(entry.name) if stat.S_ISREG(mode) else []
-            if pids and not any(map(_alive, pids)):
+            if pids and not any(map(pid_alive, pids)):
                 found.append(entry.path)
     return sorted(found)

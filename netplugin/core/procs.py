@@ -10,7 +10,7 @@ A pid alone is reused; (pid, start time, boot id) names one process for ever. Bo
 
 from __future__ import annotations
 
-__all__ = ["boot_id", "proc_start", "proc_stat"]
+__all__ = ["boot_id", "pid_alive", "proc_start", "proc_stat"]
 
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
@@ -48,3 +48,19 @@ def proc_start(pid: int) -> int | None:
         return int(fields[19])  # field 22 of proc(5): starttime
     except ValueError:
         return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts); never true of 0 or a negative
+    number, which ``kill`` would take for a process group."""
+    import os
+
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

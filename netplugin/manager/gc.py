@@ -18,6 +18,7 @@ from netplugin.core.names import PodRef
 from netplugin.core.netlink import RawNetlink
 from netplugin.core.netns import netns_gone
 from netplugin.core.plugin import NOOP_NAME
+from netplugin.core.procs import pid_alive
 from netplugin.hosts.base import NullHost
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.chain import recorded_members
@@ -440,7 +441,7 @@ def _node_state(manager: Manager, report: GcReport) -> None:
 def _retired_links(report: GcReport, dry_run: bool) -> None:
     """Delete the links a teardown retired (off the network, answered) whose process died before deleting them."""
     with RawNetlink() as nl:
-        left = {i: (name, pid) for i, (name, pid) in nl.retired().items() if not _alive(pid)}
+        left = {i: (name, pid) for i, (name, pid) in nl.retired().items() if not pid_alive(pid)}
         failed = {} if dry_run or not left else nl.delete_links(list(left))
     for index, (name, pid) in sorted(left.items(), key=lambda kv: kv[1]):
         why = f"taken off the network by a teardown of process {pid}, which died before deleting it"
@@ -450,17 +451,6 @@ def _retired_links(report: GcReport, dry_run: bool) -> None:
             report.actions.append(GcAction(GcKind.DELETE_LINK, name, why, "failed", error=os.strerror(failed[index])))
         else:
             report.actions.append(GcAction(GcKind.DELETE_LINK, name, why, "done"))
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (it is deleting the links it retired; this one too)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _hostport_leaks(manager: Manager, store: StateStore, report: GcReport, dry_run: bool) -> None:
