@@ -34,10 +34,12 @@ from netplugin.core.names import PodRef
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.manager import Manager
 
-__all__ = ["DemoPod", "DemoReport", "check_prerequisites", "find_plugin_source", "run_demo", "run_ip"]
+__all__ = ["DemoPod", "DemoReport", "bridge_ports", "check_prerequisites", "find_plugin_source", "run_demo", "run_ip"]
 
 DEMO_NAMESPACE = "demo"
 DEMO_PORT = 8080
+#: how long a leftover check waits for the deletions a teardown left running after its answer
+_DELETION_WAIT = 10.0
 _LISTENER = r"""
 import socket, sys
 s = socket.socket()
@@ -304,9 +306,24 @@ def run_demo(
     return report
 
 
+def bridge_ports(bridge: str) -> str:
+    """The links still on ``bridge`` once the teardowns' deletions are over, empty when none.
+
+    A teardown answers once the pod is off the network and deletes its host veth after (see
+    docs/cni.md), so a veth may still be going when the last teardown returns: wait, bounded,
+    rather than report a deletion in progress as a leftover.
+    """
+    deadline = time.monotonic() + _DELETION_WAIT
+    while True:
+        ports = run_ip("-o", "link", "show", "master", bridge).strip()
+        if not ports or time.monotonic() >= deadline:
+            return ports
+        time.sleep(0.05)
+
+
 def _leftovers(report: DemoReport, ipam_dir: Path) -> list[str]:
     found = []
-    ports = run_ip("-o", "link", "show", "master", report.bridge).strip()
+    ports = bridge_ports(report.bridge)
     if ports:
         found.append(f"veths still on {report.bridge}: {ports}")
     names = set(run_ip("netns", "list").split())

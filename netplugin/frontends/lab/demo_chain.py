@@ -27,7 +27,7 @@ from netplugin.core.config import Config, load_config
 from netplugin.core.errors import NetpluginError, SystemFailure
 from netplugin.core.execplugin.invoke import run, start
 from netplugin.core.names import PodRef
-from netplugin.frontends.lab.demo import DEMO_NAMESPACE, check_prerequisites, find_plugin_source, run_ip
+from netplugin.frontends.lab.demo import DEMO_NAMESPACE, bridge_ports, check_prerequisites, find_plugin_source, run_ip
 from netplugin.hosts.static import StaticHost
 from netplugin.manager.manager import Manager
 from netplugin.manager.reporting import Hooks
@@ -259,7 +259,7 @@ def run_chain_demo(
 
 def _leftovers(bridge: str, ipam_dir: Path, pods: list[PodRef]) -> list[str]:
     found = []
-    ports = run_ip("-o", "link", "show", "master", bridge).strip()
+    ports = bridge_ports(bridge)
     if ports:
         found.append(f"veths still on {bridge}: {ports}")
     # the bandwidth plugin's ifb: "nbw" + the hash digits the bridge puts in its veth names
