@@ -2,8 +2,9 @@
 # Build the real Kubernetes peers the tests run against (containerd 2, critest/crictl, the CNI reference
 # plugins, etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet, the
 # NetworkPolicy agent kube-network-policies and its upstream manifest; Kubernetes' own e2e suite
-# e2e.test with its agnhost and kubectl, and CoreDNS, for scripts/conformance.sh) from the Go module
-# proxy, with the go.mod/go.sum pins under tests/peers/, and print the directory that holds them.
+# e2e.test with its agnhost, regression-issue-74839 (the Conntrack spec's server) and kubectl, and
+# CoreDNS, for scripts/conformance.sh) from the Go module proxy, with the go.mod/go.sum pins under
+# tests/peers/, and print the directory that holds them.
 #   scripts/build-peers.sh            build what is missing, print DIR (the binaries are DIR/NAME)
 # The proxy is the machine's own (`go env GOPROXY`), or NETPLUGIN_GOPROXY when set (a comma list).
 # The cache lives outside the clone, keyed by the pins and the Go version:
@@ -43,6 +44,7 @@ peers=(
     "netpol:sigs.k8s.io/kube-network-policies:kube-network-policies.yaml:file:install.yaml"
     "kube:k8s.io/kubernetes/cmd/kubectl:kubectl"
     "kube:k8s.io/kubernetes/test/images/agnhost:agnhost"
+    "kube:k8s.io/kubernetes/test/images/regression-issue-74839:regression-issue-74839"
     "kube:k8s.io/kubernetes/test/e2e:e2e.test:test"
     "coredns:.:coredns"
 )

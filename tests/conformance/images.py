@@ -10,6 +10,9 @@ Each is a docker-archive that ``ctr images import`` takes, named with the exact 
   comes from ``mmdebstrap`` with the machine's own apt sources, cached by its recipe.
 * **busybox** and **pause**: the project's busybox-static image (every applet linked), the pause
   one sleeping until it is told to stop.
+* **regression-issue-74839**: the Conntrack spec's server (it answers a connection with an
+  out-of-window packet), Kubernetes' own program from the peer build (static), on busybox; upstream
+  puts it on debian-base, of which it uses nothing.
 * **coredns**: the CoreDNS the peer build makes, alone in its image.
 """
 
@@ -28,9 +31,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILDERS", "ImageBuilder", "apt_sources", "archive_refs", "list_images", "retag_archive"]
+__all__ = [
+    "BUILDERS",
+    "REGRESSION_74839",
+    "ImageBuilder",
+    "apt_sources",
+    "archive_refs",
+    "list_images",
+    "retag_archive",
+]
 
 BUSYBOX = "/bin/busybox"
+#: the Conntrack spec's server: its peer binary's name, and its image's
+REGRESSION_74839 = "regression-issue-74839"
 #: Debian packages of the agnhost image: what the tests run in it (curl, nc -u -z -v, ss/ip, dig)
 AGNHOST_PACKAGES = ("curl", "netcat-openbsd", "iproute2", "dnsutils", "ca-certificates", "procps")
 SUITE = "bookworm"
@@ -226,6 +239,16 @@ class ImageBuilder:
         docker_archive(path, refs, [layer], {"Entrypoint": PAUSE, "Env": ["PATH=/bin"]})
         return path
 
+    def regression_issue_74839(self, refs: list[str]) -> Path:
+        layer = self.work / "regression-layer.tar"
+        files_layer(layer, {REGRESSION_74839: ((self.peers / REGRESSION_74839).read_bytes(), 0o755)})
+        busybox = self.work / "busybox-layer.tar"
+        if not busybox.exists():
+            busybox_layer(busybox)
+        path = self.work / "regression.tar"
+        docker_archive(path, refs, [busybox, layer], {"Entrypoint": [f"/{REGRESSION_74839}"], "Env": ["PATH=/bin"]})
+        return path
+
     def coredns(self, refs: list[str]) -> Path:
         layer = self.work / "coredns-layer.tar"
         files_layer(layer, {"coredns": ((self.peers / "coredns").read_bytes(), 0o755)}, dirs=("etc", "etc/coredns"))
@@ -240,6 +263,7 @@ BUILDERS: dict[str, Callable[[ImageBuilder, list[str]], Path]] = {
     "e2e-test-images/glibc-dns-testing": ImageBuilder.agnhost,
     "e2e-test-images/nginx": ImageBuilder.nginx,
     "e2e-test-images/busybox": ImageBuilder.busybox,
+    f"e2e-test-images/{REGRESSION_74839}": ImageBuilder.regression_issue_74839,
     "pause": ImageBuilder.pause,
     "coredns/coredns": ImageBuilder.coredns,
 }

@@ -30,7 +30,7 @@ import yaml
 
 from tests.conformance.cluster import NETPLUGIN_IMAGE, PAUSE_IMAGE, PEERS, Cluster
 from tests.conformance.disruption import DisruptionReport, run_disruptions
-from tests.conformance.images import BUILDERS, ImageBuilder, list_images, retag_archive
+from tests.conformance.images import BUILDERS, REGRESSION_74839, ImageBuilder, list_images, retag_archive
 
 __all__ = ["DEFAULT_FOCUS", "DEFAULT_SKIP", "SMALL_FOCUS", "Results", "main", "read_junit", "selected_specs"]
 
@@ -210,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--disruption", action="store_true",
                     help="then a rolling update of the DaemonSet and a node reboot under traffic")  # fmt: skip
     args = ap.parse_args(argv)
-    missing = [p for p in (*PEERS, "e2e.test", "agnhost", "coredns") if not os.access(args.peers / p, os.X_OK)]
+    missing = [
+        p
+        for p in (*PEERS, "e2e.test", "agnhost", REGRESSION_74839, "coredns")
+        if not os.access(args.peers / p, os.X_OK)
+    ]
     if missing:
         log(f"conformance: peers missing in {args.peers}: {', '.join(missing)} (scripts/build-peers.sh builds them)")
         return 2
