@@ -9,11 +9,12 @@ entry per mapping, separated by spaces, each ``PROTOCOL/HOSTPORT/CONTAINERPORT``
 ``PROTOCOL/HOSTPORT/CONTAINERPORT/HOSTIP`` (protocol ``tcp``, ``udp`` or ``sctp``; the host IP in
 its canonical form), already validated: a bash plugin splits it without parsing JSON.
 
-Loopback host IPs (127.0.0.0/8, ::1) are refused: DNAT to a pod from them needs
-``route_localnet``, the root of CVE-2020-8558 (services bound to localhost reachable from the
-node's neighbours). A mapping without a host IP answers the node's own ``127.0.0.1`` only behind
-the explicit setting ``NETPLUGIN_HOSTPORT_LOCALHOST=true`` (default false; docs/hostport.md says
-the risk): the hostport member then turns ``route_localnet`` on for the pod's bridge alone.
+A mapping without a host IP answers the node's own ``127.0.0.1`` too, and a host IP in
+127.0.0.0/8 is accepted, as Kubernetes' portmap plugin and kube-proxy do: the hostport member turns
+``route_localnet`` on for the pod's bridge alone, and its table always carries kube-proxy's guard
+(CVE-2020-8558: services bound to localhost reachable from the bridge's neighbours).
+``NETPLUGIN_HOSTPORT_LOCALHOST=false`` opts out: then 127.0.0.1 is not mapped and a loopback host IP
+is refused, naming the setting. ``::1`` is always refused: IPv6 has no ``route_localnet``.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ MAX_MAPPINGS = 256
 _KEYS = ("hostPort", "containerPort", "protocol", "hostIP")
 #: the setting that maps hostPorts on the node's 127.0.0.1 too (route_localnet on the pod's bridge)
 ENV_LOCALHOST = "NETPLUGIN_HOSTPORT_LOCALHOST"
-#: off: route_localnet exposes localhost-bound services to the bridge's neighbours (CVE-2020-8558)
-LOCALHOST_DEFAULT = False
+#: on, as Kubernetes' portmap and kube-proxy: pods expect 127.0.0.1:hostPort (the conformance suite
+#: maps a hostIP of 127.0.0.1); the table's guard keeps the bridge's neighbours off localhost services
+LOCALHOST_DEFAULT = True
 _FLAGS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
@@ -75,7 +77,7 @@ def _port(field: str, value: Any) -> int:
     return value
 
 
-def _one(field: str, host_port: Any, container_port: Any, protocol: Any, host_ip: Any) -> HostPort:
+def _one(field: str, host_port: Any, container_port: Any, protocol: Any, host_ip: Any, localhost: bool) -> HostPort:
     proto = protocol.lower() if isinstance(protocol, str) and protocol else "tcp"
     if proto not in PROTOCOLS:
         raise InvalidArgument(f"{field}.protocol", protocol, "must be TCP, UDP or SCTP")
@@ -85,14 +87,21 @@ def _one(field: str, host_port: Any, container_port: Any, protocol: Any, host_ip
             addr = ipaddress.ip_address(host_ip if isinstance(host_ip, str) else "")
         except ValueError:
             raise InvalidArgument(f"{field}.hostIP", host_ip, "must be an IP address") from None
-        if addr.is_loopback:
-            reason = "a loopback hostIP needs route_localnet (CVE-2020-8558): not supported (docs/hostport.md)"
+        if isinstance(addr, ipaddress.IPv6Address) and addr.is_loopback:
+            reason = "IPv6 has no route_localnet, so ::1 cannot be DNATed to a pod (docs/hostport.md)"
+            raise InvalidArgument(f"{field}.hostIP", host_ip, reason)
+        if addr.is_loopback and not localhost:
+            reason = f"a loopback hostIP is mapped only with {ENV_LOCALHOST}=true, which is off (docs/hostport.md)"
             raise InvalidArgument(f"{field}.hostIP", host_ip, reason)
         if isinstance(addr, ipaddress.IPv6Address) and addr.scope_id is not None:
             # a zone names one of the node's links: a hostPort answers on the node's addresses, not a link's
             raise InvalidArgument(f"{field}.hostIP", host_ip, "a scoped address (with %ZONE) cannot be a hostIP")
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            # no node has one as its address; nft and Python spell it differently, and it is the key of a mapping
+            raise InvalidArgument(f"{field}.hostIP", host_ip, f"an IPv4-mapped address: use {addr.ipv4_mapped}")
         ip = str(addr)
-    return HostPort(proto, _port(f"{field}.hostPort", host_port), _port(f"{field}.containerPort", container_port), ip)
+    hport, cport = _port(f"{field}.hostPort", host_port), _port(f"{field}.containerPort", container_port)
+    return HostPort(proto, hport, cport, ip)
 
 
 def _unique(maps: Iterable[HostPort]) -> tuple[HostPort, ...]:
@@ -102,8 +111,9 @@ def _unique(maps: Iterable[HostPort]) -> tuple[HostPort, ...]:
     return out
 
 
-def from_runtime_config(conf: Mapping[str, Any]) -> tuple[HostPort, ...]:
-    """``runtimeConfig.portMappings`` of a CNI config (() when absent); InvalidArgument names the entry."""
+def from_runtime_config(conf: Mapping[str, Any], localhost: bool = LOCALHOST_DEFAULT) -> tuple[HostPort, ...]:
+    """``runtimeConfig.portMappings`` of a CNI config (() when absent); InvalidArgument names the
+    entry. ``localhost``: the setting (:func:`localhost_enabled`), off refuses a loopback hostIP."""
     runtime = conf.get("runtimeConfig")
     maps = runtime.get("portMappings") if isinstance(runtime, dict) else None
     if maps is None:
@@ -117,7 +127,7 @@ def from_runtime_config(conf: Mapping[str, Any]) -> tuple[HostPort, ...]:
             raise InvalidArgument(field, m, "must be an object")
         # the spec's spelling, else Go's field names (containerd 1.6: go-cni's PortMapping has no JSON tags)
         values = [m.get(key, m.get(key[0].upper() + key[1:])) for key in _KEYS]
-        out.append(_one(field, *values))
+        out.append(_one(field, values[0], values[1], values[2], values[3], localhost))
     return _unique(out)
 
 
@@ -131,7 +141,9 @@ def from_pod(pod: Mapping[str, Any] | None) -> tuple[HostPort, ...]:
         for i, p in enumerate(ports if isinstance(ports, list) else []):
             if isinstance(p, dict) and p.get("hostPort"):
                 field = f"pod.spec.containers[{c.get('name')}].ports[{i}]"
-                out.append(_one(field, p.get("hostPort"), p.get("containerPort"), p.get("protocol"), p.get("hostIP")))
+                hip = p.get("hostIP")
+                # the member refuses a loopback hostIP under its own setting
+                out.append(_one(field, p.get("hostPort"), p.get("containerPort"), p.get("protocol"), hip, True))
     return _unique(out)
 
 
@@ -185,13 +197,15 @@ def to_env(maps: Iterable[HostPort]) -> str:
     return " ".join(m.entry() for m in maps)
 
 
-def parse_env(value: str) -> tuple[HostPort, ...]:
-    """The variable's value back into mappings (validated again: it may come from anywhere)."""
+def parse_env(value: str, localhost: bool = LOCALHOST_DEFAULT) -> tuple[HostPort, ...]:
+    """The variable's value back into mappings (validated again: it may come from anywhere);
+    ``localhost`` as for :func:`from_runtime_config`."""
     out = []
     for i, entry in enumerate(value.split()):
         parts = entry.split("/")
         field = f"{ENV_HOST_PORTS}[{i}]"
         if len(parts) not in (3, 4) or not parts[1].isdigit() or not parts[2].isdigit():
             raise InvalidArgument(field, entry, "expected PROTOCOL/HOSTPORT/CONTAINERPORT[/HOSTIP]")
-        out.append(_one(field, int(parts[1]), int(parts[2]), parts[0], parts[3] if len(parts) == 4 else ""))
+        hip = parts[3] if len(parts) == 4 else ""
+        out.append(_one(field, int(parts[1]), int(parts[2]), parts[0], hip, localhost))
     return _unique(out)

@@ -435,11 +435,12 @@ def check_hostport(node: Node) -> Check:
             )
         return Check("hostport", "no hostport member in the chain")
     localhost = localhost_enabled(cfg.env)
-    what = f"{member}; 127.0.0.1 hostPorts {'on (route_localnet on the pod bridge)' if localhost else 'off'}"
+    state = "on (route_localnet on the pod bridge)" if localhost else f"off ({ENV_LOCALHOST}=false)"
+    what = f"{member}; 127.0.0.1 hostPorts {state}"
     if shutil.which("conntrack", path=cfg.env.get("PATH") or os.environ.get("PATH")) is None:
         why = "no conntrack command: a UDP flow that reached the node before a pod's hostPort keeps missing the pod"
         return Check("hostport", what, why, "install conntrack (Debian: apt-get install conntrack)")
-    return Check("hostport", what if not localhost else f"{what}; {ENV_LOCALHOST}=true")
+    return Check("hostport", what)
 
 
 #: the checks, in the order they run (later ones use what earlier ones learned)

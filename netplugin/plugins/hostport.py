@@ -6,14 +6,13 @@ In detail: ``ARCHITECTURE.md``, "Module notes".
 from __future__ import annotations
 
 import fcntl
-import json
+import ipaddress
 import os
 import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from netplugin.core.chaining import DECLARES_HOST_PORTS
 from netplugin.core.defaults import DEFAULT_STATE_DIR
@@ -21,7 +20,6 @@ from netplugin.core.errors import NetpluginError, PluginFailed
 from netplugin.core.fileio import atomic_write
 from netplugin.core.hostports import (
     ENV_HOST_PORTS,
-    HOSTPORT_TABLE,
     LOCALHOST_DEFAULT,
     HostPort,
     check_families,
@@ -30,6 +28,22 @@ from netplugin.core.hostports import (
 )
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext, PodNetworkStatus
+from netplugin.plugins.hostport_table import (
+    TABLE,
+    add_elements,
+    base_rules,
+    base_script,
+    chain_name,
+    conflicts,
+    describe,
+    element,
+    kernel_table,
+    key,
+    pod_rules,
+    pod_script,
+    ports_held,
+    run_nft,
+)
 
 __all__ = [
     "HOSTPORT_MEMBERS",
@@ -40,6 +54,7 @@ __all__ = [
     "chain_name",
     "forget",
     "keep_table",
+    "pod_rules",
     "pod_script",
     "rebuild_script",
     "recorded_ipv4",
@@ -51,82 +66,10 @@ __all__ = [
 HOSTPORT_NAME = "netplugin.io/hostport"
 #: the members netplugin ships that map hostPorts (each declares it in its init mask): the built-in, then the bash one
 HOSTPORT_MEMBERS = (HOSTPORT_NAME, "hostport")
-TABLE = HOSTPORT_TABLE
-HAIRPIN_MARK = "0x2000"
 _DNAT4 = re.compile(r" dnat ip to (\d+\.\d+\.\d+\.\d+):\d+$")
-_ELEMENT = re.compile(r"(tcp|udp|sctp) \. (\d+) : jump (pod_[0-9a-f]+)")
 _POD_CHAIN = re.compile(r"pod_[0-9a-f]{12}")
 #: the lock setup, teardown and the rebuilds take (a file among the records; the bash plugin takes it too)
 LOCK_NAME = ".lock"
-_BASE = f"""add table {TABLE}
-add map {TABLE} ports {{ type inet_proto . inet_service : verdict; }}
-add chain {TABLE} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}
-add chain {TABLE} output {{ type nat hook output priority -100; policy accept; }}
-add chain {TABLE} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}
-add chain {TABLE} guard {{ type filter hook input priority filter; policy accept; }}
-flush chain {TABLE} prerouting
-flush chain {TABLE} output
-flush chain {TABLE} postrouting
-flush chain {TABLE} guard
-"""
-#: kube-proxy's guard for route_localnet (always in: it also covers a route_localnet the setting left on)
-_GUARD = f"""add rule {TABLE} guard ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ct status & dnat != dnat \
-ct state != {{ established, related }} drop
-add rule {TABLE} postrouting meta mark & {HAIRPIN_MARK} == {HAIRPIN_MARK} masquerade
-add rule {TABLE} postrouting ip saddr 127.0.0.0/8 ct status dnat masquerade
-"""
-
-
-def base_script(localhost: bool) -> str:
-    """The table's map and base chains, rewritten; 127.0.0.0/8 is DNATed only when ``localhost`` (the
-    setting ``NETPLUGIN_HOSTPORT_LOCALHOST``), ::1 never (IPv6 has no route_localnet)."""
-    lines = [_BASE.rstrip("\n")]
-    for chain in ("prerouting", "output"):
-        skip = ["ip6 daddr ::1"] if localhost else ["ip daddr 127.0.0.0/8", "ip6 daddr ::1"]
-        lines += [f"add rule {TABLE} {chain} {match} return" for match in skip]
-        lines.append(f"add rule {TABLE} {chain} fib daddr type local meta l4proto . th dport vmap @ports")
-    return "\n".join(lines) + "\n" + _GUARD
-
-
-def chain_name(infra_id: str) -> str:
-    """``pod_`` + 12 hex digits of FNV-1a-64 of the infra id (the bash plugin's rule)."""
-    h = 0xCBF29CE484222325
-    for b in infra_id.encode():
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"pod_{h:016x}"[:16]
-
-
-def _key(m: HostPort) -> str:
-    return f"{m.protocol}.{m.host_port}"
-
-
-def pod_rules(chain: str, maps: Sequence[HostPort], ips: Sequence[str]) -> list[str]:
-    """The pod's ``add rule`` lines: per mapping and pod address of its family, the hairpin mark and the DNAT."""
-    out = []
-    for m in maps:
-        for ip in ips:
-            fam, nfp = ("ip6", "ipv6") if ":" in ip else ("ip", "ipv4")
-            if m.host_ip and (":" in m.host_ip) != (fam == "ip6"):
-                continue
-            match = f"meta nfproto {nfp} meta l4proto {m.protocol} th dport {m.host_port}"
-            if m.host_ip:
-                match += f" {fam} daddr {m.host_ip}"
-            to = f"[{ip}]" if fam == "ip6" else ip
-            out.append(f"add rule {TABLE} {chain} {match} {fam} saddr {ip} meta mark set meta mark | {HAIRPIN_MARK}")
-            out.append(f"add rule {TABLE} {chain} {match} dnat {fam} to {to}:{m.container_port}")
-    return out
-
-
-def _element(key: str) -> str:
-    return key.replace(".", " . ")
-
-
-def pod_script(chain: str, keys: Sequence[str], rules: Sequence[str]) -> str:
-    """One pod's setup as one transaction: its chain rewritten, ``keys`` pointing at it. ``add
-    element`` of a key another pod's chain holds fails (EBUSY); of one this pod holds, it does not."""
-    lines = [f"add chain {TABLE} {chain}", f"flush chain {TABLE} {chain}", *rules]
-    lines += [f"add element {TABLE} ports {{ {_element(k)} : jump {chain} }}" for k in keys]
-    return "\n".join(lines) + "\n"
 
 
 def _read_record(path: str) -> tuple[str, list[str], list[str]] | None:
@@ -145,8 +88,7 @@ def rebuild_script(records_dir: str, localhost: bool = LOCALHOST_DEFAULT) -> str
     """The whole table from the records: ``table``; ``delete table``; base; every recorded pod."""
     lines = [f"table {TABLE}", f"delete table {TABLE}", base_script(localhost).rstrip("\n")]
     for chain, (_, keys, rules) in _records(records_dir).items():
-        lines += [f"add chain {TABLE} {chain}", *rules]
-        lines += [f"add element {TABLE} ports {{ {_element(k)} : jump {chain} }}" for k in keys]
+        lines += [f"add chain {TABLE} {chain}", *rules, *add_elements(chain, keys)]
     return "\n".join(lines) + "\n"
 
 
@@ -159,6 +101,18 @@ def _records(records_dir: str) -> dict[str, tuple[str, list[str], list[str]]]:
         if record is not None:
             out[chain] = record
     return out
+
+
+def _refuse_conflicts(records_dir: str, chain: str, keys: Sequence[str]) -> None:
+    """NetpluginError naming the holder when another pod's record has a key that conflicts with one
+    of ``keys`` (the caller holds the lock). The maps refuse a key held twice, not a mapping without
+    hostIP beside one with (:func:`~netplugin.plugins.hostport_table.conflicts`)."""
+    for other, (who, theirs, _) in _records(records_dir).items():
+        for k in keys if other != chain else ():
+            o = next((o for o in theirs if conflicts(k, o)), None)
+            if o is not None:
+                also = f" (its hostPort {describe(o)})" if o != k else ""
+                raise NetpluginError(f"hostPort {describe(k)} is already held by pod {who}{also}")
 
 
 @contextmanager
@@ -206,11 +160,12 @@ def forget(records_dir: str, chain: str, nft: str = "nft") -> None:
 
 
 def _forget(records_dir: str, chain: str, nft: str) -> None:
-    held = _ports_held(nft)
+    held = ports_held(nft)
     if held is not None:  # else no table: nothing of the pod's can be left in it
         # the elements pointing at its chain, whatever the record says (it may be gone or stale)
-        script = "".join(f"delete element {TABLE} ports {{ {_element(k)} }}\n" for k, c in held.items() if c == chain)
-        err = _nft(nft, script + f"add chain {TABLE} {chain}\ndelete chain {TABLE} {chain}\n")
+        elements = (element(k) for k, c in held.items() if c == chain)
+        script = "".join(f"delete element {TABLE} {m} {{ {e} }}\n" for m, e in elements)
+        err = run_nft(nft, script + f"add chain {TABLE} {chain}\ndelete chain {TABLE} {chain}\n")
         if err:
             raise NetpluginError(f"cannot remove the hostPort rules of chain {chain}: {err}")
     try:
@@ -223,7 +178,7 @@ def restore_table(records_dir: str, nft: str = "nft", localhost: bool = LOCALHOS
     """Rebuild the table from the records when it is gone (after ``nft flush ruleset``), whether or
     not a pod holds hostPorts: what was done, or None when it is there. Raises NetpluginError."""
     with table_lock(records_dir):
-        if _ports_held(nft) is not None:
+        if ports_held(nft) is not None:
             return None
         return _rebuild(records_dir, nft, localhost)
 
@@ -231,47 +186,11 @@ def restore_table(records_dir: str, nft: str = "nft", localhost: bool = LOCALHOS
 def _rebuild(records_dir: str, nft: str, localhost: bool) -> str:
     """The table replaced by the records' in one transaction (the caller holds the lock)."""
     script = rebuild_script(records_dir, localhost)
-    err = _nft(nft, script)
+    err = run_nft(nft, script)
     if err:
         raise NetpluginError(f"cannot rebuild nftables table {TABLE}: {err}")
     pods = script.count(f"\nadd chain {TABLE} pod_")
     return f"nftables table {TABLE} rebuilt from {pods} pod record(s)"
-
-
-def _base_rules(localhost: bool) -> dict[str, int]:
-    """How many rules each base chain holds (what :func:`base_script` writes)."""
-    counts: dict[str, int] = {}
-    for line in base_script(localhost).splitlines():
-        if line.startswith(f"add rule {TABLE} "):
-            chain = line.split()[4]
-            counts[chain] = counts.get(chain, 0) + 1
-    return counts
-
-
-def _kernel_table(nft: str) -> tuple[dict[str, int], dict[str, str]] | None:
-    """(chain -> rule count, map key -> the chain it jumps to) of the table in the kernel; None: no table."""
-    try:
-        out = subprocess.run([nft, "-j", "list", "table", *TABLE.split()], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise NetpluginError(f"cannot run {nft}: {e}") from e
-    if out.returncode != 0:
-        return None
-    try:
-        items: list[dict[str, Any]] = json.loads(out.stdout)["nftables"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise NetpluginError(f"cannot read nftables table {TABLE}: {e}") from e
-    chains: dict[str, int] = {}
-    ports: dict[str, str] = {}
-    for item in items:
-        if "chain" in item:
-            chains.setdefault(item["chain"]["name"], 0)
-        elif "rule" in item:
-            chains[item["rule"]["chain"]] = chains.get(item["rule"]["chain"], 0) + 1
-        elif "map" in item and item["map"].get("name") == "ports":
-            for key, verdict in item["map"].get("elem", []):
-                proto, port = key["concat"]
-                ports[f"{proto}.{port}"] = verdict.get("jump", {}).get("target", "")
-    return chains, ports
 
 
 def keep_table(records_dir: str, nft: str = "nft", localhost: bool = LOCALHOST_DEFAULT) -> list[str]:
@@ -283,12 +202,12 @@ def keep_table(records_dir: str, nft: str = "nft", localhost: bool = LOCALHOST_D
     the records' in one transaction. Returns one ``hostport: what`` line per difference found (none
     when it was right). Raises NetpluginError."""
     with table_lock(records_dir):
-        kernel = _kernel_table(nft)
+        kernel = kernel_table(nft)
         records = _records(records_dir)
         if kernel is None:
             return [f"hostport: {_rebuild(records_dir, nft, localhost)} (it was gone)"]
         chains, ports = kernel
-        want = {**_base_rules(localhost), **{c: len(r) for c, (_, _, r) in records.items()}}
+        want = {**base_rules(localhost), **{c: len(r) for c, (_, _, r) in records.items()}}
         want_ports = {k: c for c, (_, keys, _) in records.items() for k in keys}
         found = []
         for chain in sorted(set(chains) - set(want)):
@@ -299,9 +218,9 @@ def keep_table(records_dir: str, nft: str = "nft", localhost: bool = LOCALHOST_D
             found.append(f"chain {chain} of {holder} re-added")
         for chain in sorted(c for c in set(want) & set(chains) if want[c] != chains[c]):
             found.append(f"chain {chain}: {chains[chain]} rule(s) where {want[chain]} belong, rewritten")
-        for key in sorted(set(ports) | set(want_ports)):
-            if ports.get(key) != want_ports.get(key) and ports.get(key) not in set(chains) - set(want):
-                found.append(f"port {key}: {ports.get(key) or 'missing'}, {want_ports.get(key) or 'no record'} wanted")
+        for k in sorted(set(ports) | set(want_ports)):
+            if ports.get(k) != want_ports.get(k) and ports.get(k) not in set(chains) - set(want):
+                found.append(f"port {k}: {ports.get(k) or 'missing'}, {want_ports.get(k) or 'no record'} wanted")
         if not found:
             return []
         _rebuild(records_dir, nft, localhost)
@@ -310,27 +229,7 @@ def keep_table(records_dir: str, nft: str = "nft", localhost: bool = LOCALHOST_D
 
 def remove_table(nft: str = "nft") -> None:
     """Delete the table if it exists (the uninstall's); nothing else. Raises NetpluginError."""
-    _nft(nft, f"table {TABLE}\ndelete table {TABLE}\n")
-
-
-def _nft(nft: str, script: str) -> str:
-    """Run ``nft -f -``; the stderr of a failure, "" on success. OSError and timeouts raise."""
-    try:
-        done = subprocess.run([nft, "-f", "-"], input=script, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise NetpluginError(f"cannot run {nft}: {e}") from e
-    return done.stderr.strip() if done.returncode != 0 else ""
-
-
-def _ports_held(nft: str) -> dict[str, str] | None:
-    """Map key (``tcp.8080``) -> the chain holding it, from the kernel; None when there is no map."""
-    try:
-        out = subprocess.run([nft, "list", "map", *TABLE.split(), "ports"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise NetpluginError(f"cannot run {nft}: {e}") from e
-    if out.returncode != 0:
-        return None
-    return {f"{p}.{port}": chain for p, port, chain in _ELEMENT.findall(out.stdout)}
+    run_nft(nft, f"table {TABLE}\ndelete table {TABLE}\n")
 
 
 def _flush_udp(ports: Iterable[str], path: str | None) -> None:
@@ -424,8 +323,8 @@ class HostPortPlugin:
 
     def setup(self, pod: PodRef, ctx: CallContext) -> PodNetworkStatus | None:
         try:
-            maps = parse_env(ctx.env.get(ENV_HOST_PORTS, ""))
             localhost = localhost_enabled(ctx.env)
+            maps = parse_env(ctx.env.get(ENV_HOST_PORTS, ""), localhost)
         except NetpluginError as e:
             raise self._fail("setup", e.message) from None
         if not maps:
@@ -439,37 +338,45 @@ class HostPortPlugin:
         except NetpluginError as e:
             raise self._fail("setup", e.message) from None
         chain, records = chain_name(pod.infra_id), self._records(ctx)
-        keys = list(dict.fromkeys(_key(m) for m in maps))
+        keys = list(dict.fromkeys(key(m) for m in maps))
         rules = pod_rules(chain, maps, ips)
-        try:  # first, so that a refusal applies nothing
-            if localhost:
-                _route_localnet(self.ip, [ip for ip in ips if ":" not in ip])
+        try:
             with table_lock(records):
+                _refuse_conflicts(records, chain, keys)  # first, so that a refusal applies nothing
+                if localhost:
+                    self._localnet(maps, ips)
                 self._apply(pod, chain, keys, rules, records, localhost)
         except NetpluginError as e:
             raise self._fail("setup", e.message) from None
         try:
-            _flush_udp((k.split(".")[1] for k in keys if k.startswith("udp.")), ctx.env.get("PATH"))
+            _flush_udp(sorted({str(m.host_port) for m in maps if m.protocol == "udp"}), ctx.env.get("PATH"))
         except (OSError, subprocess.TimeoutExpired) as e:
             raise self._fail("setup", f"cannot flush the UDP conntrack entries: {e}") from None
         return None
 
+    def _localnet(self, maps: Sequence[HostPort], ips: Sequence[str]) -> None:
+        """route_localnet on the pod's bridge, so that the node's 127.0.0.1 reaches the pod. A pod not
+        behind a bridge fails only when one of its mappings is on 127.0.0.0/8 itself (which then would
+        map nothing); otherwise it keeps its hostPorts on the node's addresses, without 127.0.0.1."""
+        loopback = any(m.host_ip and ipaddress.ip_address(m.host_ip).is_loopback for m in maps)
+        _route_localnet(self.ip, [ip for ip in ips if ":" not in ip], strict=loopback)
+
     def _apply(self, pod: PodRef, chain: str, keys: list[str], rules: list[str], records: str, localhost: bool) -> None:
         """The pod's chain and ports, then its record (under the table lock). A table that is gone
-        (a flush) is made first from the records, guard and all: a setup never waits for the daemon."""
-        err = _nft(self.nft, pod_script(chain, keys, rules))
-        if err and _ports_held(self.nft) is None:
+        (a flush) or an older version's is made first from the records, guard and all: a setup
+        never waits for the daemon."""
+        err = run_nft(self.nft, pod_script(chain, keys, rules))
+        if err and ports_held(self.nft) is None:
             _rebuild(records, self.nft, localhost)
-            err = _nft(self.nft, pod_script(chain, keys, rules))
+            err = run_nft(self.nft, pod_script(chain, keys, rules))
         if err:
-            held = _ports_held(self.nft) or {}
+            held = ports_held(self.nft) or {}
             for k in keys:
                 other = held.get(k)
                 if other and other != chain:
                     theirs = _read_record(os.path.join(records, other))
                     who = theirs[0] if theirs else f"the pod of nft chain {other}"
-                    port, proto = k.split(".")[1], k.split(".")[0]
-                    raise NetpluginError(f"hostPort {port}/{proto} is already held by pod {who}")
+                    raise NetpluginError(f"hostPort {describe(k)} is already held by pod {who}")
             raise NetpluginError(f"cannot add the hostPort rules: {err}")
         text = f"{pod.namespace}/{pod.name} {pod.infra_id}\n{' '.join(keys)}\n" + "".join(r + "\n" for r in rules)
         atomic_write(os.path.join(records, chain), text.encode(), mode=0o644)

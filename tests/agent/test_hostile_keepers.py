@@ -84,7 +84,8 @@ class Node(ChaosNode):
                 chains.add(item["chain"]["name"])
             if "map" in item:
                 for key, verdict in item["map"].get("elem", []):
-                    ports["{}.{}".format(*key["concat"])] = verdict["jump"]["target"]
+                    *ip, proto, port = key["concat"]  # a hostIP's key: ip@ as the records write it
+                    ports[f"{proto}.{port}" + (f"@{ip[0]}" if ip else "")] = verdict["jump"]["target"]
         return chains, ports
 
     def recorded_shape(self) -> tuple[set[str], dict[str, str]]:

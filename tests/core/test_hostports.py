@@ -45,8 +45,8 @@ def test_the_capability_becomes_the_variable(maps: Any, env: str) -> None:
         ([{"hostPort": 80, "containerPort": 70000}], "runtimeConfig.portMappings[0].containerPort"),
         ([{"hostPort": 80, "containerPort": 80, "protocol": "icmp"}], "must be TCP, UDP or SCTP"),
         ([{"hostPort": 80, "containerPort": 80, "hostIP": "node-1"}], "must be an IP address"),
-        ([{"hostPort": 80, "containerPort": 80, "hostIP": "127.0.0.1"}], "CVE-2020-8558"),
-        ([{"hostPort": 80, "containerPort": 80, "hostIP": "::1"}], "route_localnet"),
+        ([{"hostPort": 80, "containerPort": 80, "hostIP": "::1"}], "hostIP '::1': IPv6 has no route_localnet"),
+        ([{"hostPort": 80, "containerPort": 80, "hostIP": "::ffff:10.0.0.5"}], "IPv4-mapped address: use 10.0.0.5"),
         # a zone names a link, not an address of the node: never handed to nft verbatim
         ([{"hostPort": 80, "containerPort": 80, "hostIP": "fe80::1%eth0"}], "portMappings[0].hostIP 'fe80::1%eth0'"),
         ([{"hostPort": 80, "containerPort": 80, "hostIP": "fd00::1%1"}], "scoped address"),
@@ -56,6 +56,41 @@ def test_a_bad_mapping_is_error_7_naming_it(maps: Any, words: str) -> None:
     with pytest.raises(CniError) as info:
         host_ports_env({"runtimeConfig": {"portMappings": maps}})
     assert info.value.code == E_CONFIG and words in info.value.msg
+
+
+#: (the setting in the config's env, the hostIP, what the refusal says or None: accepted)
+LOOPBACK_CASES = [
+    pytest.param({}, "127.0.0.1", None, id="default-maps-127.0.0.1"),
+    pytest.param({"NETPLUGIN_HOSTPORT_LOCALHOST": "true"}, "127.0.0.2", None, id="on-maps-127/8"),
+    pytest.param({"NETPLUGIN_HOSTPORT_LOCALHOST": "false"}, "127.0.0.1",
+                 "runtimeConfig.portMappings[0].hostIP '127.0.0.1': a loopback hostIP is mapped only with "
+                 "NETPLUGIN_HOSTPORT_LOCALHOST=true, which is off", id="off-refuses-naming-the-setting"),
+    pytest.param({"NETPLUGIN_HOSTPORT_LOCALHOST": "no"}, "10.0.0.5", None, id="off-other-host-ips-mapped"),
+    pytest.param({"NETPLUGIN_HOSTPORT_LOCALHOST": "maybe"}, "10.0.0.5", "invalid NETPLUGIN_HOSTPORT_LOCALHOST 'maybe'",
+                 id="bad-setting"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("settings", "host_ip", "refused"), LOOPBACK_CASES)
+def test_a_loopback_host_ip_is_mapped_unless_the_setting_is_off(
+    settings: dict[str, str], host_ip: str, refused: str | None
+) -> None:
+    conf = {"runtimeConfig": {"portMappings": [{"hostPort": 54323, "containerPort": 8080, "hostIP": host_ip}]}}
+    if refused is None:
+        assert host_ports_env(conf, settings) == {"NETPLUGIN_HOST_PORTS": f"tcp/54323/8080/{host_ip}"}
+        return
+    with pytest.raises(CniError) as info:
+        host_ports_env(conf, settings)
+    assert info.value.code == E_CONFIG and refused in info.value.msg
+
+
+@pytest.mark.parametrize("host_ip", ["127.0.0.1", "127.1.2.3"])
+def test_the_members_refuse_a_loopback_host_ip_in_the_variable_with_the_setting_off(host_ip: str) -> None:
+    assert to_env(parse_env(f"tcp/54323/8080/{host_ip}", True)) == f"tcp/54323/8080/{host_ip}"
+    with pytest.raises(InvalidArgument) as info:
+        parse_env(f"tcp/54323/8080/{host_ip}", False)
+    message = info.value.message
+    assert "NETPLUGIN_HOST_PORTS[0].hostIP" in message and "NETPLUGIN_HOSTPORT_LOCALHOST=true" in message
 
 
 POD = {"spec": {"containers": [
@@ -72,7 +107,7 @@ def test_the_pods_spec_is_the_source_when_the_runtime_passes_none() -> None:
     assert pod_host_ports({}, None) == {}
 
 
-@pytest.mark.parametrize("value", ["tcp/80", "tcp/x/80", "gre/1/1", "tcp/80/80/127.0.0.2", "tcp/80/80/a/b"])
+@pytest.mark.parametrize("value", ["tcp/80", "tcp/x/80", "gre/1/1", "tcp/80/80/::1", "tcp/80/80/a/b"])
 def test_a_bad_variable_is_refused(value: str) -> None:
     with pytest.raises(InvalidArgument) as info:
         parse_env(value)

@@ -41,8 +41,10 @@ def hostport_check(tmp: Path, chain: str, env: dict[str, str], conflist: bool = 
 #: (chain, the plugins' env, ok, words in the summary or the problem)
 CASES = [
     ("netplugin.io/bridge", {}, True, "no hostport member"),
-    ("netplugin.io/bridge, netplugin.io/hostport", {"PATH": _TOOLS}, True, "127.0.0.1 hostPorts off"),
+    ("netplugin.io/bridge, netplugin.io/hostport", {"PATH": _TOOLS}, True, "127.0.0.1 hostPorts on (route_localnet"),
     ("bridge, hostport", {"PATH": _TOOLS, "NETPLUGIN_HOSTPORT_LOCALHOST": "true"}, True, "hostPorts on"),
+    ("bridge, hostport", {"PATH": _TOOLS, "NETPLUGIN_HOSTPORT_LOCALHOST": "false"}, True,
+     "127.0.0.1 hostPorts off (NETPLUGIN_HOSTPORT_LOCALHOST=false)"),
     ("netplugin.io/bridge, netplugin.io/hostport", {"PATH": "/nonexistent"}, False, "no conntrack command"),
     ("netplugin.io/bridge, netplugin.io/hostport", {"NETPLUGIN_HOSTPORT_LOCALHOST": "sure"}, False,
      "invalid NETPLUGIN_HOSTPORT_LOCALHOST 'sure'"),

@@ -30,7 +30,10 @@ from netplugin.core.plugin import CallContext
 from netplugin.plugins.hostport import HostPortPlugin
 ctx = CallContext(env=dict(os.environ), state_dir=os.environ["NETPLUGIN_STATE_DIR"])
 p = HostPortPlugin()
-print(p.init(ctx) if sys.argv[1] == "init" else getattr(p, sys.argv[1])(PodRef(*sys.argv[2:5]), ctx))
+if sys.argv[1] in ("init", "node"):
+    print(getattr(p, sys.argv[1])(ctx))
+else:
+    print(getattr(p, sys.argv[1])(PodRef(*sys.argv[2:5]), ctx))
 """
 
 

@@ -2,10 +2,10 @@
 pod behind it, then the bash ``hostport`` or the built-in ``netplugin.io/hostport`` (one table of cases
 for both).
 
-* The localhost setting (``NETPLUGIN_HOSTPORT_LOCALHOST``): off, the node's own 127.0.0.1:hostPort
-  is not mapped (refused) and ``route_localnet`` stays off; on, it answers from the pod, with
-  ``route_localnet`` on the pod's bridge and on no other link, and kube-proxy's guard in the table
-  keeps a pod off what the node binds to localhost.
+* The localhost setting (``NETPLUGIN_HOSTPORT_LOCALHOST``): on (the default, as Kubernetes' portmap),
+  the node's own 127.0.0.1:hostPort answers from the pod, with ``route_localnet`` on the pod's bridge
+  and on no other link, and kube-proxy's guard in the table keeps a pod off what the node binds to
+  localhost; off, 127.0.0.1 is not mapped (refused) and ``route_localnet`` stays off.
   Either way the node's own address answers, from the node and from the underlay.
 * Stale UDP: a UDP flow to the host port that predates the mapping has a conntrack entry (not
   DNATed); the setup deletes it, so the same flow (same source port) then reaches the pod.
@@ -49,12 +49,12 @@ def route_localnet(node: NodeBridge, link: str) -> str:
 
 
 #: (setting, the pod's answer on 127.0.0.1:hostPort from the node, route_localnet on the bridge)
-LOCALHOST_CASES = [("false", "", "0"), ("", "", "0"), ("true", "web", "1")]
+LOCALHOST_CASES = [("false", "", "0"), ("", "web", "1"), ("true", "web", "1")]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("setting", "on_localhost", "bridge_localnet"), LOCALHOST_CASES)
-def test_localhost_hostports_only_behind_the_setting(
+def test_localhost_hostports_unless_the_setting_is_off(
     node: NodeBridge, tmp_path: Path, kind: str, setting: str, on_localhost: str, bridge_localnet: str
 ) -> None:
     host, _, node_ip = node.outside()
@@ -77,7 +77,11 @@ def test_localhost_hostports_only_behind_the_setting(
         table = node.in_node("nft", "list", "table", "inet", "netplugin_hostport").stdout
         # kube-proxy's guard is always in: it also covers a route_localnet left on by an earlier setting
         assert "ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ct status & dnat != dnat" in table, table
-        assert ("ip daddr 127.0.0.0/8 return" in table) is (on_localhost == ""), table
+        output = node.in_node("nft", "list", "chain", "inet", "netplugin_hostport", "output").stdout
+        assert ("ip daddr 127.0.0.0/8 return" in output) is (on_localhost == ""), output
+        # a packet to 127.0.0.1 that arrives from a link is never DNATed, whatever the setting
+        prerouting = node.in_node("nft", "list", "chain", "inet", "netplugin_hostport", "prerouting").stdout
+        assert "ip daddr 127.0.0.0/8 return" in prerouting, prerouting
     finally:
         server.close()
 
@@ -107,15 +111,28 @@ def test_the_guard_keeps_pods_off_the_nodes_localhost_services(node: NodeBridge,
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_route_localnet_goes_on_a_bridge_only(node: NodeBridge, tmp_path: Path, kind: str) -> None:
-    # an address that routes by the underlay link (a misordered chain): refused, eth0 left alone
+@pytest.mark.parametrize(
+    ("ports", "refused"),
+    [
+        pytest.param("tcp/31080/80/127.0.0.1", True, id="loopback-host-ip-refused"),
+        pytest.param("tcp/31080/80", False, id="no-host-ip-mapped-without-127.0.0.1"),
+    ],
+)
+def test_route_localnet_goes_on_a_bridge_only(node: NodeBridge, tmp_path: Path, kind: str, ports: str,
+                                              refused: bool) -> None:  # fmt: skip
+    # an address that routes by the underlay link (a misordered chain): eth0 left alone; a mapping
+    # on 127.0.0.1 itself, which would map nothing, is refused; one without hostIP keeps the node's addresses
     _, host_ip, _ = node.outside()
-    hostport(node, kind, tmp_path, "init", **{ENV_LOCALHOST: "true"})
-    done = call(node.node, kind, tmp_path, "setup", "default", "odd", "infra-odd", NETPLUGIN_HOST_PORTS="tcp/31080/80",
-                NETPLUGIN_PREV_IPS=host_ip, **{ENV_LOCALHOST: "true"})  # fmt: skip
-    assert done.returncode != 0 and f"{host_ip} is not behind a bridge (via eth0)" in done.stderr, done.stderr
+    hostport(node, kind, tmp_path, "init")
+    done = call(node.node, kind, tmp_path, "setup", "default", "odd", "infra-odd", NETPLUGIN_HOST_PORTS=ports,
+                NETPLUGIN_PREV_IPS=host_ip)  # fmt: skip
     assert route_localnet(node, "eth0") == "0"
-    assert chain_name("infra-odd") not in node.in_node("nft", "list", "table", "inet", "netplugin_hostport").stdout
+    table = node.in_node("nft", "list", "table", "inet", "netplugin_hostport").stdout
+    if not refused:
+        assert done.returncode == 0 and chain_name("infra-odd") in table, done.stderr
+        return
+    assert done.returncode != 0 and f"{host_ip} is not behind a bridge (via eth0)" in done.stderr, done.stderr
+    assert chain_name("infra-odd") not in table
     assert not (tmp_path / "hostport").is_dir() or not list((tmp_path / "hostport").glob("pod_*"))
 
 
@@ -153,7 +170,8 @@ def test_repair_puts_back_the_localhost_mapping_and_route_localnet(node: NodeBri
     hostport(node, kind, tmp_path, "repair", *pod, NETPLUGIN_PREV_IPS=pod_ip, **on)
     assert route_localnet(node, bridge) == "1"
     table = node.in_node("nft", "list", "table", "inet", "netplugin_hostport").stdout
-    assert chain_name("infra-web") in table and "ip daddr 127.0.0.0/8 return" not in table, table
+    output = node.in_node("nft", "list", "chain", "inet", "netplugin_hostport", "output").stdout
+    assert chain_name("infra-web") in table and "ip daddr 127.0.0.0/8 return" not in output, table
     server = Server(node.pod_ns("web"), 8080, "web")
     try:
         assert ask(node.node, "127.0.0.1", 31080) == "web"

@@ -49,9 +49,9 @@ fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
 kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
 s = socket.socket(fam, kind)
 s.settimeout(float(sys.argv[4]))
-if int(sys.argv[5]):
+if int(sys.argv[5]) or sys.argv[6]:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("::" if fam == socket.AF_INET6 else "0.0.0.0", int(sys.argv[5])))
+    s.bind((sys.argv[6] or ("::" if fam == socket.AF_INET6 else "0.0.0.0"), int(sys.argv[5])))
 try:
     if kind == socket.SOCK_STREAM:
         s.connect((addr, port)); s.sendall(b"ping"); print(s.recv(64).decode())
@@ -91,12 +91,19 @@ class Server:
 
 
 def ask(
-    netns: str | None, address: str, port: int, protocol: str = "tcp", timeout: float = 3.0, source_port: int = 0
+    netns: str | None,
+    address: str,
+    port: int,
+    protocol: str = "tcp",
+    timeout: float = 3.0,
+    source_port: int = 0,
+    source: str = "",
 ) -> str:
     """The answer of whatever serves ``address``:``port`` as seen from ``netns``; "" for none.
-    ``source_port``: send from that port (one UDP flow across calls), else any."""
+    ``source_port``: send from that port (one UDP flow across calls), else any; ``source``: from
+    that address (as ``curl --interface``), else the route's."""
     done = subprocess.run(
-        _argv(netns, "-c", _ASK, protocol, address, str(port), str(timeout), str(source_port)),
+        _argv(netns, "-c", _ASK, protocol, address, str(port), str(timeout), str(source_port), source),
         capture_output=True,
         text=True,
         timeout=timeout + 30,

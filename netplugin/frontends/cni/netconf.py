@@ -18,7 +18,7 @@ from netplugin.core._yaml import short_repr
 from netplugin.core.config import Config, FileSnapshot, file_identity, load_config
 from netplugin.core.defaults import DEFAULT_CONFIG
 from netplugin.core.errors import ConfigError, InvalidArgument
-from netplugin.core.hostports import ENV_HOST_PORTS, from_runtime_config, to_env
+from netplugin.core.hostports import ENV_HOST_PORTS, from_runtime_config, localhost_enabled, to_env
 from netplugin.core.names import PodRef, validate_namespace, validate_pod_name
 from netplugin.core.plaindata import replace
 from netplugin.frontends.cni.spec import DEFAULT_NAMESPACE, NO_NETNS, CniError, CniRequest
@@ -176,17 +176,18 @@ def _build_config(req: CniRequest, environ: Mapping[str, str], snapshot: FileSna
     return replace(cfg, env={**cfg.env, **top_env})
 
 
-def call_options(req: CniRequest, netns: str | None = None) -> CallOptions:
+def call_options(req: CniRequest, netns: str | None = None, settings: Mapping[str, str] | None = None) -> CallOptions:
     """The per-call part: ``CNI_NETNS`` as the netns (NO_NETNS when empty), ``CNI_IFNAME`` as
     ``NETPLUGIN_IFNAME`` and ``NETPLUGIN_BRIDGE_IFNAME``, the ``bandwidth`` capability as
     ``NETPLUGIN_BANDWIDTH_*``, the ``portMappings`` capability as ``NETPLUGIN_HOST_PORTS``. Kept out
     of the Config, so that the config of a CNI call equals the daemon's (and init's marker) when the
-    settings are the same."""
+    settings are the same. ``settings``: the config's plugin settings (``env``), which say whether a
+    loopback hostIP is mapped (``NETPLUGIN_HOSTPORT_LOCALHOST``)."""
     from netplugin.manager.manager import CallOptions
 
     env = {"NETPLUGIN_IFNAME": req.ifname, "NETPLUGIN_BRIDGE_IFNAME": req.ifname} if req.ifname else {}
     env.update(bandwidth_env(req.conf))
-    env.update(host_ports_env(req.conf))
+    env.update(host_ports_env(req.conf, settings or {}))
     return CallOptions(netns=netns if netns is not None else (req.netns or NO_NETNS), env=env)
 
 
@@ -216,11 +217,12 @@ def bandwidth_env(conf: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def host_ports_env(conf: Mapping[str, Any]) -> dict[str, str]:
+def host_ports_env(conf: Mapping[str, Any], settings: Mapping[str, str] | None = None) -> dict[str, str]:
     """``runtimeConfig.portMappings`` (the runtime's, for a conflist declaring the capability) as
-    ``NETPLUGIN_HOST_PORTS`` (:mod:`netplugin.core.hostports`); a bad entry is error 7 naming it."""
+    ``NETPLUGIN_HOST_PORTS`` (:mod:`netplugin.core.hostports`); a bad entry is error 7 naming it,
+    a loopback hostIP among them when ``settings`` turn ``NETPLUGIN_HOSTPORT_LOCALHOST`` off."""
     try:
-        maps = from_runtime_config(conf)
+        maps = from_runtime_config(conf, localhost_enabled(settings or {}))
     except InvalidArgument as e:
         raise CniError(CNI_INVALID_CONFIG, e.message) from None
     return {ENV_HOST_PORTS: to_env(maps)} if maps else {}

@@ -107,7 +107,7 @@ class _Ops:
         """``cfg_print``: ``cfg``'s fingerprint (with ``daemon``, compared with the daemon's)."""
         self.req = req
         self.cfg = cfg
-        self.call = call_options(req)
+        self.call = call_options(req, settings=cfg.env)
         self.in_daemon = daemon is not None
         if daemon is None:
             from netplugin.manager.manager import Manager
