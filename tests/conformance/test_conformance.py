@@ -112,11 +112,6 @@ def test_the_four_pods_granular_checks_pass_on_a_cluster_running_the_shipped_dae
 
 
 @pytest.mark.timeout(3600)
-@pytest.mark.xfail(
-    strict=True,
-    reason="the shipped config refuses a hostPort on hostIP 127.0.0.1 (NETPLUGIN_HOSTPORT_LOCALHOST defaults to "
-    "false, for CVE-2020-8558), which this conformance spec maps: its pod1 never gets a sandbox",
-)
 def test_the_hostport_conformance_spec_passes(small_run: SmallRun) -> None:
     hostport = {_normal(n) for n in SMALL_SET if "HostPort" in n}
     assert hostport <= _passed(small_run)
