@@ -160,7 +160,7 @@ def forget(records_dir: str, chain: str, nft: str = "nft") -> None:
 
 
 def _forget(records_dir: str, chain: str, nft: str) -> None:
-    held = ports_held(nft)
+    held = ports_held(nft, complete=False)
     if held is not None:  # else no table: nothing of the pod's can be left in it
         # the elements pointing at its chain, whatever the record says (it may be gone or stale)
         elements = (element(k) for k, c in held.items() if c == chain)

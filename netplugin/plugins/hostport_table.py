@@ -186,9 +186,10 @@ def _list(cmd: str, *what: str) -> list[dict[str, Any]] | None:
     return items
 
 
-def _elements(items: list[dict[str, Any]]) -> dict[str, str] | None:
-    """Key -> the chain it jumps to, of the table's maps among ``items``; None when one of them is
-    missing (no table, or one an older version made: a setup then makes it again)."""
+def _elements(items: list[dict[str, Any]], complete: bool = True) -> dict[str, str] | None:
+    """Key -> the chain it jumps to, of the table's maps among ``items``. None when one of them is
+    missing (no table, or one an older version made: a setup then makes it again), or, when not
+    ``complete``, only when all are."""
     family, name = TABLE.split()
     found: dict[str, dict[str, str]] = {}
     for item in items:
@@ -200,7 +201,7 @@ def _elements(items: list[dict[str, Any]]) -> dict[str, str] | None:
             *ip, proto, port = k["concat"]
             text = f"{proto}.{port}" + (f"@{ipaddress.ip_address(ip[0])}" if ip else "")
             held[text] = verdict.get("jump", {}).get("target", "")
-    if set(found) != set(MAPS):
+    if (set(found) != set(MAPS)) if complete else not found:
         return None
     return {k: c for held in found.values() for k, c in held.items()}
 
@@ -219,7 +220,9 @@ def kernel_table(cmd: str) -> tuple[dict[str, int], dict[str, str]] | None:
     return chains, _elements(items) or {}
 
 
-def ports_held(cmd: str) -> dict[str, str] | None:
-    """Key -> the chain holding it, from the kernel's maps; None when the table or one of its maps is not there."""
+def ports_held(cmd: str, complete: bool = True) -> dict[str, str] | None:
+    """Key -> the chain holding it, from the kernel's maps; None when the table or one of its maps
+    is not there (not ``complete``: when none of them is, so that a teardown still finds its
+    elements in the one map an older version made)."""
     items = _list(cmd, "maps", TABLE.split()[0])
-    return None if items is None else _elements(items)
+    return None if items is None else _elements(items, complete)

@@ -190,3 +190,20 @@ def test_the_previous_versions_records_and_table_keep_their_ports(bare: str, tmp
     for member in KIND:
         again = call(bare, member, tmp_path, "node")
         assert again.returncode == 0 and again.stdout.strip() in ("", "()"), (member, again)
+
+
+@pytest.mark.parametrize("kind", KIND)
+def test_a_teardown_on_the_previous_versions_table_removes_the_pods_rules(bare: str, tmp_path: Path, kind: str) -> None:
+    # a pod deleted on a node mid-upgrade, before anything made the table again
+    records = tmp_path / "hostport"
+    records.mkdir()
+    old = chain_name("infra-old")
+    rules = pod_rules(old, parse_env("tcp/8080/80"), ["10.201.9.2"])
+    (records / old).write_text("default/old infra-old\ntcp.8080\n" + "\n".join(rules) + "\n")
+    script = OLD_TABLE + f"add chain {TABLE} {old}\n" + "".join(r + "\n" for r in rules)
+    script += f"add element {TABLE} ports {{ tcp . 8080 : jump {old} }}\n"
+    subprocess.run(["ip", "netns", "exec", bare, "nft", "-f", "-"], input=script, text=True, check=True)
+    done = call(bare, kind, tmp_path, "teardown", "default", "old", "infra-old")
+    assert done.returncode == 0, done.stderr
+    assert old not in table(bare) and "8080" not in table(bare), table(bare)
+    assert not (records / old).exists()
