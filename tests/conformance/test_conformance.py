@@ -3,11 +3,14 @@ kubelet runs netplugin's shipped DaemonSet (tests/conformance/cluster.py).
 
 The focus is checked against ``e2e.test --ginkgo.dry-run`` first (it selects exactly the specs meant),
 then the script runs as a user runs it, with the small focus (the four Pods granular checks and
-HostPort), and its JUnit report (``e2e.test``'s own) says each passed.
+HostPort) and ``--disruption``: its JUnit report (``e2e.test``'s own) says each passed, and its
+disruption report that the DaemonSet's rolling update lost no request and that neither it nor a node
+reboot leaked anything.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -83,7 +86,7 @@ def small_run(e2e_test: Path, tmp_path_factory: pytest.TempPathFactory) -> Small
         pytest.skip(reason)
     report = tmp_path_factory.mktemp("conformance") / "report"
     done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "conformance.sh"), "--small", "--report-dir", str(report)],
+        ["bash", str(REPO / "scripts" / "conformance.sh"), "--small", "--disruption", "--report-dir", str(report)],
         capture_output=True, text=True, timeout=3300, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     print(done.stderr[-20000:])
@@ -109,6 +112,22 @@ def test_the_four_pods_granular_checks_pass_on_a_cluster_running_the_shipped_dae
         pods = small_run.report / "logs" / f"{node}-pods"
         logs = {p.parent.name for p in pods.rglob("*.log") if "kube-system_netplugin-" in str(p)}
         assert logs >= {"install", "netplugin"}, logs
+
+
+@pytest.mark.timeout(3600)
+def test_a_rolling_update_and_a_node_reboot_under_traffic_lose_no_request_and_leak_nothing(small_run: SmallRun) -> None:
+    path = small_run.report / "disruption.json"
+    assert path.exists(), small_run.stderr[-8000:]
+    report = json.loads(path.read_text())
+    rollout = report["rollout"]
+    # The dataplane never depends on the daemon being up: replacing it loses no request.
+    assert rollout["sent"] > 0 and rollout["failed"] == 0, rollout["failures"]
+    assert report["new_pods_started"], small_run.stderr[-8000:]
+    assert report["leaks_after_rollout"] == {}
+    # After the reboot the kubelet's new sandboxes talk again, and the old ones' records and leases are
+    # gone without anyone running netplugin gc.
+    assert report["reboot_talks_again"], small_run.stderr[-8000:]
+    assert report["reboot_leaks"] == {}
 
 
 @pytest.mark.timeout(3600)
