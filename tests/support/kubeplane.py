@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import socket
 import ssl
 import subprocess
@@ -73,10 +74,28 @@ class ApiError(Exception):
         self.body = body
 
 
+#: Fixed listening ports come from below the kernel's ephemeral range (``ip_local_port_range``, 32768
+#: up by default) and below kube-proxy's NodePort range: a port the kernel hands out by ``bind(0)``
+#: may, between this check and the server's own bind, become the local port of some process's
+#: outgoing connection (the API server's own connections to etcd among them), and the server then
+#: fails with "address already in use". No connection is ever given a port from this range.
+_LISTEN_PORTS = range(20000, 30000)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback TCP port nothing listens on, not handed out before by this process."""
+    for port in random.sample(_LISTEN_PORTS, len(_LISTEN_PORTS)):
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {_LISTEN_PORTS.start}-{_LISTEN_PORTS.stop - 1}")
 
 
 def _openssl(*args: str, cwd: Path) -> None:
