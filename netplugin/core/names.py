@@ -30,6 +30,7 @@ __all__ = [
     "MAX_INFRA_ID",
     "PodRef",
     "escape_plugin_name",
+    "infra_id_digest",
     "node_name_problem",
     "plugin_dir_and_exe",
     "unescape_plugin_name",
@@ -178,3 +179,12 @@ class PodRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def infra_id_digest(infra_id: str) -> str:
+    """FNV-1a-64 of the infra id, 16 hex digits: the per-pod part of the names a plugin gives the
+    host's objects (the bash plugins compute the same, so either side finds what the other made)."""
+    h = 0xCBF29CE484222325
+    for b in infra_id.encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"

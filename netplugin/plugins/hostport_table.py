@@ -23,6 +23,7 @@ from typing import Any
 
 from netplugin.core.errors import NetpluginError
 from netplugin.core.hostports import HOSTPORT_TABLE, HostPort
+from netplugin.core.names import infra_id_digest
 
 __all__ = [
     "HAIRPIN_MARK",
@@ -99,10 +100,7 @@ def base_rules(localhost: bool) -> dict[str, int]:
 
 def chain_name(infra_id: str) -> str:
     """``pod_`` + 12 hex digits of FNV-1a-64 of the infra id (the bash plugin's rule)."""
-    h = 0xCBF29CE484222325
-    for b in infra_id.encode():
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"pod_{h:016x}"[:16]
+    return f"pod_{infra_id_digest(infra_id)}"[:16]
 
 
 def key(m: HostPort) -> str:

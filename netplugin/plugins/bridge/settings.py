@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from netplugin.core.defaults import DEFAULT_STATE_DIR
 from netplugin.core.errors import NetpluginError
+from netplugin.core.names import infra_id_digest
 
 __all__ = [
     "SETTING_KEYS",
@@ -41,10 +42,7 @@ _IFNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}\Z")
 
 def host_veth_name(infra_id: str) -> str:
     """``np`` + the first 12 hex digits of FNV-1a-64 of the infra id (the bash plugin's rule)."""
-    h = 0xCBF29CE484222325
-    for b in infra_id.encode():
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"np{h:016x}"[:14]
+    return f"np{infra_id_digest(infra_id)}"[:14]
 
 
 def bridge_mac(name: str) -> str:
