@@ -161,17 +161,27 @@ add rule {TABLE} output fib daddr type local meta l4proto . th dport vmap @ports
 """
 
 
-@pytest.mark.parametrize("kind", KIND)
-def test_the_previous_versions_records_and_table_keep_their_ports(bare: str, tmp_path: Path, kind: str) -> None:
-    records = tmp_path / "hostport"
+def plant_previous_version(netns: str, state: Path, host_ports: str) -> str:
+    """Pod default/old (infra-old) with ``host_ports``, as the previous version left it in ``netns``
+    and in ``state``'s records: keys without hostIP, the table of :data:`OLD_TABLE`; its chain's name."""
+    records = state / "hostport"
     records.mkdir()
     old = chain_name("infra-old")
-    # its records: keys without hostIP, a hostIP only in the rules
-    rules = pod_rules(old, parse_env("tcp/8080/80 udp/53/53/10.0.0.5"), ["10.201.9.2"])
-    (records / old).write_text("default/old infra-old\ntcp.8080 udp.53\n" + "\n".join(rules) + "\n")
+    mappings = parse_env(host_ports)
+    rules = pod_rules(old, mappings, ["10.201.9.2"])
+    keys = " ".join(f"{m.protocol}.{m.host_port}" for m in mappings)
+    (records / old).write_text(f"default/old infra-old\n{keys}\n" + "\n".join(rules) + "\n")
+    elements = ", ".join(f"{m.protocol} . {m.host_port} : jump {old}" for m in mappings)
     script = OLD_TABLE + f"add chain {TABLE} {old}\n" + "".join(r + "\n" for r in rules)
-    script += f"add element {TABLE} ports {{ tcp . 8080 : jump {old}, udp . 53 : jump {old} }}\n"
-    subprocess.run(["ip", "netns", "exec", bare, "nft", "-f", "-"], input=script, text=True, check=True)
+    script += f"add element {TABLE} ports {{ {elements} }}\n"
+    subprocess.run(["ip", "netns", "exec", netns, "nft", "-f", "-"], input=script, text=True, check=True)
+    return old
+
+
+@pytest.mark.parametrize("kind", KIND)
+def test_the_previous_versions_records_and_table_keep_their_ports(bare: str, tmp_path: Path, kind: str) -> None:
+    # its records: keys without hostIP, a hostIP only in the rules
+    old = plant_previous_version(bare, tmp_path, "tcp/8080/80 udp/53/53/10.0.0.5")
     # a setup before the daemon's init (the bash member on a node mid-upgrade) makes the new table
     done = call(bare, kind, tmp_path, "setup", "default", "new", "infra-new",
                 NETPLUGIN_HOST_PORTS="tcp/9090/90/10.0.0.5", NETPLUGIN_PREV_IPS="10.201.9.3")  # fmt: skip
@@ -195,14 +205,8 @@ def test_the_previous_versions_records_and_table_keep_their_ports(bare: str, tmp
 @pytest.mark.parametrize("kind", KIND)
 def test_a_teardown_on_the_previous_versions_table_removes_the_pods_rules(bare: str, tmp_path: Path, kind: str) -> None:
     # a pod deleted on a node mid-upgrade, before anything made the table again
+    old = plant_previous_version(bare, tmp_path, "tcp/8080/80")
     records = tmp_path / "hostport"
-    records.mkdir()
-    old = chain_name("infra-old")
-    rules = pod_rules(old, parse_env("tcp/8080/80"), ["10.201.9.2"])
-    (records / old).write_text("default/old infra-old\ntcp.8080\n" + "\n".join(rules) + "\n")
-    script = OLD_TABLE + f"add chain {TABLE} {old}\n" + "".join(r + "\n" for r in rules)
-    script += f"add element {TABLE} ports {{ tcp . 8080 : jump {old} }}\n"
-    subprocess.run(["ip", "netns", "exec", bare, "nft", "-f", "-"], input=script, text=True, check=True)
     done = call(bare, kind, tmp_path, "teardown", "default", "old", "infra-old")
     assert done.returncode == 0, done.stderr
     assert old not in table(bare) and "8080" not in table(bare), table(bare)
