@@ -1,5 +1,6 @@
 """The per-call import set (tests/frontends/fastpath.py) holds: a call run in its own process loads
-nothing outside it, and only its modules use ``core/plaindata`` instead of ``dataclasses``."""
+nothing outside it, and only its modules use ``core/plaindata`` instead of ``dataclasses`` or
+import inside functions (elsewhere only a heavy optional package is imported where it is needed)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from netplugin.core.extras import EXTRA_OF_MODULE
 from tests.frontends.fastpath import PER_CALL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,8 +30,8 @@ CLI = _REPORT + "sys.argv[0] = 'netplugin'\nfrom netplugin.frontends.cli.entry i
 CNI = _REPORT + "from netplugin.frontends.cni import main\nmain()\n"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -41,9 +43,9 @@ def plaindata_users(root: Path) -> set[str]:
             if isinstance(node, ast.ImportFrom) and node.module is not None:
                 named = [f"{node.module}.{a.name}" for a in node.names]
                 if node.module == "netplugin.core.plaindata" or "netplugin.core.plaindata" in named:
-                    out.add(_module_name(path))
+                    out.add(_module_name(path, root))
             elif isinstance(node, ast.Import) and any(a.name == "netplugin.core.plaindata" for a in node.names):
-                out.add(_module_name(path))
+                out.add(_module_name(path, root))
     return out - {"netplugin.core.plaindata"}
 
 
@@ -51,6 +53,61 @@ def test_only_the_per_call_set_uses_plaindata() -> None:
     users = plaindata_users(REPO)
     assert users, "the scan found no user of plaindata: it no longer sees the imports"
     assert sorted(users - PER_CALL) == []
+
+
+#: what a module outside the per-call set may import inside a function: an optional extra's package
+#: (named by its error when absent), lightkube's HTTP client with it, and the daemon's server in
+#: ``netplugin serve`` once require() has named the extra it needs
+OPTIONAL_IMPORTS = frozenset(EXTRA_OF_MODULE) | {"httpx2"}
+NAMED_EXCEPTIONS = frozenset({("netplugin.frontends.cli.commands.service", "netplugin.frontends.daemon.server")})
+
+
+def function_imports(root: Path) -> set[tuple[str, str]]:
+    """(module, imported module) for every import inside a function of the package under ``root``."""
+    out = set()
+    for path in sorted((root / "netplugin").rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and node.module is not None:
+                    out.add((_module_name(path, root), node.module))
+                elif isinstance(node, ast.Import):
+                    out.update((_module_name(path, root), a.name) for a in node.names)
+    return out
+
+
+def outside_the_per_call_set(found: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The imports of ``found`` that are neither in the per-call set nor of an optional package."""
+    return sorted(
+        (module, imported)
+        for module, imported in found
+        if module not in PER_CALL
+        and imported.split(".", 1)[0] not in OPTIONAL_IMPORTS
+        and (module, imported) not in NAMED_EXCEPTIONS
+    )
+
+
+def test_only_the_per_call_set_imports_inside_functions() -> None:
+    found = function_imports(REPO)
+    assert any(module in PER_CALL for module, _ in found), "the scan found no import inside a function"
+    assert outside_the_per_call_set(found) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("def f():\n    import json\n", [("netplugin.agent.planted", "json")]),
+        ("async def f():\n    from netplugin.core import names\n", [("netplugin.agent.planted", "netplugin.core")]),
+        ("def f():\n    import pyroute2\n", []),
+        ("import json\n", []),
+    ],
+    ids=["stdlib-in-a-function", "own-module-in-a-coroutine", "optional-package", "module-level"],
+)
+def test_the_function_import_check_catches(tmp_path: Path, text: str, expected: list[tuple[str, str]]) -> None:
+    (tmp_path / "netplugin" / "agent").mkdir(parents=True)
+    (tmp_path / "netplugin" / "agent" / "planted.py").write_text(text)
+    assert outside_the_per_call_set(function_imports(tmp_path)) == expected
 
 
 @pytest.fixture
