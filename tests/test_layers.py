@@ -53,7 +53,7 @@ FRONTEND_RANKS = {
     "cli": 4,
 }
 #: front-end parts that only the named modules may import
-ONLY_FROM = {"lab": frozenset({"netplugin.frontends.cli.commands.tools"})}
+ONLY_FROM = {"lab": frozenset({"netplugin.frontends.cli.commands.demos"})}
 #: top-level packages above every layer of netplugin, with their rank: they import netplugin, never the reverse
 ABOVE = {"bench": 5}
 TOPS = (PACKAGE, *ABOVE)
@@ -335,7 +335,7 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
                 "frontends/cni/spec.py": "from netplugin.frontends.lab import demo\n",
                 "frontends/lab/demo.py": "",
             },
-            "only netplugin.frontends.cli.commands.tools may import lab",
+            "only netplugin.frontends.cli.commands.demos may import lab",
             id="frontends-lab-from-cni",
         ),
         pytest.param(
@@ -343,7 +343,7 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
                 "frontends/cli/commands/pods.py": "from netplugin.frontends.lab import demo\n",
                 "frontends/lab/demo.py": "",
             },
-            "only netplugin.frontends.cli.commands.tools may import lab",
+            "only netplugin.frontends.cli.commands.demos may import lab",
             id="frontends-lab-from-another-command",
         ),
         pytest.param(
@@ -414,7 +414,7 @@ def test_the_checker_accepts_downward_edges(tmp_path: Path) -> None:
             "frontends/wire/codec.py": "",
             "frontends/cni/router.py": "from netplugin.frontends.wire import codec\n",
             "frontends/daemon/server.py": "from netplugin.frontends.cni import router\n",
-            "frontends/cli/commands/tools.py": "def d():\n    from netplugin.frontends.lab import demo\n",
+            "frontends/cli/commands/demos.py": "from netplugin.frontends.lab import demo\n",
             "frontends/lab/demo.py": "from netplugin.frontends.wire.codec import loads\n",
         },
     )

@@ -1,4 +1,5 @@
-"""Bounded YAML and JSON loading: what a document costs is bounded by its size, whoever wrote it.
+"""Bounded YAML and JSON loading: what a document costs is bounded by its size, whoever wrote it;
+and the one YAML writer (``-o yaml``), so that only this module imports yaml.
 
 In detail: ``ARCHITECTURE.md``, "Module notes".
 
@@ -21,6 +22,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_NODES",
     "DocumentError",
+    "dump_yaml",
     "load_json",
     "load_yaml",
     "read_document",
@@ -233,6 +235,13 @@ def _compose(loader: Any) -> Any:
         else:
             top[0].value.append((top[3], done))
             top[3] = nokey
+
+
+def dump_yaml(doc: Any) -> str:
+    """``doc`` (JSON's types only) as a block-style YAML document, keys sorted, no trailing newline."""
+    import yaml
+
+    return str(yaml.safe_dump(doc, sort_keys=True, default_flow_style=False)).rstrip("\n")
 
 
 def load_yaml(data: bytes | str, *, max_bytes: int | None = None) -> Any:

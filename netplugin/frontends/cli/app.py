@@ -13,14 +13,17 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import platform
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn
+import traceback
+from typing import Any, NoReturn
 
 import click
 
 from netplugin import __version__
 from netplugin.core.errors import NetpluginError
-from netplugin.frontends.cli.commands.tools import COMPLETE_VAR
+from netplugin.core.extras import MissingExtra, extra_for
+from netplugin.frontends.cli.completion import COMPLETE_VAR
 from netplugin.frontends.cli.context import State
 from netplugin.frontends.cli.options import configure_logging, global_options
 from netplugin.frontends.wire.codes import (
@@ -32,9 +35,6 @@ from netplugin.frontends.wire.codes import (
     exit_code_for,
 )
 
-if TYPE_CHECKING:
-    from netplugin.core.extras import MissingExtra
-
 __all__ = ["COMMANDS", "cli", "json_wanted", "main", "usage_error_doc"]
 
 #: command name -> the module (in this package) that defines it, named by its job
@@ -42,14 +42,14 @@ COMMANDS = {
     "setup": "pods",
     "teardown": "pods",
     "status": "pods",
-    "pods": "pods",
-    "gc": "pods",
+    "pods": "recorded",
+    "gc": "recorded",
     "plugins": "plugins",
     "init": "plugins",
     "serve": "service",
     "health": "service",
     "nodes": "nodes",
-    "demo": "tools",
+    "demo": "demos",
     "bench": "tools",
     "install-shim": "tools",
     "completion": "tools",
@@ -77,9 +77,6 @@ class LazyGroup(click.Group):
 
 def version_info() -> tuple[dict[str, str], str]:
     """``--version``: the JSON document and the text line."""
-    import platform
-
-
     return {"version": __version__, "python": platform.python_version()}, f"netplugin {__version__}"
 
 
@@ -159,7 +156,6 @@ def missing_extra(err: BaseException, command: str | None) -> MissingExtra | Non
     """A MissingExtra for an ImportError of a module that an extra provides, else None."""
     if not isinstance(err, ModuleNotFoundError):
         return None
-    from netplugin.core.extras import MissingExtra, extra_for
 
     extra = extra_for(err.name)
     if extra is None:
@@ -220,8 +216,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
         if missing is not None:
             _fail(missing.message, EXIT_SYSTEM, st, {"exit_code": EXIT_SYSTEM, **missing.to_dict()})
         if st is not None and st.verbose:
-            import traceback
-
             traceback.print_exc()
         _fail(
             f"internal error: {type(e).__name__}: {e} (run with -v for details)",

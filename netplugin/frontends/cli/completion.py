@@ -8,22 +8,39 @@ completes nothing rather than failing the shell.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
-from click.shell_completion import CompletionItem
+from click.shell_completion import CompletionItem, get_completion_class
 
+from netplugin.core.config import Config, load_config
 from netplugin.core.errors import NetpluginError
+from netplugin.manager.manager import Manager
+from netplugin.store.state import StateStore
 
-if TYPE_CHECKING:
-    from netplugin.core.config import Config
+__all__ = [
+    "COMPLETE_VAR",
+    "complete_infra_id",
+    "complete_namespace",
+    "complete_plugin",
+    "complete_pod",
+    "completion_script",
+]
 
-__all__ = ["complete_infra_id", "complete_namespace", "complete_plugin", "complete_pod"]
+#: click's shell-completion variable: ``_NETPLUGIN_COMPLETE=bash_source netplugin`` prints the hook
+COMPLETE_VAR = "_NETPLUGIN_COMPLETE"
+
+
+def completion_script(group: click.Group, shell: str) -> str:
+    """The hook for ``shell`` (bash, zsh, fish): source it, or install it as the shell's completion file
+    (for example ``netplugin completion bash > /etc/bash_completion.d/netplugin``)."""
+    comp_cls = get_completion_class(shell)
+    if comp_cls is None:
+        raise click.BadParameter(f"no completion for {shell!r}", param_hint="SHELL")
+    return comp_cls(group, {}, "netplugin", COMPLETE_VAR).source()
 
 
 def _config(ctx: click.Context) -> Config | None:
-    from netplugin.core.config import load_config
-
     given = ctx.find_root().params
     overrides = {k: given.get(k) for k in ("plugin_dir", "state_dir", "run_dir")}
     try:
@@ -38,8 +55,6 @@ def _matching(words: Any, incomplete: str) -> list[CompletionItem]:
 
 def complete_plugin(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """The valid plugins: the built-ins and the exec dir's."""
-    from netplugin.manager.manager import Manager
-
     cfg = _config(ctx)
     if cfg is None:
         return []
@@ -51,8 +66,6 @@ def complete_plugin(ctx: click.Context, param: click.Parameter, incomplete: str)
 
 
 def _records(ctx: click.Context) -> list[Any]:
-    from netplugin.store.state import StateStore
-
     cfg = _config(ctx)
     if cfg is None:
         return []

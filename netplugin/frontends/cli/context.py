@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
+from netplugin.core._yaml import dump_yaml
+from netplugin.core.config import Config, load_config
 from netplugin.core.errors import DaemonUnavailable
-
-if TYPE_CHECKING:
-    from netplugin.core.config import Config
-    from netplugin.manager.manager import Manager
+from netplugin.frontends.wire.client import request
+from netplugin.manager.manager import Manager
 
 __all__ = ["LOCAL", "State", "pass_state"]
 
@@ -52,16 +52,12 @@ class State:
     @property
     def config(self) -> Config:
         if self._config is None:
-            from netplugin.core.config import load_config
-
             self._config = load_config(self.config_path, overrides=self.overrides)
         return self._config
 
     @property
     def manager(self) -> Manager:
         if self._manager is None:
-            from netplugin.manager.manager import Manager
-
             self._manager = Manager(self.config)
         return self._manager
 
@@ -70,12 +66,10 @@ class State:
 
         ``use_daemon``: never -> LOCAL; auto -> the daemon when its socket answers (and it runs
         with our settings), else LOCAL; always -> the daemon or DaemonUnavailable (exit 6).
-        Only the thin client is imported on this path: no manager, no plugin machinery.
         """
         cfg = self.config
         if cfg.use_daemon == "never" or (cfg.use_daemon == "auto" and not os.path.exists(cfg.socket_path)):
             return LOCAL
-        from netplugin.frontends.wire.client import request
 
         try:
             return request(cfg.socket_path, op, config=cfg, **args)
@@ -94,10 +88,8 @@ class State:
             if self.output == "json":
                 click.echo(doc)
                 return
-            import yaml
-
             # Through JSON: YAML of exactly the JSON document (tuples as lists, no Python tags).
-            click.echo(yaml.safe_dump(json.loads(doc), sort_keys=True, default_flow_style=False).rstrip("\n"))
+            click.echo(dump_yaml(json.loads(doc)))
         elif self.output == "wide" and wide is not None:
             click.echo(wide)
         elif text is not None:

@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
+from netplugin.core.configkeys import PARSERS
+from netplugin.core.logs import configure
 from netplugin.frontends.cli import GLOBAL_VALUE_OPTIONS, OUTPUTS, Flag
 from netplugin.frontends.cli.completion import complete_infra_id, complete_namespace, complete_plugin, complete_pod
 from netplugin.frontends.cli.context import State
@@ -74,9 +76,6 @@ def _more_verbose(ctx: click.Context, param: click.Parameter, value: int) -> Non
 
 def configure_logging(verbose: int, log_level: str | None, log_format: str | None) -> None:
     """The CLI's own log lines (-v, --log-level, --log-format; the daemon reads its config's too)."""
-    from netplugin.core.configkeys import PARSERS
-    from netplugin.core.logs import configure
-
     level = log_level or ("debug" if verbose > 1 else "info")
     for option, key, value in (("--log-level", "log_level", level), ("--log-format", "log_format", log_format)):
         try:

@@ -15,6 +15,10 @@ from typing import Any
 from netplugin import __version__
 from netplugin.core._yaml import load_json, read_document
 from netplugin.core.config import load_config
+from netplugin.frontends.cni.native import MAX_BINARY
+from netplugin.frontends.cni.netconf import build_config
+from netplugin.frontends.cni.spec import CniRequest
+from netplugin.frontends.wire.fingerprint import fingerprint
 from netplugin.frontends.wire.protocol import CNI_VERSIONS
 
 __all__ = [
@@ -71,8 +75,6 @@ def written_by(head: bytes) -> str | None:
 
 
 def shim_problem(path: str) -> str | None:
-    from netplugin.frontends.cni.native import MAX_BINARY
-
     with open(path, "rb") as f:
         head = f.read(MAX_BINARY)  # a statically linked shim's own strings sit past libc's
     if b"netplugin" not in head:
@@ -93,10 +95,6 @@ def shim_problem(path: str) -> str | None:
 
 def inline_differences(call_conf: dict[str, Any]) -> list[str]:
     """Settings keys in which the conflist's own values make the call's config differ from its config file's."""
-    from netplugin.frontends.cni.netconf import build_config
-    from netplugin.frontends.cni.spec import CniRequest
-    from netplugin.frontends.wire.fingerprint import fingerprint
-
     path = call_conf.get("configFile")
     call = fingerprint(build_config(CniRequest(command="ADD", conf=call_conf), {}))
     alone = fingerprint(load_config(path if isinstance(path, str) else None, environ={}))

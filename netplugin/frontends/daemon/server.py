@@ -24,6 +24,7 @@ from netplugin.agent.gckeeper import GcKeeper
 from netplugin.agent.nodekeeper import NodeKeeper
 from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.execplugin.invoke import adopt_orphans, reap_adopted
+from netplugin.frontends.cni import operations as _cni_calls  # noqa: F401 -- loaded before gc.freeze()
 from netplugin.frontends.daemon.actionlog import log_action
 from netplugin.frontends.daemon.cnicalls import check_settings, run_cni
 from netplugin.frontends.daemon.connections import Connections
@@ -260,10 +261,8 @@ class Daemon:
             await asyncio.to_thread(self.gc.start)  # its first run: before the first ADD is taken
             if self.config.metrics_address != "none":
                 self.metrics_address = self.metrics.serve(self.config.metrics_address)
-            # Every call's code loaded now, then the start-up heap (modules, metrics, plugin) frozen:
-            # it lives as long as the daemon, and the cyclic GC need never scan it again per call.
-            import netplugin.frontends.cni.operations  # noqa: F401
-
+            # The start-up heap (modules, every call's code among them, metrics, plugin) frozen: it
+            # lives as long as the daemon, and the cyclic GC need never scan it again per call.
             gc.collect()
             gc.freeze()
             sock = bind_socket(self.socket_path)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import click
 
+from netplugin.core.config import load_config
 from netplugin.core.errors import NetpluginError
 from netplugin.frontends.cli.context import State, pass_state
 from netplugin.frontends.cli.options import GLOBAL_EPILOG, OutputCommand
 from netplugin.frontends.wire.codes import exit_code_for
+from netplugin.manager.check import checked_manager, refusal_of
 
 __all__ = ["config"]
 
@@ -42,9 +44,6 @@ def check(st: State, file: str | None) -> None:
       netplugin config check
       netplugin config check ./netplugin.yaml -o json
     """
-    from netplugin.core.config import load_config
-    from netplugin.manager.check import checked_manager, refusal_of
-
     path = file or st.config_path
     cfg = None
     try:

@@ -8,8 +8,10 @@ from typing import Any
 import click
 
 from netplugin.core.errors import ConfigError
+from netplugin.frontends.checks import Check, run_checks
 from netplugin.frontends.cli.context import State, pass_state
 from netplugin.frontends.cli.options import cni_bin_dirs, command
+from netplugin.frontends.cni.installed import CNI_BIN_DIRS
 from netplugin.frontends.wire.codes import EXIT_DOCTOR_PROBLEMS, EXIT_OK
 
 __all__ = ["doctor"]
@@ -53,9 +55,6 @@ def doctor(st: State, cni_conf_dir: str, bin_dirs: tuple[str, ...]) -> None:
       netplugin doctor --config /etc/netplugin/netplugin.yaml
       netplugin doctor -o json
     """
-    from netplugin.frontends.checks import Check, run_checks
-    from netplugin.frontends.cni.installed import CNI_BIN_DIRS
-
     try:
         checks = run_checks(st.config, cni_conf_dir, bin_dirs or CNI_BIN_DIRS)
     except ConfigError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from netplugin.agent.problems import NodeProblem
 from netplugin.frontends.cli.context import LOCAL, State, pass_state
 from netplugin.frontends.cli.options import command
 
@@ -52,8 +53,6 @@ def _nodes_text(info: dict[str, Any]) -> str:
     lines += [f"  {r['dst']:<28} via {r['via']:<28} {r['node']}" for r in routes]
     problems = info.get("problems") or []
     if problems:
-        from netplugin.agent.problems import NodeProblem
-
         lines.append(f"problems ({len(problems)}):")
         lines += [f"  {NodeProblem.from_dict(p).text()}" for p in problems]
     return "\n".join(lines)

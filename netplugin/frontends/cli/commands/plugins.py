@@ -6,6 +6,7 @@ import os
 
 import click
 
+from netplugin.core.texttable import text_table
 from netplugin.frontends.cli.context import LOCAL, State, pass_state
 from netplugin.frontends.cli.options import command
 from netplugin.frontends.wire.protocol import init_result
@@ -36,7 +37,6 @@ def plugins(st: State) -> None:
         cands = [c.to_dict() for c in st.manager.candidates()]
     if (warning := missing_dir_warning(st.config.plugin_dir)) is not None:
         click.echo(warning, err=True)
-    from netplugin.core.texttable import text_table
 
     # text: the problem's first line; wide: all of it
     rows = [(c["name"], "ok" if c["valid"] else "INVALID", c["path"], c["problem"] or "-") for c in cands]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import click
 
+from netplugin.core.config import Config, FileSnapshot, load_config, snapshot_config
+from netplugin.core.extras import require
 from netplugin.frontends.cli.context import State, pass_state
 from netplugin.frontends.cli.options import command
+from netplugin.frontends.wire.client import request
 from netplugin.frontends.wire.codes import EXIT_DOCTOR_PROBLEMS
 
 __all__ = ["health", "serve"]
@@ -34,15 +37,13 @@ def serve(st: State, socket_path: str | None, metrics_address: str | None, serve
       netplugin serve --config /etc/netplugin/netplugin.yaml
       netplugin serve --log-level debug --log-format json
     """
-    from netplugin.core.extras import require
-
     require("netplugin serve", "prometheus_client")
     if serve_config is not None:
         st.config_path = serve_config
     st.overrides.update(socket=socket_path, metrics_address=metrics_address)
     if st.verbose > 1 and not st.overrides.get("log_level"):
         st.overrides["log_level"] = "debug"  # -vv, unless --log-level says otherwise
-    from netplugin.core.config import Config, FileSnapshot, load_config, snapshot_config
+    # The daemon's own modules need the daemon extra (pyroute2): imported once require() has named it.
     from netplugin.frontends.daemon.server import serve as run_daemon
 
     overrides, path = dict(st.overrides), st.config_path
@@ -73,8 +74,6 @@ def health(st: State, wait: float) -> None:
       netplugin health
       netplugin health --wait 2 -o json
     """
-    from netplugin.frontends.wire.client import request
-
     h = request(st.config.socket_path, "health", timeout=wait)
     stuck = f"; {len(h['stuck'])} plugin call(s) stuck past their time limits" if h.get("stuck") else ""
     refused = f"; {h['refused']}" if h.get("refused") else ""

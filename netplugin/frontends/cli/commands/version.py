@@ -10,6 +10,8 @@ from netplugin import __version__
 from netplugin.core.errors import NetpluginError
 from netplugin.frontends.cli.context import LOCAL, State, pass_state
 from netplugin.frontends.cli.options import cni_bin_dirs, command
+from netplugin.frontends.cni.installed import CNI_BIN_DIRS, SHIM_NAME, written_by
+from netplugin.frontends.cni.native import version_of
 
 __all__ = ["version"]
 
@@ -17,8 +19,6 @@ __all__ = ["version"]
 def _shim(bin_dirs: tuple[str, ...]) -> dict[str, Any] | None:
     """The first installed shim: its path and kind, and the version that wrote it (a Python entry)
     or built it (the compiled shim)."""
-    from netplugin.frontends.cni.installed import SHIM_NAME, written_by
-
     for d in bin_dirs:
         path = os.path.join(d, SHIM_NAME)
         try:
@@ -29,8 +29,6 @@ def _shim(bin_dirs: tuple[str, ...]) -> dict[str, Any] | None:
         except OSError as e:
             return {"path": path, "kind": None, "version": None, "problem": e.strerror or str(e)}
         if head.startswith(b"\x7fELF"):
-            from netplugin.frontends.cni.native import version_of
-
             try:
                 # Read from the binary (what `netplugin-cni --version` prints), never by running it.
                 return {"path": path, "kind": "compiled", "version": version_of(path), "problem": None}
@@ -86,8 +84,6 @@ def version(st: State, bin_dirs: tuple[str, ...]) -> None:
       netplugin version
       netplugin version -o yaml
     """
-    from netplugin.frontends.cni.installed import CNI_BIN_DIRS
-
     chain, problem = _chain(st)
     doc = {
         "cli": {"version": __version__, "python": platform.python_version()},
