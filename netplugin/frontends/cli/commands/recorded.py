@@ -87,6 +87,7 @@ def gc(st: State, dry_run: bool, no_host_check: bool, forget: str | None) -> Non
         done = forget_pod(st.manager, forget)
         st.emit(done.to_dict(), done.text())
         return
+
     def progress(line: str) -> None:
         click.echo(f"gc: {line}", err=True)
 
