@@ -9,10 +9,15 @@ most the action's limit; past it the caller gets PluginTimeout and goes on, and 
 left to finish on its own. Such threads cannot be killed, so they are listed by
 :func:`stuck_calls` until they end: the daemon's ``health`` shows them, so a node that piles
 them up is seen, not silent.
+
+The threads are kept for the next call once their call ends (idle ones retire after a while):
+a daemon's burst would otherwise start and end one thread per action, and lose with it the
+thread's warm state (its root-netns netlink socket, :func:`netplugin.core.netlink.root_netlink`).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +49,10 @@ class StuckCall:
 
 _lock = threading.Lock()
 _stuck: dict[int, StuckCall] = {}
+#: threads whose call ended, waiting for the next one (newest last), guarded by ``_lock``
+_idle: list[_Runner] = []
+#: an idle thread ends after this long without a call
+IDLE_SECONDS = 60.0
 
 
 def stuck_calls() -> list[StuckCall]:
@@ -52,31 +61,87 @@ def stuck_calls() -> list[StuckCall]:
         return sorted(_stuck.values(), key=lambda c: c.started)
 
 
+class _Call:
+    """One bounded call: its function, its outcome once done (``done`` set under ``_lock``)."""
+
+    __slots__ = ("done", "fn", "outcome", "what")
+
+    def __init__(self, what: str, fn: Callable[[], object]) -> None:
+        self.what = what
+        self.fn = fn
+        self.outcome: tuple[bool, object] | None = None
+        self.done = threading.Event()
+
+
+class _Runner:
+    """A thread that runs bounded calls one at a time, and waits idle for the next between them."""
+
+    def __init__(self, first: _Call) -> None:
+        self._call: _Call | None = first
+        self._wake = threading.Event()
+        self._wake.set()
+        self.thread = threading.Thread(target=self._loop, name=self._name(first), daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _name(call: _Call) -> str:
+        return f"netplugin {call.what}"[:60]
+
+    def give(self, call: _Call) -> None:
+        """Run ``call`` next (the runner was idle: taken off ``_idle`` by the caller)."""
+        self._call = call
+        self.thread.name = self._name(call)
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            if not self._wake.wait(IDLE_SECONDS):
+                with _lock:
+                    if self in _idle:  # nobody took it meanwhile: retire
+                        _idle.remove(self)
+                        return
+                continue  # taken just now: its call comes with the wake
+            self._wake.clear()
+            call, self._call = self._call, None
+            assert call is not None
+            try:
+                call.outcome = (True, call.fn())
+            except BaseException as e:  # handed to the caller's thread
+                call.outcome = (False, e)
+            finally:
+                del call.fn  # nothing of the call is kept alive by an idle thread
+                with _lock:
+                    _stuck.pop(threading.get_ident(), None)
+                    call.done.set()
+                    _idle.append(self)
+            call = None  # its outcome is the caller's now
+
+
+def _forget_idle() -> None:
+    _idle.clear()  # a forked child has none of its parent's threads
+
+
+os.register_at_fork(after_in_child=_forget_idle)
+
+
 def run_bounded(what: str, limit: float, fn: Callable[[], T]) -> T:
     """``fn()`` in a thread of its own; its result or exception, or TimeoutError after ``limit`` seconds."""
-    outcome: list[tuple[bool, object]] = []
-    done = threading.Event()
+    call = _Call(what, fn)
     started = time.monotonic()
-
-    def work() -> None:
-        try:
-            outcome.append((True, fn()))
-        except BaseException as e:  # handed to the caller's thread
-            outcome.append((False, e))
-        finally:
-            with _lock:
-                _stuck.pop(threading.get_ident(), None)
-                done.set()
-
-    worker = threading.Thread(target=work, name=f"netplugin {what}"[:60], daemon=True)
-    worker.start()
-    if not done.wait(limit):
+    with _lock:
+        runner = _idle.pop() if _idle else None
+    if runner is None:
+        runner = _Runner(call)
+    else:
+        runner.give(call)
+    if not call.done.wait(limit):
         with _lock:
-            if not done.is_set():  # else it finished just now: take its outcome
-                assert worker.ident is not None
-                _stuck[worker.ident] = StuckCall(what, limit, started)
+            if not call.done.is_set():  # else it finished just now: take its outcome
+                assert runner.thread.ident is not None
+                _stuck[runner.thread.ident] = StuckCall(what, limit, started)
                 raise TimeoutError(f"{what} did not finish within {limit:g}s")
-    ok, value = outcome[0]
+    assert call.outcome is not None
+    ok, value = call.outcome
     if ok:
         return value  # type: ignore[return-value]
     assert isinstance(value, BaseException)
