@@ -452,8 +452,7 @@ class Manager:
         pod_obj = self._lookup(pod, Action.TEARDOWN)
         rec = None
         if self.state is not None:
-            self.state.mark_teardown(pod)
-            rec = self.state.get(pod)
+            rec = self.state.begin_teardown(pod)  # the record as marked: no second read
         # the members that set the pod up, whatever the config says now (no record: the configured chain)
         members = recorded_members(rec.chain, self.recorded_plugin, self.member) if rec is not None else None
         run = self._run(Action.TEARDOWN, pod, pod_obj, call, node, list(rec.chain) if rec else None, members)

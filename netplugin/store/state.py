@@ -373,12 +373,19 @@ class StateStore:
 
     def mark_teardown(self, pod: PodRef) -> list[int]:
         """Record that teardown is starting. No record: nothing to mark. Returns orphans it waited for."""
+        return self._mark_teardown(pod)[0]
+
+    def begin_teardown(self, pod: PodRef) -> PodRecord | None:
+        """Record that teardown is starting; the record as written (None: the pod has none)."""
+        return self._mark_teardown(pod)[1]
+
+    def _mark_teardown(self, pod: PodRef) -> tuple[list[int], PodRecord | None]:
         existing = self._existing(pod)
         if existing is None:
-            return []
+            return [], None
         orphans = self._settle_orphans(existing)
-        self._write(replace(existing, state=TEARING_DOWN, updated=now_iso(), owner=Owner.me()))
-        return orphans
+        rec = self._write(replace(existing, state=TEARING_DOWN, updated=now_iso(), owner=Owner.me()))
+        return orphans, rec
 
     def observe_ip(self, pod: PodRef, ip: str) -> None:
         """Record the IP a ``status`` reported, if the ready record lacks it or has another.
