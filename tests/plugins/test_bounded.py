@@ -10,7 +10,9 @@ import pytest
 from netplugin.core.errors import PluginTimeout
 from netplugin.core.names import PodRef
 from netplugin.core.plugin import CallContext, PodNetworkStatus
-from netplugin.plugins.bounded import BoundedPlugin, stuck_calls
+from netplugin.plugins import bounded
+from netplugin.plugins.bounded import BoundedPlugin, run_bounded, stuck_calls
+from tests.support.waits import wait_for
 
 POD = PodRef("default", "web-0", "abc")
 STATUS = PodNetworkStatus(ip="10.204.0.5")
@@ -81,3 +83,45 @@ def test_a_stuck_action_times_out_and_is_listed(action: str) -> None:
         assert any(c.what.startswith(f"{_Builtin.name} {action}") for c in stuck_calls())
     finally:
         gate.set()
+
+
+def _thread_of_call() -> threading.Thread:
+    return run_bounded("example.com/inproc status", 5, threading.current_thread)
+
+
+def test_calls_one_after_another_reuse_one_thread() -> None:
+    # A thread per action cost its start and its warm state (the thread's root-netns netlink socket).
+    first = _thread_of_call()
+    assert first is not threading.current_thread()
+    assert _thread_of_call() is first
+    with pytest.raises(ZeroDivisionError):  # an exception reaches the caller; the thread stays
+        run_bounded("example.com/inproc setup", 5, lambda: 1 // 0)
+    assert _thread_of_call() is first
+
+
+def test_a_stuck_calls_thread_is_not_reused_until_its_call_ends() -> None:
+    gate = threading.Event()
+    seen: list[threading.Thread] = []
+
+    def stuck() -> None:
+        seen.append(threading.current_thread())
+        gate.wait(10)
+
+    wait_for(lambda: not stuck_calls(), "the earlier tests' stuck calls to end", 10)
+    try:
+        with pytest.raises(TimeoutError):
+            run_bounded("example.com/stuck teardown", 0.2, stuck)
+        assert [c.what for c in stuck_calls()] == ["example.com/stuck teardown"]
+        assert _thread_of_call() is not seen[0]  # still running the stuck call
+    finally:
+        gate.set()
+    wait_for(lambda: not stuck_calls(), "the stuck call's end", 10)
+    assert _thread_of_call() is seen[0]  # idle again once its call ended (the newest idle thread)
+
+
+def test_an_idle_thread_retires(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bounded, "IDLE_SECONDS", 0.05)
+    thread = _thread_of_call()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert _thread_of_call() is not thread
