@@ -69,6 +69,8 @@ class Plan:
     node_burst_rounds: int = 5
     #: RunPodSandbox calls at once through containerd 2 (its rounds: node_burst_rounds)
     sandbox_burst: int = 110
+    #: the replicas of the kubelet cluster's Deployment (its rounds: node_burst_rounds)
+    deployment_replicas: int = 110
     drain: int = 100
     drain_rounds: int = 3
     levels: tuple[int, ...] = (10, 100, 500, 1000)
@@ -82,7 +84,7 @@ class Plan:
         if quick:
             return cls(True, pods or 3, burst=5, burst_rounds=1, drain=5, drain_rounds=1, levels=(2, 8),
                        level_samples=3, cold_runs=5, cold_warmups=1, overhead_runs=5, node_bursts=(3,),
-                       node_burst_rounds=1, sandbox_burst=3)
+                       node_burst_rounds=1, sandbox_burst=3, deployment_replicas=3)
         return cls(False, pods or 60)
 
 

@@ -58,6 +58,7 @@ PLOTS: dict[str, PlotSpec] = {
     "containerd2-run": _BAR_P90,
     "containerd2-stop": _BAR_P90,
     "containerd2-burst": _BAR_RANGE,
+    "kubelet-cluster": _BAR_RANGE,
     "cluster-routes": PlotSpec("bars", ("median", "max")),
     "cluster-size": PlotSpec("panels", ("first sync", "RSS"), x="nodes"),
     "chain-setup": _BAR_P90,

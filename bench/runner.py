@@ -29,6 +29,7 @@ from .context import RunContext, clean_environ, cli_command, leftovers, with_che
 from .daemon import Daemon
 from .harness import Plan
 from .hostport import HOSTPORT_KEYS, fig_hostport
+from .kubeletcluster import fig_kubelet_cluster
 from .nodeburst import fig_node_burst
 from .overhead import fig_overhead
 from .plaininstall import compile_checkout
@@ -55,12 +56,15 @@ FIGURES = (
     "nodeburst",
     "containerd",
     "containerd2",
+    "kubelet",
     "cluster",
     "bigcluster",
     "chain",
     "hostport",
     "repair",
 )
+#: figures a --quick run leaves out unless --only names them: each brings up a kubelet cluster (minutes)
+FULL_RUN_ONLY = ("kubelet",)
 CNI_HINTS = {
     "A": f"build them: export {PEERS_ENV}=$(bash scripts/build-peers.sh) (CNI plugins v1.10 in its cni/)",
     "O": "install Debian's reference plugins: apt-get install -y containernetworking-plugins (into /usr/lib/cni)",
@@ -69,7 +73,8 @@ CNI_HINTS = {
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description="netplugin's benchmarks (run as root).")
-    p.add_argument("--quick", action="store_true", help="smoke-test sizes (a few pods; under a minute)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"smoke-test sizes (a few pods; no {', '.join(FULL_RUN_ONLY)} unless --only names it)")
     p.add_argument("--out", metavar="DIR", help="write BENCHMARKS.md, results.json and plots/ here "
                    "(default: the checkout: BENCHMARKS.md, bench/plots/, bench/out/)")
     p.add_argument("--pods", type=int, metavar="N", help="pods in the per-pod figure (default 60; quick 3)")
@@ -258,7 +263,9 @@ def _refusal(args: argparse.Namespace) -> str | None:
 
 
 def _only(args: argparse.Namespace) -> list[str]:
-    return [f.strip() for f in args.only.split(",")] if args.only else list(FIGURES)
+    if args.only:
+        return [f.strip() for f in args.only.split(",")]
+    return [f for f in FIGURES if not (args.quick and f in FULL_RUN_ONLY)]
 
 
 def _outputs(args: argparse.Namespace) -> tuple[Path, Path, Path]:
@@ -299,6 +306,7 @@ def _run_figures(ctx: RunContext, plan: Plan, args: argparse.Namespace, out: _Ou
         ("nodeburst", lambda: fig_node_burst(ctx, plan, keys, pool)),
         ("containerd", lambda: fig_containerd(ctx, plan, pool)),
         ("containerd2", lambda: fig_containerd(ctx, plan, pool, peers=_containerd2())),
+        ("kubelet", lambda: fig_kubelet_cluster(ctx, plan)),
         ("cluster", lambda: fig_cluster(plan.quick, _say)),
         ("bigcluster", lambda: fig_bigcluster(plan.quick, _say)),
         ("chain", lambda: fig_chain(ctx, plan, keys, pool)),

@@ -57,7 +57,7 @@ from tests.cluster.kubeletnodes import KERNEL_TUNABLES
 from tests.conformance.images import archive_refs
 from tests.support.kubeplane import CLUSTER_CIDRS, SERVICE_CIDR, ApiError, ControlPlane
 
-__all__ = ["API_ADDRESS", "DNS_IP", "Cluster", "Node"]
+__all__ = ["API_ADDRESS", "BRIDGE_NETWORK", "DNS_IP", "NETWORK_LABEL", "Cluster", "Node"]
 
 REPO = Path(__file__).resolve().parents[2]
 API_ADDRESS = str(UNDERLAY_V4.network_address + 1)
@@ -83,6 +83,12 @@ NODE_DIRS = {
     "/var/lib/kubelet": ("kubelet", True),
     "/run/netns": ("netns", True),
 }
+#: the label saying which network a node runs; netplugin's DaemonSet stays off the nodes labelled
+#: :data:`BRIDGE_NETWORK`, whose network is the CNI v1.10 reference bridge (the bench's contender)
+NETWORK_LABEL = "network.netplugin.test/provider"
+BRIDGE_NETWORK = "cni-bridge"
+#: what such a node's /opt/cni/bin gets from the peer build's CNI plugins v1.10
+BRIDGE_PLUGINS = ("bridge", "host-local", "portmap")
 #: bounds of the waits: generous, for a control plane and two nodes on two shared cores
 UP_WITHIN = 240.0
 
@@ -133,6 +139,8 @@ class Node:
         self.root = cluster.root / self.name
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.pod_cidrs: list[str] = []
+        #: "netplugin" (its DaemonSet serves the node) or :data:`BRIDGE_NETWORK`
+        self.network = "netplugin"
 
     # --- the namespaces ------------------------------------------------------------------------------
 
@@ -163,11 +171,10 @@ class Node:
             binds.append((str(self.root / sub), target, shared))
         # The DaemonSet's hostPath dirs start empty, whatever the machine has there (a CNI config of
         # its own in /etc/cni/net.d would make the node's network ready before netplugin runs).
-        for path in _daemonset_host_paths():
-            if path not in NODE_DIRS:
-                sub = "host" + path.replace("/", "-")
-                (self.root / sub).mkdir()
-                binds.append((str(self.root / sub), path, False))
+        for host_path in _daemonset_host_paths():
+            if host_path not in NODE_DIRS:
+                self.host_dir(host_path).mkdir()
+                binds.append((str(self.host_dir(host_path)), host_path, False))
         (self.root / "tunables").mkdir()
         tunables = []
         for name, value in KERNEL_TUNABLES.items():
@@ -185,6 +192,10 @@ class Node:
         if proc.stdout.readline().strip() != b"ready":
             err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
             raise RuntimeError(f"{self.name}: its mount namespace could not be made: {err[-2000:]}")
+
+    def host_dir(self, path: str) -> Path:
+        """Where the node's ``path`` (one of the DaemonSet's hostPath dirs) lives, as the machine sees it."""
+        return self.root / ("host" + path.replace("/", "-"))
 
     @property
     def hold_pid(self) -> int:
@@ -337,6 +348,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 "nodefs.inodesFree": "1%",
                 "imagefs.available": "1%",
             },
+            **({"maxPods": self.cluster.max_pods} if self.cluster.max_pods is not None else {}),
         }
 
     def start_kubelet(self) -> None:
@@ -347,8 +359,28 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         argv = [
             str(self.cluster.peers / "kubelet"), f"--config={config}", f"--kubeconfig={kubeconfig}",
             f"--hostname-override={self.name}", f"--node-ip={self.ipv4},{self.ipv6}", "--v=2",
+            f"--node-labels={NETWORK_LABEL}={self.network}",
         ]  # fmt: skip
         self.spawn("kubelet", argv)
+
+    def install_bridge_network(self) -> None:
+        """The CNI v1.10 reference as this node's network, as a user of the plain CNI plugins sets it up:
+        bridge (gateway, masquerade, hairpin) with host-local over the Node's pod CIDRs, then portmap
+        (the runtime's hostPorts): the same jobs netplugin's shipped chain does on its nodes."""
+        bins = self.host_dir("/opt/cni/bin")
+        for plugin in BRIDGE_PLUGINS:
+            shutil.copy2(self.cluster.peers / "cni" / plugin, bins / plugin)
+        conflist = {
+            "cniVersion": "1.0.0",
+            "name": "cni-bridge",
+            "plugins": [
+                {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": True, "hairpinMode": True,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": c}] for c in self.pod_cidrs],
+                          "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}},
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ],
+        }  # fmt: skip
+        (self.host_dir("/etc/cni/net.d") / "10-bridge.conflist").write_text(json.dumps(conflist, indent=1))
 
     # --- leaving -------------------------------------------------------------------------------------
 
@@ -419,9 +451,14 @@ class Cluster:
         netplugin_archive: Path,
         *,
         nodes: int = 2,
+        bridge_nodes: int = 0,
+        max_pods: int | None = None,
+        coredns: bool = True,
         root: Path | None = None,
         log: Callable[[str], None] = _log_default,
     ) -> None:
+        """``bridge_nodes``: how many of the last nodes run the CNI v1.10 bridge instead of netplugin;
+        ``max_pods``: the kubelets' maxPods (default: the kubelet's, 110); ``coredns``: deploy it."""
         self.peers = peers
         self.image_archives = image_archives
         self.netplugin_archive = netplugin_archive
@@ -430,7 +467,11 @@ class Cluster:
         self.root = root or Path(tempfile.mkdtemp(prefix=f"netplugin-conformance-{self.tag}-"))
         os.chmod(self.root, 0o755)
         self.log = log
+        self.max_pods = max_pods
+        self.coredns = coredns
         self.nodes = [Node(self, i) for i in range(1, nodes + 1)]
+        for node in self.nodes[nodes - bridge_nodes :]:
+            node.network = BRIDGE_NETWORK
         self.plane = ControlPlane(
             self.root / "plane", peers, san_ips=(KUBERNETES_IP,), for_kubelets=True, address=API_ADDRESS,
             all_controllers=True,
@@ -513,6 +554,8 @@ class Cluster:
             for cidr in node.pod_cidrs:
                 via = node.ipv4 if ipaddress.ip_network(cidr).version == 4 else node.ipv6
                 ip("route", "add", cidr, "via", via)
+            if node.network == BRIDGE_NETWORK:
+                node.install_bridge_network()
             # before netplugin runs, containerd's CNI status fails, and the kubelet says so
             self.log(f"cluster: {node.name} registered, pod CIDRs {node.pod_cidrs}: {self.ready_condition(node)}")
         self._timed("nodes registered", t)
@@ -521,10 +564,11 @@ class Cluster:
         self.wait_nodes_ready()
         self.wait_system_pods_ready()
         self._timed("netplugin's DaemonSet running and every Node Ready", t)
-        t = time.monotonic()
-        self.deploy_coredns()
-        self.wait_system_pods_ready()
-        self._timed("CoreDNS ready", t)
+        if self.coredns:
+            t = time.monotonic()
+            self.deploy_coredns()
+            self.wait_system_pods_ready()
+            self._timed("CoreDNS ready", t)
         self.timings["cluster up"] = round(time.monotonic() - start, 1)
 
     def kubectl(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -566,15 +610,32 @@ class Cluster:
                  "metadata": {"name": cm["metadata"]["name"], "namespace": cm["metadata"]["namespace"]},
                  "data": {"netplugin.yaml": changed}}  # fmt: skip
         (d / "configmap-patch.yaml").write_text(yaml.safe_dump(patch))
+        patches = [{"path": "configmap-patch.yaml"}]
+        if any(node.network == BRIDGE_NETWORK for node in self.nodes):
+            # not part of a user's deployment: the cluster's nodes whose network is the reference
+            (d / "daemonset-patch.yaml").write_text(yaml.safe_dump(self._off_bridge_nodes()))
+            patches.append({"path": "daemonset-patch.yaml"})
         kustomization = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
             "resources": [os.path.relpath(REPO / "etc" / "kubernetes", d)],
             "images": [{"name": NETPLUGIN_IMAGE, "digest": digest}],
-            "patches": [{"path": "configmap-patch.yaml"}],
+            "patches": patches,
         }
         (d / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
         return d
+
+    @staticmethod
+    def _off_bridge_nodes() -> dict[str, Any]:
+        """A patch keeping the shipped DaemonSet off the nodes whose network is the CNI bridge."""
+        [ds] = [d for d in yaml.safe_load_all((REPO / "etc/kubernetes/daemonset.yaml").read_text()) if d]
+        term = {"matchExpressions": [{"key": NETWORK_LABEL, "operator": "NotIn", "values": [BRIDGE_NETWORK]}]}
+        return {
+            "apiVersion": ds["apiVersion"], "kind": ds["kind"],
+            "metadata": {"name": ds["metadata"]["name"], "namespace": ds["metadata"]["namespace"]},
+            "spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}}}},
+        }  # fmt: skip
 
     def deploy_netplugin(self) -> None:
         digests = {node.name: node.name_by_digest(f"{NETPLUGIN_IMAGE}:{self.netplugin_tag}") for node in self.nodes}

@@ -32,7 +32,9 @@ from tests.conformance.cluster import NETPLUGIN_IMAGE, PAUSE_IMAGE, PEERS, Clust
 from tests.conformance.disruption import DisruptionReport, run_disruptions
 from tests.conformance.images import BUILDERS, REGRESSION_74839, ImageBuilder, list_images, retag_archive
 
-__all__ = ["DEFAULT_FOCUS", "DEFAULT_SKIP", "SMALL_FOCUS", "Results", "main", "read_junit", "selected_specs"]
+__all__ = [
+    "DEFAULT_FOCUS", "DEFAULT_SKIP", "SMALL_FOCUS", "Results", "build_images", "main", "read_junit", "selected_specs",
+]  # fmt: skip
 
 HERE = Path(__file__).resolve().parent
 EXPECTED_FAILURES = HERE / "expected-failures.yaml"
@@ -136,11 +138,15 @@ def expected_failures(path: Path = EXPECTED_FAILURES) -> dict[str, str]:
 # --- the images ------------------------------------------------------------------------------------------
 
 
-def build_images(peers: Path, netplugin_image: str, work: Path) -> tuple[list[Path], Path]:
+def build_images(
+    peers: Path, netplugin_image: str, work: Path, refs: list[str] | None = None
+) -> tuple[list[Path], Path]:
     """The test images under the references e2e.test names, CoreDNS's, and netplugin's (as a registry
-    would serve the DaemonSet's image); (test archives, netplugin's archive)."""
+    would serve the DaemonSet's image); (test archives, netplugin's archive). ``refs``: only these
+    (of the images :data:`BUILDERS` makes) instead of e2e.test's."""
     by_builder: dict[str, list[str]] = defaultdict(list)
-    for ref in [*list_images(peers / "e2e.test"), COREDNS_IMAGE, PAUSE_IMAGE]:
+    wanted = refs if refs is not None else [*list_images(peers / "e2e.test"), COREDNS_IMAGE, PAUSE_IMAGE]
+    for ref in wanted:
         path = ref.split("/", 1)[1].rsplit(":", 1)[0] if "/" in ref else ref
         if path in BUILDERS and ref not in by_builder[path]:
             by_builder[path].append(ref)

@@ -23,9 +23,10 @@ import random
 import socket
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -316,6 +317,13 @@ class ControlPlane:
         except ValueError:
             return text
 
+    def watch(self, path: str, timeout: float = 30) -> Watch:
+        """A watch of ``path`` (a collection, with its query), open when this returns: what changes
+        after the call is in its events. Each read waits at most ``timeout`` seconds."""
+        sep = "&" if "?" in path else "?"
+        req = urllib.request.Request(f"{self.url}{path}{sep}watch=1", headers={"Accept": "application/json"})
+        return Watch(urllib.request.urlopen(req, timeout=timeout, context=self._ssl()))
+
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create ``obj`` (a dict as in a manifest) at its collection's path."""
         result: dict[str, Any] = self.request("POST", collection_path(obj), obj)
@@ -391,6 +399,27 @@ KINDS = {
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
 }
+
+
+class Watch:
+    """An open watch: its events, each stamped with the ``time.monotonic()`` of its arrival; a context
+    manager (closing ends the stream). The API server may end a watch at any time: the iteration ends."""
+
+    def __init__(self, response: Any) -> None:
+        self._response = response
+
+    def __iter__(self) -> Iterator[tuple[float, dict[str, Any]]]:
+        for line in self._response:
+            yield time.monotonic(), json.loads(line)
+
+    def close(self) -> None:
+        self._response.close()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def collection_path(obj: dict[str, Any]) -> str:
