@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from netplugin.agent.repairlog import RepairLog
 from netplugin.agent.worker import Worker
+from netplugin.core.dirwatch import DirWatch
 from netplugin.core.errors import NetpluginError, StateError
 from netplugin.core.fileio import TMP_INFIX
 from netplugin.manager.repair import repair_kind, repair_pod
@@ -56,6 +57,10 @@ LOOP_ROUNDS = 20
 def _key(rec: PodRecord) -> str:
     """``NS/NAME/INFRA_ID``: a pod's sandbox (as ``gc --forget`` names it)."""
     return f"{rec.ref}/{rec.ref.infra_id}"
+
+
+def _is_record(name: str) -> bool:
+    return name.endswith(RECORD_SUFFIX) and TMP_INFIX not in name
 
 
 def _host_interfaces(rec: PodRecord) -> list[str]:
@@ -95,6 +100,13 @@ class PodRepairer:
         self._pending = LostInterfaces()
         #: record path -> ((inode, mtime, size), record): a pass re-reads only the files that changed
         self._records: dict[str, tuple[tuple[int, int, int], PodRecord]] = {}
+        #: the ready pods' records by pod key, and the pod keys by host interface (from ``_records``)
+        self._ready: dict[str, PodRecord] = {}
+        self._by_hif: dict[str, set[str]] = {}
+        #: the records dir's watch: which files changed since the last pass
+        self._watch: DirWatch | None = None
+        #: record files a pass could not read (being rewritten): read again by the next
+        self._unread: set[str] = set()
         self._worker = Worker("netplugin-pod-repair", self._loop, limit)
 
     @property
@@ -127,20 +139,30 @@ class PodRepairer:
         return min(waits) if waits else None
 
     def _loop(self) -> None:
-        while not self._worker.stopping:
-            self._worker.sleep(self._next_wait())
-            with self._lock:
-                pending, self._pending = self._pending, LostInterfaces()
-                first, self._first_loss = self._first_loss, None
-                now = time.monotonic()
-                retry = {p for p, (_, due, _) in self.failing.items() if due <= now}
-            if self._worker.stopping:
-                return
-            try:
-                self.run(pending.gone | pending.damaged, every=pending.every, retry=retry,
-                         lost=pending, since=first)  # fmt: skip
-            except NetpluginError as e:
-                log.error("pod repair: cannot read the pod records: %s", e.message)
+        try:
+            while not self._worker.stopping:
+                self._worker.sleep(self._next_wait())
+                with self._lock:
+                    pending, self._pending = self._pending, LostInterfaces()
+                    first, self._first_loss = self._first_loss, None
+                    now = time.monotonic()
+                    retry = {p for p, (_, due, _) in self.failing.items() if due <= now}
+                if self._worker.stopping:
+                    return
+                try:
+                    self.run(pending.gone | pending.damaged, every=pending.every, retry=retry,
+                             lost=pending, since=first)  # fmt: skip
+                except NetpluginError as e:
+                    log.error("pod repair: cannot read the pod records: %s", e.message)
+        finally:
+            # closed by the thread that reads it (a stop may give up waiting for a stuck pass)
+            self.close_watch()
+
+    def close_watch(self) -> None:
+        """Close the records dir's watch (the next pass reads every record, and watches again)."""
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
 
     def run(
         self,
@@ -157,17 +179,24 @@ class PodRepairer:
         manager = self.manager()
         if manager.state is None:
             return
-        records = self._ready_records(manager.state.dir, manager.state.load)
-        live = {_key(r) for r in records}
+        self._read_records(manager.state.dir, manager.state.load)
+        ready = self._ready  # pod key -> record: a pass costs what it looks at, not the node's pod count
         with self._lock:
             for table in (self.broken, self.failing, self.looping, self._streak):
-                for pod in [p for p in table if p not in live]:
+                for pod in [p for p in table if p not in ready]:
                     del table[pod]  # torn down (or its record gone): no longer broken, failing or looping
-        self._loop_guard(records, lost, since)
+            streaks = [ready[p] for p in self._streak]
+        # only a pod with a streak can have caused a loss (its last repair put something back)
+        self._loop_guard(streaks, lost, since)
         retry = retry or set()
+        if every:
+            candidates = list(ready.values())
+        else:
+            keys = {k for n in names for k in self._by_hif.get(n, ())} | (retry & ready.keys())
+            candidates = [ready[k] for k in sorted(keys)]
         hit = [
             (rec, hifs)
-            for rec in records
+            for rec in candidates
             if (hifs := _host_interfaces(rec)) and (every or names & set(hifs) or _key(rec) in retry)
             and _key(rec) not in self.looping
         ]
@@ -181,7 +210,7 @@ class PodRepairer:
         if "bridge" in kinds and not every:
             # The bridge was made again: every port detached while it was gone must be checked, and
             # no later loss names a port that is already detached.
-            rest = [(r, h) for r in records if (h := _host_interfaces(r)) and _key(r) != _key(hit[0][0])
+            rest = [(r, h) for r in list(ready.values()) if (h := _host_interfaces(r)) and _key(r) != _key(hit[0][0])
                     and _key(r) not in self.looping]  # fmt: skip
         if rest:
             with ThreadPoolExecutor(min(PARALLEL, len(rest)), thread_name_prefix="netplugin-repair") as pool:
@@ -215,24 +244,82 @@ class PodRepairer:
             log.error("pod %s: %s", pod, why)
 
     def _ready_records(self, records_dir: str, load: Callable[[str], PodRecord]) -> list[PodRecord]:
-        """The ready pods' records. Every teardown deletes a host veth (a loss), so on a full node a
-        parse of every record per pass would tax every teardown: only changed files are read again."""
-        fresh: dict[str, tuple[tuple[int, int, int], PodRecord]] = {}
+        """The ready pods' records (see :meth:`_read_records`)."""
+        self._read_records(records_dir, load)
+        return list(self._ready.values())
+
+    def _read_records(self, records_dir: str, load: Callable[[str], PodRecord]) -> None:
+        """Bring the kept records (and their indexes) up to date. Every teardown deletes a host veth (a
+        loss), so on a full node a pass that listed, stat-ed or parsed every record would tax every
+        teardown: the files are kept between passes, and only the names the directory watch says
+        changed are read again (all of them when it cannot tell)."""
+        if self._watch is None or self._watch.path != records_dir:
+            self.close_watch()
+            self._watch = DirWatch(records_dir)
+        changed = self._watch.changed()
+        if changed is None:
+            self._scan(records_dir, load)
+        else:
+            for name in changed | self._unread:
+                self._refresh(os.path.join(records_dir, name), load)
+
+    def _scan(self, records_dir: str, load: Callable[[str], PodRecord]) -> None:
+        """Every record file, read again where it changed since it was read."""
+        self._unread = set()
         try:
             with os.scandir(records_dir) as it:
-                entries = [e for e in it if e.name.endswith(RECORD_SUFFIX) and TMP_INFIX not in e.name]
+                paths = [e.path for e in it if _is_record(e.name)]
         except FileNotFoundError:
-            entries = []
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-                sig = (st.st_ino, st.st_mtime_ns, st.st_size)
-                known = self._records.get(entry.path)
-                fresh[entry.path] = known if known is not None and known[0] == sig else (sig, load(entry.path))
-            except (FileNotFoundError, StateError):
-                continue  # removed while listed, or being rewritten: its own action owns it
-        self._records = fresh
-        return [rec for _, rec in fresh.values() if rec.state == READY]
+            paths = []
+        known = self._records
+        self._records, self._ready, self._by_hif = {}, {}, {}
+        for path in paths:
+            self._refresh(path, load, known.get(path))
+
+    def _refresh(
+        self, path: str, load: Callable[[str], PodRecord],
+        known: tuple[tuple[int, int, int], PodRecord] | None = None,
+    ) -> None:
+        """Record file ``path`` into the kept ones: read again if it changed, forgotten if it is gone."""
+        name = os.path.basename(path)
+        self._unread.discard(name)
+        if not _is_record(name):
+            return
+        known = known or self._records.get(path)
+        try:
+            st = os.lstat(path)
+            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+            entry = known if known is not None and known[0] == sig else (sig, load(path))
+        except FileNotFoundError:
+            self._forget(path)  # removed: torn down, forgotten or set aside
+            return
+        except StateError:
+            # being rewritten, or unreadable: its own action owns it; looked at again next pass
+            self._forget(path)
+            self._unread.add(name)
+            return
+        self._forget(path)
+        self._records[path] = entry
+        rec = entry[1]
+        if rec.state == READY:
+            self._ready[_key(rec)] = rec
+            for hif in _host_interfaces(rec):
+                self._by_hif.setdefault(hif, set()).add(_key(rec))
+
+    def _forget(self, path: str) -> None:
+        """Drop the kept record of ``path`` and its index entries."""
+        entry = self._records.pop(path, None)
+        if entry is None or entry[1].state != READY:
+            return
+        key = _key(entry[1])
+        if self._ready.get(key) is entry[1]:
+            del self._ready[key]
+        for hif in _host_interfaces(entry[1]):
+            keys = self._by_hif.get(hif)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_hif[hif]
 
     def _pod(self, manager: Manager, rec: PodRecord, hifs: list[str]) -> set[str]:
         """Check and repair one pod; the kinds of what its repair put back."""

@@ -34,6 +34,7 @@ __all__ = [
     "NSFS_MAGIC",
     "entered",
     "in_netns",
+    "libc_handle",
     "netns_gone",
     "netns_identity",
     "netns_problem",
@@ -64,7 +65,8 @@ def in_netns(argv: list[str], netns: str | None) -> list[str]:
     return ["nsenter", f"--net={netns}", *argv] if netns else argv
 
 
-def _libc_handle() -> Any:
+def libc_handle() -> Any:
+    """The C library (ctypes, errno kept): for the calls the os module lacks."""
     global _libc
     import ctypes  # here: ctypes is costly to import, and only pod actions need it
 
@@ -80,7 +82,7 @@ def setns(fd: int) -> None:
         return
     import ctypes
 
-    if _libc_handle().setns(fd, CLONE_NEWNET) != 0:
+    if libc_handle().setns(fd, CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -90,7 +92,7 @@ def _fs_type(fd: int) -> int:
     import ctypes
 
     buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
-    if _libc_handle().fstatfs(fd, buf) != 0:
+    if libc_handle().fstatfs(fd, buf) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return int(ctypes.c_long.from_buffer(buf).value) & 0xFFFFFFFF
