@@ -340,7 +340,10 @@ def test_corrupt_file_is_reported_and_set_aside_and_never_breaks_commands(
     aside = sorted((pods_dir(np_dirs) / "corrupt").iterdir())
     assert len(aside) == 2 and aside[0].read_bytes() == data
     assert reason in aside[1].read_text() and aside[1].name.endswith(".reason")
-    assert cli("pods").stderr == "", "nothing left to warn about"
+    # `pods` also names the retired host veths of the whole netns, which this test shares with
+    # whatever else runs on the machine: only the records' warnings are this test's
+    left = [line for line in cli("pods").stderr.splitlines() if "not deleted by the kernel yet" not in line]
+    assert left == [], "nothing left to warn about"
 
 
 @pytest.mark.parametrize("kind", ["directory", "symlink", "fifo", "other-pods-content"])
