@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
@@ -35,8 +34,8 @@ from typing import Any
 from .contenders import cni_dir, reference_version
 from .context import RunContext
 from .daemon import health_request
-from .harness import Live, Plan, stat_row
-from .report import Figure, Row
+from .harness import Live, Plan, stat_row, wave_row
+from .report import Figure
 from .util import REPO, BenchError, SubnetPool, ms, rotate
 
 __all__ = ["CONTAINERD_LABELS", "fig_containerd"]
@@ -213,13 +212,8 @@ def _bursts(ctx: RunContext, plan: Plan, ctd: Any, nets: dict[str, Any]) -> Figu
     fig = Figure("containerd2-burst", f"containerd 2: {n} RunPodSandbox at once (makespan, {rounds} round(s))", "ms",
                  cols, ratio_column="median", samples=makespans, params={"burst": n, "rounds": rounds})  # fmt: skip
     for k, label in CONTAINERD_LABELS.items():
-        row: Row = stat_row(live, k, label.format(version=reference_version("A")), makespans[k], cols[:3])
-        med = row.values.get("median")
-        row.values["per pod"] = None if med is None else med / n
-        lat = sorted(each[k])
-        row.values["p50 each"] = statistics.median(lat) if lat else None
-        row.values["p99 each"] = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] if lat else None
-        fig.rows.append(row)
+        name = label.format(version=reference_version("A"))
+        fig.rows.append(wave_row(live, k, name, makespans[k], each[k], n, ("p50 each", "p99 each")))
     fig.notes = [
         f"{n} threads of the benchmark, released together, each one RunPodSandbox (the CRI client's time from "
         "request to answer: p50 and p99 each, over every round); makespan from the release to the last answer. "

@@ -12,6 +12,7 @@ run after run).
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ __all__ = [
     "quiet_gc",
     "stat_row",
     "timed",
+    "wave_row",
 ]
 
 Factory = Callable[[Network], Contender]
@@ -187,6 +189,19 @@ def stat_row(live: Live, key: str, label: str, samples: Sequence[float], cols: S
     values.update(extra)
     fail = live.note(key, len(samples))
     return Row(key, label, values, "; ".join(x for x in (note, fail) if x))
+
+
+def wave_row(live: Live, key: str, label: str, makespans: Sequence[float], each: Sequence[float], n: int,
+             each_cols: tuple[str, str]) -> Row:  # fmt: skip
+    """A row of a wave of ``n`` at once: the makespans' median, min and max, the median per pod, and
+    each member's own time over every round at p50 and p99 (named ``each_cols``)."""
+    row = stat_row(live, key, label, makespans, ("median", "min", "max"))
+    med = row.values.get("median")
+    row.values["per pod"] = None if med is None else med / n
+    lat = sorted(each)
+    row.values[each_cols[0]] = statistics.median(lat) if lat else None
+    row.values[each_cols[1]] = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] if lat else None
+    return row
 
 
 def per_pod_series(

@@ -27,7 +27,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,8 +39,8 @@ from netplugin import __version__
 
 from .contenders import PEERS_ENV, reference_version
 from .context import RunContext
-from .harness import Live, Plan, stat_row
-from .report import Figure, Row
+from .harness import Live, Plan, wave_row
+from .report import Figure
 from .util import REPO, BenchError, ms, rotate
 
 __all__ = ["MAX_PODS", "fig_kubelet_cluster"]
@@ -238,13 +237,8 @@ def _figure(live: Live, makespans: dict[str, list[float]], each: dict[str, list[
                  f"({rounds} round(s))", "ms", cols, ratio_column="median", samples=makespans,
                  params={"replicas": n, "rounds": rounds, "maxPods": MAX_PODS})  # fmt: skip
     for k, label in LABELS.items():
-        row: Row = stat_row(live, k, label.format(version=reference_version("A")), makespans[k], cols[:3])
-        med = row.values.get("median")
-        row.values["per pod"] = None if med is None else med / n
-        lat = sorted(each[k])
-        row.values["p50 startup"] = statistics.median(lat) if lat else None
-        row.values["p99 startup"] = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] if lat else None
-        fig.rows.append(row)
+        name = label.format(version=reference_version("A"))
+        fig.rows.append(wave_row(live, k, name, makespans[k], each[k], n, ("p50 startup", "p99 startup")))
     fig.notes = [
         "Two kubelet nodes of one cluster (tests/conformance/cluster.py: containerd 2, kubelet, kube-proxy, "
         "each in its own network and mount namespace), alike but for their network: N's is netplugin's "
