@@ -139,12 +139,14 @@ class Daemon:
         return elapsed
 
     def rss(self) -> int | None:
+        """The daemon's resident memory with its worker processes' (their RSS summed)."""
         if self.proc is None or self.proc.poll() is not None:
             return None
         import psutil
 
         try:
-            return int(psutil.Process(self.proc.pid).memory_info().rss)
+            main = psutil.Process(self.proc.pid)
+            return int(sum(p.memory_info().rss for p in [main, *main.children()]))
         except psutil.Error:
             return None
 

@@ -123,9 +123,10 @@ FACTORIES: dict[str, Factory] = {
 
 
 def _pin(cpus: set[int], pids: Sequence[int]) -> None:
-    """This thread (so every process it starts) and every thread of ``pids`` on ``cpus`` only."""
+    """This thread (so every process it starts) and every thread of ``pids`` and of their children
+    (a daemon's worker processes) on ``cpus`` only."""
     os.sched_setaffinity(0, cpus)
-    for pid in pids:
+    for pid in [*pids, *(c for p in pids for c in _children(p))]:
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except FileNotFoundError:
@@ -135,6 +136,22 @@ def _pin(cpus: set[int], pids: Sequence[int]) -> None:
                 os.sched_setaffinity(int(tid), cpus)
             except (ProcessLookupError, FileNotFoundError):
                 pass  # a thread that just ended
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of every thread of ``pid`` (none once it is gone)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return []
+    out: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            pass
+    return out
 
 
 def _ports(c: InNode) -> int:

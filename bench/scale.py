@@ -143,6 +143,7 @@ def _scale_figures(
         rss_fig = Figure("rss", "Daemon resident memory (psutil RSS)", "MiB", rcols)
         for key, vals2 in rss.items():
             rss_fig.rows.append(Row(key, CONTENDERS[key], {c: vals2.get(c) for c in rcols}))
-        rss_fig.notes = ["Measured in the scale figure's daemons: after their first pod, then after each level. "
+        rss_fig.notes = ["Measured in the scale figure's daemons: after their first pod, then after each level; "
+                         "a daemon's RSS is summed with its worker processes' (one per CPU, at most 4). "
                          "A has no long-running process (no ratio)."]
     return fig, rss_fig

@@ -17,7 +17,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from netplugin.frontends.wire.codes import error_classes
 from netplugin.frontends.wire.protocol import FRAME_MAGIC, POD_OPS, encode_unavailable
 
 if TYPE_CHECKING:
+    from netplugin.frontends.daemon.callpool import CallPool, Outcome
     from netplugin.frontends.daemon.metrics import Metrics
     from netplugin.frontends.daemon.reconfig import ServedSettings
 
@@ -68,8 +69,11 @@ class Connections:
         dispatch: Callable[[dict[str, Any]], Any],
         health: Callable[[], dict[str, Any]],
         plugin_ok: Callable[[], None],
+        pool: CallPool | None = None,
     ) -> None:
         self.socket_path = socket_path
+        #: the worker processes a forwarded call may run in (None: always the daemon's own threads)
+        self.pool = pool
         self.metrics = metrics
         self._live = live
         self._dispatch = dispatch
@@ -203,8 +207,7 @@ class Connections:
             self.stats.requests += 1
             answer, outcome = encode_unavailable("it is shutting down"), "DaemonUnavailable"
             if not self.stopping:
-                args = (self._live(), self.socket_path, self.metrics.timed)
-                answer, outcome = await run_frame(body, pid, self.turns.turn, asyncio.to_thread, run_cni_call, *args)
+                answer, outcome = await run_frame(body, pid, self.turns.turn, self._cni_call)
                 if outcome == "ok":
                     self._plugin_ok()
             self.metrics.requests.labels("cni", outcome).inc()
@@ -213,6 +216,17 @@ class Connections:
         finally:
             self._busy(-1)
         return True
+
+    async def _cni_call(self, environ: dict[str, str], stdin: bytes) -> Outcome:
+        """A compiled shim's call with the current settings: here, or in a worker process (:mod:`.callpool`)."""
+        live = self._live()
+
+        def here() -> Awaitable[Outcome]:
+            return asyncio.to_thread(run_cni_call, environ, stdin, live, self.socket_path, self.metrics.timed)
+
+        if self.pool is None:
+            return await here()
+        return await self.pool.run(live, environ, stdin, here)
 
     def _busy(self, delta: int) -> None:
         self.stats.busy += delta

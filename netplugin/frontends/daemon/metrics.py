@@ -243,6 +243,14 @@ class Metrics:
         with self._recorded(op):
             return await fn()
 
+    def record(self, op: str, seconds: float, raised: bool) -> None:
+        """A pod operation :meth:`timed` elsewhere (a worker process): counted, an error if it raised."""
+        _gauge, total, errors, duration = self._children[op]
+        total.inc()
+        if raised:
+            errors.inc()
+        duration.observe(seconds)
+
     def _recorded(self, op: str) -> _Recording:
         return _Recording(*self._children[op])
 

@@ -74,15 +74,13 @@ async def run_frame(
     body: bytes,
     peer_pid: int,
     turn: Callable[[str, str], Any],
-    in_thread: Callable[[Callable[[], Outcome]], Awaitable[Outcome]],
-    run: Callable[..., Outcome],
-    *run_args: Any,
+    call: Callable[[dict[str, str], bytes], Awaitable[Outcome]],
 ) -> tuple[bytes, str]:
     """(answer frame, outcome for the request metrics: "ok" when the call succeeded) for one body.
 
-    ``turn(key, what)`` is the daemon's per-key turn (an async context manager), ``in_thread`` runs
-    a function in a worker, ``run(environ, stdin, *run_args)`` the call with the daemon's manager (raising
-    DaemonUnavailable when the daemon must not run it).
+    ``turn(key, what)`` is the daemon's per-key turn (an async context manager), ``call(environ,
+    stdin)`` runs the call with the daemon's settings (in its threads or a worker process), raising
+    DaemonUnavailable when the daemon must not run it.
     """
     start = time.monotonic()
     try:
@@ -93,9 +91,9 @@ async def run_frame(
     try:
         if container:
             async with turn(*container_turn(container)):
-                code, doc = await in_thread(lambda: run(environ, stdin, *run_args))
+                code, doc = await call(environ, stdin)
         else:
-            code, doc = await in_thread(lambda: run(environ, stdin, *run_args))
+            code, doc = await call(environ, stdin)
     except DaemonUnavailable as e:
         return encode_unavailable(e.message), "DaemonUnavailable"
     except Exception as e:  # a bug: the shim still gets an answer (it falls back), never a dropped call

@@ -26,6 +26,7 @@ from netplugin.core.errors import InvalidArgument, NetpluginError
 from netplugin.core.execplugin.invoke import adopt_orphans, reap_adopted
 from netplugin.frontends.cni import operations as _cni_calls  # noqa: F401 -- loaded before gc.freeze()
 from netplugin.frontends.daemon.actionlog import log_action
+from netplugin.frontends.daemon.callpool import CallPool, pool_size
 from netplugin.frontends.daemon.cnicalls import check_settings, run_cni
 from netplugin.frontends.daemon.connections import Connections
 from netplugin.frontends.daemon.envelope import pod_of
@@ -82,6 +83,9 @@ class Daemon:
             config, manager.host, on_pod_deleted=self.gc.pod_deleted, manager=lambda: self._live.manager
         )
         register_keepers(self.metrics.registry, self.gc, self.nodes)
+        size = pool_size()
+        #: worker processes for forwarded CNI calls (None on one CPU: the daemon runs them all)
+        self.pool = CallPool(size, self.socket_path, self.metrics) if size else None
         #: the socket's connections: each request read, given its turn, run here and answered
         self.connections = Connections(
             self.socket_path,
@@ -90,6 +94,7 @@ class Daemon:
             dispatch=self.dispatch,
             health=self.health,
             plugin_ok=self._plugin_ok,
+            pool=self.pool,
         )
         self.stats = self.connections.stats
         self._plugin: str | None = None
@@ -97,6 +102,7 @@ class Daemon:
         self._chain_changed = False  #: by a reload (health then names dropped plugins pods still need)
         self._reload_lock = threading.RLock()
         self._stop = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: set when SIGTERM's drain gave up on operations still running in worker threads
         self.abandoned = False
 
@@ -142,6 +148,8 @@ class Daemon:
                 self._chain_changed |= done.live.config.chain != self.config.chain
                 configure_logging(os.environ, done.live.config, was=self.config)
                 self._live, self.refused = done.live, None
+                if self.pool is not None and self._loop is not None:
+                    self._loop.call_soon_threadsafe(self.pool.renew, done.live)
                 (log.info if done.ok else log.error)("reload: %s", done.text)
                 if done.ok:
                     self.prepare()
@@ -211,6 +219,7 @@ class Daemon:
             "keepers": {w.name: w.status() for w in [self.gc.worker, *self.nodes.workers()]},
             "keeper_problems": [p for p in [self.gc.worker.problem()] if p] + self.nodes.keeper_problems(),
             "stuck": [c.to_dict() for c in stuck_calls()],  # in-process actions past their limits
+            "workers": self.pool.pids() if self.pool is not None else [],
             "plugins_still_needed": still_needed_answer(self.config) if self._chain_changed else {},
         }
 
@@ -242,7 +251,7 @@ class Daemon:
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT; returns the exit status."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="netplugin-op"))
         lock_fd = lock_daemon(self.socket_path + ".lock")
         inode: int | None = None
@@ -276,6 +285,8 @@ class Daemon:
                 os.getpid(),
                 f"http://{self.metrics_address}/metrics" if self.metrics_address else "none",
             )
+            if self.pool is not None:
+                self.pool.renew(self._live)  # started now, serving once each is ready
             sd_notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on {self.socket_path}", self.notify_socket)
             if self.watchdog is not None and self.watchdog.enabled:
                 # From the event loop itself: a loop that stops turning stops the pings.
@@ -307,6 +318,8 @@ class Daemon:
             log.error("requests still running after %.0fs; exiting without them", self.drain_bound())
             self.abandoned = True
             return 1
+        if self.pool is not None:
+            await self.pool.close()  # each worker ends once its link deletions are done
         log.info("drained; exiting")
         return 0
 

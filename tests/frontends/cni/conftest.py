@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import pytest
 
+from netplugin.frontends.cni.native import build_native
 from tests.frontends.cni.daemonworld import REPO, World
 
 
@@ -173,3 +174,18 @@ def fake(plugin_dir: Any) -> Any:
     p = plugin_dir.install("fake")
     p.set("status", stdout='{"apiVersion":"v1beta1","kind":"PodNetworkStatus","ip":"10.201.5.7"}')
     return p
+
+
+@pytest.fixture(scope="module")
+def shims(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """{"python": the entry script, "native": compiled with it as fallback, "cluster": no fallback}."""
+    bin_dir = tmp_path_factory.mktemp("cni-bin")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-m", "netplugin", "install-shim", str(bin_dir / "netplugin-cni-python")],
+                   env=env, check=True, capture_output=True)  # fmt: skip
+    python = bin_dir / "netplugin-cni-python"
+    return {
+        "python": python,
+        "native": Path(build_native(str(bin_dir / "netplugin-cni"), fallback=str(python))),
+        "cluster": Path(build_native(str(bin_dir / "netplugin-cni-cluster"), fallback="")),
+    }

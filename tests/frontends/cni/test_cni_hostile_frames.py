@@ -23,7 +23,6 @@ import pytest
 
 from netplugin.frontends.wire.protocol import MAX_STDIN
 from tests.frontends.cni.daemonworld import World
-from tests.frontends.cni.test_native_shim import shims  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
@@ -38,7 +37,7 @@ BAD_ENV = [
 @pytest.mark.parametrize("env", BAD_ENV)
 @pytest.mark.parametrize("shim", ["native", "cluster"])
 def test_a_variable_that_is_not_utf8_is_cni_error_4_on_add_and_del(
-    world: World, shims: dict[str, Any], plugin_dir: Any, shim: str, env: dict[str, str]  # noqa: F811
+    world: World, shims: dict[str, Any], plugin_dir: Any, shim: str, env: dict[str, str]
 ) -> None:
     plugin_dir.install("fake")
     world.start_daemon()

@@ -21,21 +21,6 @@ from tests.frontends.cni.daemonworld import REPO, World
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
 
-@pytest.fixture(scope="module")
-def shims(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """{"python": the entry script, "native": compiled with it as fallback, "cluster": no fallback}."""
-    bin_dir = tmp_path_factory.mktemp("cni-bin")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    subprocess.run([sys.executable, "-m", "netplugin", "install-shim", str(bin_dir / "netplugin-cni-python")],
-                   env=env, check=True, capture_output=True)  # fmt: skip
-    python = bin_dir / "netplugin-cni-python"
-    return {
-        "python": python,
-        "native": Path(build_native(str(bin_dir / "netplugin-cni"), fallback=str(python))),
-        "cluster": Path(build_native(str(bin_dir / "netplugin-cni-cluster"), fallback="")),
-    }
-
-
 def _call(
     world: World, shim: Path, command: str, conf: dict[str, Any], **env: str
 ) -> subprocess.CompletedProcess[bytes]:
