@@ -112,6 +112,7 @@ class CallPool:
         when ``live`` is already served (a reload that kept the running settings)."""
         if live is self._live:
             return
+        log.info("starting %d worker process(es) for %s settings", self.size, "new" if self._live else "its")
         self._live = live
         for w in [w for w in self._idle if w.live is not live]:
             self._idle.remove(w)

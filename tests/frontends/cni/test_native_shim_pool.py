@@ -169,9 +169,23 @@ def test_a_reload_starts_workers_with_the_new_settings_and_ends_the_old(
         WITHIN,
     )
     wait_for(lambda: not [p for p in old if os.path.exists(f"/proc/{p}")], "the old workers ended", WITHIN)
+    assert world.log.read_text().count(f"starting {pool_size()} worker process(es) for new settings") == 1
     fake.set("setup", block=1)
     adds = _burst(world, shims["native"], "ADD")
     assert [a.returncode for a in adds] == [0] * AT_ONCE, adds
     in_workers = [pid for pid in _parents(fake, "setup").values() if pid in new]
     assert in_workers, "no call ran in the new workers"
     assert fake.env_of("setup")["NP_TEST_GENERATION"] == "two"
+
+
+def test_a_reload_that_keeps_the_running_settings_keeps_the_workers(pooled: World) -> None:
+    """A key that needs a restart keeps the running settings whole: the same workers serve on."""
+    world = pooled
+    old = set(world.health()["workers"])
+    assert world.proc is not None
+    world.config.write_text(world.config.read_text().replace("metrics_address: 127.0.0.1:0", "metrics_address: none"))
+    world.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: world.health()["reloads"] == 1, "the reload done", WITHIN)
+    assert "metrics_address" in world.health()["settings"]
+    assert set(world.health()["workers"]) == old
+    assert "worker process(es) for new settings" not in world.log.read_text()
