@@ -14,7 +14,8 @@ the same behaviour and spelling, so a module switches by its import line alone:
 * ``__init__`` (one ``exec`` per class: real parameters, so a missing or unknown argument is the
   usual ``TypeError``), ``__repr__``, ``__eq__`` (same class only), ``__hash__`` by the rules of
   ``dataclasses`` (frozen and eq: hashed by the compared fields; eq alone: unhashable),
-  ordering with ``order=True``, and ``__match_args__``.
+  ordering with ``order=True``, ``__match_args__``, and with ``slots=True`` the state methods
+  that let pickle copy an instance (frozen ones too).
 
 Type checkers treat it as ``dataclasses`` itself (:pep:`681`'s ``dataclass_transform``).
 """
@@ -193,6 +194,16 @@ def _frozen_delattr(self: Any, name: str) -> None:
     raise FrozenInstanceError(f"cannot delete field {name!r}")
 
 
+def _getstate(self: Any) -> list[Any]:
+    return [getattr(self, f.name) for f in getattr(self, _FIELDS)]
+
+
+def _setstate(self: Any, state: list[Any]) -> None:
+    # pickle restores a slotted object's state with setattr, which a frozen class refuses
+    for f, value in zip(getattr(self, _FIELDS), state, strict=True):
+        object.__setattr__(self, f.name, value)
+
+
 _ORDER = {
     "__lt__": _order(lambda a, b: a < b),
     "__le__": _order(lambda a, b: a <= b),
@@ -234,6 +245,10 @@ def _process(cls: type[_T], frozen: bool, order: bool, slots: bool) -> type[_T]:
         extra["__hash__"] = _hash if frozen else None
     if frozen:
         extra.update(__setattr__=_frozen_setattr, __delattr__=_frozen_delattr)
+    if slots:  # as dataclasses does for slots=True: picklable, frozen or not
+        for name, method in (("__getstate__", _getstate), ("__setstate__", _setstate)):
+            if name not in own:
+                extra[name] = method
     for name, value in extra.items():
         setattr(cls, name, value)
     return cls

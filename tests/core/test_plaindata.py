@@ -6,6 +6,7 @@ Each case defines the same class twice, once with ``dataclasses`` and once with
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import subprocess
 import sys
@@ -73,6 +74,8 @@ PROBES: dict[str, Callable[[dict[str, type]], Any]] = {
     "match-args": lambda c: c["Point3"].__match_args__,  # type: ignore[attr-defined]
     "classvar": lambda c: (c["Point"].KIND, "KIND" in [f.name for f in LIB_FIELDS(c["Point"])]),  # type: ignore[attr-defined]
     "class-default": lambda c: c["Point"].y,  # type: ignore[attr-defined]
+    # pickle's own protocol (a class made in a function cannot be pickled by name, so copied)
+    "copy-pickle-protocol": lambda c: copy.deepcopy(c["Point3"](1, 2, ["a"], "n", z=3)),
 }
 LIB_FIELDS: Callable[[Any], Any] = dataclasses.fields  # set per case below
 

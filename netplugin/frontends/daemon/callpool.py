@@ -29,17 +29,20 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from netplugin.core.errors import DaemonUnavailable
-from netplugin.frontends.daemon.callworker import HEADER, encode, message_size
+from netplugin.core.errors import DaemonUnavailable, HostError
+from netplugin.core.node import NodeInfo
+from netplugin.frontends.cni.spec import CniError, parse_cni_args
+from netplugin.frontends.daemon.callworker import HEADER, Lent, encode, message_size
+from netplugin.hosts import Host
 
 if TYPE_CHECKING:
     from netplugin.frontends.daemon.metrics import Metrics
     from netplugin.frontends.daemon.reconfig import ServedSettings
 
-__all__ = ["MAX_POOL", "CallPool", "Outcome", "pool_size"]
+__all__ = ["MAX_POOL", "CallPool", "Outcome", "lend", "pool_size"]
 
 log = logging.getLogger("netplugin.daemon")
 
@@ -242,7 +245,8 @@ class CallPool:
     async def _exchange(self, w: _Worker, environ: dict[str, str], stdin: bytes) -> Outcome:
         """One call on ``w``, shielded: a caller that goes away never leaves an answer unread."""
         try:
-            w.writer.write(encode((environ, stdin)))
+            lent = await asyncio.to_thread(lend, w.live.manager.host, environ)
+            w.writer.write(encode((environ, stdin, lent)))
             await w.writer.drain()
             outcome, timed, observed = await _read(w.reader)
         except (OSError, EOFError, ValueError, asyncio.IncompleteReadError, pickle.UnpicklingError) as e:
@@ -282,6 +286,25 @@ class CallPool:
             self._cond.notify_all()
         if self._live is not None and w.live is self._live:
             self._restart_later(w.live)
+
+
+def lend(host: Host, environ: Mapping[str, str]) -> Lent:
+    """What the daemon's ``host`` answers for a call (:class:`.callworker.LentHost`): this node, and the
+    pod its ``CNI_ARGS`` name; what the host cannot answer is left to the worker to ask itself."""
+    node: NodeInfo | None = None
+    with contextlib.suppress(HostError):
+        node = host.node_info()
+    try:
+        args = parse_cni_args(environ.get("CNI_ARGS", ""))
+    except CniError:
+        return node, None  # the call fails on it where it runs
+    namespace, name = args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME")
+    if not namespace or not name:
+        return node, None
+    try:
+        return node, (namespace, name, host.get_pod_by_name(namespace, name))
+    except HostError:
+        return node, None
 
 
 def _spawn(end: socket.socket) -> subprocess.Popen[bytes]:

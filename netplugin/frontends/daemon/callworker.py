@@ -6,11 +6,15 @@ length and a pickle (the pair is private to the two processes: nothing else can 
 
 1. The daemon sends the settings the worker serves with: ``(config, snapshot, socket_path)``;
    the worker builds its own manager from them and answers ``("ready", pid)``.
-2. Then, one at a time, a call ``(environ, stdin)``; the answer is ``(outcome, timed, observed)``:
-   ``outcome`` is ``("ok", code, document)``, ``("unavailable", reason)`` (the daemon answers the
-   shim ``U``, as it would have itself) or ``("bug", text)``; ``timed`` the pod operations the call
-   ran as ``(op, seconds, raised)``; ``observed`` each chain member's call as the manager tells
-   its observer. The daemon adds both to its metrics, so ``/metrics`` counts every call once.
+2. Then, one at a time, a call ``(environ, stdin, lent)``: ``lent`` is what the daemon's host
+   answered for it (:func:`.callpool.lend`: this node, and the call's pod when the call names it),
+   from the daemon's list+watch caches with a cluster host, so a worker asks the API server
+   nothing the daemon knows and works while the API is away as the daemon does. The answer is
+   ``(outcome, timed, observed)``: ``outcome`` is ``("ok", code, document)``, ``("unavailable",
+   reason)`` (the daemon answers the shim ``U``, as it would have itself) or ``("bug", text)``;
+   ``timed`` the pod operations the call ran as ``(op, seconds, raised)``; ``observed`` each
+   chain member's call as the manager tells its observer. The daemon adds both to its metrics,
+   so ``/metrics`` counts every call once.
 
 The call runs exactly as in the daemon's own threads (:func:`.cnicalls.run_cni_call`), under the
 same per-pod flock and durable records the CLI, the shims and the daemon all share, so a call
@@ -35,14 +39,17 @@ from typing import Any
 
 from netplugin.core.errors import DaemonUnavailable
 from netplugin.core.execplugin.invoke import adopt_orphans, reap_adopted
+from netplugin.core.node import NodeInfo
 from netplugin.frontends.daemon.actionlog import log_action
 from netplugin.frontends.daemon.cnicalls import run_cni_call
 from netplugin.frontends.daemon.reconfig import ServedSettings
 from netplugin.frontends.daemon.systemd import configure_logging
+from netplugin.hosts import Host, make_host
+from netplugin.hosts.base import Pod
 from netplugin.manager.manager import Manager
 from netplugin.manager.reporting import Hooks
 
-__all__ = ["HEADER", "encode", "message_size", "read_message"]
+__all__ = ["HEADER", "Lent", "LentHost", "encode", "message_size", "read_message"]
 
 log = logging.getLogger("netplugin.daemon")
 
@@ -84,11 +91,46 @@ def write_message(sock: socket.socket, message: Any) -> None:
     sock.sendall(encode(message))
 
 
+#: what the daemon's host answered for one call: this node (None: it could not say), and the
+#: call's pod as ``(namespace, name, pod or None)`` (None: not looked up)
+Lent = tuple["NodeInfo | None", "tuple[str, str, Pod | None] | None"]
+
+
+class LentHost:
+    """A worker's host: what the daemon's host answered for the current call, else its own."""
+
+    def __init__(self, inner: Host) -> None:
+        self.inner = inner
+        self.lent: Lent = (None, None)
+
+    def get_pod_by_name(self, namespace: str, name: str) -> Pod | None:
+        pod = self.lent[1]
+        if pod is not None and pod[:2] == (namespace, name):
+            return pod[2]
+        return self.inner.get_pod_by_name(namespace, name)
+
+    def kube_client(self) -> Any | None:
+        return self.inner.kube_client()
+
+    @property
+    def node_name(self) -> str:
+        return self.inner.node_name
+
+    def node_info(self) -> NodeInfo:
+        node = self.lent[0]
+        return node if node is not None else self.inner.node_info()
+
+    def list_nodes(self) -> list[NodeInfo]:
+        return self.inner.list_nodes()
+
+
 def _serve(sock: socket.socket) -> int:
     config, snapshot, socket_path = read_message(sock)
     configure_logging(os.environ, config)
     observed: list[tuple[str, str, float, str]] = []
-    manager = Manager(config, hooks=Hooks(observe=lambda *a: observed.append(a), on_action=log_action))
+    host = LentHost(make_host(config))
+    hooks = Hooks(observe=lambda *a: observed.append(a), on_action=log_action)
+    manager = Manager(config, host, hooks=hooks)
     live = ServedSettings.of(config, manager, snapshot)
     if adopt_orphans():  # a bash plugin's leftovers are found among this process's children
         signal.signal(signal.SIGCHLD, lambda *_: reap_adopted(wait=False))
@@ -106,7 +148,7 @@ def _serve(sock: socket.socket) -> int:
 
     while True:
         try:
-            environ, stdin = read_message(sock)
+            environ, stdin, host.lent = read_message(sock)
         except EOFError:
             return 0
         observed.clear()
